@@ -1,0 +1,82 @@
+#include "common/rpc_client.h"
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/grpc_status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "proto/health.grpc.pb.h"
+
+namespace rlmesh {
+
+absl::StatusOr<RpcClient> RpcClient::Create(const std::string& address,
+                                            const ClientOptions& options) {
+  if (address.empty()) return absl::InvalidArgumentError("address: empty");
+  if (options.default_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("default_timeout: must be > 0");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  if (!options.tls_root_cert_file.empty()) {
+    std::ifstream in(options.tls_root_cert_file, std::ios::binary);
+    if (!in) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot read TLS root certificate ", options.tls_root_cert_file));
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ss.str();
+    creds = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  auto channel = grpc::CreateCustomChannel(address, creds, args);
+  if (channel == nullptr) return absl::InternalError(absl::StrCat("cannot create channel to ", address));
+  return RpcClient(address, options, std::move(channel));
+}
+
+std::unique_ptr<grpc::ClientContext> RpcClient::NewContext(absl::Duration timeout) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  AttachToken(options_.auth_token, context.get());
+  return context;
+}
+
+absl::StatusOr<std::string> CheckHealth(const RpcClient& client, absl::Duration timeout,
+                                        const std::string& service) {
+  grpc::health::v1::Health::Stub stub(client.channel());
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  auto context = client.NewContext(timeout);
+  grpc::Status status = stub.Check(context.get(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+}
+
+absl::Status WaitUntilServing(const RpcClient& client, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status last = absl::DeadlineExceededError("not checked");
+  while (absl::Now() < deadline) {
+    auto health = CheckHealth(client, std::min(absl::Seconds(1), deadline - absl::Now()));
+    if (health.ok() && *health == "SERVING") return absl::OkStatus();
+    last = health.ok() ? absl::UnavailableError(absl::StrCat("health: ", *health)) : health.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(client.address(), " not serving after ", absl::FormatDuration(timeout), ": ",
+                   last.message()));
+}
+
+}  // namespace rlmesh

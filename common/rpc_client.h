@@ -1,0 +1,65 @@
+#pragma once
+
+// The client side of every rlmesh RPC: a channel plus a context factory that
+// always sets a deadline and attaches the auth token. There is no way to get
+// a context without a deadline from here.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+
+namespace rlmesh {
+
+struct ClientOptions {
+  // Token sent as "authorization: Bearer <token>"; empty sends none.
+  std::string auth_token;
+  // PEM root certificate(s) to verify the server; non-empty enables TLS.
+  std::string tls_root_cert_file;
+  // Expected server name in its certificate (TLS only); empty = the host.
+  std::string tls_server_name;
+  // Deadline of a call made with NewContext() and no explicit timeout.
+  // Default 10 s.
+  absl::Duration default_timeout = absl::Seconds(10);
+  // Largest message sent or received, bytes. Default 64 MiB.
+  int max_message_bytes = 64 << 20;
+};
+
+// Thread-safe: contexts may be created concurrently.
+class RpcClient {
+ public:
+  // Creates a lazily connecting channel to "host:port".
+  static absl::StatusOr<RpcClient> Create(const std::string& address,
+                                          const ClientOptions& options = {});
+
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  const std::string& address() const { return address_; }
+
+  // A context with deadline now + timeout and the auth token.
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout) const;
+  // Same, with options.default_timeout.
+  std::unique_ptr<grpc::ClientContext> NewContext() const {
+    return NewContext(options_.default_timeout);
+  }
+
+ private:
+  RpcClient(std::string address, ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+      : address_(std::move(address)), options_(std::move(options)), channel_(std::move(channel)) {}
+
+  std::string address_;
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+// grpc.health.v1 status of a server: "SERVING", "NOT_SERVING", ...
+absl::StatusOr<std::string> CheckHealth(const RpcClient& client, absl::Duration timeout,
+                                        const std::string& service = "");
+
+// Polls CheckHealth until the server says SERVING or `timeout` passes.
+absl::Status WaitUntilServing(const RpcClient& client, absl::Duration timeout);
+
+}  // namespace rlmesh

@@ -1,0 +1,144 @@
+#include "common/rpc_server.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace rlmesh {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+absl::Status ServerOptions::Validate() const {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("port: ", port, " is not in [0, 65535]"));
+  }
+  if (bind_address.empty()) return absl::InvalidArgumentError("bind_address: empty");
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file and tls_key_file must be set together");
+  }
+  if (max_message_bytes <= 0) return absl::InvalidArgumentError("max_message_bytes: must be > 0");
+  return absl::OkStatus();
+}
+
+RpcServer::RpcServer(ServerOptions options)
+    : options_(std::move(options)), auth_(options_.auth_token) {}
+
+RpcServer::~RpcServer() { Shutdown(); }
+
+void RpcServer::AddService(grpc::Service* service) { services_.push_back(service); }
+
+std::string RpcServer::address() const {
+  // IPv6 literals need brackets in host:port form.
+  if (options_.bind_address.find(':') != std::string::npos &&
+      options_.bind_address.front() != '[') {
+    return absl::StrCat("[", options_.bind_address, "]:", port_);
+  }
+  return absl::StrCat(options_.bind_address, ":", port_);
+}
+
+absl::Status RpcServer::Start() {
+  RLMESH_RETURN_IF_ERROR(options_.Validate());
+  grpc::EnableDefaultHealthCheckService(true);
+
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (!options_.tls_cert_file.empty()) {
+    RLMESH_ASSIGN_OR_RETURN(std::string cert, ReadFile(options_.tls_cert_file, "TLS certificate"));
+    RLMESH_ASSIGN_OR_RETURN(std::string key, ReadFile(options_.tls_key_file, "TLS key"));
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(ssl);
+  } else {
+    creds = grpc::InsecureServerCredentials();
+  }
+
+  std::string host = options_.bind_address;
+  if (host.find(':') != std::string::npos && host.front() != '[') host = absl::StrCat("[", host, "]");
+  grpc::ServerBuilder builder;
+  // SO_REUSEPORT would let two servers share a port silently; a port in use
+  // must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  builder.AddListeningPort(absl::StrCat(host, ":", options_.port), creds, &port_);
+  for (grpc::Service* s : services_) builder.RegisterService(s);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", options_.port,
+                                               " (port in use or address not local?)"));
+  }
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  if (!options_.port_file.empty()) {
+    RLMESH_RETURN_IF_ERROR(WriteFileAtomically(options_.port_file, absl::StrCat(port_, "\n")));
+  }
+  std::printf("rlmesh: %s listening on %s%s%s\n", options_.role.c_str(), address().c_str(),
+              auth_.enabled() ? " (token auth)" : "",
+              options_.tls_cert_file.empty() ? "" : " (tls)");
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+void RpcServer::Shutdown() {
+  if (server_ == nullptr || shut_down_) return;
+  shut_down_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    absl::ToChronoMilliseconds(options_.shutdown_grace));
+  server_->Wait();
+}
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForTerminationSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  return sig;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
+    out << contents;
+    out.flush();
+    if (!out) return absl::DataLossError(absl::StrCat("short write to ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rlmesh

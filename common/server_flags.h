@@ -1,0 +1,26 @@
+#pragma once
+
+// Flags every server binary shares (--bind, --port, --port_file,
+// --auth_token_file, --tls_cert, --tls_key) and the usual main() shape.
+
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "common/rpc_server.h"
+
+namespace rlmesh {
+
+// Builds ServerOptions for `role` from the shared flags.
+absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const std::string& role);
+
+// Parses flags (unknown flag -> one line and exit 2), blocks termination
+// signals, sets the log role. Call first in main; returns positional args.
+std::vector<char*> InitServerProcess(int argc, char** argv, const std::string& role,
+                                     const std::string& usage);
+
+// Starts `server`, waits for SIGTERM/SIGINT, shuts down within the grace
+// period and returns the process exit code (0 on a clean stop, 1 if Start
+// failed after printing one clear line).
+int ServeUntilSignal(RpcServer& server);
+
+}  // namespace rlmesh

@@ -1,0 +1,60 @@
+"""Finds LibTorch inside the PyPI `torch` wheel and exposes it as @libtorch//:torch.
+
+Order: $RLMESH_TORCH_DIR (the torch package folder), else the `torch` that
+$RLMESH_PYTHON (default: python3 on PATH) imports. scripts/setup.sh installs it.
+"""
+
+def _find_torch(ctx):
+    explicit = ctx.os.environ.get("RLMESH_TORCH_DIR", "")
+    if explicit:
+        return explicit
+    python = ctx.os.environ.get("RLMESH_PYTHON", "python3")
+    res = ctx.execute([python, "-c", "import os, torch; print(os.path.dirname(torch.__file__))"])
+    if res.return_code != 0:
+        fail("rlmesh: cannot import torch with %s (run scripts/setup.sh, or set RLMESH_TORCH_DIR): %s" % (python, res.stderr))
+    return res.stdout.strip()
+
+def _torch_repository_impl(ctx):
+    torch_dir = _find_torch(ctx)
+    lib = torch_dir + "/lib"
+    if not ctx.path(lib + "/libtorch_cpu.so").exists:
+        fail("rlmesh: %s has no lib/libtorch_cpu.so; is it the PyPI torch wheel?" % torch_dir)
+    ctx.symlink(torch_dir + "/include", "include")
+
+    # libtorch_cpu.so of the CUDA wheel needs libcudart/libcupti from the
+    # nvidia-* wheels that sit beside torch in site-packages.
+    site = ctx.path(torch_dir).dirname
+    rpaths = [lib]
+    for sub in ["nvidia/cu13/lib", "nvidia/cuda_runtime/lib", "nvidia/cuda_cupti/lib"]:
+        p = "%s/%s" % (site, sub)
+        if ctx.path(p).exists:
+            rpaths.append(p)
+    linkopts = ["-L" + lib]
+
+    # DT_RPATH (not RUNPATH) so that libtorch_cpu's own dependencies are found too.
+    linkopts.append("-Wl,--disable-new-dtags")
+    for r in rpaths:
+        linkopts.append("-Wl,-rpath," + r)
+    linkopts += ["-Wl,--no-as-needed", "-ltorch_cpu", "-lc10", "-Wl,--as-needed"]
+
+    ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+
+# Torch's headers are many; keep <torch/torch.h> out of most files.
+cc_library(
+    name = "torch",
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"]),
+    includes = ["include", "include/torch/csrc/api/include"],
+    defines = ["USE_C10D_GLOO"],
+    linkopts = {linkopts},
+)
+
+exports_files(["torch_dir.txt"])
+""".format(linkopts = repr(linkopts)))
+    ctx.file("torch_dir.txt", torch_dir + "\n")
+
+torch_repository = repository_rule(
+    implementation = _torch_repository_impl,
+    environ = ["RLMESH_TORCH_DIR", "RLMESH_PYTHON", "PATH"],
+    local = True,
+)
