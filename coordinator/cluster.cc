@@ -1,0 +1,214 @@
+#include "coordinator/cluster.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace rlmesh {
+
+std::string RoleBinary(const std::string& bin_dir, Role role) {
+  switch (role) {
+    case ROLE_ROLLOUT_WORKER: return bin_dir + "/rollout/rollout_worker";
+    case ROLE_REWARD_SERVER: return bin_dir + "/reward_server/reward_server";
+    case ROLE_REPLAY_BUFFER: return bin_dir + "/replay_buffer/replay_buffer";
+    case ROLE_LEARNER: return bin_dir + "/learner/learner";
+    case ROLE_COORDINATOR: return bin_dir + "/coordinator/coordinator";
+    default: return "";
+  }
+}
+
+absl::Status ClusterOptions::Validate() const {
+  if (bin_dir.empty()) return absl::InvalidArgumentError("bin_dir: empty");
+  if (run_dir.empty()) return absl::InvalidArgumentError("run_dir: empty");
+  if (rollout_workers < 0 || rollout_workers > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("rollout_workers: ", rollout_workers, " not in [0, 64]"));
+  }
+  if (reward_servers < 0 || reward_servers > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("reward_servers: ", reward_servers, " not in [0, 64]"));
+  }
+  if (learners < 0 || learners > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("learners: ", learners, " not in [0, 64]"));
+  }
+  for (Role r : {ROLE_ROLLOUT_WORKER, ROLE_REWARD_SERVER, ROLE_REPLAY_BUFFER, ROLE_LEARNER}) {
+    const std::string bin = RoleBinary(bin_dir, r);
+    if (::access(bin.c_str(), X_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat("role binary not found: ", bin,
+                                              " (build //... first, or pass --bin_dir)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ClusterOptions ClusterOptionsFromConfig(const ClusterConfig& config, const std::string& bin_dir,
+                                        const std::string& run_dir) {
+  ClusterOptions o;
+  o.bin_dir = bin_dir;
+  o.run_dir = run_dir;
+  if (!config.bind().empty()) o.bind = config.bind();
+  o.rollout_workers = config.rollout_workers() > 0 ? config.rollout_workers() : 1;
+  o.reward_servers = config.reward_servers() > 0 ? config.reward_servers() : 1;
+  o.learners = config.learners() > 0 ? config.learners() : 1;
+  o.auth_token_file = config.auth_token_file();
+  o.buffer_path = config.buffer_path();
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Launch(ClusterOptions options) {
+  RLMESH_RETURN_IF_ERROR(options.Validate());
+  std::error_code ec;
+  std::filesystem::create_directories(options.run_dir + "/logs", ec);
+  std::filesystem::create_directories(options.run_dir + "/ports", ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", options.run_dir, ": ", ec.message()));
+  if (options.buffer_path.empty()) options.buffer_path = options.run_dir + "/replay_buffer";
+
+  std::unique_ptr<Cluster> cluster(new Cluster(std::move(options)));
+  const ClusterOptions& o = cluster->options_;
+  RLMESH_ASSIGN_OR_RETURN(cluster->token_, ReadTokenFile(o.auth_token_file));
+  absl::Status started = absl::OkStatus();
+  {
+    absl::MutexLock lock(&cluster->mu_);
+    auto add = [&](Role role, const std::string& name, std::vector<std::string> extra) {
+      auto m = std::make_unique<Member>();
+      m->name = name;
+      m->role = role;
+      m->extra_args = std::move(extra);
+      cluster->members_.push_back(std::move(m));
+    };
+    add(ROLE_REPLAY_BUFFER, "replay_buffer", {"--db_path=" + o.buffer_path});
+    for (int i = 0; i < o.reward_servers; ++i) add(ROLE_REWARD_SERVER, absl::StrCat("reward-", i), {});
+    for (int i = 0; i < o.rollout_workers; ++i) add(ROLE_ROLLOUT_WORKER, absl::StrCat("rollout-", i), {});
+    for (int i = 0; i < o.learners; ++i) add(ROLE_LEARNER, absl::StrCat("learner-", i), {});
+    for (auto& m : cluster->members_) {
+      started = cluster->StartMember(m.get());
+      if (!started.ok()) break;
+    }
+  }
+  if (!started.ok()) {
+    cluster->Stop(absl::Seconds(2));
+    return started;
+  }
+  cluster->monitor_ = std::thread([c = cluster.get()] { c->Monitor(); });
+  return cluster;
+}
+
+absl::Status Cluster::StartMember(Member* m) {
+  const std::string port_file = absl::StrCat(options_.run_dir, "/ports/", m->name, ".port");
+  const std::string log = absl::StrCat(options_.run_dir, "/logs/", m->name, ".log");
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = {RoleBinary(options_.bin_dir, m->role),
+                                   absl::StrCat("--port=", m->port),
+                                   "--port_file=" + port_file,
+                                   "--bind=" + options_.bind};
+  if (!options_.auth_token_file.empty()) argv.push_back("--auth_token_file=" + options_.auth_token_file);
+  for (const auto& a : m->extra_args) argv.push_back(a);
+  RLMESH_ASSIGN_OR_RETURN(Subprocess proc, Subprocess::Start(argv, log));
+  m->process = std::make_unique<Subprocess>(std::move(proc));
+  // Poll the port file, but give up at once if the role exits (a bad flag or
+  // a port in use should not cost the whole start timeout).
+  absl::StatusOr<int> port = absl::DeadlineExceededError("not started");
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  while (absl::Now() < deadline && m->process->running()) {
+    port = ReadPortFile(port_file, absl::Milliseconds(100));
+    if (port.ok()) break;
+  }
+  if (!port.ok()) {
+    return absl::UnavailableError(absl::StrCat(m->name, " did not start (",
+                                               m->process->running() ? "no port reported" : "exited",
+                                               "); see ", log));
+  }
+  m->port = *port;
+  ClientOptions copts;
+  copts.auth_token = token_;
+  RLMESH_ASSIGN_OR_RETURN(RpcClient client,
+                          RpcClient::Create(absl::StrCat(options_.bind, ":", m->port), copts));
+  m->client = std::make_unique<RpcClient>(std::move(client));
+  absl::Status serving = WaitUntilServing(*m->client, options_.start_timeout);
+  if (!serving.ok()) {
+    return absl::UnavailableError(absl::StrCat(m->name, " is not serving: ", serving.message(), "; see ", log));
+  }
+  RLMESH_LOG(INFO) << "started role=" << m->name << " pid=" << m->process->pid() << " port=" << m->port;
+  return absl::OkStatus();
+}
+
+void Cluster::Monitor() {
+  while (!stopping_.load()) {
+    absl::SleepFor(options_.monitor_period);
+    if (stopping_.load() || !options_.restart_dead) continue;
+    absl::MutexLock lock(&mu_);
+    for (auto& m : members_) {
+      if (stopping_.load()) break;
+      if (m->process != nullptr && !m->process->running()) {
+        auto st = m->process->Wait(absl::ZeroDuration());
+        RLMESH_LOG(WARNING) << "role=" << m->name << " died ("
+                            << (st.ok() ? DescribeWaitStatus(*st) : "unknown") << "); restarting on port "
+                            << m->port;
+        ++m->restarts;
+        absl::Status s = StartMember(m.get());
+        if (!s.ok()) RLMESH_LOG(ERROR) << "restart failed role=" << m->name << ": " << s.message();
+      }
+    }
+  }
+}
+
+std::vector<RoleInfo> Cluster::Roles() {
+  absl::MutexLock lock(&mu_);
+  std::vector<RoleInfo> out;
+  for (auto& m : members_) {
+    RoleInfo info;
+    info.set_name(m->name);
+    info.set_role(m->role);
+    info.set_address(absl::StrCat(options_.bind, ":", m->port));
+    info.set_pid(m->process ? m->process->pid() : 0);
+    info.set_restarts(m->restarts);
+    if (m->process == nullptr || !m->process->running()) {
+      info.set_health("DEAD");
+    } else {
+      auto h = CheckHealth(*m->client, absl::Seconds(2));
+      info.set_health(h.ok() ? *h : "UNKNOWN");
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::string Cluster::Address(Role role, int index) {
+  absl::MutexLock lock(&mu_);
+  int seen = 0;
+  for (auto& m : members_) {
+    if (m->role == role && seen++ == index) return absl::StrCat(options_.bind, ":", m->port);
+  }
+  return "";
+}
+
+void Cluster::Stop(absl::Duration grace) {
+  stopping_.store(true);
+  if (monitor_.joinable()) monitor_.join();
+  absl::MutexLock lock(&mu_);
+  // Reverse start order: learners and workers before the buffer they write to.
+  for (auto it = members_.rbegin(); it != members_.rend(); ++it) {
+    if ((*it)->process) (*it)->process->Signal(SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  for (auto it = members_.rbegin(); it != members_.rend(); ++it) {
+    auto& p = (*it)->process;
+    if (!p) continue;
+    auto st = p->Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!st.ok()) {
+      RLMESH_LOG(WARNING) << "role=" << (*it)->name << " ignored SIGTERM; killing";
+      p->Stop(absl::ZeroDuration());
+    } else if (*st != 0) {
+      RLMESH_LOG(WARNING) << "role=" << (*it)->name << " stopped with " << DescribeWaitStatus(*st);
+    }
+  }
+}
+
+Cluster::~Cluster() { Stop(absl::Seconds(2)); }
+
+}  // namespace rlmesh

@@ -1,0 +1,97 @@
+#pragma once
+
+// A local cluster: the role processes the coordinator starts as children,
+// one log each, watched and restarted (on the same port) when they die.
+// No gRPC service here; the Coordinator service and the CLI use it.
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/rpc_client.h"
+#include "common/subprocess.h"
+#include "proto/coordinator.pb.h"
+
+namespace rlmesh {
+
+struct ClusterOptions {
+  // Folder holding the role binaries as Bazel lays them out
+  // (<bin_dir>/rollout/rollout_worker, ...).
+  std::string bin_dir;
+  // Run directory; logs go to <run_dir>/logs/<role>.log, ports to
+  // <run_dir>/ports/<role>.port.
+  std::string run_dir;
+  // Address every role binds. Default loopback.
+  std::string bind = "127.0.0.1";
+  // Processes per role.
+  int rollout_workers = 1;
+  int reward_servers = 1;
+  int learners = 1;
+  // Token file passed to every role (empty = no auth).
+  std::string auth_token_file;
+  // Replay buffer RocksDB folder. Default <run_dir>/replay_buffer.
+  std::string buffer_path;
+  // How long a role may take to report its port and serve health.
+  absl::Duration start_timeout = absl::Seconds(30);
+  // Health probe period of the monitor; a dead role is restarted.
+  absl::Duration monitor_period = absl::Milliseconds(500);
+  // Restart roles that exit. Default true.
+  bool restart_dead = true;
+
+  absl::Status Validate() const;
+};
+
+// Builds options from a ClusterConfig (proto, loaded from YAML).
+ClusterOptions ClusterOptionsFromConfig(const ClusterConfig& config, const std::string& bin_dir,
+                                        const std::string& run_dir);
+
+// Thread-safe.
+class Cluster {
+ public:
+  // Starts every role (replay buffer and reward servers first, then rollout
+  // workers, then learners), waits until each serves health. On failure,
+  // stops what was started and returns an error naming the role and its log.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Launch(ClusterOptions options);
+  ~Cluster();
+
+  // Every role with its current health (probed now, in parallel-free order).
+  std::vector<RoleInfo> Roles();
+  // Address of the i-th process of a role.
+  std::string Address(Role role, int index = 0);
+  // Sends SIGTERM to all, waits up to `grace`, kills the rest. Idempotent.
+  void Stop(absl::Duration grace = absl::Seconds(5));
+  const ClusterOptions& options() const { return options_; }
+
+ private:
+  struct Member {
+    std::string name;
+    Role role;
+    std::vector<std::string> extra_args;
+    int port = 0;
+    int restarts = 0;
+    std::unique_ptr<Subprocess> process;
+    std::unique_ptr<RpcClient> client;
+  };
+
+  explicit Cluster(ClusterOptions options) : options_(std::move(options)) {}
+  absl::Status StartMember(Member* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Monitor();
+
+  const ClusterOptions options_;
+  std::string token_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Member>> members_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stopping_{false};
+  std::thread monitor_;
+};
+
+// The role binary path for a role under bin_dir.
+std::string RoleBinary(const std::string& bin_dir, Role role);
+
+}  // namespace rlmesh

@@ -1,0 +1,78 @@
+#include "coordinator/coordinator_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/rpc_handler.h"
+
+namespace rlmesh {
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::Submit(grpc::CallbackServerContext* ctx,
+                                                         const SubmitRequest*, SubmitResponse*) {
+  return HandleUnary(ctx, *auth_, [] {
+    return absl::UnimplementedError("experiments cannot be run by the coordinator yet");
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServerContext* ctx,
+                                                            const StatusRequest* req,
+                                                            StatusResponse* resp) {
+  return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
+    if (!req->experiment_id().empty()) {
+      return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
+    }
+    if (cluster_ != nullptr) {
+      for (auto& r : cluster_->Roles()) *resp->add_roles() = std::move(r);
+    }
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, info] : registered_) *resp->add_roles() = info;
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::List(grpc::CallbackServerContext* ctx,
+                                                       const ListRequest*, ListResponse*) {
+  return HandleUnary(ctx, *auth_, [] { return absl::OkStatus(); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::Cancel(grpc::CallbackServerContext* ctx,
+                                                         const CancelRequest* req, CancelResponse*) {
+  return HandleUnary(ctx, *auth_, [&] {
+    return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::Register(grpc::CallbackServerContext* ctx,
+                                                           const RegisterRequest* req,
+                                                           RegisterResponse* resp) {
+  return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
+    if (req->role().name().empty()) return absl::InvalidArgumentError("role.name: empty");
+    if (req->role().role() == ROLE_UNSPECIFIED) return absl::InvalidArgumentError("role.role: unspecified");
+    if (req->role().address().empty()) return absl::InvalidArgumentError("role.address: empty");
+    absl::MutexLock lock(&mu_);
+    RoleInfo& info = registered_[req->role().name()];
+    const int restarts = info.name().empty() ? 0 : info.restarts() + 1;
+    info = req->role();
+    info.set_restarts(restarts);
+    info.set_health("SERVING");
+    info.set_last_heartbeat_unix_micros(absl::ToUnixMicros(absl::Now()));
+    resp->set_heartbeat_interval_seconds(1.0);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                            const HeartbeatRequest* req,
+                                                            HeartbeatResponse* resp) {
+  return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
+    if (req->name().empty()) return absl::InvalidArgumentError("name: empty");
+    absl::MutexLock lock(&mu_);
+    auto it = registered_.find(req->name());
+    resp->set_known(it != registered_.end());
+    if (it != registered_.end()) {
+      it->second.set_last_heartbeat_unix_micros(absl::ToUnixMicros(absl::Now()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace rlmesh

@@ -1,0 +1,285 @@
+// coordinator: the one binary a user needs. Starts a local cluster, serves
+// the Coordinator RPC, and talks to a running one.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/auth.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/proto_yaml.h"
+#include "common/rpc_client.h"
+#include "common/server_flags.h"
+#include "common/status_macros.h"
+#include "coordinator/cluster.h"
+#include "coordinator/coordinator_service.h"
+#include "proto/config.pb.h"
+#include "proto/coordinator.grpc.pb.h"
+
+ABSL_DECLARE_FLAG(std::string, auth_token_file);
+ABSL_DECLARE_FLAG(int, port);
+
+ABSL_FLAG(std::string, cluster, "", "launch: cluster YAML (ClusterConfig).");
+ABSL_FLAG(std::string, address, "127.0.0.1:7401",
+          "status/list/cancel/submit: address of a running coordinator.");
+ABSL_FLAG(std::string, run_dir, "", "launch: run directory (default runs/<cluster name>).");
+ABSL_FLAG(std::string, bin_dir, "",
+          "launch: folder with the role binaries (default: next to this binary).");
+ABSL_FLAG(bool, exit_after_health, false,
+          "launch: print every role's health, then stop the cluster and exit "
+          "(0 if all roles serve).");
+ABSL_FLAG(double, timeout_seconds, 10.0, "Deadline of each RPC the CLI makes.");
+
+namespace rlmesh {
+namespace {
+
+constexpr char kUsage[] = R"(usage: coordinator <command> [flags]
+
+commands:
+  launch --cluster CLUSTER.yaml   start the roles as child processes and serve the Coordinator RPC
+  serve                           serve the Coordinator RPC without launching roles
+  submit EXPERIMENT.yaml          validate an experiment config and submit it; prints its id
+  status [ID]                     experiment progress and the health of every role
+  list                            experiments known to the coordinator
+  cancel ID                       cancel an experiment
+  run EXPERIMENT.yaml             launch + submit + follow + clean shutdown
+
+common flags: --address=HOST:PORT (client commands), --auth_token_file=FILE,
+  --port, --port_file, --bind, --tls_cert/--tls_key (server commands),
+  --set key.path=value (submit/run, repeatable). `coordinator --helpfull` lists every flag.
+)";
+
+// Paths given by a user of `bazel run` are relative to where they typed it.
+std::string UserPath(const std::string& p) {
+  if (p.empty() || p[0] == '/') return p;
+  const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
+  return wd ? absl::StrCat(wd, "/", p) : p;
+}
+
+std::string DefaultBinDir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return exe.parent_path().parent_path().string();
+}
+
+const char* RoleName(Role r) {
+  switch (r) {
+    case ROLE_COORDINATOR: return "coordinator";
+    case ROLE_ROLLOUT_WORKER: return "rollout_worker";
+    case ROLE_REWARD_SERVER: return "reward_server";
+    case ROLE_REPLAY_BUFFER: return "replay_buffer";
+    case ROLE_LEARNER: return "learner";
+    default: return "?";
+  }
+}
+
+void PrintRoles(const std::vector<RoleInfo>& roles) {
+  std::printf("%-16s %-15s %-22s %-8s %-12s %s\n", "NAME", "ROLE", "ADDRESS", "PID", "HEALTH", "RESTARTS");
+  for (const auto& r : roles) {
+    std::printf("%-16s %-15s %-22s %-8lld %-12s %d\n", r.name().c_str(), RoleName(r.role()),
+                r.address().c_str(), static_cast<long long>(r.pid()), r.health().c_str(), r.restarts());
+  }
+  std::fflush(stdout);
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "coordinator %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
+}
+
+absl::StatusOr<RpcClient> CliClient() {
+  ClientOptions o;
+  auto token = ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
+  if (!token.ok()) return token.status();
+  o.auth_token = *token;
+  o.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
+  return RpcClient::Create(absl::GetFlag(FLAGS_address), o);
+}
+
+// Loads an experiment config with --set overrides applied.
+absl::StatusOr<ExperimentConfig> LoadExperiment(const std::string& path,
+                                                const std::vector<std::string>& sets) {
+  ExperimentConfig cfg;
+  YamlSource src;
+  RLMESH_RETURN_IF_ERROR(LoadYamlFile(UserPath(path), &cfg, &src));
+  for (const auto& s : sets) RLMESH_RETURN_IF_ERROR(ApplyOverride(s, &cfg, &src));
+  if (cfg.name().empty()) return src.Error("name", "required");
+  if (cfg.stages_size() == 0) return src.Error("stages", "at least one stage is required");
+  return cfg;
+}
+
+int Serve(Cluster* cluster, int port_override) {
+  auto options = ServerOptionsFromFlags("coordinator");
+  if (!options.ok()) return Fail("serve", options.status());
+  if (port_override > 0 && options->port == 0) options->port = port_override;
+  RpcServer server(*options);
+  CoordinatorServiceImpl service(&server.auth(), cluster);
+  server.AddService(&service);
+  absl::Status started = server.Start();
+  if (!started.ok()) return Fail("serve", started);
+  if (cluster != nullptr) {
+    WriteFileAtomically(cluster->options().run_dir + "/coordinator.address", server.address() + "\n")
+        .IgnoreError();
+    std::printf("rlmesh: cluster up (coordinator %s)\n", server.address().c_str());
+    const auto roles = cluster->Roles();
+    PrintRoles(roles);
+    if (absl::GetFlag(FLAGS_exit_after_health)) {
+      bool all = true;
+      for (const auto& r : roles) all = all && r.health() == "SERVING";
+      server.Shutdown();
+      cluster->Stop();
+      std::printf("rlmesh: cluster stopped (%s)\n", all ? "all roles were serving" : "some roles were NOT serving");
+      return all ? 0 : 1;
+    }
+  }
+  const int sig = WaitForTerminationSignal();
+  RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
+  server.Shutdown();
+  if (cluster != nullptr) cluster->Stop();
+  return 0;
+}
+
+int Launch() {
+  const std::string path = absl::GetFlag(FLAGS_cluster);
+  if (path.empty()) return Fail("launch", absl::InvalidArgumentError("--cluster: required"));
+  ClusterConfig config;
+  YamlSource src;
+  absl::Status loaded = LoadYamlFile(UserPath(path), &config, &src);
+  if (!loaded.ok()) return Fail("launch", loaded);
+  std::string run_dir = absl::GetFlag(FLAGS_run_dir);
+  if (run_dir.empty()) run_dir = config.run_dir();
+  if (run_dir.empty()) run_dir = absl::StrCat("runs/", config.name().empty() ? "local" : config.name());
+  std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  if (bin_dir.empty()) bin_dir = DefaultBinDir();
+  ClusterOptions options = ClusterOptionsFromConfig(config, bin_dir, UserPath(run_dir));
+  if (!options.auth_token_file.empty()) options.auth_token_file = UserPath(options.auth_token_file);
+  if (!options.buffer_path.empty()) options.buffer_path = UserPath(options.buffer_path);
+  auto cluster = Cluster::Launch(options);
+  if (!cluster.ok()) return Fail("launch", cluster.status());
+  return Serve(cluster->get(), config.coordinator_port());
+}
+
+int Status(const std::vector<std::string>& args) {
+  auto client = CliClient();
+  if (!client.ok()) return Fail("status", client.status());
+  auto stub = Coordinator::NewStub(client->channel());
+  StatusRequest req;
+  if (!args.empty()) req.set_experiment_id(args[0]);
+  StatusResponse resp;
+  auto ctx = client->NewContext();
+  grpc::Status s = stub->GetStatus(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail("status", FromGrpcStatus(s));
+  if (resp.has_experiment()) {
+    const auto& e = resp.experiment();
+    std::printf("experiment %s: %s stage=%s step=%lld/%lld phase=%s\n", e.experiment_id().c_str(),
+                e.state().c_str(), e.stage().c_str(), static_cast<long long>(e.step()),
+                static_cast<long long>(e.total_steps()), e.phase().c_str());
+    for (const auto& [k, v] : e.metrics()) std::printf("  %-24s %g\n", k.c_str(), v);
+  }
+  PrintRoles({resp.roles().begin(), resp.roles().end()});
+  return 0;
+}
+
+int List() {
+  auto client = CliClient();
+  if (!client.ok()) return Fail("list", client.status());
+  auto stub = Coordinator::NewStub(client->channel());
+  ListResponse resp;
+  auto ctx = client->NewContext();
+  grpc::Status s = stub->List(ctx.get(), ListRequest(), &resp);
+  if (!s.ok()) return Fail("list", FromGrpcStatus(s));
+  std::printf("%-28s %-10s %-10s %s\n", "ID", "STATE", "STAGE", "STEP");
+  for (const auto& e : resp.experiments()) {
+    std::printf("%-28s %-10s %-10s %lld/%lld\n", e.experiment_id().c_str(), e.state().c_str(),
+                e.stage().c_str(), static_cast<long long>(e.step()), static_cast<long long>(e.total_steps()));
+  }
+  return 0;
+}
+
+int Cancel(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Fail("cancel", absl::InvalidArgumentError("expected one experiment id"));
+  auto client = CliClient();
+  if (!client.ok()) return Fail("cancel", client.status());
+  auto stub = Coordinator::NewStub(client->channel());
+  CancelRequest req;
+  req.set_experiment_id(args[0]);
+  CancelResponse resp;
+  auto ctx = client->NewContext();
+  grpc::Status s = stub->Cancel(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail("cancel", FromGrpcStatus(s));
+  std::printf("%s: %s\n", args[0].c_str(), resp.state().c_str());
+  return 0;
+}
+
+int Submit(const std::vector<std::string>& args, const std::vector<std::string>& sets) {
+  if (args.size() != 1) return Fail("submit", absl::InvalidArgumentError("expected one experiment YAML"));
+  auto cfg = LoadExperiment(args[0], sets);
+  if (!cfg.ok()) return Fail("submit", cfg.status());
+  auto client = CliClient();
+  if (!client.ok()) return Fail("submit", client.status());
+  auto stub = Coordinator::NewStub(client->channel());
+  SubmitRequest req;
+  *req.mutable_experiment() = *cfg;
+  SubmitResponse resp;
+  auto ctx = client->NewContext();
+  grpc::Status s = stub->Submit(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail("submit", FromGrpcStatus(s));
+  std::printf("%s\n", resp.experiment_id().c_str());
+  return 0;
+}
+
+int Run(const std::vector<std::string>& args, const std::vector<std::string>& sets) {
+  if (args.size() != 1) return Fail("run", absl::InvalidArgumentError("expected one experiment YAML"));
+  auto cfg = LoadExperiment(args[0], sets);
+  if (!cfg.ok()) return Fail("run", cfg.status());
+  return Fail("run", absl::UnimplementedError("running experiments is not implemented yet"));
+}
+
+}  // namespace
+}  // namespace rlmesh
+
+int main(int argc, char** argv) {
+  using namespace rlmesh;
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  // --set may repeat; absl keeps only the last value of a flag, so take them
+  // out before parsing.
+  std::vector<std::string> sets;
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 2; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--set=", 6) == 0) {
+      sets.push_back(argv[i] + 6);
+    } else if (std::strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+      sets.push_back(argv[++i]);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  auto positional = InitServerProcess(static_cast<int>(rest.size()), rest.data(), "coordinator", kUsage);
+  std::vector<std::string> args(positional.begin() + 1, positional.end());
+
+  if (command == "launch") return Launch();
+  if (command == "serve") return Serve(nullptr, 0);
+  if (command == "status") return Status(args);
+  if (command == "list") return List();
+  if (command == "cancel") return Cancel(args);
+  if (command == "submit") return Submit(args, sets);
+  if (command == "run") return Run(args, sets);
+  std::fprintf(stderr, "coordinator: unknown command '%s'\n%s", command.c_str(), kUsage);
+  return 2;
+}

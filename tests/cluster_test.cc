@@ -1,0 +1,303 @@
+// The five binaries as real processes: each starts on port 0, serves health,
+// enforces the shared token, and exits 0 on SIGTERM within 2 s; the
+// coordinator launches a cluster, reports every role's health and restarts
+// a role killed with SIGKILL. Every child is killed whatever happens
+// (Subprocess's destructor).
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "catch2/catch.hpp"
+#include "common/grpc_status.h"
+#include "common/rpc_client.h"
+#include "common/subprocess.h"
+#include "common/testing/test_util.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "proto/learner.grpc.pb.h"
+#include "proto/replay_buffer.grpc.pb.h"
+#include "proto/reward.grpc.pb.h"
+#include "proto/rollout.grpc.pb.h"
+
+namespace rlmesh {
+namespace {
+
+using testing::Runfile;
+using testing::TempDir;
+
+struct Binary {
+  std::string name;
+  std::string path;
+  std::vector<std::string> extra;
+  // Calls the role's cheapest authenticated RPC.
+  std::function<grpc::Status(const RpcClient&)> call;
+};
+
+template <typename Stub, typename Req, typename Resp>
+grpc::Status CallUnary(const RpcClient& c,
+                       grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*)) {
+  Stub stub(c.channel());
+  Req req;
+  Resp resp;
+  auto ctx = c.NewContext(absl::Seconds(5));
+  return (stub.*method)(ctx.get(), req, &resp);
+}
+
+std::vector<Binary> AllBinaries(const TempDir& dir) {
+  return {
+      {"coordinator", Runfile("coordinator/coordinator"), {"serve"},
+       [](const RpcClient& c) {
+         return CallUnary<Coordinator::Stub, ListRequest, ListResponse>(c, &Coordinator::Stub::List);
+       }},
+      {"rollout_worker", Runfile("rollout/rollout_worker"), {},
+       [](const RpcClient& c) {
+         return CallUnary<RolloutService::Stub, RolloutStatusRequest, RolloutStatus>(
+             c, &RolloutService::Stub::GetStatus);
+       }},
+      {"reward_server", Runfile("reward_server/reward_server"), {},
+       [](const RpcClient& c) {
+         return CallUnary<RewardService::Stub, RewardStatusRequest, RewardStatus>(
+             c, &RewardService::Stub::GetStatus);
+       }},
+      {"replay_buffer", Runfile("replay_buffer/replay_buffer"), {"--db_path=" + dir.File("rb")},
+       [](const RpcClient& c) {
+         return CallUnary<ReplayBuffer::Stub, StatsRequest, StatsResponse>(c, &ReplayBuffer::Stub::Stats);
+       }},
+      {"learner", Runfile("learner/learner"), {},
+       [](const RpcClient& c) {
+         return CallUnary<Learner::Stub, LearnerStatusRequest, LearnerStatus>(c, &Learner::Stub::GetStatus);
+       }},
+  };
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Running {
+  Binary bin;
+  Subprocess proc;
+  int port;
+};
+
+Running StartBinary(const Binary& b, const TempDir& dir, const std::vector<std::string>& more) {
+  std::vector<std::string> argv = {b.path};
+  // The coordinator's subcommand comes first.
+  for (const auto& e : b.extra) argv.push_back(e);
+  argv.push_back("--port=0");
+  argv.push_back("--port_file=" + dir.File(b.name + ".port"));
+  for (const auto& m : more) argv.push_back(m);
+  auto p = Subprocess::Start(argv, dir.File(b.name + ".log"));
+  REQUIRE(p.ok());
+  auto port = ReadPortFile(dir.File(b.name + ".port"), absl::Seconds(30));
+  INFO(b.name << " log:\n" << ReadAll(dir.File(b.name + ".log")));
+  REQUIRE(port.ok());
+  return {b, std::move(*p), *port};
+}
+
+void ExpectCleanStop(Running& r, const TempDir& dir) {
+  const absl::Time start = absl::Now();
+  r.proc.Signal(SIGTERM);
+  auto st = r.proc.Wait(absl::Seconds(2));
+  INFO(r.bin.name << " log:\n" << ReadAll(dir.File(r.bin.name + ".log")));
+  REQUIRE(st.ok());
+  CHECK(DescribeWaitStatus(*st) == "exit 0");
+  CHECK(absl::Now() - start < absl::Seconds(2));
+}
+
+TEST_CASE("each binary serves health on port 0 and exits 0 on SIGTERM within 2 s") {
+  TempDir dir;
+  std::vector<Running> running;
+  for (const auto& b : AllBinaries(dir)) running.push_back(StartBinary(b, dir, {}));
+  for (auto& r : running) {
+    auto client = RpcClient::Create("127.0.0.1:" + std::to_string(r.port));
+    REQUIRE(client.ok());
+    INFO(r.bin.name);
+    REQUIRE(WaitUntilServing(*client, absl::Seconds(10)).ok());
+    CHECK(*CheckHealth(*client, absl::Seconds(5)) == "SERVING");
+    // Without auth configured, the role's own RPC is served.
+    CHECK(r.bin.call(*client).ok());
+    const std::string out = ReadAll(dir.File(r.bin.name + ".log"));
+    CHECK(out.find("listening on 127.0.0.1:" + std::to_string(r.port)) != std::string::npos);
+  }
+  for (auto& r : running) ExpectCleanStop(r, dir);
+}
+
+TEST_CASE("with a token, every role rejects calls that lack it") {
+  TempDir dir;
+  std::ofstream(dir.File("token")) << "t0ken-for-test\n";
+  std::vector<Running> running;
+  for (const auto& b : AllBinaries(dir)) {
+    running.push_back(StartBinary(b, dir, {"--auth_token_file=" + dir.File("token")}));
+  }
+  for (auto& r : running) {
+    INFO(r.bin.name);
+    const std::string addr = "127.0.0.1:" + std::to_string(r.port);
+    auto anonymous = RpcClient::Create(addr);
+    REQUIRE(WaitUntilServing(*anonymous, absl::Seconds(10)).ok());  // health stays open
+    CHECK(r.bin.call(*anonymous).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    ClientOptions wrong;
+    wrong.auth_token = "not-the-token";
+    CHECK(r.bin.call(*RpcClient::Create(addr, wrong)).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    ClientOptions right;
+    right.auth_token = "t0ken-for-test";
+    CHECK(r.bin.call(*RpcClient::Create(addr, right)).ok());
+  }
+  for (auto& r : running) ExpectCleanStop(r, dir);
+}
+
+TEST_CASE("bad flags, ports in use and unreadable files give one line and a non-zero exit") {
+  TempDir dir;
+  for (const auto& b : AllBinaries(dir)) {
+    INFO(b.name);
+    std::vector<std::string> argv = {b.path};
+    for (const auto& e : b.extra) argv.push_back(e);
+    argv.push_back("--no_such_flag=1");
+    auto p = Subprocess::Start(argv, dir.File(b.name + ".badflag"));
+    REQUIRE(p.ok());
+    auto st = p->Wait(absl::Seconds(10));
+    REQUIRE(st.ok());
+    CHECK(*st != 0);
+    CHECK(ReadAll(dir.File(b.name + ".badflag")).find("no_such_flag") != std::string::npos);
+
+    argv.back() = "--auth_token_file=" + dir.File("missing");
+    auto q = Subprocess::Start(argv, dir.File(b.name + ".missing"));
+    REQUIRE(q.ok());
+    st = q->Wait(absl::Seconds(10));
+    REQUIRE(st.ok());
+    CHECK(*st != 0);
+    CHECK(ReadAll(dir.File(b.name + ".missing")).find("missing") != std::string::npos);
+  }
+  // Port in use.
+  auto all = AllBinaries(dir);
+  Running first = StartBinary(all[2], dir, {});
+  auto second = Subprocess::Start({all[2].path, "--port=" + std::to_string(first.port)}, dir.File("inuse"));
+  REQUIRE(second.ok());
+  auto st = second->Wait(absl::Seconds(10));
+  REQUIRE(st.ok());
+  CHECK(*st != 0);
+  CHECK(ReadAll(dir.File("inuse")).find("cannot listen on 127.0.0.1:" + std::to_string(first.port)) !=
+        std::string::npos);
+}
+
+TEST_CASE("coordinator --help lists every subcommand; unknown ones are refused") {
+  TempDir dir;
+  auto p = Subprocess::Start({Runfile("coordinator/coordinator"), "--help"}, dir.File("help"));
+  REQUIRE(p.ok());
+  REQUIRE(*p->Wait(absl::Seconds(10)) == 0);
+  const std::string help = ReadAll(dir.File("help"));
+  for (const char* cmd : {"launch", "submit", "status", "list", "cancel", "run"}) {
+    CHECK(help.find(std::string("  ") + cmd + " ") != std::string::npos);
+  }
+  auto q = Subprocess::Start({Runfile("coordinator/coordinator"), "frobnicate"}, dir.File("unknown"));
+  REQUIRE(q.ok());
+  CHECK(*q->Wait(absl::Seconds(10)) != 0);
+  CHECK(ReadAll(dir.File("unknown")).find("unknown command 'frobnicate'") != std::string::npos);
+}
+
+TEST_CASE("coordinator launch starts the cluster, reports health, restarts a killed role, stops cleanly") {
+  TempDir dir;
+  std::ofstream(dir.File("cluster.yaml")) << "name: t\ncoordinator_port: 0\nrollout_workers: 2\n"
+                                             "reward_servers: 1\nlearners: 1\n";
+  const std::string bin_dir = Runfile("");
+  auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch",
+                                  "--cluster=" + dir.File("cluster.yaml"), "--run_dir=" + dir.File("run"),
+                                  "--bin_dir=" + bin_dir, "--port_file=" + dir.File("coord.port")},
+                                 dir.File("coordinator.log"));
+  REQUIRE(coord.ok());
+  auto port = ReadPortFile(dir.File("coord.port"), absl::Seconds(60));
+  INFO("coordinator log:\n" << ReadAll(dir.File("coordinator.log")));
+  REQUIRE(port.ok());
+  auto client = RpcClient::Create("127.0.0.1:" + std::to_string(*port));
+  auto stub = Coordinator::NewStub(client->channel());
+
+  auto roles = [&]() {
+    StatusResponse resp;
+    auto ctx = client->NewContext(absl::Seconds(10));
+    REQUIRE(stub->GetStatus(ctx.get(), StatusRequest(), &resp).ok());
+    std::map<std::string, RoleInfo> by_name;
+    for (const auto& r : resp.roles()) by_name[r.name()] = r;
+    return by_name;
+  };
+  auto before = roles();
+  REQUIRE(before.size() == 5);
+  for (const auto& name : {"replay_buffer", "reward-0", "rollout-0", "rollout-1", "learner-0"}) {
+    INFO(name);
+    REQUIRE(before.count(name) == 1);
+    CHECK(before[name].health() == "SERVING");
+    CHECK(before[name].restarts() == 0);
+  }
+  CHECK(ReadAll(dir.File("coordinator.log")).find("rlmesh: cluster up") != std::string::npos);
+  for (const char* log : {"replay_buffer", "reward-0", "rollout-0", "rollout-1", "learner-0"}) {
+    CHECK(ReadAll(dir.File(std::string("run/logs/") + log + ".log")).find("listening") != std::string::npos);
+  }
+
+  // SIGKILL one worker: the coordinator restarts it on the same address.
+  const pid_t victim = static_cast<pid_t>(before["rollout-1"].pid());
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  RoleInfo after;
+  while (absl::Now() < deadline) {
+    after = roles()["rollout-1"];
+    if (after.restarts() == 1 && after.health() == "SERVING") break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  CHECK(after.restarts() == 1);
+  CHECK(after.health() == "SERVING");
+  CHECK(after.pid() != victim);
+  CHECK(after.address() == before["rollout-1"].address());
+
+  // SIGTERM: the coordinator stops every child and exits 0.
+  auto now = roles();
+  coord->Signal(SIGTERM);
+  auto st = coord->Wait(absl::Seconds(15));
+  REQUIRE(st.ok());
+  CHECK(DescribeWaitStatus(*st) == "exit 0");
+  for (const auto& [name, info] : now) {
+    INFO(name);
+    CHECK(::kill(static_cast<pid_t>(info.pid()), 0) != 0);  // gone
+  }
+}
+
+TEST_CASE("coordinator launch --exit_after_health prints the table and exits 0") {
+  TempDir dir;
+  std::ofstream(dir.File("cluster.yaml")) << "name: t\ncoordinator_port: 0\n";
+  auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch",
+                                  "--cluster=" + dir.File("cluster.yaml"), "--run_dir=" + dir.File("run"),
+                                  "--bin_dir=" + Runfile(""), "--exit_after_health"},
+                                 dir.File("out"));
+  REQUIRE(coord.ok());
+  auto st = coord->Wait(absl::Seconds(60));
+  const std::string out = ReadAll(dir.File("out"));
+  INFO(out);
+  REQUIRE(st.ok());
+  CHECK(*st == 0);
+  for (const char* name : {"replay_buffer", "reward-0", "rollout-0", "learner-0"}) {
+    CHECK(out.find(name) != std::string::npos);
+  }
+  CHECK(out.find("NOT_SERVING") == std::string::npos);
+  CHECK(out.find("all roles were serving") != std::string::npos);
+}
+
+TEST_CASE("a bad cluster config names the key and line") {
+  TempDir dir;
+  std::ofstream(dir.File("cluster.yaml")) << "name: t\nrollout_workerz: 2\n";
+  auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch",
+                                  "--cluster=" + dir.File("cluster.yaml"), "--bin_dir=" + Runfile("")},
+                                 dir.File("out"));
+  REQUIRE(coord.ok());
+  auto st = coord->Wait(absl::Seconds(20));
+  REQUIRE(st.ok());
+  CHECK(*st != 0);
+  const std::string out = ReadAll(dir.File("out"));
+  CHECK(out.find("cluster.yaml:2: rollout_workerz: unknown key") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace rlmesh
