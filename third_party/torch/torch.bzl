@@ -19,7 +19,12 @@ def _torch_repository_impl(ctx):
     lib = torch_dir + "/lib"
     if not ctx.path(lib + "/libtorch_cpu.so").exists:
         fail("rlmesh: %s has no lib/libtorch_cpu.so; is it the PyPI torch wheel?" % torch_dir)
-    ctx.symlink(torch_dir + "/include", "include")
+    # Every header folder of the wheel except google/: that is the wheel's own
+    # protobuf, which would shadow Debian's /usr/include/google/protobuf that
+    # our generated code must compile against.
+    for entry in ctx.path(torch_dir + "/include").readdir():
+        if entry.basename != "google":
+            ctx.symlink(entry, "include/" + entry.basename)
 
     # libtorch_cpu.so of the CUDA wheel needs libcudart/libcupti from the
     # nvidia-* wheels that sit beside torch in site-packages.
