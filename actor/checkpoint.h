@@ -1,0 +1,59 @@
+#pragma once
+
+// Hugging Face model folders: config.json + model.safetensors, or sharded
+// model-0000i-of-0000n.safetensors with model.safetensors.index.json. Tensor
+// names are Hugging Face's, so a folder written here opens with
+// AutoModelForCausalLM.from_pretrained and a public Llama/Qwen2 folder opens
+// here.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actor/transformer.h"
+
+namespace rlmesh::actor {
+
+struct LoadOptions {
+  // Parameter dtype after loading: "fp32", "bf16" or "fp16". Default "fp32".
+  std::string dtype = "fp32";
+  // "cpu" or "cuda[:i]". Default "cpu".
+  std::string device = "cpu";
+  // Build the model with a scalar value head even if config.json has none
+  // (a critic initialised from a policy). Default false.
+  bool add_value_head = false;
+  // A value head absent from the files keeps its fresh initialisation
+  // instead of failing (critic from a policy checkpoint). Default false.
+  bool allow_missing_value_head = false;
+  // Tensors in the files that the model does not have are an error (default
+  // false: they are skipped, e.g. a reward model's score.weight read as a
+  // policy).
+  bool strict = false;
+
+  absl::Status Validate() const;
+};
+
+struct SaveOptions {
+  // Stored dtype: "fp32", "bf16" or "fp16". Default "fp32".
+  std::string dtype = "fp32";
+  // Split into shards of at most this many bytes (plus one tensor); 0 = one
+  // model.safetensors. Default 0.
+  int64_t max_shard_bytes = 0;
+
+  absl::Status Validate() const;
+};
+
+// Reads config.json and the weights of `dir` into a new model.
+// Errors name the file and the tensor (missing, shape mismatch, corrupt).
+absl::StatusOr<Transformer> LoadHfModel(const std::string& dir, const LoadOptions& options = {});
+
+// Copies the weights of `dir` into an existing model (shapes must match).
+absl::Status LoadHfWeights(const std::string& dir, Transformer& model, const LoadOptions& options = {});
+
+// Writes config.json and safetensors (each file atomically) into `dir`,
+// creating it. Stale files of the other layout (single vs. sharded) are
+// removed so the folder has one meaning.
+absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveOptions& options = {});
+
+}  // namespace rlmesh::actor

@@ -1,0 +1,466 @@
+#include "actor/generate.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace rlmesh::actor {
+namespace {
+
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// A per-sample stream: splitmix64 over a state mixed from the three keys.
+class SampleRng {
+ public:
+  SampleRng(uint64_t seed, uint64_t prompt_index, uint64_t sample_index) {
+    uint64_t s = seed;
+    state_ = SplitMix64(&s);
+    s = state_ ^ (prompt_index * 0xD1B54A32D192ED03ULL);
+    state_ = SplitMix64(&s);
+    s = state_ ^ (sample_index * 0x8CB92BA72F3D8DD7ULL + 1);
+    state_ = SplitMix64(&s);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  double Uniform() { return static_cast<double>(SplitMix64(&state_) >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t state_;
+};
+
+bool NeedsFilter(const SamplingOptions& o) { return !o.greedy && (o.top_k > 0 || o.top_p < 1.0f); }
+
+}  // namespace
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kContext: return "context";
+  }
+  return "?";
+}
+
+absl::Status SamplingOptions::Validate() const {
+  if (!greedy && !(temperature > 0)) return absl::InvalidArgumentError("sampling.temperature: must be > 0");
+  if (top_k < 0) return absl::InvalidArgumentError("sampling.top_k: must be >= 0");
+  if (!(top_p > 0 && top_p <= 1)) return absl::InvalidArgumentError("sampling.top_p: must be in (0, 1]");
+  if (max_new_tokens <= 0) return absl::InvalidArgumentError("sampling.max_new_tokens: must be > 0");
+  if (n <= 0) return absl::InvalidArgumentError("sampling.n: must be > 0");
+  return absl::OkStatus();
+}
+
+absl::Status GeneratorOptions::Validate() const {
+  if (max_batch <= 0) return absl::InvalidArgumentError("GeneratorOptions.max_batch: must be > 0");
+  if (max_prefill_tokens <= 0) return absl::InvalidArgumentError("GeneratorOptions.max_prefill_tokens: must be > 0");
+  return absl::OkStatus();
+}
+
+torch::Tensor SamplingDistribution(const torch::Tensor& logits_row, const SamplingOptions& o) {
+  auto logits = logits_row.to(torch::kFloat32);
+  const int64_t V = logits.size(0);
+  if (o.greedy) {
+    auto p = torch::zeros({V}, logits.options());
+    p.index_put_({logits.argmax()}, 1.0f);
+    return p;
+  }
+  auto probs = torch::softmax(logits / o.temperature, -1);
+  if (!NeedsFilter(o)) return probs;
+  auto [sorted, order] = probs.sort(-1, /*descending=*/true);
+  auto keep = torch::ones({V}, torch::TensorOptions().dtype(torch::kBool));
+  if (o.top_k > 0 && o.top_k < V) keep.narrow(0, o.top_k, V - o.top_k).fill_(false);
+  if (o.top_p < 1.0f) {
+    auto before = sorted.cumsum(0) - sorted;  // mass strictly before each token
+    keep = keep.logical_and(before.lt(o.top_p));
+  }
+  auto kept = torch::where(keep, sorted, torch::zeros_like(sorted));
+  auto out = torch::zeros({V}, logits.options());
+  out.scatter_(0, order, kept / kept.sum());
+  return out;
+}
+
+void SampleTokens(const torch::Tensor& logits_in, const std::vector<const SamplingOptions*>& options,
+                  const std::vector<double>& uniforms, std::vector<int64_t>* tokens, std::vector<float>* logprobs) {
+  const int64_t N = logits_in.size(0), V = logits_in.size(1);
+  auto logits = logits_in.to(torch::kFloat32).contiguous();
+  std::vector<float> inv_t(N);
+  bool any_filter = false, any_sample = false;
+  for (int64_t r = 0; r < N; ++r) {
+    inv_t[r] = options[r]->greedy ? 1.0f : 1.0f / options[r]->temperature;
+    any_filter |= NeedsFilter(*options[r]);
+    any_sample |= !options[r]->greedy;
+  }
+  auto scaled = logits * torch::from_blob(inv_t.data(), {N, 1}, torch::kFloat32).to(logits.device());
+  auto logp = torch::log_softmax(scaled, -1);  // behaviour distribution
+  tokens->assign(N, 0);
+  logprobs->assign(N, 0.0f);
+  auto argmax = logits.argmax(-1).to(torch::kCPU);
+  const int64_t* am = argmax.data_ptr<int64_t>();
+  torch::Tensor sampled_cpu;
+  if (any_sample) {
+    torch::Tensor probs, order;
+    if (any_filter) {
+      auto sorted = logp.sort(-1, /*descending=*/true);
+      probs = std::get<0>(sorted).exp();
+      order = std::get<1>(sorted);
+      std::vector<int64_t> ks(N);
+      std::vector<float> ps(N);
+      for (int64_t r = 0; r < N; ++r) {
+        ks[r] = options[r]->top_k > 0 ? std::min<int64_t>(options[r]->top_k, V) : V;
+        ps[r] = options[r]->greedy ? 1.0f : options[r]->top_p;
+      }
+      auto rank = torch::arange(V, torch::TensorOptions().dtype(torch::kInt64).device(logits.device())).view({1, V});
+      auto keep = rank.lt(torch::from_blob(ks.data(), {N, 1}, torch::kInt64).to(logits.device()));
+      auto before = probs.cumsum(-1) - probs;
+      auto p_lim = torch::from_blob(ps.data(), {N, 1}, torch::kFloat32).to(logits.device());
+      keep = keep.logical_and(before.lt(p_lim).logical_or(p_lim.ge(1.0f)));
+      probs = torch::where(keep, probs, torch::zeros_like(probs));
+    } else {
+      probs = logp.exp();
+    }
+    auto cdf = probs.cumsum(-1);
+    auto total = cdf.select(-1, V - 1).unsqueeze(-1);
+    std::vector<float> u(uniforms.begin(), uniforms.end());
+    auto target = torch::from_blob(u.data(), {N, 1}, torch::kFloat32).to(logits.device()) * total;
+    auto pick = torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).clamp_max(V - 1);
+    // Never land on a zero-probability token through rounding at the top end.
+    auto last_kept = (probs.gt(0).to(torch::kInt64) * torch::arange(V, pick.options()).view({1, V})).amax(-1, true);
+    pick = torch::minimum(pick, last_kept);
+    if (any_filter) pick = order.gather(-1, pick);
+    sampled_cpu = pick.squeeze(-1).to(torch::kCPU);
+  }
+  for (int64_t r = 0; r < N; ++r) {
+    (*tokens)[r] = options[r]->greedy ? am[r] : sampled_cpu.data_ptr<int64_t>()[r];
+  }
+  auto tok = torch::from_blob(tokens->data(), {N, 1}, torch::kInt64).to(logits.device());
+  auto lp = logp.gather(-1, tok).squeeze(-1).to(torch::kCPU).contiguous();
+  std::copy(lp.data_ptr<float>(), lp.data_ptr<float>() + N, logprobs->begin());
+}
+
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct Group {
+  GenerationRequest request;
+  int64_t prompt_index = 0;
+  std::vector<Completion> done;
+  int remaining = 0;
+};
+
+// One decoding sequence (a KV-cache row).
+struct Row {
+  std::shared_ptr<Group> group;
+  int sample_index = 0;
+  SampleRng rng{0, 0, 0};
+  int64_t len = 0;        // tokens in the cache
+  int64_t next = 0;       // last sampled token, not yet fed
+  int64_t capacity = 0;   // cache slots this row may need
+  Completion out;
+};
+
+void PadCapacity(KvCache* c, int64_t cap) {
+  if (c->rows() == 0 || c->capacity() >= cap) return;
+  for (size_t i = 0; i < c->k.size(); ++i) {
+    auto& k = c->k[i];
+    auto& v = c->v[i];
+    auto pad = torch::zeros({k.size(0), k.size(1), cap - k.size(2), k.size(3)}, k.options());
+    k = torch::cat({k, pad}, 2);
+    v = torch::cat({v, pad}, 2);
+  }
+}
+
+void SelectRows(KvCache* c, const torch::Tensor& rows) {
+  for (size_t i = 0; i < c->k.size(); ++i) {
+    c->k[i] = c->k[i].index_select(0, rows);
+    c->v[i] = c->v[i].index_select(0, rows);
+  }
+}
+
+void AppendRows(KvCache* c, KvCache&& add) {
+  if (c->rows() == 0) {
+    *c = std::move(add);
+    return;
+  }
+  int64_t cap = std::max(c->capacity(), add.capacity());
+  PadCapacity(c, cap);
+  PadCapacity(&add, cap);
+  for (size_t i = 0; i < c->k.size(); ++i) {
+    c->k[i] = torch::cat({c->k[i], add.k[i]}, 0);
+    c->v[i] = torch::cat({c->v[i], add.v[i]}, 0);
+  }
+}
+
+}  // namespace
+
+struct Generator::State {
+  Transformer model;
+  GeneratorOptions options;
+  std::deque<std::shared_ptr<Group>> queue;
+  std::vector<Row> rows;
+  KvCache cache;
+  int64_t submitted = 0;
+  torch::Device device{torch::kCPU};
+
+  // Appends the sampled token to a row; true when the row is finished.
+  bool Accept(Row& row, int64_t token, float logprob) {
+    row.out.tokens.push_back(token);
+    row.out.logprobs.push_back(logprob);
+    row.next = token;
+    const auto& sp = row.group->request.sampling;
+    const int64_t total = static_cast<int64_t>(row.group->request.prompt.size() + row.out.tokens.size());
+    if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) != sp.stop_token_ids.end()) {
+      row.out.finish_reason = FinishReason::kStop;
+      return true;
+    }
+    if (static_cast<int>(row.out.tokens.size()) >= sp.max_new_tokens) {
+      row.out.finish_reason = FinishReason::kLength;
+      return true;
+    }
+    if (total >= model->config().max_positions) {
+      row.out.finish_reason = FinishReason::kContext;
+      return true;
+    }
+    return false;
+  }
+
+  void Finish(Row& row, const GroupCallback& cb) {
+    row.out.sample_index = row.sample_index;
+    auto g = row.group;
+    g->done.push_back(std::move(row.out));
+    if (--g->remaining == 0) {
+      GroupResult res;
+      res.id = g->request.id;
+      res.prompt_index = g->prompt_index;
+      res.samples = std::move(g->done);
+      std::sort(res.samples.begin(), res.samples.end(),
+                [](const Completion& a, const Completion& b) { return a.sample_index < b.sample_index; });
+      if (cb) cb(std::move(res));
+    }
+  }
+
+  // Samples for rows [first, end) from logits [N,V] of those rows.
+  void SampleRows(const torch::Tensor& logits, size_t first, std::vector<bool>* finished) {
+    const size_t n = rows.size() - first;
+    std::vector<const SamplingOptions*> opts(n);
+    std::vector<double> u(n);
+    for (size_t i = 0; i < n; ++i) {
+      Row& r = rows[first + i];
+      opts[i] = &r.group->request.sampling;
+      // Every row draws once per token, greedy or not, so streams stay aligned.
+      u[i] = r.rng.Uniform();
+    }
+    std::vector<int64_t> tok;
+    std::vector<float> lp;
+    SampleTokens(logits, opts, u, &tok, &lp);
+    for (size_t i = 0; i < n; ++i) (*finished)[first + i] = Accept(rows[first + i], tok[i], lp[i]);
+  }
+
+  void Admit(const GroupCallback& cb, std::vector<bool>* finished) {
+    std::vector<std::shared_ptr<Group>> batch;
+    int64_t rows_now = static_cast<int64_t>(rows.size());
+    int64_t prefill_tokens = 0;
+    while (!queue.empty()) {
+      auto& g = queue.front();
+      const int64_t n = g->request.sampling.n;
+      const int64_t plen = static_cast<int64_t>(g->request.prompt.size());
+      if (rows_now + n > options.max_batch) break;
+      if (!batch.empty() && prefill_tokens + plen > options.max_prefill_tokens) break;
+      if (plen >= model->config().max_positions) {
+        // No room for a single token: finish every sample at once.
+        for (int i = 0; i < n; ++i) {
+          Row r;
+          r.group = g;
+          r.sample_index = i;
+          r.out.finish_reason = FinishReason::kContext;
+          Finish(r, cb);
+        }
+        queue.pop_front();
+        continue;
+      }
+      rows_now += n;
+      prefill_tokens += plen;
+      batch.push_back(g);
+      queue.pop_front();
+    }
+    if (batch.empty()) return;
+    const int64_t P = static_cast<int64_t>(batch.size());
+    int64_t T = 0, cap = 0;
+    for (const auto& g : batch) {
+      const int64_t plen = static_cast<int64_t>(g->request.prompt.size());
+      T = std::max(T, plen);
+      cap = std::max(cap, std::min(plen + g->request.sampling.max_new_tokens, model->config().max_positions));
+    }
+    std::vector<int64_t> ids(P * T, 0), lens(P);
+    for (int64_t p = 0; p < P; ++p) {
+      const auto& pr = batch[p]->request.prompt;
+      std::copy(pr.begin(), pr.end(), ids.begin() + p * T);
+      lens[p] = static_cast<int64_t>(pr.size());
+    }
+    auto ids_t = torch::from_blob(ids.data(), {P, T}, torch::kInt64).to(device);
+    auto lens_t = torch::from_blob(lens.data(), {P}, torch::kInt64).to(device);
+    KvCache fresh;
+    auto hidden = model->Prefill(ids_t, lens_t, cap, &fresh);
+    // Fan each prompt out to its n sample rows (the prompt is computed once).
+    std::vector<int64_t> src;
+    const size_t first = rows.size();
+    for (int64_t p = 0; p < P; ++p) {
+      const auto& g = batch[p];
+      for (int i = 0; i < g->request.sampling.n; ++i) {
+        Row r;
+        r.group = g;
+        r.sample_index = i;
+        r.rng = SampleRng(g->request.sampling.seed, static_cast<uint64_t>(g->prompt_index), static_cast<uint64_t>(i));
+        r.len = lens[p];
+        r.capacity = std::min(lens[p] + g->request.sampling.max_new_tokens, model->config().max_positions);
+        rows.push_back(std::move(r));
+        src.push_back(p);
+      }
+    }
+    auto src_t = torch::from_blob(src.data(), {static_cast<int64_t>(src.size())}, torch::kInt64).to(device);
+    auto logits = model->Logits(hidden.index_select(0, src_t)).to(torch::kFloat32);
+    SelectRows(&fresh, src_t);
+    AppendRows(&cache, std::move(fresh));
+    finished->resize(rows.size(), false);
+    SampleRows(logits, first, finished);
+  }
+
+  // Drops finished rows (reporting them) and compacts the cache.
+  void Compact(const std::vector<bool>& finished, const GroupCallback& cb) {
+    std::vector<int64_t> keep;
+    std::vector<Row> kept;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (finished[i]) {
+        Finish(rows[i], cb);
+      } else {
+        keep.push_back(static_cast<int64_t>(i));
+        kept.push_back(std::move(rows[i]));
+      }
+    }
+    if (kept.size() == rows.size()) return;
+    rows = std::move(kept);
+    if (rows.empty()) {
+      cache = KvCache();
+      return;
+    }
+    SelectRows(&cache, torch::from_blob(keep.data(), {static_cast<int64_t>(keep.size())}, torch::kInt64).to(device));
+  }
+
+  void Decode(std::vector<bool>* finished) {
+    const int64_t N = static_cast<int64_t>(rows.size());
+    std::vector<int64_t> ids(N), lens(N);
+    int64_t max_len = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      ids[i] = rows[i].next;
+      lens[i] = rows[i].len;
+      max_len = std::max(max_len, lens[i]);
+    }
+    PadCapacity(&cache, max_len + 1);
+    auto hidden = model->DecodeStep(torch::from_blob(ids.data(), {N}, torch::kInt64).to(device),
+                                    torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &cache);
+    for (auto& r : rows) ++r.len;
+    auto logits = model->Logits(hidden).to(torch::kFloat32);
+    finished->assign(N, false);
+    SampleRows(logits, 0, finished);
+  }
+};
+
+Generator::Generator(Transformer model, GeneratorOptions options) : s_(std::make_unique<State>()) {
+  s_->model = std::move(model);
+  s_->options = options;
+  auto params = s_->model->parameters();
+  if (!params.empty()) s_->device = params[0].device();
+}
+
+Generator::~Generator() = default;
+
+absl::Status Generator::Submit(GenerationRequest request) {
+  absl::Status s = s_->options.Validate();
+  if (!s.ok()) return s;
+  s = request.sampling.Validate();
+  if (!s.ok()) return s;
+  if (request.prompt.empty()) return absl::InvalidArgumentError("request.prompt: must not be empty");
+  const int64_t V = s_->model->config().vocab_size;
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= V) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request.prompt[", i, "]: token ", request.prompt[i], " outside [0, ", V, ")"));
+    }
+  }
+  if (request.sampling.n > s_->options.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.n: ", request.sampling.n, " exceeds max_batch ", s_->options.max_batch));
+  }
+  auto g = std::make_shared<Group>();
+  g->prompt_index = request.prompt_index >= 0 ? request.prompt_index : s_->submitted;
+  ++s_->submitted;
+  g->remaining = request.sampling.n;
+  g->request = std::move(request);
+  s_->queue.push_back(std::move(g));
+  return absl::OkStatus();
+}
+
+bool Generator::Idle() const { return s_->queue.empty() && s_->rows.empty(); }
+
+int64_t Generator::running() const { return static_cast<int64_t>(s_->rows.size()); }
+
+absl::Status Generator::Step(const GroupCallback& on_group) {
+  try {
+    c10::InferenceMode guard;
+    std::vector<bool> finished(s_->rows.size(), false);
+    // Rows that already have an unfed token decode first; joiners get their
+    // first token from the prefill, then decode from the next step on.
+    if (!s_->rows.empty()) {
+      s_->Decode(&finished);
+      s_->Compact(finished, on_group);
+    }
+    finished.assign(s_->rows.size(), false);
+    s_->Admit(on_group, &finished);
+    s_->Compact(finished, on_group);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("Generator::Step: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Generator::RunUntilIdle(const GroupCallback& on_group) {
+  while (!Idle()) {
+    absl::Status s = Step(on_group);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<GroupResult>> Generator::Generate(std::vector<GenerationRequest> requests) {
+  if (!Idle()) return absl::FailedPreconditionError("Generator::Generate: other requests are queued or running");
+  const size_t n = requests.size();
+  std::vector<uint64_t> ids(n);
+  for (size_t i = 0; i < n; ++i) {
+    ids[i] = requests[i].id;
+    requests[i].id = i;  // tag with the position; restored below
+    absl::Status s = Submit(std::move(requests[i]));
+    if (!s.ok()) {
+      s_->queue.clear();  // nothing half-submitted stays behind
+      return s;
+    }
+  }
+  std::vector<GroupResult> out(n);
+  absl::Status s = RunUntilIdle([&](GroupResult g) {
+    size_t pos = g.id;
+    g.id = ids[pos];
+    out[pos] = std::move(g);
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
+}  // namespace rlmesh::actor

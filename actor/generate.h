@@ -1,0 +1,137 @@
+#pragma once
+
+// Batched autoregressive generation with a KV cache and continuous batching:
+// prompts of different lengths share a batch, finished sequences leave it and
+// queued prompts join between decode steps. Every sample draws its random
+// numbers from its own stream keyed by (seed, prompt_index, sample_index), so a
+// seeded request gives the same tokens whatever else is in the batch (up to
+// floating-point differences of batched kernels, which are ulp-sized).
+//
+// Not thread-safe: one thread submits and steps a Generator.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actor/transformer.h"
+
+namespace rlmesh::actor {
+
+struct SamplingOptions {
+  // Always pick the most likely token; temperature/top_k/top_p are ignored and
+  // behaviour log-probs use temperature 1. Default false.
+  bool greedy = false;
+  // Softmax temperature; > 0. Behaviour log-probs are log softmax(logits /
+  // temperature) at the sampled token (before top-k/top-p). Default 1.
+  float temperature = 1.0f;
+  // Keep only the k most likely tokens; 0 disables. Default 0.
+  int top_k = 0;
+  // Keep the smallest most-likely set with probability >= top_p; 1 disables.
+  // In (0, 1]. Default 1.
+  float top_p = 1.0f;
+  // Most tokens to generate per sample; > 0. Default 16.
+  int max_new_tokens = 16;
+  // Generation stops after sampling one of these (the stop token is kept).
+  std::vector<int64_t> stop_token_ids;
+  // Seed of the request. Default 0.
+  uint64_t seed = 0;
+  // Samples per prompt; > 0. Default 1.
+  int n = 1;
+
+  absl::Status Validate() const;
+};
+
+enum class FinishReason {
+  kStop,     // sampled a stop token
+  kLength,   // max_new_tokens reached
+  kContext,  // prompt + completion reached the model's max_positions
+};
+const char* FinishReasonName(FinishReason r);
+
+struct GenerationRequest {
+  // Caller's id, echoed in the result.
+  uint64_t id = 0;
+  // Prompt token ids; non-empty, each in [0, vocab_size).
+  std::vector<int64_t> prompt;
+  SamplingOptions sampling;
+  // Key of the random streams (with seed and sample index); -1 = the order in
+  // which the Generator received the request. Set it to make a sample's
+  // tokens independent of what else was submitted. Default -1.
+  int64_t prompt_index = -1;
+};
+
+struct Completion {
+  int sample_index = 0;
+  std::vector<int64_t> tokens;
+  // Behaviour log-prob of each token (see SamplingOptions.temperature).
+  std::vector<float> logprobs;
+  FinishReason finish_reason = FinishReason::kLength;
+};
+
+struct GroupResult {
+  uint64_t id = 0;
+  int64_t prompt_index = 0;
+  // All n samples, ordered by sample_index.
+  std::vector<Completion> samples;
+};
+
+using GroupCallback = std::function<void(GroupResult)>;
+
+struct GeneratorOptions {
+  // Most sequences decoding at once (KV-cache rows). Default 64.
+  int64_t max_batch = 64;
+  // Most prompt tokens prefilled in one step (bounds the join burst); at least
+  // one request is always admitted. Default 8192.
+  int64_t max_prefill_tokens = 8192;
+
+  absl::Status Validate() const;
+};
+
+class Generator {
+ public:
+  // `model` is shared, not copied; it must outlive the Generator and not be
+  // trained while a step runs.
+  Generator(Transformer model, GeneratorOptions options = {});
+  ~Generator();
+
+  // Queues a request. INVALID_ARGUMENT names the field (empty prompt, token
+  // out of range, n > max_batch, bad sampling options).
+  absl::Status Submit(GenerationRequest request);
+
+  // No queued or running work.
+  bool Idle() const;
+  // Admits queued requests that fit, then decodes one token for every running
+  // sequence; `on_group` receives each group as soon as all its samples end.
+  absl::Status Step(const GroupCallback& on_group);
+  // Steps until idle.
+  absl::Status RunUntilIdle(const GroupCallback& on_group);
+  // Submits all, runs until idle, returns groups in request order.
+  // REQUIRES: Idle() (else FAILED_PRECONDITION).
+  absl::StatusOr<std::vector<GroupResult>> Generate(std::vector<GenerationRequest> requests);
+
+  // Sequences decoding now (for tests and metrics).
+  int64_t running() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// Picks one token per row from logits [N,V] (fp32) for per-row options and
+// uniforms u [N] in [0,1): greedy rows take the argmax; others sample by
+// inverse CDF from softmax(logits/temperature) restricted by top-k/top-p.
+// Returns tokens [N] int64 and behaviour log-probs [N] fp32. Exposed for
+// tests.
+void SampleTokens(const torch::Tensor& logits, const std::vector<const SamplingOptions*>& options,
+                  const std::vector<double>& uniforms, std::vector<int64_t>* tokens, std::vector<float>* logprobs);
+
+// The filtered, renormalised distribution SampleTokens draws from for one
+// row (greedy: one-hot at the argmax); [V] fp32. Exposed for tests.
+torch::Tensor SamplingDistribution(const torch::Tensor& logits_row, const SamplingOptions& options);
+
+}  // namespace rlmesh::actor

@@ -1,0 +1,76 @@
+#pragma once
+
+// The shape of a decoder-only transformer, in the vocabulary of Hugging Face's
+// LlamaConfig / Qwen2Config. Loads from and saves to a config.json so that a
+// folder we write opens in `transformers` and a public folder opens here.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace rlmesh::actor {
+
+struct ModelConfig {
+  // "llama" or "qwen2". Only the config.json spelling differs; qwen2 implies
+  // qkv_bias. Default "llama".
+  std::string arch = "llama";
+  // Tokens in the vocabulary (rows of the embedding). Default 64.
+  int64_t vocab_size = 64;
+  // Width of the residual stream. Default 256.
+  int64_t hidden_size = 256;
+  // Width of the SwiGLU MLP. Default 688 (~8/3 * hidden, as Llama rounds).
+  int64_t intermediate_size = 688;
+  // Decoder layers. Default 4.
+  int64_t num_layers = 4;
+  // Query heads. Default 4.
+  int64_t num_heads = 4;
+  // Key/value heads (grouped-query attention); must divide num_heads.
+  // Default 4.
+  int64_t num_kv_heads = 4;
+  // Per-head width; 0 = hidden_size / num_heads. Default 0.
+  int64_t head_dim = 0;
+  // Longest sequence (prompt + completion) in tokens. Default 256.
+  int64_t max_positions = 256;
+  // RoPE base frequency. Default 10000.
+  double rope_theta = 10000.0;
+  // RMSNorm epsilon. Default 1e-6.
+  double rms_norm_eps = 1e-6;
+  // lm_head shares the input embedding's weight. Default false.
+  bool tie_embeddings = false;
+  // Bias on q/k/v projections (Qwen2 has it; Llama's "attention_bias").
+  // Default false.
+  bool qkv_bias = false;
+  // Adds a scalar head ("score.weight", [1, hidden], as in HF's
+  // *ForSequenceClassification with num_labels=1): critic / reward model.
+  // Default false.
+  bool value_head = false;
+  // Special token ids written to config.json; -1 = none. Default -1.
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+  int64_t pad_token_id = -1;
+
+  // Per-head width actually used.
+  int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
+  // Whether q/k/v carry a bias (always for qwen2).
+  bool HasQkvBias() const { return qkv_bias || arch == "qwen2"; }
+
+  // INVALID_ARGUMENT naming the field when a value is out of range.
+  absl::Status Validate() const;
+
+  // Parses a Hugging Face config.json (LlamaConfig / Qwen2Config, both the
+  // transformers 4.x "rope_theta" and 5.x "rope_parameters" spellings).
+  static absl::StatusOr<ModelConfig> FromHfConfigJson(const std::string& path);
+  static absl::StatusOr<ModelConfig> FromHfConfigJsonString(const std::string& text);
+
+  // The config.json text `transformers` reads back into the same model.
+  // `dtype` is "float32", "bfloat16" or "float16" (recorded, not applied).
+  std::string ToHfConfigJson(const std::string& dtype = "float32") const;
+};
+
+// Llama's default MLP width for a hidden size: 8/3 * hidden rounded up to a
+// multiple of 32.
+int64_t DefaultIntermediateSize(int64_t hidden_size);
+
+}  // namespace rlmesh::actor

@@ -1,0 +1,276 @@
+#include "actor/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace rlmesh::actor {
+namespace {
+
+using nlohmann::json;
+
+// Largest header the format allows (the reference implementation caps it at
+// 100 MB); beyond that a length is treated as corrupt.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+int64_t ElementSize(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+// Streams chunks into a temp file beside `path`, then renames it into place.
+class AtomicWriter {
+ public:
+  explicit AtomicWriter(std::string path) : path_(std::move(path)) {}
+  ~AtomicWriter() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+    }
+  }
+  absl::Status Open() {
+    tmp_ = absl::StrCat(path_, ".tmp.", ::getpid());
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return absl::InternalError(absl::StrCat("create ", tmp_, ": ", std::strerror(errno)));
+    return absl::OkStatus();
+  }
+  absl::Status Write(const void* data, size_t n) { return WriteAll(fd_, data, n, tmp_); }
+  absl::Status Commit() {
+    if (::fsync(fd_) != 0) return absl::InternalError(absl::StrCat("fsync ", tmp_, ": ", std::strerror(errno)));
+    ::close(fd_);
+    fd_ = -1;
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      absl::Status s = absl::InternalError(absl::StrCat("rename ", tmp_, " -> ", path_, ": ", std::strerror(errno)));
+      ::unlink(tmp_.c_str());
+      return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+absl::StatusOr<c10::ScalarType> SafetensorsDtype(const std::string& name) {
+  static const std::map<std::string, c10::ScalarType> kTypes = {
+      {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+      {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+      {"U8", at::kByte},    {"BOOL", at::kBool}};
+  auto it = kTypes.find(name);
+  if (it == kTypes.end()) return absl::InvalidArgumentError(absl::StrCat("unsupported dtype \"", name, "\""));
+  return it->second;
+}
+
+absl::StatusOr<std::string> SafetensorsDtypeName(c10::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return std::string("F64");
+    case at::kFloat: return std::string("F32");
+    case at::kHalf: return std::string("F16");
+    case at::kBFloat16: return std::string("BF16");
+    case at::kLong: return std::string("I64");
+    case at::kInt: return std::string("I32");
+    case at::kShort: return std::string("I16");
+    case at::kChar: return std::string("I8");
+    case at::kByte: return std::string("U8");
+    case at::kBool: return std::string("BOOL");
+    default: return absl::InvalidArgumentError(absl::StrCat("dtype ", c10::toString(t), " has no safetensors name"));
+  }
+}
+
+absl::StatusOr<c10::ScalarType> ParseDtype(const std::string& name) {
+  if (name == "fp32" || name == "float32" || name == "f32" || name == "float") return at::kFloat;
+  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
+  if (name == "fp16" || name == "float16" || name == "f16" || name == "half") return at::kHalf;
+  return absl::InvalidArgumentError(absl::StrCat("dtype: expected fp32, bf16 or fp16, got \"", name, "\""));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("open ", path, ": ", std::strerror(errno)));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
+  }
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  f->size_ = static_cast<uint64_t>(st.st_size);
+  if (f->size_ < 8) {
+    ::close(fd);
+    return absl::DataLossError(
+        absl::StrCat(path, ": file is ", f->size_, " bytes, shorter than the 8-byte header length at byte 0"));
+  }
+  void* m = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap ", path, ": ", std::strerror(errno)));
+  f->map_ = static_cast<const uint8_t*>(m);
+
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | f->map_[i];
+  if (n > kMaxHeaderBytes || n > f->size_ - 8) {
+    return absl::DataLossError(absl::StrCat(path, ": header length ", n, " (bytes 0-7) runs beyond the file size ",
+                                            f->size_, " (truncated or not a safetensors file)"));
+  }
+  f->data_start_ = 8 + n;
+  json header;
+  try {
+    header = json::parse(f->map_ + 8, f->map_ + 8 + n);
+  } catch (const json::parse_error& e) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": corrupt header JSON at byte ", 8 + e.byte - (e.byte > 0 ? 1 : 0), ": ", e.what()));
+  }
+  if (!header.is_object()) return absl::DataLossError(absl::StrCat(path, ": header JSON at byte 8 is not an object"));
+  const uint64_t data_size = f->size_ - f->data_start_;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") {
+      if (it->is_object()) {
+        for (auto m2 = it->begin(); m2 != it->end(); ++m2) {
+          if (m2->is_string()) f->metadata_[m2.key()] = m2->get<std::string>();
+        }
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& why) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor \"", name, "\": ", why));
+    };
+    const json& e = *it;
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets")) {
+      return bad("header entry needs dtype, shape and data_offsets");
+    }
+    SafetensorsEntry entry;
+    entry.name = name;
+    if (!e["dtype"].is_string()) return bad("dtype is not a string");
+    entry.dtype = e["dtype"].get<std::string>();
+    auto st_type = SafetensorsDtype(entry.dtype);
+    if (!st_type.ok()) return bad(std::string(st_type.status().message()));
+    if (!e["shape"].is_array()) return bad("shape is not a list");
+    uint64_t numel = 1;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_unsigned()) return bad("shape has a negative or non-integer dimension");
+      uint64_t dim = d.get<uint64_t>();
+      if (dim > 0 && numel > (uint64_t{1} << 62) / dim) return bad("shape overflows");
+      numel *= dim;
+      entry.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const auto& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return bad("data_offsets must be two non-negative integers");
+    }
+    entry.begin = off[0].get<uint64_t>();
+    entry.end = off[1].get<uint64_t>();
+    if (entry.end < entry.begin) return bad(absl::StrCat("data_offsets [", entry.begin, ", ", entry.end, "] end before they begin"));
+    const uint64_t want = numel * static_cast<uint64_t>(ElementSize(*st_type));
+    if (entry.end - entry.begin != want) {
+      return bad(absl::StrCat("data_offsets [", entry.begin, ", ", entry.end, "] hold ", entry.end - entry.begin,
+                              " bytes but shape needs ", want));
+    }
+    if (entry.end > data_size) {
+      return bad(absl::StrCat("data ends at byte ", f->data_start_ + entry.end, " beyond the file size ", f->size_,
+                              " (truncated)"));
+    }
+    f->entries_.push_back(std::move(entry));
+  }
+  std::sort(f->entries_.begin(), f->entries_.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+  for (size_t i = 0; i < f->entries_.size(); ++i) {
+    if (i > 0 && f->entries_[i].begin < f->entries_[i - 1].end) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor \"", f->entries_[i].name, "\" overlaps tensor \"",
+                                              f->entries_[i - 1].name, "\" at byte ", f->data_start_ + f->entries_[i].begin));
+    }
+    f->by_name_[f->entries_[i].name] = i;
+  }
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), size_);
+}
+
+const SafetensorsEntry* SafetensorsFile::Find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &entries_[it->second];
+}
+
+absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name) const {
+  const SafetensorsEntry* e = Find(name);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": no tensor \"", name, "\""));
+  auto type = SafetensorsDtype(e->dtype);
+  if (!type.ok()) return type.status();
+  at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(*type));
+  if (e->end > e->begin) std::memcpy(t.data_ptr(), map_ + data_start_ + e->begin, e->end - e->begin);
+  return t;
+}
+
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
+  AtomicWriter w(path);
+  absl::Status s = w.Open();
+  if (s.ok()) s = w.Write(contents.data(), contents.size());
+  if (s.ok()) s = w.Commit();
+  return s;
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> cpu;
+  cpu.reserve(tensors.size());
+  uint64_t offset = 0;
+  try {
+    for (const auto& [name, t] : tensors) {
+      if (name.empty() || name == "__metadata__") return absl::InvalidArgumentError(absl::StrCat("tensor name \"", name, "\" is reserved"));
+      if (header.contains(name)) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" appears twice"));
+      if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" is undefined"));
+      auto dtype = SafetensorsDtypeName(t.scalar_type());
+      if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\": ", dtype.status().message()));
+      at::Tensor c = t.detach().to(at::kCPU).contiguous();
+      uint64_t bytes = static_cast<uint64_t>(c.numel()) * c.element_size();
+      header[name] = {{"dtype", *dtype}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+      offset += bytes;
+      cpu.push_back(std::move(c));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("WriteSafetensors ", path, ": ", e.what_without_backtrace()));
+  }
+  std::string h = header.dump();
+  while ((8 + h.size()) % 8 != 0) h.push_back(' ');  // data section 8-byte aligned
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff);
+  AtomicWriter w(path);
+  absl::Status s = w.Open();
+  if (s.ok()) s = w.Write(len, 8);
+  if (s.ok()) s = w.Write(h.data(), h.size());
+  for (size_t i = 0; s.ok() && i < cpu.size(); ++i) {
+    s = w.Write(cpu[i].data_ptr(), static_cast<size_t>(cpu[i].numel()) * cpu[i].element_size());
+  }
+  if (s.ok()) s = w.Commit();
+  return s;
+}
+
+}  // namespace rlmesh::actor

@@ -1,0 +1,76 @@
+#pragma once
+
+// The safetensors file format (Hugging Face): an 8-byte little-endian header
+// length N, N bytes of JSON {name: {dtype, shape, data_offsets}}, then the
+// raw little-endian tensor bytes. Every malformed input is an error that
+// names the tensor or the byte offset; nothing here crashes on a bad file.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace rlmesh::actor {
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;           // "F32", "BF16", "F16", ...
+  std::vector<int64_t> shape;  // empty = scalar
+  uint64_t begin = 0;          // byte offsets relative to the data section
+  uint64_t end = 0;
+};
+
+// A parsed, validated safetensors file, memory-mapped. Read-only; safe for
+// concurrent use.
+class SafetensorsFile {
+ public:
+  // Validates the whole header (JSON, dtypes, shapes vs. byte counts, offsets
+  // within the file) before returning.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Entries in file order of their data.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const SafetensorsEntry* Find(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // A CPU tensor holding a copy of the named tensor's bytes, in its stored
+  // dtype. NOT_FOUND names the tensor.
+  absl::StatusOr<at::Tensor> Read(const std::string& name) const;
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  const uint8_t* map_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> by_name_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes tensors (any device/layout; stored in their own dtype, which must be
+// one safetensors names) atomically: a temp file in the same folder, fsync,
+// rename. Names must be unique.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+// Writes `contents` to `path` atomically (temp file + fsync + rename).
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
+
+// "F32" <-> at::kFloat etc.; INVALID_ARGUMENT for others.
+absl::StatusOr<c10::ScalarType> SafetensorsDtype(const std::string& name);
+absl::StatusOr<std::string> SafetensorsDtypeName(c10::ScalarType t);
+// "fp32"/"float32"/"f32", "bf16"/"bfloat16", "fp16"/"float16"/"half".
+absl::StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
+
+}  // namespace rlmesh::actor

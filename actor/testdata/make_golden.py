@@ -1,0 +1,175 @@
+"""Reference data for actor/ parity tests, produced with PyPI transformers,
+tokenizers and safetensors (implementations no one in this project wrote).
+
+  make_golden.py models OUT      tiny random Llama/Qwen2 folders + logits + greedy tokens
+  make_golden.py tokenizers OUT  two trained byte-level BPE tokenizer.json + held-out encodings
+  make_golden.py check DIR IN    load a folder *we* wrote with transformers and compare
+                                 its logits with ours (IN: safetensors with input_ids, logits);
+                                 exits 1 on a mismatch.
+"""
+import json
+import os
+import random
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+MODELS = {
+    # name: (class, config kwargs)
+    "llama_gqa_untied": ("llama", dict(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                       rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    "llama_mha_tied": ("llama", dict(vocab_size=83, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                                     num_attention_heads=3, num_key_value_heads=3, max_position_embeddings=48,
+                                     rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)),
+    "qwen2_gqa_tied": ("qwen2", dict(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+                                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)),
+    "qwen2_untied": ("qwen2", dict(vocab_size=90, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=40,
+                                   rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+}
+
+
+def build(kind, kw):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kw))
+    return Qwen2ForCausalLM(Qwen2Config(**kw))
+
+
+def randomize(model, seed):
+    # transformers' init (std 0.02) makes near-uniform logits; larger random
+    # weights make the comparison meaningful.
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.25 * torch.randn(p.shape, generator=g))
+
+
+def models(out):
+    torch.manual_seed(0)
+    summary = {}
+    for i, (name, (kind, kw)) in enumerate(MODELS.items()):
+        model = build(kind, kw).eval()
+        randomize(model, 100 + i)
+        d = os.path.join(out, name)
+        model.save_pretrained(d)
+        g = torch.Generator().manual_seed(7 + i)
+        ids = torch.randint(0, kw["vocab_size"], (3, 17), generator=g)
+        pos = torch.arange(17).unsqueeze(0).expand(3, 17).contiguous()
+        with torch.no_grad():
+            logits = model(input_ids=ids, position_ids=pos).logits.float()
+        save_file({"input_ids": ids, "logits": logits.contiguous()}, os.path.join(d, "golden_logits.safetensors"))
+        prompts = [torch.randint(0, kw["vocab_size"], (n,), generator=g).tolist() for n in (1, 5, 11)]
+        greedy = []
+        for p in prompts:
+            with torch.no_grad():
+                o = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                   do_sample=False, max_new_tokens=12, min_new_tokens=12,
+                                   eos_token_id=None, pad_token_id=0)
+            greedy.append(o[0, len(p):].tolist())
+        with open(os.path.join(d, "golden_greedy.json"), "w") as f:
+            json.dump({"prompts": prompts, "greedy": greedy, "max_new_tokens": 12}, f)
+        summary[name] = kind
+    print("models:", summary)
+
+
+def corpus(seed, n):
+    rnd = random.Random(seed)
+    words = ["the", "model", "learns", "don't", "I'LL", "we've", "it's", "rollout", "reward", "GRPO", "Ünïcödé",
+             "naïve", "café", "straße", "日本語", "文字列", "Привет", "мир", "αβγ", "λόγος", "مرحبا", "שלום",
+             "🙂", "🚀🚀", "👩‍💻", "🇫🇷", "x²", "½", "٣", "١٢٣", "Ⅻ", "—", "«quote»", "’s", "'re"]
+    code = ["def f(x):\n    return x * 2\n", "for (int i = 0; i < n; ++i) {\n\tsum += a[i];\n}\n",
+            "if x != None and y >= 3:", "{\"key\": [1, 2, 3], \"v\": null}", "SELECT * FROM t WHERE id=42;",
+            "#include <vector>\r\n", "a->b = c::d<e>();"]
+    spaces = [" ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2009", "    \n", "\x0b",
+              "\u0085", "\x0c"]
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rnd.randint(1, 14)):
+            r = rnd.random()
+            if r < 0.45:
+                parts.append(rnd.choice(words))
+            elif r < 0.6:
+                parts.append(str(rnd.randint(0, 10 ** rnd.randint(1, 9))))
+            elif r < 0.7:
+                parts.append(rnd.choice(code))
+            elif r < 0.8:
+                parts.append(rnd.choice("+-*/=()[]{}<>.,;:!?'\"#$%&@^_|~`"))
+            else:
+                parts.append(rnd.choice(spaces))
+            parts.append(rnd.choice([" ", " ", "", rnd.choice(spaces)]))
+        out.append("".join(parts))
+    return out
+
+
+QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def tokenizers_(out):
+    from tokenizers import Regex, Tokenizer, decoders, models as tmodels, normalizers, pre_tokenizers, trainers
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    train = corpus(1, 3000)
+    heldout = corpus(2, 300) + [
+        "", " ", "   leading", "trailing   ", "a\n\n\nb", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+        "x<|endoftext|>y", "tab\tsep\tvalues", "emoji 👨‍👩‍👧‍👦 family", "unseen: ĳ ǅ ﬁ ẞ 𝔘𝔫𝔦", "12345678901234567890",
+        "e\u0301 vs \u00e9", "ＡＢＣ full width", "\x00\x01 control",
+    ]
+    specs = {
+        "gpt2": lambda t: (setattr(t, "pre_tokenizer", pre_tokenizers.ByteLevel(add_prefix_space=False)),),
+        "qwen2": lambda t: (setattr(t, "normalizer", normalizers.NFC()),
+                            setattr(t, "pre_tokenizer", pre_tokenizers.Sequence([
+                                pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))),
+    }
+    result = {}
+    for name, setup in specs.items():
+        tok = Tokenizer(tmodels.BPE())
+        setup(tok)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=specials, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(train, trainer)
+        path = os.path.join(out, f"{name}_tokenizer.json")
+        tok.save(path)
+        enc = [tok.encode(t, add_special_tokens=False).ids for t in heldout]
+        dec = [tok.decode(e, skip_special_tokens=False) for e in enc]
+        with open(os.path.join(out, f"{name}_heldout.json"), "w") as f:
+            json.dump({"texts": heldout, "ids": enc, "decoded": dec, "vocab_size": tok.get_vocab_size()}, f)
+        result[name] = tok.get_vocab_size()
+    print("tokenizers:", result)
+
+
+def check(folder, ours_path):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    data = load_file(ours_path)
+    ids = data["input_ids"]
+    pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids).contiguous()
+    with torch.no_grad():
+        ref = model(input_ids=ids, position_ids=pos).logits.float()
+    diff = (ref - data["logits"]).abs().max().item()
+    print(f"check {folder}: max |logit diff| = {diff:.3g}")
+    sys.exit(0 if diff <= 1e-4 else 1)
+
+
+if __name__ == "__main__":
+    cmd, out = sys.argv[1], sys.argv[2]
+    if cmd == "check":
+        check(out, sys.argv[3])
+    os.makedirs(out, exist_ok=True)
+    if cmd == "models":
+        models(out)
+    elif cmd == "tokenizers":
+        tokenizers_(out)
+    else:
+        sys.exit(f"unknown command {cmd}")

@@ -1,0 +1,112 @@
+#pragma once
+
+// Tokenizers: the character-level one of the synthetic tasks and Hugging
+// Face's byte-level BPE (tokenizer.json of the GPT-2 / Llama 3 / Qwen2
+// family), plus a minimal chat/prompt template. No LibTorch here.
+//
+// Tokenizers are immutable after construction: safe for concurrent use.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace rlmesh::actor {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Token ids of `text`; adds no BOS/EOS (the caller decides).
+  virtual std::vector<int> Encode(const std::string& text) const = 0;
+  // Text of `ids`; special tokens are written out unless skip_special. Ids
+  // outside the vocabulary are skipped.
+  virtual std::string Decode(const std::vector<int>& ids, bool skip_special = false) const = 0;
+  virtual int vocab_size() const = 0;
+  // -1 when the tokenizer has no such token.
+  virtual int bos_id() const = 0;
+  virtual int eos_id() const = 0;
+  virtual int pad_id() const = 0;
+  // Id of an exact token string (special or not); -1 if absent.
+  virtual int TokenId(const std::string& token) const = 0;
+  // SHA-256 hex of the tokenizer's definition: equal hashes, equal behaviour.
+  virtual std::string Hash() const = 0;
+};
+
+// Characters of the synthetic tasks. Ids: 0 <pad>, 1 <bos>, 2 <eos>, 3 <unk>,
+// then digits, lower and upper case letters, space, newline and ASCII
+// punctuation/operators. Characters outside map to <unk>.
+class CharTokenizer : public Tokenizer {
+ public:
+  CharTokenizer();
+  std::vector<int> Encode(const std::string& text) const override;
+  std::string Decode(const std::vector<int>& ids, bool skip_special = false) const override;
+  int vocab_size() const override { return static_cast<int>(tokens_.size()); }
+  int bos_id() const override { return 1; }
+  int eos_id() const override { return 2; }
+  int pad_id() const override { return 0; }
+  int unk_id() const { return 3; }
+  int TokenId(const std::string& token) const override;
+  std::string Hash() const override;
+
+ private:
+  std::vector<std::string> tokens_;
+  int char_to_id_[256];
+};
+
+// Byte-level BPE from a Hugging Face tokenizer.json: NFC (or no) normalizer;
+// ByteLevel, Split(Regex) and Sequence pre-tokenizers; BPE merges (with
+// ignore_merges); added and special tokens matched before everything else;
+// ByteLevel decoder. Anything else in the file is an INVALID_ARGUMENT that
+// names it.
+class BpeTokenizer : public Tokenizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromFile(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromJson(const std::string& json_text);
+  ~BpeTokenizer() override;
+
+  std::vector<int> Encode(const std::string& text) const override;
+  std::string Decode(const std::vector<int>& ids, bool skip_special = false) const override;
+  int vocab_size() const override { return vocab_size_; }
+  int bos_id() const override { return bos_; }
+  int eos_id() const override { return eos_; }
+  int pad_id() const override { return pad_; }
+  int TokenId(const std::string& token) const override;
+  std::string Hash() const override { return hash_; }
+
+  struct Impl;
+
+ private:
+  BpeTokenizer();
+  std::unique_ptr<Impl> impl_;
+  int vocab_size_ = 0;
+  int bos_ = -1, eos_ = -1, pad_ = -1;
+  std::string hash_;
+};
+
+// "char" -> CharTokenizer, anything else is a tokenizer.json path (or a
+// folder holding one).
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec);
+
+// SHA-256 of bytes, lower-case hex.
+std::string Sha256Hex(const std::string& bytes);
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+enum class ChatFormat {
+  kChatMl,  // <|im_start|>role\ncontent<|im_end|>\n (Qwen2)
+  kPlain,   // "role: content\n" (char tokenizer tasks)
+};
+
+// The prompt text of a conversation; with add_generation_prompt the opening of
+// the assistant's turn is appended.
+std::string ApplyChatTemplate(const std::vector<ChatMessage>& messages, ChatFormat format,
+                              bool add_generation_prompt = true);
+
+}  // namespace rlmesh::actor

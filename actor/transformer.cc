@@ -1,0 +1,262 @@
+#include "actor/transformer.h"
+
+#include <cmath>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/init.h>
+
+namespace rlmesh::actor {
+
+namespace idx = torch::indexing;
+
+void ConfigureThreads(int n) {
+  if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(n);
+}
+
+namespace {
+
+// rotate_half as in the reference: [-x2, x1].
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// x [B,T,heads,D], cos/sin [B,T,D].
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  auto c = cos.unsqueeze(2);
+  auto s = sin.unsqueeze(2);
+  return x * c + RotateHalf(x) * s;
+}
+
+}  // namespace
+
+RmsNormImpl::RmsNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  // Statistics in fp32, scale applied after casting back (as transformers).
+  auto h = x.to(torch::kFloat32);
+  auto var = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(var + eps_);
+  return weight * h.to(x.scalar_type());
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c)
+    : heads_(c.num_heads), kv_heads_(c.num_kv_heads), head_dim_(c.HeadDim()) {
+  bool bias = c.HasQkvBias();
+  q_proj = register_module(
+      "q_proj", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, heads_ * head_dim_).bias(bias)));
+  k_proj = register_module(
+      "k_proj", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(bias)));
+  v_proj = register_module(
+      "v_proj", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(bias)));
+  o_proj = register_module(
+      "o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads_ * head_dim_, c.hidden_size).bias(false)));
+}
+
+torch::Tensor AttentionImpl::Full(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                  const torch::Tensor& mask, torch::Tensor* k_out, torch::Tensor* v_out) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = ApplyRope(q_proj(x).view({B, T, heads_, head_dim_}), cos, sin).transpose(1, 2);
+  auto k = ApplyRope(k_proj(x).view({B, T, kv_heads_, head_dim_}), cos, sin).transpose(1, 2);
+  auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+  if (k_out != nullptr) *k_out = k;
+  if (v_out != nullptr) *v_out = v;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  torch::Tensor out;
+  if (mask.defined()) {
+    out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale, /*enable_gqa=*/true);
+  } else {
+    out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, /*enable_gqa=*/true);
+  }
+  return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+}
+
+torch::Tensor AttentionImpl::Decode(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                    torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& lens,
+                                    const torch::Tensor& key_mask, int64_t used) {
+  const int64_t N = x.size(0);
+  const int64_t groups = heads_ / kv_heads_;
+  auto q = ApplyRope(q_proj(x).view({N, 1, heads_, head_dim_}), cos, sin);       // [N,1,H,D]
+  auto k = ApplyRope(k_proj(x).view({N, 1, kv_heads_, head_dim_}), cos, sin);    // [N,1,kv,D]
+  auto v = v_proj(x).view({N, 1, kv_heads_, head_dim_});
+  auto rows = torch::arange(N, lens.options());
+  // Non-adjacent advanced indices put the indexed dim first: value [N,kv,D].
+  k_cache.index_put_({rows, idx::Slice(), lens}, k.squeeze(1));
+  v_cache.index_put_({rows, idx::Slice(), lens}, v.squeeze(1));
+  auto kc = k_cache.narrow(2, 0, used);  // [N,kv,L,D]
+  auto vc = v_cache.narrow(2, 0, used);
+  // Query heads grouped under their kv head: [N,kv,g,D].
+  auto qg = q.view({N, kv_heads_, groups, head_dim_});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  auto scores = torch::matmul(qg, kc.transpose(-1, -2)).to(torch::kFloat32) * scale;  // [N,kv,g,L]
+  scores = scores.masked_fill(key_mask.logical_not(), -std::numeric_limits<float>::infinity());
+  auto p = torch::softmax(scores, -1).to(x.scalar_type());
+  auto out = torch::matmul(p, vc);  // [N,kv,g,D]
+  return o_proj(out.reshape({N, 1, heads_ * head_dim_}));
+}
+
+MlpImpl::MlpImpl(const ModelConfig& c) {
+  auto lin = [](int64_t i, int64_t o) { return torch::nn::Linear(torch::nn::LinearOptions(i, o).bias(false)); };
+  gate_proj = register_module("gate_proj", lin(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", lin(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", lin(c.intermediate_size, c.hidden_size));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
+  self_attn = register_module("self_attn", Attention(c));
+  mlp = register_module("mlp", Mlp(c));
+  input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+BackboneImpl::BackboneImpl(const ModelConfig& c) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_layers; ++i) layers->push_back(DecoderLayer(c));
+  norm = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
+  model = register_module("model", Backbone(config));
+  if (!config.tie_embeddings) {
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size).bias(false)));
+  }
+  if (config.value_head) {
+    score = register_module("score",
+                            torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, 1).bias(false)));
+  }
+  // Same expression as transformers' default RoPE so the fp32 bits agree.
+  const int64_t d = config.HeadDim();
+  inv_freq_ = 1.0 / torch::pow(config.rope_theta, torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) / d);
+  // Kept out of the buffers so that model->to(bf16) leaves it fp32.
+
+  torch::NoGradGuard no_grad;
+  for (auto& p : named_parameters()) {
+    const std::string& name = p.key();
+    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      p.value().zero_();
+    } else if (name.find("norm") != std::string::npos) {
+      p.value().fill_(1.0);
+    } else {
+      p.value().normal_(0.0, 0.02);
+    }
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> TransformerImpl::Rope(const torch::Tensor& positions,
+                                                              c10::ScalarType dtype) {
+  auto inv = inv_freq_.to(positions.device());
+  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv;  // [..., D/2]
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                                             const torch::Tensor& attention_mask) {
+  auto h = model->embed_tokens(input_ids);
+  auto [cos, sin] = Rope(position_ids, h.scalar_type());
+  torch::Tensor mask;
+  if (attention_mask.defined()) {
+    const int64_t T = input_ids.size(1);
+    auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(h.device())).tril();
+    auto keys = attention_mask.to(torch::kBool).view({-1, 1, 1, T});
+    auto eye = torch::eye(T, torch::TensorOptions().dtype(torch::kBool).device(h.device()));
+    mask = causal.logical_and(keys.logical_or(eye));  // [B,1,T,T]
+  }
+  for (const auto& m : *model->layers) {
+    auto* layer = m->as<DecoderLayerImpl>();
+    h = h + layer->self_attn->Full(layer->input_layernorm(h), cos, sin, mask, nullptr, nullptr);
+    h = h + layer->mlp(layer->post_attention_layernorm(h));
+  }
+  return model->norm(h);
+}
+
+torch::Tensor TransformerImpl::LmHeadWeight() {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+torch::Tensor TransformerImpl::Logits(const torch::Tensor& hidden) {
+  return torch::matmul(hidden, LmHeadWeight().t());
+}
+
+torch::Tensor TransformerImpl::Forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids) {
+  return Logits(ForwardHidden(input_ids, position_ids));
+}
+
+torch::Tensor TransformerImpl::ValuesFromHidden(const torch::Tensor& hidden) {
+  TORCH_CHECK(score, "Values: the model has no value head (config.value_head=false)");
+  return score(hidden).squeeze(-1);
+}
+
+torch::Tensor TransformerImpl::Values(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                                      const torch::Tensor& attention_mask) {
+  return ValuesFromHidden(ForwardHidden(input_ids, position_ids, attention_mask));
+}
+
+torch::Tensor TransformerImpl::Prefill(const torch::Tensor& input_ids, const torch::Tensor& lens, int64_t capacity,
+                                       KvCache* cache) {
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  TORCH_CHECK(capacity >= T, "Prefill: capacity ", capacity, " < prompt width ", T);
+  auto positions = torch::arange(T, input_ids.options()).unsqueeze(0).expand({B, T});
+  auto h = model->embed_tokens(input_ids);
+  auto [cos, sin] = Rope(positions, h.scalar_type());
+  cache->k.clear();
+  cache->v.clear();
+  const int64_t kvh = config_.num_kv_heads, d = config_.HeadDim();
+  for (const auto& m : *model->layers) {
+    auto* layer = m->as<DecoderLayerImpl>();
+    torch::Tensor k, v;
+    // Right padding: real tokens only ever see earlier real tokens under the
+    // causal mask, so no padding mask is needed.
+    h = h + layer->self_attn->Full(layer->input_layernorm(h), cos, sin, {}, &k, &v);
+    h = h + layer->mlp(layer->post_attention_layernorm(h));
+    auto kc = torch::zeros({B, kvh, capacity, d}, k.options());
+    auto vc = torch::zeros({B, kvh, capacity, d}, v.options());
+    kc.narrow(2, 0, T).copy_(k);
+    vc.narrow(2, 0, T).copy_(v);
+    cache->k.push_back(kc);
+    cache->v.push_back(vc);
+  }
+  auto last = (lens - 1).clamp_min(0);
+  auto rows = torch::arange(B, lens.options());
+  h = h.index({rows, last});  // [B,H]
+  return model->norm(h);
+}
+
+torch::Tensor TransformerImpl::DecodeStep(const torch::Tensor& ids, const torch::Tensor& lens, int64_t max_len,
+                                          KvCache* cache) {
+  const int64_t N = ids.size(0);
+  const int64_t used = max_len + 1;
+  auto h = model->embed_tokens(ids.view({N, 1}));
+  auto [cos, sin] = Rope(lens.view({N, 1}), h.scalar_type());
+  // key_mask [N,1,1,used]: position j is visible to row r iff j <= lens[r].
+  auto key_mask = torch::arange(used, lens.options()).view({1, used}).le(lens.view({N, 1})).view({N, 1, 1, used});
+  int64_t i = 0;
+  for (const auto& m : *model->layers) {
+    auto* layer = m->as<DecoderLayerImpl>();
+    h = h + layer->self_attn->Decode(layer->input_layernorm(h), cos, sin, cache->k[i], cache->v[i], lens, key_mask,
+                                     used);
+    h = h + layer->mlp(layer->post_attention_layernorm(h));
+    ++i;
+  }
+  return model->norm(h).squeeze(1);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> TransformerImpl::NamedParameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+}  // namespace rlmesh::actor

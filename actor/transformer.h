@@ -1,0 +1,155 @@
+#pragma once
+
+// The policy model: a Llama / Qwen2-architecture decoder-only transformer in
+// LibTorch. Parameter names are Hugging Face's (named_parameters() yields
+// "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...,
+// "lm_head.weight", "score.weight"), so checkpoints map 1:1.
+//
+// Not thread-safe: one thread drives a model at a time (modules hold no
+// per-call state, but LibTorch modules are not meant for concurrent mutation).
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "actor/model_config.h"
+
+namespace rlmesh::actor {
+
+// Sets LibTorch's intra-op threads; n <= 0 means all hardware threads.
+// LibTorch defaults to 1 on the 2-core machines, so every process calls this.
+void ConfigureThreads(int n);
+
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
+// Key/value cache of a batch of sequences during generation: one entry per
+// layer, each [rows, num_kv_heads, capacity, head_dim], keys after RoPE.
+// Row r holds positions [0, length(r)); the caller tracks lengths.
+struct KvCache {
+  std::vector<torch::Tensor> k;
+  std::vector<torch::Tensor> v;
+  int64_t rows() const { return k.empty() ? 0 : k[0].size(0); }
+  int64_t capacity() const { return k.empty() ? 0 : k[0].size(2); }
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& c);
+  // Full (causal) attention over x [B,T,H]. cos/sin [B,T,D]. `mask` is an
+  // optional bool [B,1,T,T] (true = may attend); undefined = causal.
+  // When `k_out`/`v_out` are non-null they receive [B,kv,T,D].
+  torch::Tensor Full(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                     const torch::Tensor& mask, torch::Tensor* k_out, torch::Tensor* v_out);
+  // One new token per row: x [N,1,H]; writes its k/v at `lens` [N] into the
+  // cache tensors and attends to positions [0, lens[r]].
+  torch::Tensor Decode(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                       torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& lens,
+                       const torch::Tensor& key_mask, int64_t used);
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const ModelConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const ModelConfig& c);
+  Attention self_attn{nullptr};
+  Mlp mlp{nullptr};
+  RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// The "model." prefix of Hugging Face's names.
+class BackboneImpl : public torch::nn::Module {
+ public:
+  explicit BackboneImpl(const ModelConfig& c);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RmsNorm norm{nullptr};
+};
+TORCH_MODULE(Backbone);
+
+class TransformerImpl : public torch::nn::Module {
+ public:
+  // REQUIRES: config.Validate().ok(). Weights are initialised as
+  // transformers does (normal(0, 0.02), zero biases, unit norms) from
+  // LibTorch's global generator (seed it with torch::manual_seed).
+  explicit TransformerImpl(const ModelConfig& config);
+
+  // input_ids, position_ids: [B,T] int64 -> logits [B,T,V].
+  torch::Tensor Forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids);
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids) {
+    return Forward(input_ids, position_ids);
+  }
+  // Final-norm hidden states [B,T,H]. `attention_mask` [B,T] (1/true = real
+  // token) hides padding keys; undefined means every token is real. Causal
+  // either way; a padded query still sees itself (its output is garbage the
+  // caller ignores, never NaN).
+  torch::Tensor ForwardHidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                              const torch::Tensor& attention_mask = {});
+  // Hidden states -> logits (lm_head, or the embedding when tied).
+  torch::Tensor Logits(const torch::Tensor& hidden);
+  // The [V,H] output projection (the embedding weight when tied).
+  torch::Tensor LmHeadWeight();
+  // Scalar head on every position: [B,T]. REQUIRES: config().value_head.
+  torch::Tensor Values(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                       const torch::Tensor& attention_mask = {});
+  torch::Tensor ValuesFromHidden(const torch::Tensor& hidden);
+
+  // Generation. Prefill runs the prompts [B,T] (right-padded; row r's real
+  // tokens are [0, lens[r])) and returns the hidden state [B,H] at each row's
+  // last real token and a cache with `capacity` >= T slots.
+  torch::Tensor Prefill(const torch::Tensor& input_ids, const torch::Tensor& lens, int64_t capacity,
+                        KvCache* cache);
+  // Feeds one token per cache row: ids [N], lens [N] (tokens already in the
+  // cache = the new token's position). Returns hidden [N,H]. REQUIRES:
+  // max(lens) < cache->capacity(); `max_len` = max(lens) (saves a sync).
+  torch::Tensor DecodeStep(const torch::Tensor& ids, const torch::Tensor& lens, int64_t max_len,
+                           KvCache* cache);
+
+  // Parameters under their Hugging Face names (tied lm_head is absent, as in
+  // the files transformers writes).
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const;
+
+  const ModelConfig& config() const { return config_; }
+
+  Backbone model{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+  torch::nn::Linear score{nullptr};
+
+ private:
+  // cos/sin [.., D] for int64 positions of any shape, in `dtype`.
+  std::pair<torch::Tensor, torch::Tensor> Rope(const torch::Tensor& positions, c10::ScalarType dtype);
+
+  ModelConfig config_;
+  torch::Tensor inv_freq_;  // [D/2] fp32, not a parameter.
+};
+TORCH_MODULE(Transformer);
+
+}  // namespace rlmesh::actor
