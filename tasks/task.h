@@ -1,0 +1,76 @@
+#pragma once
+
+// Verifiable tasks: where prompts and reference answers come from. Built-in
+// synthetic tasks (arithmetic, countdown) generate disjoint train and
+// held-out splits from a seed; JSONL datasets read {prompt, answer} lines
+// (GSM8K-style final answers).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+
+namespace rlmesh {
+
+struct Example {
+  // Stable id within its split ("train/17", "eval/3", or the JSONL line's id).
+  std::string id;
+  // Prompt text after the template (what the model sees).
+  std::string prompt;
+  // Reference answer text.
+  std::string answer;
+};
+
+// Immutable after construction; safe for concurrent use.
+class Task {
+ public:
+  virtual ~Task() = default;
+  const std::vector<Example>& train() const { return train_; }
+  const std::vector<Example>& eval() const { return eval_; }
+  // Verifier the task is scored with by default ("numeric_answer", ...).
+  virtual std::string default_verifier() const = 0;
+
+ protected:
+  std::vector<Example> train_;
+  std::vector<Example> eval_;
+};
+
+// Builds the task a config describes. Errors name the config field.
+absl::StatusOr<std::unique_ptr<Task>> MakeTask(const TaskConfig& config, uint64_t seed);
+
+// A seeded, resumable pass over examples: each epoch is a fresh permutation
+// derived from (seed, epoch); the cursor (epoch, index) is all the state.
+struct LoaderCursor {
+  // Pass over the data (0-based) and position inside its permutation.
+  int64_t epoch = 0;
+  int64_t index = 0;
+};
+
+class PromptLoader {
+ public:
+  using Cursor = LoaderCursor;
+  // `examples` must outlive the loader.
+  PromptLoader(const std::vector<Example>* examples, uint64_t seed, Cursor cursor = Cursor());
+  // The next `n` examples (wrapping into new epochs).
+  std::vector<const Example*> Next(int n);
+  Cursor cursor() const { return cursor_; }
+
+ private:
+  void Shuffle();
+  const std::vector<Example>* examples_;
+  uint64_t seed_;
+  Cursor cursor_;
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = -1;
+};
+
+// Reads a JSONL file of objects with `prompt_field` and `answer_field`.
+absl::StatusOr<std::vector<Example>> ReadJsonlExamples(const std::string& path,
+                                                       const std::string& prompt_field,
+                                                       const std::string& answer_field,
+                                                       const std::string& split);
+
+}  // namespace rlmesh
