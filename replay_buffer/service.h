@@ -1,0 +1,101 @@
+#pragma once
+
+// ReplayBufferService: the gRPC adapter over ReplayStore. Each method checks
+// auth, hands the work to a worker pool (so a synced write or a waiting sample
+// never blocks gRPC's own callback threads), converts the result and finishes
+// the call exactly once.
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/auth.h"
+#include "proto/replay_buffer.grpc.pb.h"
+#include "replay_buffer/store.h"
+
+namespace rlmesh {
+
+struct ReplayServiceOptions {
+  // Threads running PutGroups, AckSample and Trim. Concurrent synced writes
+  // share one WAL fsync (group commit), so more threads = more throughput
+  // until the disk saturates. Default 16.
+  int writer_threads = 16;
+  // Threads running Query, Stats and Export. Default 4.
+  int reader_threads = 4;
+  // Threads running SampleGroups; a call waiting for data holds one. Calls
+  // beyond this queue. Default 16.
+  int sampler_threads = 16;
+  // Longest a SampleGroups call waits for data when its deadline is further
+  // away (or unset). Default 60 s.
+  absl::Duration max_sample_wait = absl::Seconds(60);
+  // A waiting sample gives up this long before the call's deadline, so the
+  // DEADLINE_EXCEEDED answer (and the fact that nothing was consumed) reaches
+  // the client instead of racing its own deadline. Default 50 ms.
+  absl::Duration deadline_margin = absl::Milliseconds(50);
+
+  absl::Status Validate() const;
+};
+
+// A fixed set of threads draining a FIFO of tasks. Safe for concurrent use.
+class WorkerPool {
+ public:
+  WorkerPool(int threads, const std::string& name);
+  ~WorkerPool();  // Stop()
+  // False (and `task` not run) once stopped.
+  bool Submit(std::function<void()> task);
+  // Runs queued tasks, then joins. Idempotent.
+  void Stop();
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+// The store and auth are not owned and must outlive the service. Shutdown()
+// (also run by the destructor) wakes waiting samples and joins the workers.
+class ReplayBufferService final : public ReplayBuffer::CallbackService {
+ public:
+  ReplayBufferService(ReplayStore* store, const ServerAuth* auth,
+                      const ReplayServiceOptions& options = {});
+  ~ReplayBufferService() override;
+
+  void Shutdown();
+
+  grpc::ServerUnaryReactor* PutGroups(grpc::CallbackServerContext* ctx,
+                                      const PutGroupsRequest* request,
+                                      PutGroupsResponse* response) override;
+  grpc::ServerUnaryReactor* SampleGroups(grpc::CallbackServerContext* ctx,
+                                         const SampleGroupsRequest* request,
+                                         SampleGroupsResponse* response) override;
+  grpc::ServerUnaryReactor* AckSample(grpc::CallbackServerContext* ctx,
+                                      const AckSampleRequest* request,
+                                      AckSampleResponse* response) override;
+  grpc::ServerUnaryReactor* Query(grpc::CallbackServerContext* ctx, const QueryRequest* request,
+                                  QueryResponse* response) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const StatsRequest* request,
+                                  StatsResponse* response) override;
+  grpc::ServerUnaryReactor* Trim(grpc::CallbackServerContext* ctx, const TrimRequest* request,
+                                 TrimResponse* response) override;
+  grpc::ServerWriteReactor<ExportChunk>* Export(grpc::CallbackServerContext* ctx,
+                                                const ExportRequest* request) override;
+
+ private:
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, WorkerPool& pool,
+                                std::function<absl::Status()> fn);
+
+  ReplayStore* const store_;
+  const ServerAuth* const auth_;
+  const ReplayServiceOptions options_;
+  WorkerPool writers_;
+  WorkerPool readers_;
+  WorkerPool samplers_;
+};
+
+}  // namespace rlmesh
