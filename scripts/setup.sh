@@ -20,7 +20,7 @@ APT_PACKAGES=(
   bazel-bootstrap bazel-rules-java
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev librocksdb-dev libyaml-cpp-dev catch2 nlohmann-json3-dev
-  libcpp-httplib-dev libssl-dev openssl g++ python3
+  libcpp-httplib-dev libssl-dev libicu-dev openssl g++ python3
 )
 step="checking Debian packages"
 missing=()

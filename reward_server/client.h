@@ -1,0 +1,37 @@
+#pragma once
+
+// How other processes reach a reward server: a small interface with a real
+// gRPC implementation (deadline, retries with backoff on UNAVAILABLE, and
+// reconnection when the server restarts) and fakes in tests.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/rpc_client.h"
+#include "proto/reward.pb.h"
+
+namespace rlmesh {
+
+class RewardClient {
+ public:
+  virtual ~RewardClient() = default;
+  virtual absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request) = 0;
+};
+
+struct RetryOptions {
+  // Deadline of one attempt. Default 30 s.
+  absl::Duration attempt_timeout = absl::Seconds(30);
+  // Give up after this long in total. Default 120 s.
+  absl::Duration total_timeout = absl::Seconds(120);
+  // First backoff, doubled up to max_backoff. Defaults 50 ms and 2 s.
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+// Retries UNAVAILABLE and DEADLINE_EXCEEDED attempts (a restarting server)
+// with exponential backoff; other errors return at once.
+std::unique_ptr<RewardClient> MakeGrpcRewardClient(RpcClient client, RetryOptions retry = {});
+
+}  // namespace rlmesh

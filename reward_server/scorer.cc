@@ -1,0 +1,180 @@
+#include "reward_server/scorer.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace rlmesh {
+namespace {
+
+// Result slot shared with a verifier thread that may outlive the wait.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  absl::StatusOr<double> result = absl::UnknownError("not run");
+};
+
+}  // namespace
+
+absl::Status ScorerOptions::Validate() const {
+  if (verifier_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("verifier_timeout: must be > 0");
+  if (max_items <= 0) return absl::InvalidArgumentError("max_items: must be > 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RewardScorer>> RewardScorer::Create(ScorerOptions options,
+                                                                   const actor::Tokenizer* tokenizer) {
+  RLMESH_RETURN_IF_ERROR(options.Validate());
+  if (options.default_verifiers.empty()) {
+    VerifierConfig numeric;
+    numeric.set_name("numeric_answer");
+    options.default_verifiers.push_back(numeric);
+  }
+  std::unique_ptr<RewardScorer> scorer(new RewardScorer(std::move(options), tokenizer));
+  google::protobuf::RepeatedPtrField<VerifierConfig> defaults(scorer->options_.default_verifiers.begin(),
+                                                               scorer->options_.default_verifiers.end());
+  RLMESH_RETURN_IF_ERROR(scorer->Verifiers(defaults).status());
+  return scorer;
+}
+
+absl::StatusOr<std::shared_ptr<const RewardScorer::VerifierSet>> RewardScorer::Verifiers(
+    const google::protobuf::RepeatedPtrField<VerifierConfig>& configs) {
+  std::string key;
+  for (const auto& c : configs) key += c.SerializeAsString() + '\0';
+  absl::MutexLock lock(&mu_);
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return it->second;
+  auto set = std::make_shared<VerifierSet>();
+  std::vector<std::string> names;
+  for (int i = 0; i < configs.size(); ++i) {
+    RLMESH_ASSIGN_OR_RETURN(auto v, MakeVerifier(configs[i], absl::StrCat("verifiers[", i, "]")));
+    names.push_back(v->label());
+    set->verifiers.push_back(std::move(v));
+    set->weights.push_back(configs[i].weight() != 0 ? configs[i].weight() : 1.0);
+  }
+  set->source = absl::StrCat("verifiers:", absl::StrJoin(names, "+"));
+  if (cache_.size() > 64) cache_.clear();
+  cache_[key] = set;
+  return std::shared_ptr<const VerifierSet>(set);
+}
+
+absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request) {
+  if (request.items_size() > options_.max_items) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("items: ", request.items_size(), " items exceed the limit of ", options_.max_items));
+  }
+  std::shared_ptr<const VerifierSet> set;
+  if (request.verifiers_size() > 0) {
+    RLMESH_ASSIGN_OR_RETURN(set, Verifiers(request.verifiers()));
+  } else {
+    google::protobuf::RepeatedPtrField<VerifierConfig> defaults(options_.default_verifiers.begin(),
+                                                                 options_.default_verifiers.end());
+    RLMESH_ASSIGN_OR_RETURN(set, Verifiers(defaults));
+  }
+  if (request.verifier_timeout_ms() < 0) return absl::InvalidArgumentError("verifier_timeout_ms: must be >= 0");
+  const absl::Duration timeout = request.verifier_timeout_ms() > 0
+                                     ? absl::Milliseconds(request.verifier_timeout_ms())
+                                     : options_.verifier_timeout;
+
+  // Decode and validate everything before running any verifier.
+  const int n = request.items_size();
+  std::vector<VerifierInput> inputs(n);
+  for (int i = 0; i < n; ++i) {
+    const ScoreItem& item = request.items(i);
+    VerifierInput& in = inputs[i];
+    for (int id : item.completion_token_ids()) {
+      if (id < 0 || (tokenizer_ != nullptr && id >= tokenizer_->vocab_size())) {
+        return absl::InvalidArgumentError(absl::StrCat("items[", i, "].completion_token_ids: id ", id, " out of range"));
+      }
+    }
+    auto decode = [&](const std::string& text, const auto& ids, const char* field) -> absl::StatusOr<std::string> {
+      if (!text.empty() || ids.empty()) return text;
+      if (tokenizer_ == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("items[", i, "].", field, ": empty and this server has no tokenizer to decode ids"));
+      }
+      return tokenizer_->Decode(std::vector<int>(ids.begin(), ids.end()), /*skip_special=*/true);
+    };
+    RLMESH_ASSIGN_OR_RETURN(in.completion, decode(item.completion_text(), item.completion_token_ids(), "completion_text"));
+    RLMESH_ASSIGN_OR_RETURN(in.prompt, decode(item.prompt_text(), item.prompt_token_ids(), "prompt_text"));
+    in.reference_answer = item.reference_answer();
+    in.completion_tokens = item.completion_token_ids_size();
+    in.max_new_tokens = item.max_new_tokens();
+  }
+
+  // Blocking verifiers run on their own threads, all at once, under one
+  // deadline; a call still running then is abandoned and counted.
+  const size_t nv = set->verifiers.size();
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::vector<absl::StatusOr<double>>> scores(n, std::vector<absl::StatusOr<double>>(nv, 0.0));
+  std::vector<std::pair<std::pair<int, size_t>, std::shared_ptr<Pending>>> pending;
+  for (int i = 0; i < n; ++i) {
+    for (size_t v = 0; v < nv; ++v) {
+      const Verifier* verifier = set->verifiers[v].get();
+      if (!verifier->may_block()) {
+        scores[i][v] = verifier->Score(inputs[i], deadline);
+        continue;
+      }
+      auto p = std::make_shared<Pending>();
+      // The set and input are copied into the thread so an abandoned thread
+      // never touches freed memory.
+      std::thread([p, set, v, in = inputs[i], deadline] {
+        auto r = set->verifiers[v]->Score(in, deadline);
+        std::lock_guard<std::mutex> l(p->mu);
+        p->result = std::move(r);
+        p->done = true;
+        p->cv.notify_all();
+      }).detach();
+      pending.push_back({{i, v}, p});
+    }
+  }
+  for (auto& [where, p] : pending) {
+    std::unique_lock<std::mutex> l(p->mu);
+    p->cv.wait_until(l, absl::ToChronoTime(deadline + absl::Milliseconds(50)), [&] { return p->done; });
+    scores[where.first][where.second] =
+        p->done ? p->result : absl::DeadlineExceededError("verifier exceeded its deadline");
+  }
+
+  ScoreResponse response;
+  response.set_reward_source(set->source);
+  for (int i = 0; i < n; ++i) {
+    ScoreResult* r = response.add_results();
+    r->set_item_id(request.items(i).item_id());
+    r->set_completion_text(inputs[i].completion);
+    double total = 0;
+    for (size_t v = 0; v < nv; ++v) {
+      const std::string& label = set->verifiers[v]->label();
+      const auto& s = scores[i][v];
+      if (s.ok()) {
+        (*r->mutable_components())[label] = *s;
+        total += set->weights[v] * *s;
+      } else if (s.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        (*r->mutable_components())[label] = 0;
+        r->add_timed_out(label);
+        timeouts_.fetch_add(1);
+      } else if (s.status().code() == absl::StatusCode::kInvalidArgument) {
+        return absl::InvalidArgumentError(absl::StrCat("items[", i, "].", s.status().message()));
+      } else {
+        return absl::InternalError(absl::StrCat("items[", i, "]: ", s.status().message()));
+      }
+    }
+    r->set_reward(total);
+  }
+  scored_.fetch_add(n);
+  return response;
+}
+
+RewardStatus RewardScorer::GetStatus() const {
+  RewardStatus s;
+  s.set_scored_items(scored_.load());
+  s.set_verifier_timeouts(timeouts_.load());
+  return s;
+}
+
+}  // namespace rlmesh

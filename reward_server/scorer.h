@@ -1,0 +1,65 @@
+#pragma once
+
+// The reward server's core, no gRPC: decodes completions, runs the
+// configured verifiers (each bounded by a deadline) and sums them with
+// their weights.
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "actor/tokenizer.h"
+#include "proto/config.pb.h"
+#include "proto/reward.pb.h"
+#include "reward_server/verifiers.h"
+
+namespace rlmesh {
+
+struct ScorerOptions {
+  // Verifiers used when a request names none. Default: numeric_answer.
+  std::vector<VerifierConfig> default_verifiers;
+  // Deadline of one verifier call when a request gives none. Default 1 s.
+  absl::Duration verifier_timeout = absl::Seconds(1);
+  // Largest batch accepted. Default 4096 items.
+  int max_items = 4096;
+
+  absl::Status Validate() const;
+};
+
+// Safe for concurrent use.
+class RewardScorer {
+ public:
+  // `tokenizer` decodes token ids when a request carries no text; may be
+  // null (then text is required). Not owned.
+  static absl::StatusOr<std::unique_ptr<RewardScorer>> Create(ScorerOptions options,
+                                                              const actor::Tokenizer* tokenizer);
+
+  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request);
+  RewardStatus GetStatus() const;
+
+ private:
+  struct VerifierSet {
+    std::vector<std::unique_ptr<Verifier>> verifiers;
+    std::vector<double> weights;
+    std::string source;
+  };
+  RewardScorer(ScorerOptions options, const actor::Tokenizer* tokenizer)
+      : options_(std::move(options)), tokenizer_(tokenizer) {}
+  absl::StatusOr<std::shared_ptr<const VerifierSet>> Verifiers(
+      const google::protobuf::RepeatedPtrField<VerifierConfig>& configs);
+
+  const ScorerOptions options_;
+  const actor::Tokenizer* const tokenizer_;
+  absl::Mutex mu_;
+  // Compiled verifier sets by serialized config.
+  std::map<std::string, std::shared_ptr<const VerifierSet>> cache_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> scored_{0};
+  std::atomic<int64_t> timeouts_{0};
+};
+
+}  // namespace rlmesh

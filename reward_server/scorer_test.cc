@@ -1,0 +1,121 @@
+#include "reward_server/scorer.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "catch2/catch.hpp"
+#include "common/rpc_server.h"
+#include "common/testing/test_util.h"
+#include "reward_server/client.h"
+#include "reward_server/service.h"
+
+namespace rlmesh {
+namespace {
+
+VerifierConfig V(const std::string& name, double weight) {
+  VerifierConfig c;
+  c.set_name(name);
+  c.set_weight(weight);
+  return c;
+}
+
+ScoreItem Item(const actor::Tokenizer& tok, const std::string& completion, const std::string& answer) {
+  ScoreItem item;
+  item.set_item_id(completion);
+  for (int id : tok.Encode(completion)) item.add_completion_token_ids(id);
+  item.set_reference_answer(answer);
+  return item;
+}
+
+TEST_CASE("token ids are decoded and weighted components summed") {
+  actor::CharTokenizer tok;
+  ScorerOptions o;
+  auto scorer = RewardScorer::Create(o, &tok);
+  REQUIRE(scorer.ok());
+  ScoreRequest req;
+  *req.add_items() = Item(tok, "46", "46");
+  *req.add_items() = Item(tok, "47", "46");
+  *req.add_verifiers() = V("numeric_answer", 1.0);
+  VerifierConfig len = V("length", 0.5);
+  len.set_max_tokens(1);
+  len.set_penalty_per_token(1.0);
+  *req.add_verifiers() = len;
+  auto resp = (*scorer)->Score(req);
+  REQUIRE(resp.ok());
+  REQUIRE(resp->results_size() == 2);
+  CHECK(resp->results(0).completion_text() == "46");
+  CHECK(resp->results(0).components().at("numeric_answer") == 1.0);
+  CHECK(resp->results(0).components().at("length") == -1.0);
+  CHECK(resp->results(0).reward() == Approx(1.0 - 0.5));
+  CHECK(resp->results(1).reward() == Approx(0.0 - 0.5));
+  CHECK(resp->reward_source() == "verifiers:numeric_answer+length");
+  CHECK((*scorer)->GetStatus().scored_items() == 2);
+}
+
+TEST_CASE("bad items are INVALID_ARGUMENT naming the item") {
+  actor::CharTokenizer tok;
+  auto scorer = RewardScorer::Create(ScorerOptions{}, &tok);
+  ScoreRequest req;
+  *req.add_items() = Item(tok, "1", "1");
+  req.add_items()->add_completion_token_ids(100000);
+  auto r = (*scorer)->Score(req);
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(r.status().message().find("items[1].completion_token_ids") != absl::string_view::npos);
+
+  auto no_tok = RewardScorer::Create(ScorerOptions{}, nullptr);
+  ScoreRequest ids_only;
+  ids_only.add_items()->add_completion_token_ids(5);
+  CHECK((*no_tok)->Score(ids_only).status().message().find("items[0].completion_text") != absl::string_view::npos);
+}
+
+TEST_CASE("a verifier past its deadline is counted and does not stall the batch") {
+  testing::TempDir dir;
+  const std::string slow = dir.File("slow.sh");
+  std::ofstream(slow) << "#!/bin/sh\nexec sleep 30\n";
+  ::chmod(slow.c_str(), 0755);
+  actor::CharTokenizer tok;
+  auto scorer = RewardScorer::Create(ScorerOptions{}, &tok);
+  ScoreRequest req;
+  for (int i = 0; i < 8; ++i) *req.add_items() = Item(tok, std::to_string(i), "3");
+  *req.add_verifiers() = V("numeric_answer", 1.0);
+  VerifierConfig cmd = V("command", 1.0);
+  cmd.add_command(slow);
+  *req.add_verifiers() = cmd;
+  req.set_verifier_timeout_ms(300);
+  const absl::Time start = absl::Now();
+  auto resp = (*scorer)->Score(req);
+  REQUIRE(resp.ok());
+  CHECK(absl::Now() - start < absl::Seconds(3));  // one deadline for the batch, not eight
+  CHECK(resp->results(3).reward() == 1.0);         // the verifier that finished still counts
+  CHECK(resp->results(3).timed_out_size() == 1);
+  CHECK(resp->results(3).timed_out(0) == "command");
+  CHECK((*scorer)->GetStatus().verifier_timeouts() == 8);
+}
+
+TEST_CASE("served over gRPC with auth, through the retrying client") {
+  actor::CharTokenizer tok;
+  auto scorer = RewardScorer::Create(ScorerOptions{}, &tok);
+  ServerOptions so;
+  so.auth_token = "tok";
+  RpcServer server(so);
+  RewardServiceImpl service(&server.auth(), scorer->get());
+  server.AddService(&service);
+  REQUIRE(server.Start().ok());
+  ClientOptions co;
+  co.auth_token = "tok";
+  auto client = MakeGrpcRewardClient(*RpcClient::Create(server.address(), co));
+  ScoreRequest req;
+  *req.add_items() = Item(tok, "12", "12");
+  auto resp = client->Score(req);
+  REQUIRE(resp.ok());
+  CHECK(resp->results(0).reward() == 1.0);
+
+  RetryOptions quick;
+  quick.total_timeout = absl::Seconds(1);
+  auto anonymous = MakeGrpcRewardClient(*RpcClient::Create(server.address()), quick);
+  CHECK(anonymous->Score(req).status().code() == absl::StatusCode::kUnauthenticated);
+}
+
+}  // namespace
+}  // namespace rlmesh

@@ -1,0 +1,256 @@
+#include "reward_server/verifiers.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <regex>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace rlmesh {
+namespace {
+
+std::string Trim(const std::string& s) { return std::string(absl::StripAsciiWhitespace(s)); }
+
+// Numbers: optional sign, digits with optional thousands commas, optional
+// fraction.
+std::vector<double> NumbersIn(const std::string& text) {
+  std::vector<double> found;
+  size_t i = 0;
+  while (i < text.size()) {
+    const bool sign = text[i] == '-' && i + 1 < text.size() && absl::ascii_isdigit(text[i + 1]) &&
+                      (i == 0 || !absl::ascii_isdigit(text[i - 1]));
+    if (!sign && !absl::ascii_isdigit(text[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = sign ? i + 1 : i;
+    std::string digits = sign ? "-" : "";
+    while (j < text.size() &&
+           (absl::ascii_isdigit(text[j]) ||
+            (text[j] == ',' && j + 1 < text.size() && absl::ascii_isdigit(text[j + 1]) && j > i))) {
+      if (text[j] != ',') digits += text[j];
+      ++j;
+    }
+    if (j + 1 < text.size() && text[j] == '.' && absl::ascii_isdigit(text[j + 1])) {
+      digits += '.';
+      ++j;
+      while (j < text.size() && absl::ascii_isdigit(text[j])) digits += text[j++];
+    }
+    double v;
+    if (absl::SimpleAtod(digits, &v)) found.push_back(v);
+    i = j;
+  }
+  return found;
+}
+
+std::optional<double> LastNumberIn(const std::string& text) {
+  auto all = NumbersIn(text);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+class ExactMatch final : public Verifier {
+ public:
+  explicit ExactMatch(std::string label) : label_(std::move(label)) {}
+  const std::string& label() const override { return label_; }
+  absl::StatusOr<double> Score(const VerifierInput& in, absl::Time) const override {
+    return Trim(in.completion) == Trim(in.reference_answer) ? 1.0 : 0.0;
+  }
+
+ private:
+  std::string label_;
+};
+
+class NumericAnswer final : public Verifier {
+ public:
+  NumericAnswer(std::string label, double tolerance) : label_(std::move(label)), tolerance_(tolerance) {}
+  const std::string& label() const override { return label_; }
+  absl::StatusOr<double> Score(const VerifierInput& in, absl::Time) const override {
+    auto want = ExtractFinalNumber(in.reference_answer);
+    if (!want) return absl::InvalidArgumentError("reference_answer: no number in it");
+    auto got = ExtractFinalNumber(in.completion);
+    return got && std::fabs(*got - *want) <= tolerance_ ? 1.0 : 0.0;
+  }
+
+ private:
+  std::string label_;
+  double tolerance_;
+};
+
+class Format final : public Verifier {
+ public:
+  Format(std::string label, std::regex re) : label_(std::move(label)), re_(std::move(re)) {}
+  const std::string& label() const override { return label_; }
+  absl::StatusOr<double> Score(const VerifierInput& in, absl::Time) const override {
+    return std::regex_search(in.completion, re_) ? 1.0 : 0.0;
+  }
+  // A user pattern can backtrack for a very long time.
+  bool may_block() const override { return true; }
+
+ private:
+  std::string label_;
+  std::regex re_;
+};
+
+class Length final : public Verifier {
+ public:
+  Length(std::string label, int max_tokens, double penalty)
+      : label_(std::move(label)), max_tokens_(max_tokens), penalty_(penalty) {}
+  const std::string& label() const override { return label_; }
+  absl::StatusOr<double> Score(const VerifierInput& in, absl::Time) const override {
+    const int over = in.completion_tokens - max_tokens_;
+    return over > 0 ? -penalty_ * over : 0.0;
+  }
+
+ private:
+  std::string label_;
+  int max_tokens_;
+  double penalty_;
+};
+
+// Runs an external program per completion; it is SIGKILLed at the deadline.
+class Command final : public Verifier {
+ public:
+  Command(std::string label, std::vector<std::string> argv) : label_(std::move(label)), argv_(std::move(argv)) {}
+  const std::string& label() const override { return label_; }
+  bool may_block() const override { return true; }
+
+  absl::StatusOr<double> Score(const VerifierInput& in, absl::Time deadline) const override {
+    nlohmann::json j = {{"prompt", in.prompt},
+                        {"completion", in.completion},
+                        {"reference_answer", in.reference_answer}};
+    const std::string input = j.dump() + "\n";
+    int to_child[2], from_child[2];
+    if (::pipe2(to_child, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+    if (::pipe2(from_child, O_CLOEXEC) != 0) {
+      ::close(to_child[0]);
+      ::close(to_child[1]);
+      return absl::InternalError("pipe failed");
+    }
+    std::vector<char*> cargv;
+    for (const auto& a : argv_) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(to_child[0], STDIN_FILENO);
+      ::dup2(from_child[1], STDOUT_FILENO);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::execv(cargv[0], cargv.data());
+      ::_exit(127);
+    }
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    if (pid < 0) {
+      ::close(to_child[1]);
+      ::close(from_child[0]);
+      return absl::ResourceExhaustedError("fork failed");
+    }
+    // Small inputs fit the pipe buffer; a child that does not read cannot
+    // block us past it.
+    ssize_t unused = ::write(to_child[1], input.data(), input.size());
+    (void)unused;
+    ::close(to_child[1]);
+    std::string out;
+    bool timed_out = false;
+    char buf[4096];
+    while (true) {
+      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (ms <= 0) {
+        timed_out = true;
+        break;
+      }
+      pollfd p{from_child[0], POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) continue;
+      const ssize_t n = ::read(from_child[0], buf, sizeof(buf));
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+      if (out.size() > (1 << 20)) break;
+    }
+    ::close(from_child[0]);
+    if (timed_out) ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (timed_out) {
+      return absl::DeadlineExceededError(absl::StrCat(label_, ": killed at its deadline"));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return absl::InternalError(absl::StrCat(label_, ": command failed with status ", status));
+    }
+    double v;
+    if (!absl::SimpleAtod(Trim(out), &v) || !std::isfinite(v)) {
+      return absl::InternalError(absl::StrCat(label_, ": command printed '", Trim(out), "', not a number"));
+    }
+    return v;
+  }
+
+ private:
+  std::string label_;
+  std::vector<std::string> argv_;
+};
+
+}  // namespace
+
+std::optional<double> ExtractFinalNumber(const std::string& text) {
+  // GSM8K marks the final answer with "####": the number right after it.
+  const size_t hashes = text.rfind("####");
+  if (hashes != std::string::npos) {
+    auto after = NumbersIn(text.substr(hashes + 4));
+    if (!after.empty()) return after.front();
+  }
+  const size_t boxed = text.rfind("\\boxed{");
+  if (boxed != std::string::npos) {
+    const size_t end = text.find('}', boxed);
+    if (auto v = LastNumberIn(text.substr(boxed + 7, end == std::string::npos ? std::string::npos : end - boxed - 7))) {
+      return v;
+    }
+  }
+  return LastNumberIn(text);
+}
+
+absl::StatusOr<std::unique_ptr<Verifier>> MakeVerifier(const VerifierConfig& c, const std::string& path) {
+  const std::string label = c.label().empty() ? c.name() : c.label();
+  if (c.name() == "exact_match") return std::unique_ptr<Verifier>(new ExactMatch(label));
+  if (c.name() == "numeric_answer") {
+    if (c.tolerance() < 0) return absl::InvalidArgumentError(absl::StrCat(path, ".tolerance: must be >= 0"));
+    return std::unique_ptr<Verifier>(new NumericAnswer(label, c.tolerance() > 0 ? c.tolerance() : 1e-6));
+  }
+  if (c.name() == "format") {
+    if (c.pattern().empty()) return absl::InvalidArgumentError(absl::StrCat(path, ".pattern: required for format"));
+    try {
+      return std::unique_ptr<Verifier>(new Format(label, std::regex(c.pattern(), std::regex::ECMAScript)));
+    } catch (const std::regex_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ".pattern: invalid regular expression: ", e.what()));
+    }
+  }
+  if (c.name() == "length") {
+    if (c.max_tokens() <= 0) return absl::InvalidArgumentError(absl::StrCat(path, ".max_tokens: must be > 0"));
+    if (c.penalty_per_token() < 0) return absl::InvalidArgumentError(absl::StrCat(path, ".penalty_per_token: must be >= 0"));
+    return std::unique_ptr<Verifier>(new Length(label, c.max_tokens(), c.penalty_per_token()));
+  }
+  if (c.name() == "command") {
+    if (c.command().empty()) return absl::InvalidArgumentError(absl::StrCat(path, ".command: required for command"));
+    if (::access(c.command(0).c_str(), X_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ".command: not an executable: ", c.command(0)));
+    }
+    return std::unique_ptr<Verifier>(new Command(label, {c.command().begin(), c.command().end()}));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ".name: unknown verifier '", c.name(),
+                   "' (exact_match, numeric_answer, format, length, command)"));
+}
+
+}  // namespace rlmesh

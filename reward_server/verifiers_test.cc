@@ -1,0 +1,121 @@
+#include "reward_server/verifiers.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "catch2/catch.hpp"
+#include "common/testing/test_util.h"
+
+namespace rlmesh {
+namespace {
+
+VerifierInput In(const std::string& completion, const std::string& reference = "", int tokens = 0) {
+  VerifierInput in;
+  in.completion = completion;
+  in.reference_answer = reference;
+  in.completion_tokens = tokens;
+  return in;
+}
+
+std::unique_ptr<Verifier> Make(VerifierConfig c) {
+  auto v = MakeVerifier(c, "v");
+  REQUIRE(v.ok());
+  return std::move(*v);
+}
+
+const absl::Time kFar = absl::InfiniteFuture();
+
+TEST_CASE("final numbers are extracted the way graders read them") {
+  CHECK(*ExtractFinalNumber("46") == 46);
+  CHECK(*ExtractFinalNumber("so 3 + 4 = 7") == 7);
+  CHECK(*ExtractFinalNumber("it is -12") == -12);
+  CHECK(*ExtractFinalNumber("costs 1,234.50 dollars") == Approx(1234.5));
+  CHECK(*ExtractFinalNumber("5 apples #### 42 and 7 more") == 42);
+  CHECK(*ExtractFinalNumber("answer \\boxed{17} (not 3)") == 17);
+  CHECK(*ExtractFinalNumber("10-3") == 3);  // a minus between digits is an operator
+  CHECK_FALSE(ExtractFinalNumber("no digits here").has_value());
+  CHECK_FALSE(ExtractFinalNumber("").has_value());
+}
+
+TEST_CASE("numeric_answer compares within tolerance") {
+  VerifierConfig c;
+  c.set_name("numeric_answer");
+  auto v = Make(c);
+  CHECK(*v->Score(In("46", "46"), kFar) == 1.0);
+  CHECK(*v->Score(In("45", "46"), kFar) == 0.0);
+  CHECK(*v->Score(In("", "46"), kFar) == 0.0);
+  CHECK(*v->Score(In("The answer is 46.", "#### 46"), kFar) == 1.0);
+  CHECK(v->Score(In("46", "none"), kFar).status().code() == absl::StatusCode::kInvalidArgument);
+  c.set_tolerance(0.5);
+  CHECK(*Make(c)->Score(In("46.4", "46"), kFar) == 1.0);
+}
+
+TEST_CASE("exact_match, format and length") {
+  VerifierConfig e;
+  e.set_name("exact_match");
+  CHECK(*Make(e)->Score(In(" Paris\n", "Paris"), kFar) == 1.0);
+  CHECK(*Make(e)->Score(In("paris", "Paris"), kFar) == 0.0);
+
+  VerifierConfig f;
+  f.set_name("format");
+  f.set_pattern("^<answer>[0-9]+</answer>$");
+  CHECK(*Make(f)->Score(In("<answer>12</answer>"), kFar) == 1.0);
+  CHECK(*Make(f)->Score(In("12"), kFar) == 0.0);
+
+  VerifierConfig l;
+  l.set_name("length");
+  l.set_max_tokens(4);
+  l.set_penalty_per_token(0.25);
+  CHECK(*Make(l)->Score(In("", "", 4), kFar) == 0.0);
+  CHECK(*Make(l)->Score(In("", "", 6), kFar) == Approx(-0.5));
+}
+
+TEST_CASE("bad verifier configs name the field") {
+  VerifierConfig c;
+  c.set_name("vibes");
+  CHECK(MakeVerifier(c, "reward.verifiers[1]").status().message().find("reward.verifiers[1].name") !=
+        absl::string_view::npos);
+  c.set_name("format");
+  c.set_pattern("(unclosed");
+  CHECK(MakeVerifier(c, "v").status().message().find("v.pattern") != absl::string_view::npos);
+  c.set_name("length");
+  CHECK(MakeVerifier(c, "v").status().message().find("v.max_tokens") != absl::string_view::npos);
+  c.set_name("command");
+  c.add_command("/no/such/program");
+  CHECK(MakeVerifier(c, "v").status().message().find("v.command") != absl::string_view::npos);
+}
+
+std::string Script(const testing::TempDir& dir, const std::string& name, const std::string& body) {
+  const std::string path = dir.File(name);
+  std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+TEST_CASE("command verifiers: a number on stdout, killed at the deadline") {
+  testing::TempDir dir;
+  VerifierConfig c;
+  c.set_name("command");
+  // Reads the JSON and answers 1 if the completion contains "42".
+  c.add_command(Script(dir, "ok.sh", "if grep -q '\"completion\":\"42\"'; then echo 1; else echo 0.25; fi"));
+  auto v = Make(c);
+  CHECK(*v->Score(In("42"), kFar) == 1.0);
+  CHECK(*v->Score(In("41"), kFar) == 0.25);
+
+  VerifierConfig slow;
+  slow.set_name("command");
+  slow.add_command(Script(dir, "slow.sh", "exec sleep 30"));
+  const absl::Time start = absl::Now();
+  auto r = Make(slow)->Score(In("x"), absl::Now() + absl::Milliseconds(300));
+  CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::Now() - start < absl::Seconds(5));
+
+  VerifierConfig junk;
+  junk.set_name("command");
+  junk.add_command(Script(dir, "junk.sh", "echo banana"));
+  CHECK(Make(junk)->Score(In("x"), kFar).status().message().find("banana") != absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace rlmesh
