@@ -1,0 +1,374 @@
+#include "learner/data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "learner/tensor_checks.h"
+
+namespace rlmesh::learner {
+namespace {
+
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+// A collective that throws (timeout, peer closed the connection) leaves the
+// group unusable: ABORTED tells the caller to rebuild at a higher level.
+template <typename F>
+absl::Status Collective(const char* what, F&& f) {
+  try {
+    std::forward<F>(f)();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return absl::AbortedError(absl::StrCat(what, " failed: ", e.what()));
+  }
+}
+
+void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
+  // Work::wait throws on failure or on the group's timeout.
+  work->wait();
+}
+
+}  // namespace
+
+absl::Status GlooGroupOptions::Validate() const {
+  if (hostname.empty()) return absl::InvalidArgumentError("hostname: must not be empty");
+  if (timeout_ms <= 0) return absl::InvalidArgumentError("timeout_ms: must be > 0");
+  if (threads <= 0) return absl::InvalidArgumentError("threads: must be > 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+    const GlooGroupOptions& options) {
+  RLMESH_RETURN_IF_ERROR(options.Validate());
+  if (!store) return absl::InvalidArgumentError("store: must not be null");
+  if (world_size < 1) return absl::InvalidArgumentError("world_size: must be >= 1");
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [0, ", world_size, "), got ", rank));
+  }
+  c10::intrusive_ptr<c10d::Backend> group;
+  RLMESH_RETURN_IF_ERROR(Collective("gloo rendezvous", [&] {
+    auto opts = c10d::ProcessGroupGloo::Options::create(
+        std::chrono::milliseconds(options.timeout_ms));
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+    opts->threads = options.threads;
+    group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+  }));
+  return group;
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> MakeTcpStore(const std::string& host,
+                                                                 int port, bool is_server,
+                                                                 int world_size,
+                                                                 int64_t timeout_ms) {
+  if (port < 0 || port > 65535 || (!is_server && port == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("port: invalid ", port));
+  }
+  if (world_size < 1) return absl::InvalidArgumentError("world_size: must be >= 1");
+  if (timeout_ms <= 0) return absl::InvalidArgumentError("timeout_ms: must be > 0");
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(port);
+    opts.isServer = is_server;
+    opts.numWorkers = world_size;
+    opts.waitWorkers = false;
+    opts.timeout = std::chrono::milliseconds(timeout_ms);
+    store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("tcp store ", host, ":", port, (is_server ? " (server)" : ""), ": ",
+                     e.what()));
+  }
+  return store;
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeFileStore(const std::string& path,
+                                                              int world_size) {
+  if (path.empty()) return absl::InvalidArgumentError("path: must not be empty");
+  if (world_size < 1) return absl::InvalidArgumentError("world_size: must be >= 1");
+  try {
+    return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::FileStore>(path, world_size));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("file store ", path, ": ", e.what()));
+  }
+}
+
+absl::Status DataParallelOptions::Validate() const {
+  if (bucket_bytes < 1024) return absl::InvalidArgumentError("bucket_bytes: must be >= 1024");
+  if (!(grad_clip >= 0)) return absl::InvalidArgumentError("grad_clip: must be >= 0");
+  return adamw.Validate();
+}
+
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
+    c10::intrusive_ptr<c10d::Backend> group, std::vector<at::Tensor> params,
+    const DataParallelOptions& options) {
+  RLMESH_RETURN_IF_ERROR(options.Validate());
+  if (params.empty()) return absl::InvalidArgumentError("params: must not be empty");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    if (!p.defined()) return absl::InvalidArgumentError(absl::StrCat("params[", i, "]: undefined"));
+    if (p.scalar_type() != at::kFloat && p.scalar_type() != at::kDouble) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "params[", i, "]: dtype ", c10::toString(p.scalar_type()),
+          " unsupported; keep fp32 (or fp64) master weights"));
+    }
+    if (p.scalar_type() != params[0].scalar_type() || p.device() != params[0].device()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("params[", i, "]: dtype and device must match params[0]"));
+    }
+  }
+  std::unique_ptr<DataParallel> dp(new DataParallel());
+  dp->group_ = group;
+  dp->options_ = options;
+  if (group) {
+    dp->rank_ = group->getRank();
+    dp->world_size_ = group->getSize();
+  }
+  dp->params_ = std::move(params);
+  for (const at::Tensor& p : dp->params_) {
+    dp->offsets_.push_back(dp->numel_);
+    dp->numel_ += p.numel();
+  }
+  const int64_t K = dp->world_size_;
+  const int64_t elem_bytes = dp->params_[0].element_size();
+  dp->bucket_elems_ = std::max<int64_t>(1, options.bucket_bytes / elem_bytes);
+  RLMESH_RETURN_IF_ERROR(internal::CatchTorch([&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    auto opts = dp->params_[0].options().requires_grad(false);
+    if (options.zero1) {
+      dp->padded_ = (dp->numel_ + K - 1) / K * K;
+      const int64_t shard = dp->padded_ / K;
+      dp->shard_begin_ = dp->rank_ * shard;
+      dp->shard_end_ = dp->shard_begin_ + shard;
+      dp->flat_params_ = at::zeros({dp->padded_}, opts);
+      dp->flat_grads_ = at::zeros({dp->padded_}, opts);
+      dp->shard_grads_ = at::zeros({shard}, opts);
+      dp->shard_params_ = at::zeros({shard}, opts);
+    } else {
+      dp->padded_ = dp->numel_;
+      dp->shard_begin_ = 0;
+      dp->shard_end_ = dp->numel_;
+      dp->flat_params_ = at::zeros({dp->numel_}, opts);
+      dp->flat_grads_ = at::zeros({dp->numel_ + 1}, opts);
+    }
+    dp->exp_avg_ = at::zeros({dp->shard_end_ - dp->shard_begin_}, opts);
+    dp->exp_avg_sq_ = at::zeros_like(dp->exp_avg_);
+    return absl::OkStatus();
+  }));
+  return dp;
+}
+
+void DataParallel::PackParams(at::Tensor& flat) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    flat.narrow(0, offsets_[i], params_[i].numel()).copy_(params_[i].detach().reshape({-1}));
+  }
+}
+
+void DataParallel::UnpackParams(const at::Tensor& flat) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor p = params_[i].detach();
+    p.copy_(flat.narrow(0, offsets_[i], p.numel()).view(p.sizes()));
+  }
+}
+
+void DataParallel::PackGrads(at::Tensor& flat, double scale) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor slot = flat.narrow(0, offsets_[i], params_[i].numel());
+    const at::Tensor& g = params_[i].grad();
+    if (g.defined()) {
+      slot.copy_(g.detach().reshape({-1}));
+    } else {
+      slot.zero_();
+    }
+  }
+  if (scale != 1.0) flat.narrow(0, 0, numel_).mul_(scale);
+}
+
+void DataParallel::AllReduceBuckets(at::Tensor& flat, int64_t n) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int64_t begin = 0; begin < n; begin += bucket_elems_) {
+    std::vector<at::Tensor> bucket = {flat.narrow(0, begin, std::min(bucket_elems_, n - begin))};
+    works.push_back(group_->allreduce(bucket));
+  }
+  for (auto& w : works) Wait(w);
+}
+
+void DataParallel::ZeroGrad() {
+  for (at::Tensor& p : params_) {
+    if (p.grad().defined()) p.grad().zero_();
+  }
+}
+
+absl::Status DataParallel::BroadcastParameters() {
+  if (world_size_ == 1) return absl::OkStatus();
+  return Collective("broadcast parameters", [&] {
+    at::NoGradGuard no_grad;
+    PackParams(flat_params_);
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int64_t begin = 0; begin < numel_; begin += bucket_elems_) {
+      std::vector<at::Tensor> bucket = {
+          flat_params_.narrow(0, begin, std::min(bucket_elems_, numel_ - begin))};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      works.push_back(group_->broadcast(bucket, opts));
+    }
+    for (auto& w : works) Wait(w);
+    UnpackParams(flat_params_);
+  });
+}
+
+absl::StatusOr<DataParallelStepStats> DataParallel::Step(double local_weight, double lr) {
+  if (!(local_weight >= 0) || !std::isfinite(local_weight)) {
+    return absl::InvalidArgumentError("local_weight: must be finite and >= 0");
+  }
+  if (!(lr >= 0) || !std::isfinite(lr)) return absl::InvalidArgumentError("lr: must be >= 0");
+  return options_.zero1 ? StepZero1(local_weight, lr) : StepReplicated(local_weight, lr);
+}
+
+absl::StatusOr<DataParallelStepStats> DataParallel::StepReplicated(double local_weight,
+                                                                   double lr) {
+  DataParallelStepStats stats;
+  at::NoGradGuard no_grad;
+  absl::Time t0 = absl::Now();
+  double global_weight = local_weight;
+  RLMESH_RETURN_IF_ERROR(Collective("gradient all-reduce", [&] {
+    if (world_size_ == 1) {
+      // One process: the local mean already is the global mean.
+      PackGrads(flat_grads_, 1.0);
+      return;
+    }
+    // The weight rides in the last element, so that one pass of buckets
+    // carries both the weighted gradient sum and W.
+    PackGrads(flat_grads_, local_weight);
+    flat_grads_[numel_].fill_(local_weight);
+    AllReduceBuckets(flat_grads_, numel_ + 1);
+    global_weight = flat_grads_[numel_].item<double>();
+  }));
+  stats.global_weight = global_weight;
+  if (!(global_weight > 0)) {
+    return absl::InvalidArgumentError("local_weight: the global weight over all ranks is 0");
+  }
+  at::Tensor grads = flat_grads_.narrow(0, 0, numel_);
+  if (world_size_ > 1) grads.div_(global_weight);
+  stats.reduce_seconds = SecondsSince(t0);
+
+  absl::Time t1 = absl::Now();
+  RLMESH_ASSIGN_OR_RETURN(stats.grad_norm, ClipGradNorm({grads}, options_.grad_clip));
+  if (!std::isfinite(stats.grad_norm)) {
+    stats.skipped = true;
+    return stats;
+  }
+  RLMESH_RETURN_IF_ERROR(internal::CatchTorch([&]() -> absl::Status {
+    PackParams(flat_params_);
+    RLMESH_RETURN_IF_ERROR(
+        AdamWUpdate(flat_params_, grads, exp_avg_, exp_avg_sq_, steps_ + 1, lr, options_.adamw));
+    UnpackParams(flat_params_);
+    return absl::OkStatus();
+  }));
+  ++steps_;
+  stats.update_seconds = SecondsSince(t1);
+  return stats;
+}
+
+absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weight, double lr) {
+  DataParallelStepStats stats;
+  at::NoGradGuard no_grad;
+  const int64_t shard = shard_end_ - shard_begin_;
+  absl::Time t0 = absl::Now();
+  double global_weight = local_weight;
+  double sum_sq = 0;
+  RLMESH_RETURN_IF_ERROR(Collective("gradient reduce-scatter", [&] {
+    if (world_size_ == 1) {
+      PackGrads(flat_grads_, 1.0);
+      shard_grads_.copy_(flat_grads_);
+      sum_sq = shard_grads_.to(at::kDouble).pow(2).sum().item<double>();
+      return;
+    }
+    PackGrads(flat_grads_, local_weight);
+    if (options_.emulate_reduce_scatter) {
+      AllReduceBuckets(flat_grads_, padded_);
+      shard_grads_.copy_(flat_grads_.narrow(0, shard_begin_, shard));
+    } else {
+      Wait(group_->_reduce_scatter_base(shard_grads_, flat_grads_));
+    }
+    // W and the squared norm of the (unnormalised) sum travel together.
+    at::Tensor scalars = at::empty({2}, flat_grads_.options().dtype(at::kDouble));
+    scalars[0].fill_(local_weight);
+    scalars[1].fill_(shard_grads_.to(at::kDouble).pow(2).sum().item<double>());
+    std::vector<at::Tensor> v = {scalars};
+    Wait(group_->allreduce(v));
+    global_weight = scalars[0].item<double>();
+    sum_sq = scalars[1].item<double>();
+  }));
+  stats.global_weight = global_weight;
+  if (!(global_weight > 0)) {
+    return absl::InvalidArgumentError("local_weight: the global weight over all ranks is 0");
+  }
+  const double scale = world_size_ == 1 ? 1.0 : global_weight;
+  if (scale != 1.0) shard_grads_.div_(scale);
+  stats.grad_norm = std::sqrt(sum_sq) / scale;
+  stats.reduce_seconds = SecondsSince(t0);
+  if (!std::isfinite(stats.grad_norm)) {
+    stats.skipped = true;
+    return stats;
+  }
+
+  absl::Time t1 = absl::Now();
+  RLMESH_RETURN_IF_ERROR(internal::CatchTorch([&]() -> absl::Status {
+    if (options_.grad_clip > 0) {
+      const double coef = options_.grad_clip / (stats.grad_norm + 1e-6);
+      if (coef < 1.0) shard_grads_.mul_(coef);
+    }
+    PackParams(flat_params_);
+    shard_params_.copy_(flat_params_.narrow(0, shard_begin_, shard));
+    return AdamWUpdate(shard_params_, shard_grads_, exp_avg_, exp_avg_sq_, steps_ + 1, lr,
+                       options_.adamw);
+  }));
+  stats.update_seconds = SecondsSince(t1);
+
+  absl::Time t2 = absl::Now();
+  RLMESH_RETURN_IF_ERROR(Collective("parameter all-gather", [&] {
+    if (world_size_ == 1) {
+      flat_params_.copy_(shard_params_);
+    } else {
+      Wait(group_->_allgather_base(flat_params_, shard_params_));
+    }
+    UnpackParams(flat_params_);
+  }));
+  ++steps_;
+  stats.gather_seconds = SecondsSince(t2);
+  return stats;
+}
+
+absl::Status DataParallel::LoadOptimizerState(const at::Tensor& exp_avg,
+                                              const at::Tensor& exp_avg_sq, int64_t steps) {
+  if (steps < 0) return absl::InvalidArgumentError("steps: must be >= 0");
+  if (!exp_avg.defined() || exp_avg.sizes() != exp_avg_.sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat("exp_avg: expected shape ",
+                                                   internal::ShapeString(exp_avg_), ", got ",
+                                                   internal::ShapeString(exp_avg)));
+  }
+  if (!exp_avg_sq.defined() || exp_avg_sq.sizes() != exp_avg_sq_.sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat("exp_avg_sq: expected shape ",
+                                                   internal::ShapeString(exp_avg_sq_), ", got ",
+                                                   internal::ShapeString(exp_avg_sq)));
+  }
+  return internal::CatchTorch([&]() -> absl::Status {
+    exp_avg_.copy_(exp_avg);
+    exp_avg_sq_.copy_(exp_avg_sq);
+    steps_ = steps;
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace rlmesh::learner

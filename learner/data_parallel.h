@@ -1,0 +1,183 @@
+#pragma once
+
+// Data-parallel learner shards over a c10d process group (Gloo on CPU).
+//
+// K ranks each hold a full copy of the model and a slice of the global
+// batch. After backward on its slice, every rank calls Step(); gradients are
+// summed over ranks in flattened buckets and the AdamW update is applied:
+//   - plain DP: every rank updates all parameters (replicated AdamW state);
+//   - ZeRO-1:   the flattened parameters are cut into K contiguous equal
+//               shards (zero-padded at the end); rank r keeps AdamW state for
+//               shard r only. Gradients are reduce-scattered (Gloo's native
+//               reduce_scatter, or all-reduce + slice), each rank updates its
+//               shard, and the parameters are all-gathered.
+//
+// Gradient convention (makes ragged shards exact). Each rank's gradients are
+// those of its *local mean* loss over `local_weight` units (tokens for
+// token-mean, sequences for the seq-mean modes). Step multiplies them by
+// local_weight, sums over ranks, and divides by the global weight
+// W = sum of local weights: the result is the gradient of the mean over the
+// global batch, i.e. what one process holding the whole batch computes,
+// however unevenly tokens fall on the ranks. For gradient accumulation over
+// micro-batches, backward each micro-batch's loss sum divided by the rank's
+// total local_weight (so the accumulated gradient is still the local mean).
+//
+// Collectives: every rank must call BroadcastParameters and Step the same
+// number of times in the same order. An argument error is returned before
+// any collective, which leaves the peers waiting until the group's timeout;
+// a failed collective (timeout, peer gone) returns ABORTED and the group must
+// be rebuilt.
+//
+// Not thread-safe: one DataParallel per rank, used by one thread.
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "learner/schedule.h"
+
+namespace rlmesh::learner {
+
+struct GlooGroupOptions {
+  // Address the Gloo transport binds and advertises. Default loopback.
+  std::string hostname = "127.0.0.1";
+  // Collective and rendezvous timeout, milliseconds. Default 300000.
+  int64_t timeout_ms = 300'000;
+  // Gloo worker threads. Default 2.
+  int threads = 2;
+
+  absl::Status Validate() const;
+};
+
+// Creates a Gloo process group; blocks until all `world_size` ranks have
+// joined through `store` (or the timeout passes: DEADLINE_EXCEEDED/ABORTED).
+absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+    const GlooGroupOptions& options = {});
+
+// A TCPStore. The server (rank 0) binds `port` on `host` (0 = a free port;
+// read it back with getPort()) and does not wait for workers; clients
+// connect to host:port. timeout_ms bounds connects and waits.
+absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> MakeTcpStore(const std::string& host,
+                                                                 int port, bool is_server,
+                                                                 int world_size,
+                                                                 int64_t timeout_ms);
+
+// A FileStore at `path` (a shared file system path, e.g. in TEST_TMPDIR).
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeFileStore(const std::string& path,
+                                                              int world_size);
+
+struct DataParallelOptions {
+  // Largest all-reduce / broadcast bucket, in bytes. Default 25 MiB.
+  int64_t bucket_bytes = 25 << 20;
+  // Shard AdamW state and the update over ranks (ZeRO stage 1). Default off.
+  bool zero1 = false;
+  // ZeRO-1 only: reduce-scatter gradients as bucketed all-reduce + slice
+  // instead of Gloo's reduce_scatter. Default false (native).
+  bool emulate_reduce_scatter = false;
+  // AdamW hyper-parameters (the learning rate is passed to each Step).
+  AdamWOptions adamw;
+  // Clip the global norm of the averaged gradient to this; 0 = no clipping.
+  // Default 0.
+  double grad_clip = 0.0;
+
+  absl::Status Validate() const;
+};
+
+struct DataParallelStepStats {
+  // Global L2 norm of the averaged gradient, before clipping.
+  double grad_norm = 0.0;
+  // Sum of local weights over ranks.
+  double global_weight = 0.0;
+  // True when the gradient norm was not finite: no parameter changed.
+  bool skipped = false;
+  // Wall time of the gradient reduction (all-reduce or reduce-scatter and
+  // the scalar all-reduce), the local update, and the parameter all-gather
+  // (ZeRO-1; 0 otherwise), seconds.
+  double reduce_seconds = 0.0;
+  double update_seconds = 0.0;
+  double gather_seconds = 0.0;
+};
+
+class DataParallel {
+ public:
+  // `params`: the model's parameters (e.g. module->parameters()), all
+  // floating point of one dtype (fp32 or fp64) on one device. The handles
+  // share storage with the model: Step writes the new values into them.
+  // `group` may be null for a single process (world size 1, no collectives).
+  static absl::StatusOr<std::unique_ptr<DataParallel>> Create(
+      c10::intrusive_ptr<c10d::Backend> group, std::vector<at::Tensor> params,
+      const DataParallelOptions& options);
+
+  // Copies rank 0's parameters to every rank.
+  absl::Status BroadcastParameters();
+
+  // Averages the gradients (see the convention above), clips, applies AdamW
+  // with learning rate `lr`, and leaves every rank with the same parameters.
+  // Parameters without a gradient count as zero gradient. Does not zero the
+  // gradients. REQUIRES: local_weight >= 0 finite; global weight > 0.
+  absl::StatusOr<DataParallelStepStats> Step(double local_weight, double lr);
+
+  // Sets every parameter's gradient to zero (where defined).
+  void ZeroGrad();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // Elements in all parameters together.
+  int64_t numel() const { return numel_; }
+  // The flat element range [shard_begin, shard_end) whose AdamW state this
+  // rank holds (everything without ZeRO-1; may reach into the zero padding).
+  int64_t shard_begin() const { return shard_begin_; }
+  int64_t shard_end() const { return shard_end_; }
+  // Optimizer steps taken (the AdamW bias-correction count).
+  int64_t steps() const { return steps_; }
+  // This rank's AdamW moments over [shard_begin, shard_end), for checkpoints.
+  const at::Tensor& exp_avg() const { return exp_avg_; }
+  const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  // Restores the moments and the step count (shapes as exp_avg()).
+  absl::Status LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                  int64_t steps);
+
+ private:
+  DataParallel() = default;
+
+  void PackParams(at::Tensor& flat) const;
+  void UnpackParams(const at::Tensor& flat);
+  void PackGrads(at::Tensor& flat, double scale) const;
+  // All-reduce (SUM) of flat[0, n) in buckets; waits for all of them.
+  void AllReduceBuckets(at::Tensor& flat, int64_t n);
+  absl::StatusOr<DataParallelStepStats> StepReplicated(double local_weight, double lr);
+  absl::StatusOr<DataParallelStepStats> StepZero1(double local_weight, double lr);
+
+  // Constant after Create.
+  c10::intrusive_ptr<c10d::Backend> group_;
+  std::vector<at::Tensor> params_;
+  std::vector<int64_t> offsets_;
+  DataParallelOptions options_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int64_t numel_ = 0;
+  int64_t padded_ = 0;  // numel_ rounded up to a multiple of world_size_ (ZeRO-1).
+  int64_t bucket_elems_ = 0;
+  int64_t shard_begin_ = 0;
+  int64_t shard_end_ = 0;
+
+  // Working buffers and optimizer state.
+  at::Tensor flat_params_;  // [padded_] (ZeRO-1) or [numel_].
+  at::Tensor flat_grads_;   // [padded_] (ZeRO-1) or [numel_ + 1]: last = weight.
+  at::Tensor shard_grads_;  // [shard size] (ZeRO-1).
+  at::Tensor shard_params_; // [shard size] (ZeRO-1).
+  at::Tensor exp_avg_;
+  at::Tensor exp_avg_sq_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace rlmesh::learner
