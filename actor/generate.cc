@@ -203,7 +203,7 @@ void AppendRows(KvCache* c, KvCache&& add) {
 }  // namespace
 
 struct Generator::State {
-  Transformer model;
+  Transformer model{nullptr};
   GeneratorOptions options;
   std::deque<std::shared_ptr<Group>> queue;
   std::vector<Row> rows;
@@ -336,6 +336,7 @@ struct Generator::State {
 
   // Drops finished rows (reporting them) and compacts the cache.
   void Compact(const std::vector<bool>& finished, const GroupCallback& cb) {
+    if (std::find(finished.begin(), finished.end(), true) == finished.end()) return;
     std::vector<int64_t> keep;
     std::vector<Row> kept;
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -346,7 +347,6 @@ struct Generator::State {
         kept.push_back(std::move(rows[i]));
       }
     }
-    if (kept.size() == rows.size()) return;
     rows = std::move(kept);
     if (rows.empty()) {
       cache = KvCache();
