@@ -1,0 +1,239 @@
+// Parity with transformers (logits, greedy tokens, our writer read back by
+// transformers) and safetensors error handling.
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "actor/checkpoint.h"
+#include "actor/generate.h"
+#include "actor/safetensors.h"
+#include "catch2/catch.hpp"
+#include "common/testing/test_util.h"
+#include "nlohmann/json.hpp"
+
+namespace rlmesh::actor {
+namespace {
+
+std::string Python() {
+  const char* p = std::getenv("RLMESH_PYTHON");
+  return p != nullptr && *p != '\0' ? p : "python3";
+}
+
+std::string Script() { return testing::Runfile("actor/testdata/make_golden.py"); }
+
+bool Contains(const absl::Status& s, const std::string& part) {
+  return std::string(s.message()).find(part) != std::string::npos;
+}
+
+const char* kModels[] = {"llama_gqa_untied", "llama_mha_tied", "qwen2_gqa_tied", "qwen2_untied"};
+
+torch::Tensor Positions(const torch::Tensor& ids) {
+  return torch::arange(ids.size(1)).unsqueeze(0).expand_as(ids).contiguous();
+}
+
+TEST_CASE("Parity with transformers: logits, greedy tokens, and our writer read back") {
+  testing::TempDir dir;
+  REQUIRE(std::system((Python() + " " + Script() + " models " + dir.path()).c_str()) == 0);
+  for (const std::string name : kModels) {
+    INFO("model " << name);
+    const std::string folder = dir.File(name);
+    auto model = LoadHfModel(folder);
+    REQUIRE(model.ok());
+    auto golden = SafetensorsFile::Open(folder + "/golden_logits.safetensors");
+    REQUIRE(golden.ok());
+    auto ids = *(*golden)->Read("input_ids");
+    auto want = *(*golden)->Read("logits");
+    torch::Tensor got;
+    {
+      torch::NoGradGuard g;
+      got = (*model)->Forward(ids, Positions(ids));
+    }
+    const float diff = (got - want).abs().max().item<float>();
+    INFO("max |logit diff| " << diff << " (logit scale " << want.abs().max().item<float>() << ")");
+    CHECK(diff <= 1e-4f);
+    CHECK(want.abs().max().item<float>() > 1.0f);  // the comparison is not of near-zero logits
+
+    std::ifstream in(folder + "/golden_greedy.json");
+    auto j = nlohmann::json::parse(in);
+    std::vector<GenerationRequest> reqs;
+    for (const auto& p : j["prompts"]) {
+      GenerationRequest r;
+      r.prompt = p.get<std::vector<int64_t>>();
+      r.sampling.greedy = true;
+      r.sampling.max_new_tokens = j["max_new_tokens"].get<int>();
+      reqs.push_back(r);
+    }
+    Generator gen(*model, {.max_batch = 8});
+    auto res = gen.Generate(reqs);
+    REQUIRE(res.ok());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      CHECK((*res)[i].samples[0].tokens == j["greedy"][i].get<std::vector<int64_t>>());
+    }
+
+    // Our writer: single file, and sharded; transformers must read both back.
+    for (int64_t shard : {int64_t{0}, int64_t{20000}}) {
+      const std::string out = dir.File(name + "_ours_" + std::to_string(shard));
+      REQUIRE(SaveHfModel(*model, out, {.dtype = "fp32", .max_shard_bytes = shard}).ok());
+      CHECK(std::filesystem::exists(out + (shard ? "/model.safetensors.index.json" : "/model.safetensors")));
+      REQUIRE(WriteSafetensors(out + "/ours.safetensors", {{"input_ids", ids}, {"logits", got}}).ok());
+      const std::string cmd = Python() + " " + Script() + " check " + out + " " + out + "/ours.safetensors";
+      CHECK(std::system(cmd.c_str()) == 0);
+      auto back = LoadHfModel(out);
+      REQUIRE(back.ok());
+      torch::NoGradGuard g;
+      CHECK(torch::equal((*back)->Forward(ids, Positions(ids)), got));
+    }
+  }
+}
+
+TEST_CASE("bf16 and fp16 round trips store exactly the rounded weights") {
+  testing::TempDir dir;
+  ModelConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_layers = 1;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.arch = "qwen2";
+  torch::manual_seed(3);
+  Transformer m(c);
+  for (const std::string dtype : {"bf16", "fp16"}) {
+    INFO(dtype);
+    const auto st = *ParseDtype(dtype);
+    REQUIRE(SaveHfModel(m, dir.File(dtype), {.dtype = dtype}).ok());
+    auto f = SafetensorsFile::Open(dir.File(dtype) + "/model.safetensors");
+    REQUIRE(f.ok());
+    CHECK((*f)->Find("model.embed_tokens.weight")->dtype == (dtype == "bf16" ? "BF16" : "F16"));
+    auto fp32 = LoadHfModel(dir.File(dtype));
+    REQUIRE(fp32.ok());
+    auto native = LoadHfModel(dir.File(dtype), {.dtype = dtype});
+    REQUIRE(native.ok());
+    auto a = m->NamedParameters();
+    auto b = (*fp32)->NamedParameters();
+    auto n = (*native)->NamedParameters();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(torch::equal(a[i].second.to(st).to(torch::kFloat32), b[i].second));
+      CHECK(n[i].second.scalar_type() == st);
+      CHECK(torch::equal(a[i].second.to(st), n[i].second));
+    }
+    std::ifstream cfg(dir.File(dtype) + "/config.json");
+    auto j = nlohmann::json::parse(cfg);
+    CHECK(j["torch_dtype"] == (dtype == "bf16" ? "bfloat16" : "float16"));
+  }
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteAll(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+TEST_CASE("safetensors errors name the tensor or the byte offset") {
+  testing::TempDir dir;
+  const std::string good = dir.File("good.safetensors");
+  REQUIRE(WriteSafetensors(good, {{"alpha", torch::arange(6, torch::kFloat32).view({2, 3})},
+                                  {"beta", torch::ones({4}, torch::kBFloat16)}})
+              .ok());
+  auto ok = SafetensorsFile::Open(good);
+  REQUIRE(ok.ok());
+  CHECK(torch::equal(*(*ok)->Read("alpha"), torch::arange(6, torch::kFloat32).view({2, 3})));
+  CHECK((*ok)->Read("gamma").status().code() == absl::StatusCode::kNotFound);
+  CHECK(Contains((*ok)->Read("gamma").status(), "gamma"));
+  const std::string bytes = ReadAll(good);
+  const std::string bad = dir.File("bad.safetensors");
+
+  // Truncated data: the last tensor's end is beyond the file.
+  WriteAll(bad, bytes.substr(0, bytes.size() - 3));
+  auto s = SafetensorsFile::Open(bad).status();
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(s, "\"beta\""));
+  CHECK(Contains(s, "truncated"));
+
+  // Header length beyond the file.
+  std::string big = bytes;
+  big[5] = '\x7f';
+  WriteAll(bad, big);
+  s = SafetensorsFile::Open(bad).status();
+  CHECK(Contains(s, "header length"));
+  CHECK(Contains(s, "bytes 0-7"));
+
+  // Shorter than the length field.
+  WriteAll(bad, "abc");
+  CHECK(Contains(SafetensorsFile::Open(bad).status(), "8-byte header length"));
+
+  // Corrupt JSON: byte 8 opens the object; break it there.
+  std::string corrupt = bytes;
+  corrupt[8] = 'x';
+  WriteAll(bad, corrupt);
+  s = SafetensorsFile::Open(bad).status();
+  CHECK(Contains(s, "corrupt header JSON at byte 8"));
+
+  // data_offsets that disagree with the shape.
+  std::string hdr = "{\"t\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}";
+  std::string len(8, '\0');
+  len[0] = static_cast<char>(hdr.size());
+  WriteAll(bad, len + hdr + std::string(8, '\0'));
+  s = SafetensorsFile::Open(bad).status();
+  CHECK(Contains(s, "\"t\""));
+  CHECK(Contains(s, "shape needs 12"));
+
+  // Unknown dtype.
+  hdr = "{\"t\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,1]}}";
+  len[0] = static_cast<char>(hdr.size());
+  WriteAll(bad, len + hdr + std::string(1, '\0'));
+  CHECK(Contains(SafetensorsFile::Open(bad).status(), "Q4"));
+}
+
+TEST_CASE("Folder errors: missing tensor and shape mismatch are named") {
+  testing::TempDir dir;
+  ModelConfig c;
+  c.vocab_size = 30;
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  torch::manual_seed(0);
+  Transformer m(c);
+  REQUIRE(SaveHfModel(m, dir.path()).ok());
+  // Drop one tensor.
+  std::vector<std::pair<std::string, torch::Tensor>> keep;
+  for (auto& [n, p] : m->NamedParameters()) {
+    if (n != "model.layers.1.mlp.up_proj.weight") keep.emplace_back(n, p);
+  }
+  REQUIRE(WriteSafetensors(dir.File("model.safetensors"), keep).ok());
+  auto s = LoadHfModel(dir.path()).status();
+  CHECK(s.code() == absl::StatusCode::kNotFound);
+  CHECK(Contains(s, "model.layers.1.mlp.up_proj.weight"));
+  // Shape mismatch: a config that disagrees with the weights.
+  REQUIRE(SaveHfModel(m, dir.path()).ok());
+  ModelConfig wider = c;
+  wider.vocab_size = 31;
+  Transformer w(wider);
+  s = LoadHfWeights(dir.path(), w);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Contains(s, "model.embed_tokens.weight"));
+  CHECK(Contains(s, "[30, 16]"));
+  // Critic from a policy: value head may be missing when allowed.
+  CHECK_FALSE(LoadHfModel(dir.path(), {.add_value_head = true}).ok());
+  auto critic = LoadHfModel(dir.path(), {.add_value_head = true, .allow_missing_value_head = true});
+  REQUIRE(critic.ok());
+  CHECK((*critic)->config().value_head);
+  CHECK(LoadHfModel(dir.path(), {.dtype = "int8"}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(LoadHfModel(dir.File("nope")).status().code() == absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace rlmesh::actor
