@@ -389,3 +389,43 @@ TEST_CASE("Generator rejects bad requests by field") {
 
 }  // namespace
 }  // namespace rlmesh::actor
+
+namespace rlmesh::actor {
+namespace {
+
+TEST_CASE("bf16 model generates and scores without fp32 copies") {
+  auto m = MakeModel(Tiny("qwen2"));
+  m->to(torch::kBFloat16);
+  SamplingOptions s;
+  s.max_new_tokens = 6;
+  s.n = 2;
+  s.seed = 9;
+  Generator gen(m);
+  auto res = gen.Generate({Req({1, 2, 3, 4}, s)});
+  REQUIRE(res.ok());
+  for (const auto& c : (*res)[0].samples) {
+    REQUIRE(c.tokens.size() == 6);
+    for (float lp : c.logprobs) {
+      CHECK(std::isfinite(lp));
+      CHECK(lp <= 0.0f);
+    }
+    // Behaviour log-probs agree with the learner's recomputation to bf16
+    // precision.
+    std::vector<int64_t> seq = {1, 2, 3, 4};
+    seq.insert(seq.end(), c.tokens.begin(), c.tokens.end());
+    const int64_t T = static_cast<int64_t>(seq.size());
+    auto ids = torch::tensor(seq).unsqueeze(0);
+    auto targets = torch::full({1, T}, -1, torch::kLong);
+    for (int64_t t = 3; t < T - 1; ++t) targets[0][t] = seq[t + 1];
+    torch::NoGradGuard g;
+    auto lp = TokenLogProbs(m, ids, Positions(1, T), targets, 4);
+    REQUIRE(lp.ok());
+    CHECK(lp->logprobs.scalar_type() == torch::kFloat32);
+    for (size_t t = 0; t < c.tokens.size(); ++t) {
+      CHECK(std::abs(lp->logprobs[0][3 + t].item<float>() - c.logprobs[t]) < 0.1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rlmesh::actor
