@@ -291,7 +291,8 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weigh
     if (world_size_ == 1) {
       PackGrads(flat_grads_, 1.0);
       shard_grads_.copy_(flat_grads_);
-      sum_sq = shard_grads_.to(at::kDouble).pow(2).sum().item<double>();
+      const double norm = shard_grads_.norm().item<double>();
+      sum_sq = norm * norm;
       return;
     }
     PackGrads(flat_grads_, local_weight);
@@ -304,7 +305,8 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weigh
     // W and the squared norm of the (unnormalised) sum travel together.
     at::Tensor scalars = at::empty({2}, flat_grads_.options().dtype(at::kDouble));
     scalars[0].fill_(local_weight);
-    scalars[1].fill_(shard_grads_.to(at::kDouble).pow(2).sum().item<double>());
+    const double shard_norm = shard_grads_.norm().item<double>();
+    scalars[1].fill_(shard_norm * shard_norm);
     std::vector<at::Tensor> v = {scalars};
     Wait(group_->allreduce(v));
     global_weight = scalars[0].item<double>();

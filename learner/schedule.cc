@@ -76,7 +76,10 @@ absl::StatusOr<double> GlobalNorm(const std::vector<at::Tensor>& grads) {
     double sq = 0;
     for (const at::Tensor& g : grads) {
       if (!g.defined()) continue;
-      sq += g.detach().to(at::kDouble).pow(2).sum().item<double>();
+      // norm() reduces without a temporary copy (cascade summation in the
+      // tensor's dtype); the per-tensor norms are combined in float64.
+      const double n = g.detach().norm().item<double>();
+      sq += n * n;
     }
     return std::sqrt(sq);
   });

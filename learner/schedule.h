@@ -68,13 +68,13 @@ double LearningRate(const LrScheduleOptions& options, int64_t step);
 
 // Scales the gradients in place so that their global L2 norm is at most
 // `max_norm` (coefficient max_norm / (norm + 1e-6), as torch's
-// clip_grad_norm_; applied only when < 1). Returns the norm before clipping,
-// accumulated in float64. Undefined tensors are skipped. A non-finite norm is
-// returned as is and nothing is scaled: the caller should skip the step.
-// max_norm = 0 only measures.
+// clip_grad_norm_; applied only when < 1). Returns the norm before clipping
+// (per-tensor norms combined in float64). Undefined tensors are skipped. A
+// non-finite norm is returned as is and nothing is scaled: the caller should
+// skip the step. max_norm = 0 only measures.
 absl::StatusOr<double> ClipGradNorm(const std::vector<at::Tensor>& grads, double max_norm);
 
-// The global L2 norm alone (float64 accumulation).
+// The global L2 norm alone.
 absl::StatusOr<double> GlobalNorm(const std::vector<at::Tensor>& grads);
 
 }  // namespace rlmesh::learner
