@@ -1,0 +1,660 @@
+#include "rollout/weight_sync.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "learner/data_parallel.h"
+
+namespace rlmesh::rollout {
+namespace {
+
+int64_t TimeoutMs(const WeightSyncSpec& spec) {
+  return spec.timeout_ms() > 0 ? spec.timeout_ms() : kDefaultWeightSyncTimeoutMs;
+}
+
+int64_t BucketBytes(const WeightSyncSpec& spec) {
+  return static_cast<int64_t>(spec.bucket_mb() > 0 ? spec.bucket_mb() : kDefaultBucketMb) << 20;
+}
+
+int64_t AlignUp(int64_t x) { return (x + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment; }
+
+absl::StatusOr<at::ScalarType> DtypeFromName(const std::string& name) {
+  if (name == "f32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "f16") return at::kHalf;
+  return absl::InvalidArgumentError(absl::StrCat("dtype: unsupported \"", name, "\" (f32, bf16, f16)"));
+}
+
+int64_t SlotBytes(const TensorSlot& slot, at::ScalarType dtype) {
+  int64_t n = 1;
+  for (int64_t d : slot.shape()) n *= d;
+  return n * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+// A tensor ready to be copied byte-wise: contiguous, on the CPU.
+at::Tensor HostContiguous(const at::Tensor& t) { return t.detach().to(at::kCPU).contiguous(); }
+
+// Copies every tensor into its slot; `bucket_ptr(i)` gives bucket i's memory.
+template <typename BucketPtr>
+void PackInto(const NamedTensors& tensors, const WeightLayout& layout, BucketPtr bucket_ptr) {
+  for (int i = 0; i < layout.tensors_size(); ++i) {
+    const TensorSlot& slot = layout.tensors(i);
+    at::Tensor h = HostContiguous(tensors[i].second);
+    std::memcpy(static_cast<char*>(bucket_ptr(slot.bucket())) + slot.byte_offset(), h.data_ptr(), h.nbytes());
+  }
+}
+
+// Copies every slot out into a fresh CPU tensor. REQUIRES: ValidateLayout ok.
+template <typename BucketPtr>
+NamedTensors UnpackFrom(const WeightLayout& layout, BucketPtr bucket_ptr) {
+  NamedTensors out;
+  out.reserve(layout.tensors_size());
+  for (const TensorSlot& slot : layout.tensors()) {
+    at::ScalarType dtype = *DtypeFromName(slot.dtype());
+    std::vector<int64_t> shape(slot.shape().begin(), slot.shape().end());
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+    std::memcpy(t.data_ptr(), static_cast<const char*>(bucket_ptr(slot.bucket())) + slot.byte_offset(), t.nbytes());
+    out.emplace_back(slot.name(), std::move(t));
+  }
+  return out;
+}
+
+// Same version, same buckets, same slots.
+absl::Status CheckExpected(const WeightLayout& expected, const WeightLayout& got) {
+  if (got.version() != expected.version()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("weight sync: expected version ", expected.version(), ", received ", got.version()));
+  }
+  if (expected.tensors_size() == 0) return absl::OkStatus();
+  if (expected.SerializeAsString() != got.SerializeAsString()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: the received layout of version ", got.version(),
+                     " differs from the expected one (buckets ", got.bucket_bytes_size(), " vs ",
+                     expected.bucket_bytes_size(), ", tensors ", got.tensors_size(), " vs ",
+                     expected.tensors_size(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVersionForward(int64_t version, int64_t last) {
+  if (version <= 0) return absl::InvalidArgumentError(absl::StrCat("version: must be > 0, got ", version));
+  if (version <= last) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version: ", version, " does not exceed the last published ", last));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// IN_PROCESS
+
+struct InProcessSlot {
+  absl::Mutex mu;
+  absl::CondVar cv;
+  WeightLayout layout ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<char>> buckets ABSL_GUARDED_BY(mu);
+};
+
+InProcessSlot& InProcessGroup(const std::string& name) {
+  static absl::Mutex* mu = new absl::Mutex;
+  static auto* groups = new std::map<std::string, std::unique_ptr<InProcessSlot>>;
+  absl::MutexLock lock(mu);
+  auto& g = (*groups)[name];
+  if (!g) g = std::make_unique<InProcessSlot>();
+  return *g;
+}
+
+class InProcessPublisher final : public WeightPublisher {
+ public:
+  explicit InProcessPublisher(const WeightSyncSpec& spec) : spec_(spec) {}
+  absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) override {
+    RLMESH_RETURN_IF_ERROR(CheckVersionForward(version, last_));
+    RLMESH_ASSIGN_OR_RETURN(WeightLayout layout, BuildLayout(tensors, version, BucketBytes(spec_)));
+    std::vector<std::vector<char>> buckets;
+    for (int64_t b : layout.bucket_bytes()) buckets.emplace_back(b);
+    PackInto(tensors, layout, [&](int i) { return buckets[i].data(); });
+    InProcessSlot& g = InProcessGroup(spec_.group_name());
+    {
+      absl::MutexLock lock(&g.mu);
+      g.layout = layout;
+      g.buckets = std::move(buckets);
+    }
+    g.cv.SignalAll();
+    last_ = version;
+    return layout;
+  }
+  WeightSyncBackend backend() const override { return WEIGHT_SYNC_IN_PROCESS; }
+
+ private:
+  const WeightSyncSpec spec_;
+  int64_t last_ = 0;
+};
+
+class InProcessReceiver final : public WeightReceiver {
+ public:
+  explicit InProcessReceiver(const WeightSyncSpec& spec) : spec_(spec) {}
+  absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected, WeightLayout* received) override {
+    InProcessSlot& g = InProcessGroup(spec_.group_name());
+    absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
+    absl::MutexLock lock(&g.mu);
+    while (g.layout.version() < expected.version()) {
+      if (g.cv.WaitWithDeadline(&g.mu, deadline)) break;
+    }
+    if (g.layout.version() < expected.version()) {
+      return absl::DeadlineExceededError(absl::StrCat("weight sync (in-process ", spec_.group_name(),
+                                                      "): version ", expected.version(), " not published within ",
+                                                      TimeoutMs(spec_), " ms"));
+    }
+    RLMESH_RETURN_IF_ERROR(CheckExpected(expected, g.layout));
+    RLMESH_RETURN_IF_ERROR(ValidateLayout(g.layout));
+    if (received) *received = g.layout;
+    return UnpackFrom(g.layout, [&](int i) { return g.buckets[i].data(); });
+  }
+  WeightSyncBackend backend() const override { return WEIGHT_SYNC_IN_PROCESS; }
+
+ private:
+  const WeightSyncSpec spec_;
+};
+
+// ---------------------------------------------------------------------------
+// SHM: files on tmpfs. Bucket files first, the layout manifest last (renamed
+// into place), so a reader that sees the manifest sees complete buckets.
+
+std::string ShmPrefix(const WeightSyncSpec& spec) {
+  if (spec.shm_prefix().empty()) {
+    return absl::StrCat("/dev/shm/rlmesh-", spec.group_name().empty() ? "weights" : spec.group_name(), "-");
+  }
+  if (!absl::StrContains(spec.shm_prefix(), "/")) return absl::StrCat("/dev/shm/", spec.shm_prefix());
+  return spec.shm_prefix();
+}
+
+std::string BucketPath(const std::string& prefix, int64_t version, int bucket) {
+  return absl::StrCat(prefix, "v", version, ".bucket", bucket);
+}
+std::string ManifestPath(const std::string& prefix, int64_t version) {
+  return absl::StrCat(prefix, "v", version, ".layout");
+}
+
+absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  const int e = errno;
+  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(e));
+  if (e == ENOENT) return absl::NotFoundError(msg);
+  if (e == ENOSPC || e == ENOMEM) return absl::ResourceExhaustedError(msg);
+  return absl::UnavailableError(msg);
+}
+
+// A mapped file, unmapped and closed on destruction.
+class Mapping {
+ public:
+  ~Mapping() {
+    if (addr_ != nullptr && addr_ != MAP_FAILED) munmap(addr_, size_);
+    if (fd_ >= 0) close(fd_);
+  }
+  // Creates (truncating) a file of `size` bytes mapped read-write.
+  absl::Status Create(const std::string& path, int64_t size) {
+    fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd_ < 0) return ErrnoError("open", path);
+    if (ftruncate(fd_, size) != 0) return ErrnoError("ftruncate", path);
+    return Map(path, size, PROT_READ | PROT_WRITE);
+  }
+  // Maps an existing file read-only; its size must be `size`.
+  absl::Status Open(const std::string& path, int64_t size) {
+    fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return ErrnoError("open", path);
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return ErrnoError("stat", path);
+    if (st.st_size != size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket_bytes: ", path, " holds ", st.st_size, " bytes, the layout says ", size));
+    }
+    return Map(path, size, PROT_READ);
+  }
+  void* data() const { return addr_; }
+
+ private:
+  absl::Status Map(const std::string& path, int64_t size, int prot) {
+    size_ = static_cast<size_t>(size);
+    if (size == 0) return absl::OkStatus();
+    addr_ = mmap(nullptr, size_, prot, MAP_SHARED, fd_, 0);
+    if (addr_ == MAP_FAILED) return ErrnoError("mmap", path);
+    // Pages are faulted in as they are copied; ask for them up front.
+    madvise(addr_, size_, MADV_SEQUENTIAL);
+    return absl::OkStatus();
+  }
+  int fd_ = -1;
+  void* addr_ = nullptr;
+  size_t size_ = 0;
+};
+
+void RemoveVersion(const std::string& prefix, int64_t version, int buckets) {
+  unlink(ManifestPath(prefix, version).c_str());
+  for (int b = 0; b < buckets; ++b) unlink(BucketPath(prefix, version, b).c_str());
+}
+
+class ShmPublisher final : public WeightPublisher {
+ public:
+  explicit ShmPublisher(const WeightSyncSpec& spec) : spec_(spec), prefix_(ShmPrefix(spec)) {}
+  ~ShmPublisher() override {
+    for (const auto& [version, buckets] : published_) RemoveVersion(prefix_, version, buckets);
+  }
+
+  absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) override {
+    RLMESH_RETURN_IF_ERROR(CheckVersionForward(version, last_));
+    RLMESH_ASSIGN_OR_RETURN(WeightLayout layout, BuildLayout(tensors, version, BucketBytes(spec_)));
+    absl::Status s = Write(tensors, layout);
+    if (!s.ok()) {
+      RemoveVersion(prefix_, version, layout.bucket_bytes_size());
+      return s;
+    }
+    last_ = version;
+    published_.emplace_back(version, layout.bucket_bytes_size());
+    // Keep this version and the one before (a receiver may still be copying
+    // it); a reader that already mapped an unlinked file keeps its pages.
+    while (published_.size() > 2) {
+      RemoveVersion(prefix_, published_.front().first, published_.front().second);
+      published_.erase(published_.begin());
+    }
+    return layout;
+  }
+  WeightSyncBackend backend() const override { return WEIGHT_SYNC_SHM; }
+
+ private:
+  absl::Status Write(const NamedTensors& tensors, const WeightLayout& layout) {
+    std::vector<std::unique_ptr<Mapping>> maps;
+    for (int b = 0; b < layout.bucket_bytes_size(); ++b) {
+      maps.push_back(std::make_unique<Mapping>());
+      RLMESH_RETURN_IF_ERROR(maps.back()->Create(BucketPath(prefix_, layout.version(), b), layout.bucket_bytes(b)));
+    }
+    try {
+      PackInto(tensors, layout, [&](int i) { return maps[i]->data(); });
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("weight sync (shm): copying tensors: ", e.what()));
+    }
+    maps.clear();
+    const std::string manifest = ManifestPath(prefix_, layout.version());
+    const std::string tmp = manifest + ".tmp";
+    const std::string bytes = layout.SerializeAsString();
+    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return ErrnoError("open", tmp);
+    const bool ok = write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+    close(fd);
+    if (!ok) return ErrnoError("write", tmp);
+    if (rename(tmp.c_str(), manifest.c_str()) != 0) return ErrnoError("rename", manifest);
+    return absl::OkStatus();
+  }
+
+  const WeightSyncSpec spec_;
+  const std::string prefix_;
+  int64_t last_ = 0;
+  std::vector<std::pair<int64_t, int>> published_;  // (version, buckets), oldest first
+};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open", path);
+  std::string out;
+  char buf[1 << 16];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  if (n < 0) return ErrnoError("read", path);
+  return out;
+}
+
+class ShmReceiver final : public WeightReceiver {
+ public:
+  explicit ShmReceiver(const WeightSyncSpec& spec) : spec_(spec), prefix_(ShmPrefix(spec)) {}
+  absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected, WeightLayout* received) override {
+    if (expected.version() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("layout.version: must be > 0, got ", expected.version()));
+    }
+    const std::string manifest = ManifestPath(prefix_, expected.version());
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
+    absl::StatusOr<std::string> text = ReadFile(manifest);
+    while (!text.ok() && absl::IsNotFound(text.status()) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+      text = ReadFile(manifest);
+    }
+    if (!text.ok()) {
+      if (absl::IsNotFound(text.status())) {
+        return absl::DeadlineExceededError(absl::StrCat("weight sync (shm): version ", expected.version(),
+                                                        " not published within ", TimeoutMs(spec_),
+                                                        " ms (no ", manifest, ")"));
+      }
+      return text.status();
+    }
+    WeightLayout layout;
+    if (!layout.ParseFromString(*text)) {
+      return absl::DataLossError(absl::StrCat("weight sync (shm): corrupt layout manifest ", manifest));
+    }
+    RLMESH_RETURN_IF_ERROR(CheckExpected(expected, layout));
+    RLMESH_RETURN_IF_ERROR(ValidateLayout(layout));
+    std::vector<std::unique_ptr<Mapping>> maps;
+    for (int b = 0; b < layout.bucket_bytes_size(); ++b) {
+      maps.push_back(std::make_unique<Mapping>());
+      RLMESH_RETURN_IF_ERROR(maps.back()->Open(BucketPath(prefix_, layout.version(), b), layout.bucket_bytes(b)));
+    }
+    if (received) *received = layout;
+    return UnpackFrom(layout, [&](int i) { return maps[i]->data(); });
+  }
+  WeightSyncBackend backend() const override { return WEIGHT_SYNC_SHM; }
+
+ private:
+  const WeightSyncSpec spec_;
+  const std::string prefix_;
+};
+
+// ---------------------------------------------------------------------------
+// GLOO: header {version, layout bytes} -> layout -> buckets, all broadcast
+// from rank 0. A receiver drains every bucket even when the version is not
+// the one it expected, so the group stays aligned for the next round.
+
+class GlooGroup {
+ public:
+  explicit GlooGroup(const WeightSyncSpec& spec) : spec_(spec) {}
+
+  absl::Status Broadcast(at::Tensor& t) {
+    RLMESH_RETURN_IF_ERROR(Connect());
+    try {
+      std::vector<at::Tensor> v{t};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      opts.timeout = std::chrono::milliseconds(TimeoutMs(spec_));
+      group_->broadcast(v, opts)->wait();
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      broken_ = true;
+      return absl::AbortedError(absl::StrCat("weight sync (gloo ", spec_.group_name(), " rank ", spec_.rank(),
+                                             "): broadcast failed: ", e.what()));
+    }
+  }
+
+ private:
+  absl::Status Connect() {
+    if (broken_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "weight sync (gloo ", spec_.group_name(), "): the group failed earlier; configure a new group"));
+    }
+    if (group_) return absl::OkStatus();
+    auto store = learner::MakeTcpStore(spec_.store_host(), spec_.store_port(), /*is_server=*/false,
+                                       spec_.world_size(), TimeoutMs(spec_));
+    if (!store.ok()) {
+      broken_ = true;
+      return store.status();
+    }
+    c10::intrusive_ptr<c10d::Store> prefixed;
+    try {
+      prefixed = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("weight_sync/", spec_.group_name()), *store);
+    } catch (const std::exception& e) {
+      broken_ = true;
+      return absl::UnavailableError(absl::StrCat("weight sync store: ", e.what()));
+    }
+    learner::GlooGroupOptions opts;
+    opts.timeout_ms = TimeoutMs(spec_);
+    opts.threads = 2;
+    const bool loopback = spec_.store_host() == "127.0.0.1" || spec_.store_host() == "localhost";
+    if (!loopback) {
+      char host[256] = {0};
+      if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != 0) opts.hostname = host;
+    }
+    auto group = learner::CreateGlooGroup(prefixed, spec_.rank(), spec_.world_size(), opts);
+    if (!group.ok()) {
+      broken_ = true;
+      return group.status();
+    }
+    group_ = *group;
+    return absl::OkStatus();
+  }
+
+  const WeightSyncSpec spec_;
+  c10::intrusive_ptr<c10d::Backend> group_;
+  bool broken_ = false;
+};
+
+class GlooPublisher final : public WeightPublisher {
+ public:
+  explicit GlooPublisher(const WeightSyncSpec& spec) : spec_(spec), group_(spec) {}
+  absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) override {
+    RLMESH_RETURN_IF_ERROR(CheckVersionForward(version, last_));
+    RLMESH_ASSIGN_OR_RETURN(WeightLayout layout, BuildLayout(tensors, version, BucketBytes(spec_)));
+    // Pack first: once the header is out, receivers wait for every bucket.
+    std::vector<at::Tensor> buckets;
+    try {
+      for (int64_t b : layout.bucket_bytes()) buckets.push_back(at::empty({b}, at::kByte));
+      PackInto(tensors, layout, [&](int i) { return buckets[i].data_ptr(); });
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("weight sync (gloo): copying tensors: ", e.what()));
+    }
+    const std::string bytes = layout.SerializeAsString();
+    at::Tensor header = at::empty({2}, at::kLong);
+    header[0] = version;
+    header[1] = static_cast<int64_t>(bytes.size());
+    RLMESH_RETURN_IF_ERROR(group_.Broadcast(header));
+    at::Tensor layout_t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(layout_t.data_ptr(), bytes.data(), bytes.size());
+    RLMESH_RETURN_IF_ERROR(group_.Broadcast(layout_t));
+    for (auto& b : buckets) RLMESH_RETURN_IF_ERROR(group_.Broadcast(b));
+    last_ = version;
+    return layout;
+  }
+  WeightSyncBackend backend() const override { return WEIGHT_SYNC_GLOO; }
+
+ private:
+  const WeightSyncSpec spec_;
+  GlooGroup group_;
+  int64_t last_ = 0;
+};
+
+class GlooReceiver final : public WeightReceiver {
+ public:
+  explicit GlooReceiver(const WeightSyncSpec& spec) : spec_(spec), group_(spec) {}
+  absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected, WeightLayout* received) override {
+    if (expected.version() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("layout.version: must be > 0, got ", expected.version()));
+    }
+    at::Tensor header = at::zeros({2}, at::kLong);
+    RLMESH_RETURN_IF_ERROR(group_.Broadcast(header));
+    const int64_t n = header[1].item<int64_t>();
+    if (n <= 0 || n > (int64_t{1} << 30)) {
+      return absl::DataLossError(absl::StrCat("weight sync (gloo): bad layout size ", n));
+    }
+    at::Tensor layout_t = at::empty({n}, at::kByte);
+    RLMESH_RETURN_IF_ERROR(group_.Broadcast(layout_t));
+    WeightLayout layout;
+    if (!layout.ParseFromArray(layout_t.data_ptr(), static_cast<int>(n))) {
+      return absl::DataLossError("weight sync (gloo): corrupt layout");
+    }
+    std::vector<at::Tensor> buckets;
+    for (int64_t b : layout.bucket_bytes()) {
+      if (b < 0) return absl::DataLossError("weight sync (gloo): negative bucket size");
+      buckets.push_back(at::empty({b}, at::kByte));
+    }
+    for (auto& b : buckets) RLMESH_RETURN_IF_ERROR(group_.Broadcast(b));
+    RLMESH_RETURN_IF_ERROR(CheckExpected(expected, layout));
+    RLMESH_RETURN_IF_ERROR(ValidateLayout(layout));
+    if (received) *received = layout;
+    return UnpackFrom(layout, [&](int i) { return buckets[i].data_ptr(); });
+  }
+  WeightSyncBackend backend() const override { return WEIGHT_SYNC_GLOO; }
+
+ private:
+  const WeightSyncSpec spec_;
+  GlooGroup group_;
+};
+
+absl::Status Unimplemented(WeightSyncBackend b) {
+  return absl::UnimplementedError(absl::StrCat(
+      "weight sync backend ", WeightSyncBackend_Name(b),
+      " is not built in this version (no GPU to test it on); use SHM on one host or GLOO across hosts "
+      "(docs/decisions.md, rollout section)"));
+}
+
+}  // namespace
+
+absl::Status ValidateSpec(const WeightSyncSpec& spec) {
+  if (spec.timeout_ms() < 0) return absl::InvalidArgumentError("spec.timeout_ms: must be >= 0");
+  if (spec.bucket_mb() < 0) return absl::InvalidArgumentError("spec.bucket_mb: must be >= 0");
+  if (!WeightSyncBackend_IsValid(spec.backend())) return absl::InvalidArgumentError("spec.backend: unknown value");
+  if (ResolveBackend(spec) == WEIGHT_SYNC_GLOO) {
+    if (spec.store_host().empty()) return absl::InvalidArgumentError("spec.store_host: required for GLOO");
+    if (spec.store_port() <= 0 || spec.store_port() > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.store_port: invalid ", spec.store_port()));
+    }
+    if (spec.world_size() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.world_size: must be >= 2 (publisher + receivers), got ", spec.world_size()));
+    }
+    if (spec.rank() < 0 || spec.rank() >= spec.world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.rank: must be in [0, ", spec.world_size(), "), got ", spec.rank()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+WeightSyncBackend ResolveBackend(const WeightSyncSpec& spec) {
+  if (spec.backend() != WEIGHT_SYNC_AUTO) return spec.backend();
+  const std::string& h = spec.store_host();
+  const bool one_host = h.empty() || h == "127.0.0.1" || h == "localhost" || h == "::1";
+  return one_host ? WEIGHT_SYNC_SHM : WEIGHT_SYNC_GLOO;
+}
+
+absl::StatusOr<std::string> DtypeName(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return std::string("f32");
+    case at::kBFloat16: return std::string("bf16");
+    case at::kHalf: return std::string("f16");
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype: unsupported ", c10::toString(t.scalar_type()), " (f32, bf16, f16)"));
+  }
+}
+
+absl::StatusOr<WeightLayout> BuildLayout(const NamedTensors& tensors, int64_t version, int64_t bucket_bytes) {
+  if (tensors.empty()) return absl::InvalidArgumentError("tensors: must not be empty");
+  if (bucket_bytes <= 0) return absl::InvalidArgumentError("bucket_bytes: must be > 0");
+  WeightLayout layout;
+  layout.set_version(version);
+  std::set<std::string> seen;
+  int64_t used = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    if (name.empty()) return absl::InvalidArgumentError(absl::StrCat("tensors[", i, "].name: must not be empty"));
+    if (!seen.insert(name).second) return absl::InvalidArgumentError(absl::StrCat("tensors: duplicate name ", name));
+    if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat("tensors[", name, "]: undefined tensor"));
+    auto dtype = DtypeName(t);
+    if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("tensors[", name, "].", dtype.status().message()));
+    const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
+    int64_t offset = AlignUp(used);
+    if (layout.bucket_bytes_size() == 0 || (used > 0 && offset + nbytes > bucket_bytes)) {
+      if (layout.bucket_bytes_size() > 0) layout.set_bucket_bytes(layout.bucket_bytes_size() - 1, used);
+      layout.add_bucket_bytes(0);
+      offset = 0;
+    }
+    TensorSlot* slot = layout.add_tensors();
+    slot->set_name(name);
+    for (int64_t d : t.sizes()) slot->add_shape(d);
+    slot->set_dtype(*dtype);
+    slot->set_byte_offset(offset);
+    slot->set_bucket(layout.bucket_bytes_size() - 1);
+    used = offset + nbytes;
+  }
+  layout.set_bucket_bytes(layout.bucket_bytes_size() - 1, used);
+  return layout;
+}
+
+absl::Status ValidateLayout(const WeightLayout& layout) {
+  std::set<std::string> seen;
+  for (int i = 0; i < layout.bucket_bytes_size(); ++i) {
+    if (layout.bucket_bytes(i) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("layout.bucket_bytes[", i, "]: negative"));
+    }
+  }
+  for (const TensorSlot& slot : layout.tensors()) {
+    auto dtype = DtypeFromName(slot.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("layout.tensors[", slot.name(), "].", dtype.status().message()));
+    }
+    if (!seen.insert(slot.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("layout.tensors: duplicate name ", slot.name()));
+    }
+    for (int64_t d : slot.shape()) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("layout.tensors[", slot.name(), "].shape: negative"));
+    }
+    if (slot.bucket() < 0 || slot.bucket() >= layout.bucket_bytes_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("layout.tensors[", slot.name(), "].bucket: ", slot.bucket(),
+                                                     " outside [0, ", layout.bucket_bytes_size(), ")"));
+    }
+    const int64_t end = slot.byte_offset() + SlotBytes(slot, *dtype);
+    if (slot.byte_offset() < 0 || end > layout.bucket_bytes(slot.bucket())) {
+      return absl::InvalidArgumentError(absl::StrCat("layout.tensors[", slot.name(), "]: bytes [", slot.byte_offset(),
+                                                     ", ", end, ") outside bucket ", slot.bucket(), " of ",
+                                                     layout.bucket_bytes(slot.bucket()), " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const WeightSyncSpec& spec) {
+  RLMESH_RETURN_IF_ERROR(ValidateSpec(spec));
+  switch (ResolveBackend(spec)) {
+    case WEIGHT_SYNC_SHM: return std::unique_ptr<WeightPublisher>(new ShmPublisher(spec));
+    case WEIGHT_SYNC_IN_PROCESS: return std::unique_ptr<WeightPublisher>(new InProcessPublisher(spec));
+    case WEIGHT_SYNC_GLOO:
+      if (spec.rank() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("spec.rank: the publisher is rank 0, got ", spec.rank()));
+      }
+      return std::unique_ptr<WeightPublisher>(new GlooPublisher(spec));
+    default: return Unimplemented(ResolveBackend(spec));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<WeightReceiver>> CreateWeightReceiver(const WeightSyncSpec& spec) {
+  RLMESH_RETURN_IF_ERROR(ValidateSpec(spec));
+  switch (ResolveBackend(spec)) {
+    case WEIGHT_SYNC_SHM: return std::unique_ptr<WeightReceiver>(new ShmReceiver(spec));
+    case WEIGHT_SYNC_IN_PROCESS: return std::unique_ptr<WeightReceiver>(new InProcessReceiver(spec));
+    case WEIGHT_SYNC_GLOO:
+      if (spec.rank() < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.rank: receivers are ranks 1..", spec.world_size() - 1, ", got ", spec.rank()));
+      }
+      return std::unique_ptr<WeightReceiver>(new GlooReceiver(spec));
+    default: return Unimplemented(ResolveBackend(spec));
+  }
+}
+
+struct WeightSyncStore::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+WeightSyncStore::WeightSyncStore(std::unique_ptr<Impl> impl, int port) : impl_(std::move(impl)), port_(port) {}
+WeightSyncStore::~WeightSyncStore() = default;
+
+absl::StatusOr<std::unique_ptr<WeightSyncStore>> WeightSyncStore::Host(const std::string& host, int port,
+                                                                      int world_size, int64_t timeout_ms) {
+  RLMESH_ASSIGN_OR_RETURN(auto store, learner::MakeTcpStore(host, port, /*is_server=*/true, world_size, timeout_ms));
+  auto impl = std::make_unique<Impl>();
+  impl->store = store;
+  const int bound = static_cast<int>(store->getPort());
+  return std::unique_ptr<WeightSyncStore>(new WeightSyncStore(std::move(impl), bound));
+}
+
+}  // namespace rlmesh::rollout

@@ -1,0 +1,134 @@
+#pragma once
+
+// Weight sync: how the learner's rank 0 (publisher) hands a new policy
+// version to rollout workers (receivers). Named tensors (Hugging Face names)
+// are flattened into buckets of spec.bucket_mb; a WeightLayout (version,
+// bucket sizes, every tensor's name/shape/dtype/offset) describes them.
+//
+// Backends, chosen by WeightSyncSpec.backend (the caller never needs to know
+// which one runs):
+//   SHM         one file per bucket under /dev/shm (spec.shm_prefix), plus a
+//               layout manifest written last; receivers memcpy out. Same host.
+//               Publish returns once the files exist; old versions are
+//               removed (the previous one is kept for slow readers).
+//   GLOO        c10d ProcessGroupGloo broadcast from rank 0 over a TCPStore
+//               at spec.store_host:store_port (hosted by the coordinator, or
+//               by WeightSyncStore below). The layout travels in-band first.
+//               Publish and Receive are collectives: every rank must call
+//               them for the same version at the same time.
+//   IN_PROCESS  a process-wide table keyed by spec.group_name (tests).
+//   NCCL, CUDA_IPC  UNIMPLEMENTED in this build (no GPU to test on); see
+//               docs/decisions.md.
+//   AUTO        SHM when spec.store_host is loopback (one host), else GLOO.
+//
+// How a caller uses it, whatever the backend: the learner calls
+// Publish(tensors, V) and the workers call Receive(layout) with at least
+// layout.version = V; doing both concurrently always works, and for SHM and
+// IN_PROCESS publishing first and receiving afterwards works too (a receiver
+// waits up to spec.timeout_ms for version V to appear). When `expected`
+// carries tensors, the received layout must equal it. The receiving side
+// checks every bucket size and every tensor's dtype, shape and bounds
+// against the layout before returning anything.
+//
+// Errors: bad spec or tensors -> INVALID_ARGUMENT naming the field;
+// version not newer -> INVALID_ARGUMENT ("version"); nothing arrived within
+// timeout_ms -> DEADLINE_EXCEEDED; a failed collective -> ABORTED, after
+// which the object is unusable (FAILED_PRECONDITION) and must be recreated
+// with a new spec.group_name.
+//
+// Thread-safety: one thread uses a publisher or receiver at a time.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/common.pb.h"
+
+namespace rlmesh::rollout {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Defaults applied to a zero field of WeightSyncSpec.
+inline constexpr int64_t kDefaultWeightSyncTimeoutMs = 60'000;
+inline constexpr int kDefaultBucketMb = 64;
+// Offset alignment of every tensor inside its bucket, bytes.
+inline constexpr int64_t kSlotAlignment = 64;
+
+// INVALID_ARGUMENT naming the field for a spec that cannot work
+// (world_size/rank out of range for GLOO, negative timeout or bucket size,
+// GLOO without store host/port).
+absl::Status ValidateSpec(const WeightSyncSpec& spec);
+
+// The backend AUTO resolves to for `spec` (SHM for a loopback or empty
+// store_host, GLOO otherwise); other backends map to themselves.
+WeightSyncBackend ResolveBackend(const WeightSyncSpec& spec);
+
+// Element type name used in TensorSlot.dtype ("f32", "bf16", "f16") and back.
+absl::StatusOr<std::string> DtypeName(const at::Tensor& t);
+
+// Packs `tensors` in order into buckets of at most `bucket_bytes` (a larger
+// tensor gets a bucket of its own), offsets aligned to kSlotAlignment.
+// INVALID_ARGUMENT for an empty list, an empty or duplicate name, or an
+// unsupported dtype.
+absl::StatusOr<WeightLayout> BuildLayout(const NamedTensors& tensors, int64_t version,
+                                         int64_t bucket_bytes);
+
+// Checks a layout on its own: known dtypes, each slot inside its bucket,
+// no duplicate names. INVALID_ARGUMENT naming the tensor.
+absl::Status ValidateLayout(const WeightLayout& layout);
+
+// Sends versions of the weights. Created on the learner's rank 0.
+class WeightPublisher {
+ public:
+  virtual ~WeightPublisher() = default;
+  // Publishes `tensors` (any device; fp32/bf16/f16) as `version`, which must
+  // exceed every version published before. Returns the layout sent.
+  virtual absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) = 0;
+  // The backend actually used (AUTO resolved).
+  virtual WeightSyncBackend backend() const = 0;
+};
+
+// Receives versions of the weights. Created on each rollout worker.
+class WeightReceiver {
+ public:
+  virtual ~WeightReceiver() = default;
+  // Receives version expected.version (> 0). Tensors come back on the CPU,
+  // in layout order, with the layout's dtypes and shapes. If `received` is
+  // non-null it gets the layout that arrived.
+  virtual absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected,
+                                               WeightLayout* received = nullptr) = 0;
+  virtual WeightSyncBackend backend() const = 0;
+};
+
+// REQUIRES for GLOO: spec.rank == 0. Fails fast on a bad spec; a GLOO group
+// is formed lazily by the first Publish (which waits for every receiver).
+absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const WeightSyncSpec& spec);
+
+// REQUIRES for GLOO: 1 <= spec.rank < spec.world_size.
+absl::StatusOr<std::unique_ptr<WeightReceiver>> CreateWeightReceiver(const WeightSyncSpec& spec);
+
+// A c10d TCPStore server for a GLOO group (what the coordinator hosts; tests
+// and benchmarks host their own). Every rank of the group connects to it as a
+// client. Safe to destroy while nobody uses the group.
+class WeightSyncStore {
+ public:
+  // Binds host:port (0 = a free port).
+  static absl::StatusOr<std::unique_ptr<WeightSyncStore>> Host(const std::string& host, int port,
+                                                              int world_size, int64_t timeout_ms);
+  ~WeightSyncStore();
+  int port() const { return port_; }
+
+ private:
+  struct Impl;
+  WeightSyncStore(std::unique_ptr<Impl> impl, int port);
+  std::unique_ptr<Impl> impl_;
+  int port_;
+};
+
+}  // namespace rlmesh::rollout

@@ -1,0 +1,306 @@
+#include "rollout/weight_sync.h"
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "catch2/catch.hpp"
+#include "common/testing/test_util.h"
+
+namespace rlmesh::rollout {
+namespace {
+
+// Mixed dtypes and sizes; one tensor (big) is larger than a 1 MiB bucket.
+NamedTensors MakeTensors(int seed) {
+  at::manual_seed(seed);
+  return {
+      {"model.embed_tokens.weight", at::randn({64, 32})},
+      {"model.layers.0.self_attn.q_proj.weight", at::randn({32, 32}).to(at::kBFloat16)},
+      {"model.norm.weight", at::randn({7}).to(at::kHalf)},
+      {"big", at::randn({300, 1024})},  // 1.2 MB
+      {"lm_head.weight", at::randn({64, 32}).t()},  // non-contiguous
+      {"scalar", at::randn({})},
+  };
+}
+
+void ExpectBitExact(const NamedTensors& sent, const NamedTensors& got) {
+  REQUIRE(got.size() == sent.size());
+  for (size_t i = 0; i < sent.size(); ++i) {
+    INFO(sent[i].first);
+    CHECK(got[i].first == sent[i].first);
+    CHECK(got[i].second.scalar_type() == sent[i].second.scalar_type());
+    CHECK(got[i].second.sizes() == sent[i].second.sizes());
+    // Bit-exact: compare the raw bytes, not values with a tolerance.
+    at::Tensor a = sent[i].second.contiguous();
+    at::Tensor b = got[i].second.contiguous();
+    REQUIRE(a.nbytes() == b.nbytes());
+    CHECK(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0);
+  }
+}
+
+WeightSyncSpec ShmSpec(const testing::TempDir& dir) {
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_SHM);
+  spec.set_shm_prefix(dir.File("w-"));
+  spec.set_bucket_mb(1);
+  spec.set_timeout_ms(2000);
+  return spec;
+}
+
+TEST_CASE("BuildLayout packs in order, aligns and splits buckets") {
+  auto tensors = MakeTensors(1);
+  auto layout = BuildLayout(tensors, 3, 1 << 20);
+  REQUIRE(layout.ok());
+  CHECK(layout->version() == 3);
+  REQUIRE(layout->tensors_size() == 6);
+  // embed (8 KiB) + q_proj (2 KiB) + norm share bucket 0; big opens bucket 1
+  // alone; lm_head + scalar go to bucket 2.
+  CHECK(layout->tensors(0).bucket() == 0);
+  CHECK(layout->tensors(1).bucket() == 0);
+  CHECK(layout->tensors(1).byte_offset() == 64 * 32 * 4);
+  CHECK(layout->tensors(2).bucket() == 0);
+  CHECK(layout->tensors(3).bucket() == 1);
+  CHECK(layout->tensors(3).byte_offset() == 0);
+  CHECK(layout->tensors(4).bucket() == 2);
+  CHECK(layout->bucket_bytes_size() == 3);
+  CHECK(layout->bucket_bytes(1) == 300 * 1024 * 4);
+  CHECK(layout->tensors(1).dtype() == "bf16");
+  CHECK(layout->tensors(2).dtype() == "f16");
+  for (const auto& s : layout->tensors()) CHECK(s.byte_offset() % kSlotAlignment == 0);
+  CHECK(ValidateLayout(*layout).ok());
+
+  // A slot that overruns its bucket is caught by the receiving side's check.
+  WeightLayout bad = *layout;
+  bad.mutable_tensors(0)->set_byte_offset(layout->bucket_bytes(0));
+  auto s = ValidateLayout(bad);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "model.embed_tokens.weight"));
+  bad = *layout;
+  bad.mutable_tensors(2)->set_dtype("f64");
+  CHECK(absl::StrContains(ValidateLayout(bad).message(), "dtype"));
+}
+
+TEST_CASE("BuildLayout rejects bad tensors naming the field") {
+  CHECK(BuildLayout({}, 1, 1024).status().code() == absl::StatusCode::kInvalidArgument);
+  NamedTensors dup = {{"a", at::zeros({2})}, {"a", at::zeros({2})}};
+  CHECK(absl::StrContains(BuildLayout(dup, 1, 1024).status().message(), "duplicate name a"));
+  NamedTensors ints = {{"ids", at::zeros({2}, at::kLong)}};
+  auto s = BuildLayout(ints, 1, 1024).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "tensors[ids].dtype"));
+}
+
+TEST_CASE("SHM publish/receive round trip is bit-exact; old versions are removed") {
+  testing::TempDir dir;
+  auto spec = ShmSpec(dir);
+  auto pub = CreateWeightPublisher(spec);
+  auto recv = CreateWeightReceiver(spec);
+  REQUIRE(pub.ok());
+  REQUIRE(recv.ok());
+  CHECK((*pub)->backend() == WEIGHT_SYNC_SHM);
+
+  for (int version = 1; version <= 3; ++version) {
+    auto tensors = MakeTensors(version);
+    auto layout = (*pub)->Publish(tensors, version);
+    REQUIRE(layout.ok());
+    WeightLayout received;
+    auto got = (*recv)->Receive(*layout, &received);
+    REQUIRE(got.ok());
+    CHECK(received.SerializeAsString() == layout->SerializeAsString());
+    ExpectBitExact(tensors, *got);
+    // Receiving by version alone works too (the layout comes from the manifest).
+    WeightLayout by_version;
+    by_version.set_version(version);
+    auto again = (*recv)->Receive(by_version);
+    REQUIRE(again.ok());
+    ExpectBitExact(tensors, *again);
+  }
+  // Versions 2 and 3 are kept, 1 is gone.
+  CHECK(access(dir.File("w-v1.layout").c_str(), F_OK) != 0);
+  CHECK(access(dir.File("w-v1.bucket0").c_str(), F_OK) != 0);
+  CHECK(access(dir.File("w-v2.layout").c_str(), F_OK) == 0);
+  CHECK(access(dir.File("w-v3.bucket2").c_str(), F_OK) == 0);
+
+  // Version must move forward.
+  auto stale = (*pub)->Publish(MakeTensors(9), 3);
+  CHECK(stale.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(stale.status().message(), "version"));
+
+  pub->reset();  // the publisher removes what it wrote
+  CHECK(access(dir.File("w-v3.layout").c_str(), F_OK) != 0);
+}
+
+TEST_CASE("SHM receiver checks the layout against the files") {
+  testing::TempDir dir;
+  auto spec = ShmSpec(dir);
+  auto pub = CreateWeightPublisher(spec);
+  auto recv = CreateWeightReceiver(spec);
+  REQUIRE(pub.ok());
+  REQUIRE(recv.ok());
+  auto layout = (*pub)->Publish(MakeTensors(1), 1);
+  REQUIRE(layout.ok());
+
+  // The caller expected another shape: refused, nothing returned.
+  WeightLayout other = *layout;
+  other.mutable_tensors(0)->set_shape(0, 65);
+  CHECK((*recv)->Receive(other).status().code() == absl::StatusCode::kInvalidArgument);
+
+  // A truncated bucket file is detected by size.
+  REQUIRE(truncate(dir.File("w-v1.bucket1").c_str(), 100) == 0);
+  auto s = (*recv)->Receive(*layout).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "bucket_bytes"));
+
+  // A version nobody publishes times out within the spec's deadline.
+  spec.set_timeout_ms(200);
+  auto late = CreateWeightReceiver(spec);
+  REQUIRE(late.ok());
+  WeightLayout v7;
+  v7.set_version(7);
+  const absl::Time start = absl::Now();
+  CHECK((*late)->Receive(v7).status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::Now() - start < absl::Seconds(2));
+}
+
+TEST_CASE("SHM receiver waits for a version published after it asked") {
+  testing::TempDir dir;
+  auto spec = ShmSpec(dir);
+  auto pub = CreateWeightPublisher(spec);
+  auto recv = CreateWeightReceiver(spec);
+  REQUIRE(pub.ok());
+  REQUIRE(recv.ok());
+  auto tensors = MakeTensors(5);
+  absl::StatusOr<NamedTensors> got;
+  std::thread t([&] {
+    WeightLayout want;
+    want.set_version(1);
+    got = (*recv)->Receive(want);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE((*pub)->Publish(tensors, 1).ok());
+  t.join();
+  REQUIRE(got.ok());
+  ExpectBitExact(tensors, *got);
+}
+
+TEST_CASE("IN_PROCESS round trip") {
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
+  spec.set_group_name("ws-test-inproc");
+  spec.set_timeout_ms(1000);
+  auto pub = CreateWeightPublisher(spec);
+  auto recv = CreateWeightReceiver(spec);
+  REQUIRE(pub.ok());
+  REQUIRE(recv.ok());
+  auto tensors = MakeTensors(2);
+  auto layout = (*pub)->Publish(tensors, 4);
+  REQUIRE(layout.ok());
+  auto got = (*recv)->Receive(*layout);
+  REQUIRE(got.ok());
+  ExpectBitExact(tensors, *got);
+}
+
+TEST_CASE("GLOO broadcast between threads: two receivers get the same bits; wrong version is refused") {
+  auto store = WeightSyncStore::Host("127.0.0.1", 0, 3, 10000);
+  REQUIRE(store.ok());
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_GLOO);
+  spec.set_store_host("127.0.0.1");
+  spec.set_store_port((*store)->port());
+  spec.set_world_size(3);
+  spec.set_group_name("ws-test-gloo");
+  spec.set_timeout_ms(10000);
+  spec.set_bucket_mb(1);
+
+  auto v1 = MakeTensors(11);
+  auto v2 = MakeTensors(12);
+  absl::StatusOr<NamedTensors> got[2][2];
+  std::vector<std::thread> threads;
+  for (int r = 1; r <= 2; ++r) {
+    threads.emplace_back([&, r] {
+      WeightSyncSpec s = spec;
+      s.set_rank(r);
+      auto recv = CreateWeightReceiver(s);
+      if (!recv.ok()) {
+        got[r - 1][0] = recv.status();
+        return;
+      }
+      WeightLayout want;
+      want.set_version(1);
+      got[r - 1][0] = (*recv)->Receive(want);
+      // Rank 2 expects the wrong version in round two: it must still drain
+      // the round (the group stays usable) and report the mismatch.
+      want.set_version(r == 1 ? 2 : 5);
+      got[r - 1][1] = (*recv)->Receive(want);
+    });
+  }
+  WeightSyncSpec s0 = spec;
+  s0.set_rank(0);
+  auto pub = CreateWeightPublisher(s0);
+  REQUIRE(pub.ok());
+  auto l1 = (*pub)->Publish(v1, 1);
+  auto l2 = (*pub)->Publish(v2, 2);
+  for (auto& t : threads) t.join();
+  REQUIRE(l1.ok());
+  REQUIRE(l2.ok());
+  REQUIRE(got[0][0].ok());
+  REQUIRE(got[1][0].ok());
+  ExpectBitExact(v1, *got[0][0]);
+  ExpectBitExact(v1, *got[1][0]);
+  REQUIRE(got[0][1].ok());
+  ExpectBitExact(v2, *got[0][1]);
+  CHECK(got[1][1].status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("GLOO publisher with no receivers fails within the timeout") {
+  auto store = WeightSyncStore::Host("127.0.0.1", 0, 2, 5000);
+  REQUIRE(store.ok());
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_GLOO);
+  spec.set_store_host("127.0.0.1");
+  spec.set_store_port((*store)->port());
+  spec.set_world_size(2);
+  spec.set_rank(0);
+  spec.set_group_name("ws-test-lonely");
+  spec.set_timeout_ms(500);
+  auto pub = CreateWeightPublisher(spec);
+  REQUIRE(pub.ok());
+  const absl::Time start = absl::Now();
+  auto s = (*pub)->Publish(MakeTensors(1), 1).status();
+  CHECK_FALSE(s.ok());
+  CHECK(absl::Now() - start < absl::Seconds(10));
+  // The object is unusable afterwards and says so.
+  CHECK((*pub)->Publish(MakeTensors(1), 2).status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("Specs are validated and unbuilt backends say so") {
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_GLOO);
+  spec.set_store_host("10.0.0.1");
+  spec.set_store_port(1234);
+  spec.set_world_size(2);
+  spec.set_rank(5);
+  CHECK(absl::StrContains(CreateWeightReceiver(spec).status().message(), "spec.rank"));
+  spec.set_rank(0);
+  CHECK(absl::StrContains(CreateWeightReceiver(spec).status().message(), "spec.rank"));
+  spec.set_store_port(0);
+  CHECK(absl::StrContains(CreateWeightPublisher(spec).status().message(), "spec.store_port"));
+
+  WeightSyncSpec autos;
+  CHECK(ResolveBackend(autos) == WEIGHT_SYNC_SHM);
+  autos.set_store_host("10.1.2.3");
+  CHECK(ResolveBackend(autos) == WEIGHT_SYNC_GLOO);
+
+  WeightSyncSpec nccl;
+  nccl.set_backend(WEIGHT_SYNC_NCCL);
+  CHECK(CreateWeightReceiver(nccl).status().code() == absl::StatusCode::kUnimplemented);
+  nccl.set_backend(WEIGHT_SYNC_CUDA_IPC);
+  CHECK(CreateWeightPublisher(nccl).status().code() == absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace rlmesh::rollout
