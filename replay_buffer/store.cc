@@ -429,16 +429,16 @@ absl::StatusOr<std::unique_ptr<ReplayStore>> ReplayStore::Open(const ReplayStore
   return store;
 }
 
-absl::Status ReplayStore::OpenDb() {
-  rocksdb::DBOptions db_options;
-  db_options.create_if_missing = true;
-  db_options.create_missing_column_families = true;
-  db_options.IncreaseParallelism(2);
+void MakeRocksOptions(const ReplayStoreOptions& options, rocksdb::DBOptions* db_options,
+                      std::vector<rocksdb::ColumnFamilyDescriptor>* column_families) {
+  db_options->create_if_missing = true;
+  db_options->create_missing_column_families = true;
+  db_options->IncreaseParallelism(2);
   // Several threads committing with sync=true form one write group and share
   // one WAL fsync (RocksDB's group commit).
-  db_options.enable_pipelined_write = false;
+  db_options->enable_pipelined_write = false;
 
-  auto cache = rocksdb::NewLRUCache(static_cast<size_t>(options_.block_cache_bytes));
+  auto cache = rocksdb::NewLRUCache(static_cast<size_t>(options.block_cache_bytes));
   auto cf_options = [&](bool blobs, bool point_lookups) {
     rocksdb::ColumnFamilyOptions cf;
     rocksdb::BlockBasedTableOptions table;
@@ -446,20 +446,26 @@ absl::Status ReplayStore::OpenDb() {
     if (point_lookups) table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
     cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
     cf.compression = rocksdb::kNoCompression;
-    if (blobs && options_.enable_blob_files) {
+    if (blobs && options.enable_blob_files) {
       cf.enable_blob_files = true;
-      cf.min_blob_size = static_cast<uint64_t>(options_.min_blob_size);
+      cf.min_blob_size = static_cast<uint64_t>(options.min_blob_size);
       cf.enable_blob_garbage_collection = true;  // Trim frees blob space
     }
     return cf;
   };
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+  *column_families = {
       {rocksdb::kDefaultColumnFamilyName, cf_options(false, false)},
       {kDataCf, cf_options(true, false)},
       {kGroupsCf, cf_options(false, false)},
       {kPromptCf, cf_options(false, false)},
       {kMetaCf, cf_options(false, true)},
   };
+}
+
+absl::Status ReplayStore::OpenDb() {
+  rocksdb::DBOptions db_options;
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+  MakeRocksOptions(options_, &db_options, &cfs);
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options_.db_path, cfs, &handles_, &db);
   RLMESH_RETURN_IF_ERROR(FromRocks(s, absl::StrCat("opening db_path ", options_.db_path)));

@@ -47,6 +47,8 @@
 namespace rocksdb {
 class DB;
 class ColumnFamilyHandle;
+struct ColumnFamilyDescriptor;
+struct DBOptions;
 }  // namespace rocksdb
 
 namespace rlmesh {
@@ -199,6 +201,12 @@ class ReplayStore {
   // Bumped on every committed group; waiting samplers watch it.
   int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The RocksDB options and column families ReplayStore opens its database
+// with (data, groups, by_prompt, meta after "default"); exposed so that a
+// benchmark can run RocksDB directly with identical options.
+void MakeRocksOptions(const ReplayStoreOptions& options, rocksdb::DBOptions* db_options,
+                      std::vector<rocksdb::ColumnFamilyDescriptor>* column_families);
 
 // Validation shared with the service (exposed for tests).
 absl::Status ValidateGroup(const TrajectoryGroup& group, int index,
