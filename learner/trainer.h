@@ -1,0 +1,133 @@
+#pragma once
+
+// Trainer: one data-parallel shard of the learner, without gRPC. It holds the
+// policy (+ a frozen reference when KL is on, + a critic for PPO), the AdamW
+// state (learner/data_parallel.h, also for world size 1), the stage's data and
+// the step / policy-version counters, and implements the Learner RPC's
+// semantics (proto/learner.proto) on plain messages:
+//
+//   Configure  builds everything for one stage of an experiment, resuming
+//              from the newest valid checkpoint of that stage if one exists;
+//   TrainStep  one step: SFT on a slice of a global batch from the task, or
+//              GRPO/RLOO/REINFORCE++/Dr.GRPO/PPO on groups (given, or pulled
+//              from a GroupSource); step numbers are checked so a retried
+//              call is never applied twice;
+//   Save/Load  checkpoints (learner/checkpoint.h) that resume bit-exactly.
+//
+// Step numbering: `step()` counts completed TrainSteps of the stage; the
+// next TrainStep must carry exactly that number (0 for the first).
+//
+// With world_size K > 1 every rank must make the same sequence of Configure,
+// TrainStep, Save (and Load) calls: they run collectives.
+//
+// Not thread-safe except Status(), which may be called concurrently with
+// anything (it reads a snapshot).
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "learner/data_parallel.h"
+#include "proto/learner.pb.h"
+
+namespace rlmesh::learner {
+
+// Where a shard's RL groups come from (the replay buffer in production, a
+// fake in tests).
+class GroupSource {
+ public:
+  virtual ~GroupSource() = default;
+  struct Sampled {
+    std::vector<TrajectoryGroup> groups;
+    // Pass to Ack once trained on (empty = nothing to acknowledge).
+    std::string ack_token;
+  };
+  // FIFO sample of exactly `num_groups` groups for `source`, with
+  // require_ack; waits at most `timeout`.
+  virtual absl::StatusOr<Sampled> Sample(const BufferSource& source, int num_groups,
+                                         absl::Duration timeout) = 0;
+  virtual absl::Status Ack(const BufferSource& source, const std::string& ack_token) = 0;
+};
+
+struct TrainerOptions {
+  // Time steps per chunk of the chunked log-prob computation (bounds the
+  // [B, chunk, V] logits held at once). Default 64.
+  int64_t logprob_chunk = 64;
+  // Longest a GroupSource::Sample may wait. Default 120 s.
+  absl::Duration sample_timeout = absl::Seconds(120);
+  // Gloo group settings for world_size > 1 (timeout, threads).
+  GlooGroupOptions gloo;
+  // Timeout of the c10d store connect/rendezvous, milliseconds. Default
+  // 300000.
+  int64_t store_timeout_ms = 300'000;
+
+  absl::Status Validate() const;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainerOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // See the file comment and proto/learner.proto. Replaces any previous
+  // configuration. INVALID_ARGUMENT names the offending field
+  // ("experiment.stages[1].grpo.rl.optimizer.lr", "rank", ...).
+  absl::StatusOr<ConfigureResponse> Configure(const ConfigureRequest& request);
+
+  // The GroupSource for BufferSource steps; not owned, may be null. Set it
+  // after Configure (Configure does not touch it).
+  void set_group_source(GroupSource* source) { source_ = source; }
+
+  // FAILED_PRECONDITION when not configured or request.step != step().
+  absl::StatusOr<TrainStepResponse> TrainStep(const TrainStepRequest& request);
+
+  // path "" = <checkpoint_dir>/step_<NNNNNN>, then keeps the newest
+  // experiment.checkpoint.keep (default 3) step folders.
+  absl::StatusOr<SaveResponse> Save(const std::string& path = "");
+  // path "" = the newest valid checkpoint of this stage in checkpoint_dir
+  // (corrupt ones are skipped and logged); an explicit path that does not
+  // verify is DATA_LOSS naming the file.
+  absl::StatusOr<LoadResponse> Load(const std::string& path = "");
+
+  // Safe for concurrent use.
+  LearnerStatus Status() const;
+
+  // For tests and benchmarks: the policy's parameters under their Hugging
+  // Face names (the live tensors). REQUIRES: configured.
+  std::vector<std::pair<std::string, at::Tensor>> PolicyParameters() const;
+  // The policy model as an opaque pointer to actor::Transformer (tests
+  // that generate with it include actor/transformer.h and cast).
+  void* policy_model();
+  int64_t step() const { return step_; }
+  int64_t policy_version() const { return version_; }
+
+ private:
+  struct State;
+
+  absl::StatusOr<TrainStepResponse> TrainSft();
+  absl::StatusOr<TrainStepResponse> TrainRl(std::vector<TrajectoryGroup> groups, double seconds_sample);
+  absl::Status LoadFrom(const std::string& dir);
+  void PublishStatus();
+
+  const TrainerOptions options_;
+  GroupSource* source_ = nullptr;
+  std::unique_ptr<State> s_;
+  int64_t step_ = 0;
+  int64_t version_ = 0;
+
+  mutable absl::Mutex status_mu_;
+  LearnerStatus status_ ABSL_GUARDED_BY(status_mu_);
+};
+
+}  // namespace rlmesh::learner
