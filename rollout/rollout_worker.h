@@ -1,0 +1,134 @@
+#pragma once
+
+// RolloutWorker: the rollout engine without gRPC. Holds the policy, runs the
+// actor/ Generator (continuous batching) on one engine thread, turns finished
+// groups into TrajectoryGroup messages and hands each one to its request's
+// callback as soon as all its samples are done. In pipeline mode each group
+// is scored by the reward server and stored in the replay buffer (on a small
+// pool of pipeline threads, so a slow scorer never stalls decoding) before
+// it is handed back with stored = true.
+//
+// Version fencing: a request is admitted into the generator whole and every
+// group of it runs on the weights loaded at admission; the version is
+// recorded in each trajectory. A weight update (LoadCheckpoint / LoadFromSync)
+// first receives the new tensors (while generation goes on), then waits for
+// the fence: no new request is admitted, in-flight groups either finish on
+// the old weights (on_update = kFinish) or are aborted and handed back with
+// FINISH_REASON_ABORTED and no response tokens (kAbort); then the weights are
+// swapped and admission resumes.
+//
+// Back-pressure: at most max_queue requests wait for admission; Submit
+// answers RESOURCE_EXHAUSTED beyond that.
+//
+// Safe for concurrent use. Callbacks run on the engine thread or a pipeline
+// thread and must not call back into the worker.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "actor/tokenizer.h"
+#include "proto/rollout.pb.h"
+#include "reward_server/client.h"
+#include "rollout/replay_client.h"
+
+namespace rlmesh::rollout {
+
+struct RolloutWorkerOptions {
+  // Name recorded in Provenance.rollout_worker. Default "rollout-0".
+  std::string name = "rollout-0";
+  // Requests waiting for admission before Submit says RESOURCE_EXHAUSTED.
+  // Default 64.
+  int64_t max_queue = 64;
+  // Sequences decoded at once (KV-cache rows). Default 64.
+  int64_t max_batch = 64;
+  // Prompt tokens prefilled in one step. Default 8192.
+  int64_t max_prefill_tokens = 8192;
+  // What a weight update does to in-flight sequences. Default kFinish.
+  enum class OnUpdate { kFinish, kAbort };
+  OnUpdate on_update = OnUpdate::kFinish;
+  // Parameter dtype and device of a loaded checkpoint ("fp32"/"bf16"/"fp16",
+  // "cpu"/"cuda[:i]"). Defaults "fp32", "cpu".
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  // Pipeline threads scoring and storing finished groups. Default 4.
+  int pipeline_threads = 4;
+  // Window of the tokens/s figure in GetStatus. Default 10 s.
+  absl::Duration rate_window = absl::Seconds(10);
+
+  absl::Status Validate() const;
+};
+
+// "finish" / "abort" (RolloutConfig.on_update); empty = finish.
+absl::StatusOr<RolloutWorkerOptions::OnUpdate> ParseOnUpdate(const std::string& text);
+
+struct LoadResult {
+  // Version now loaded.
+  int64_t version = 0;
+  // Bytes read or received.
+  int64_t bytes = 0;
+  // Wall time of the whole load including the wait for the fence, seconds.
+  double seconds = 0;
+};
+
+// One submitted Generate call, for cancellation.
+class RequestHandle;
+
+class RolloutWorker {
+ public:
+  // Receives each finished group (in completion order) and whether the
+  // replay buffer acknowledged it.
+  using GroupSink = std::function<void(TrajectoryGroup group, bool stored)>;
+  // Called exactly once after the last group of a request: OK, or the first
+  // error (a group that could not be scored/stored after retries is still
+  // handed to the GroupSink with stored = false, then the request ends with
+  // that error).
+  using DoneCallback = std::function<void(absl::Status)>;
+
+  // `tokenizer` is required (provenance hash, decode_text). `reward` and
+  // `replay` may be null; pipeline requests then fail with
+  // FAILED_PRECONDITION naming --reward_server / --replay_buffer. Not owned;
+  // they must outlive the worker.
+  RolloutWorker(RolloutWorkerOptions options, std::unique_ptr<actor::Tokenizer> tokenizer,
+                RewardClient* reward = nullptr, ReplayBufferClient* replay = nullptr);
+  // Stops the engine: pending and in-flight requests end with CANCELLED.
+  ~RolloutWorker();
+  RolloutWorker(const RolloutWorker&) = delete;
+  RolloutWorker& operator=(const RolloutWorker&) = delete;
+
+  // Validates and queues a request. INVALID_ARGUMENT names the field;
+  // FAILED_PRECONDITION without weights or pipeline clients; ABORTED when the
+  // loaded version is below min_policy_version; RESOURCE_EXHAUSTED when the
+  // queue is full. On OK the callbacks will be called.
+  absl::StatusOr<std::shared_ptr<RequestHandle>> Submit(const GenerateRequest& request, GroupSink on_group,
+                                                        DoneCallback on_done);
+  // Stops delivering groups of `handle`; its DoneCallback gets CANCELLED.
+  void Cancel(const std::shared_ptr<RequestHandle>& handle);
+
+  // Loads a Hugging Face folder; `version` 0 = current + 1, otherwise it must
+  // exceed the current version. The first load defines the model shape.
+  absl::StatusOr<LoadResult> LoadCheckpoint(const std::string& path, int64_t version);
+  // Joins (or replaces) the weight-sync group.
+  absl::Status ConfigureWeightSync(const WeightSyncSpec& spec);
+  // Receives `layout` (at least its version; `version` overrides it when
+  // non-zero) through the configured group and swaps it in at the fence.
+  // REQUIRES: weights loaded once (shape) and ConfigureWeightSync.
+  absl::StatusOr<LoadResult> LoadFromSync(const WeightLayout& layout, int64_t version);
+
+  RolloutStatus Status() const;
+  int64_t policy_version() const;
+
+  // Blocks until no request is queued or running, or `timeout` passes.
+  bool WaitIdle(absl::Duration timeout) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlmesh::rollout
