@@ -82,9 +82,17 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Launch(ClusterOptions options)
       cluster->members_.push_back(std::move(m));
     };
     add(ROLE_REPLAY_BUFFER, "replay_buffer", {"--db_path=" + o.buffer_path});
-    for (int i = 0; i < o.reward_servers; ++i) add(ROLE_REWARD_SERVER, absl::StrCat("reward-", i), {});
-    for (int i = 0; i < o.rollout_workers; ++i) add(ROLE_ROLLOUT_WORKER, absl::StrCat("rollout-", i), {});
-    for (int i = 0; i < o.learners; ++i) add(ROLE_LEARNER, absl::StrCat("learner-", i), {});
+    for (int i = 0; i < o.reward_servers; ++i) add(ROLE_REWARD_SERVER, absl::StrCat("reward-", i), o.reward_args);
+    for (int i = 0; i < o.rollout_workers; ++i) {
+      std::vector<std::string> args = o.rollout_args;
+      if (o.wire_roles) args.push_back(absl::StrCat("--name=rollout-", i));
+      add(ROLE_ROLLOUT_WORKER, absl::StrCat("rollout-", i), args);
+    }
+    for (int i = 0; i < o.learners; ++i) {
+      std::vector<std::string> args = o.learner_args;
+      if (o.wire_roles) args.push_back(absl::StrCat("--name=learner-", i));
+      add(ROLE_LEARNER, absl::StrCat("learner-", i), args);
+    }
     for (auto& m : cluster->members_) {
       started = cluster->StartMember(m.get());
       if (!started.ok()) break;
@@ -108,6 +116,16 @@ absl::Status Cluster::StartMember(Member* m) {
                                    "--bind=" + options_.bind};
   if (!options_.auth_token_file.empty()) argv.push_back("--auth_token_file=" + options_.auth_token_file);
   for (const auto& a : m->extra_args) argv.push_back(a);
+  if (options_.wire_roles && m->role == ROLE_ROLLOUT_WORKER) {
+    // Started after the buffer and the reward servers, so their ports are known.
+    int index = 0, seen = 0;
+    for (auto& other : members_) {
+      if (other.get() == m) index = seen;
+      if (other->role == ROLE_ROLLOUT_WORKER) ++seen;
+    }
+    argv.push_back("--replay_buffer=" + AddressLocked(ROLE_REPLAY_BUFFER, 0));
+    argv.push_back("--reward_server=" + AddressLocked(ROLE_REWARD_SERVER, index % std::max(1, options_.reward_servers)));
+  }
   RLMESH_ASSIGN_OR_RETURN(Subprocess proc, Subprocess::Start(argv, log));
   m->process = std::make_unique<Subprocess>(std::move(proc));
   // Poll the port file, but give up at once if the role exits (a bad flag or
@@ -180,6 +198,19 @@ std::vector<RoleInfo> Cluster::Roles() {
 
 std::string Cluster::Address(Role role, int index) {
   absl::MutexLock lock(&mu_);
+  return AddressLocked(role, index);
+}
+
+std::vector<std::string> Cluster::Addresses(Role role) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (auto& m : members_) {
+    if (m->role == role) out.push_back(absl::StrCat(options_.bind, ":", m->port));
+  }
+  return out;
+}
+
+std::string Cluster::AddressLocked(Role role, int index) {
   int seen = 0;
   for (auto& m : members_) {
     if (m->role == role && seen++ == index) return absl::StrCat(options_.bind, ":", m->port);

@@ -43,6 +43,14 @@ struct ClusterOptions {
   absl::Duration monitor_period = absl::Milliseconds(500);
   // Restart roles that exit. Default true.
   bool restart_dead = true;
+  // Tell each rollout worker where the replay buffer and its reward server
+  // are (--replay_buffer, --reward_server) and give workers and learners
+  // their --name. Default true.
+  bool wire_roles = true;
+  // Extra flags for every process of a role (e.g. --tokenizer, --threads).
+  std::vector<std::string> rollout_args;
+  std::vector<std::string> reward_args;
+  std::vector<std::string> learner_args;
 
   absl::Status Validate() const;
 };
@@ -62,8 +70,10 @@ class Cluster {
 
   // Every role with its current health (probed now, in parallel-free order).
   std::vector<RoleInfo> Roles();
-  // Address of the i-th process of a role.
+  // Address of the i-th process of a role ("" if none).
   std::string Address(Role role, int index = 0);
+  // Addresses of every process of a role, in index order.
+  std::vector<std::string> Addresses(Role role);
   // Sends SIGTERM to all, waits up to `grace`, kills the rest. Idempotent.
   void Stop(absl::Duration grace = absl::Seconds(5));
   const ClusterOptions& options() const { return options_; }
@@ -81,6 +91,7 @@ class Cluster {
 
   explicit Cluster(ClusterOptions options) : options_(std::move(options)) {}
   absl::Status StartMember(Member* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string AddressLocked(Role role, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Monitor();
 
   const ClusterOptions options_;

@@ -6,10 +6,20 @@
 
 namespace rlmesh {
 
+namespace {
+absl::Status NoExperiments() {
+  return absl::FailedPreconditionError("this coordinator launched no cluster; start one with `coordinator launch`");
+}
+}  // namespace
+
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::Submit(grpc::CallbackServerContext* ctx,
-                                                         const SubmitRequest*, SubmitResponse*) {
-  return HandleUnary(ctx, *auth_, [] {
-    return absl::UnimplementedError("experiments cannot be run by the coordinator yet");
+                                                         const SubmitRequest* req, SubmitResponse* resp) {
+  return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
+    if (experiments_ == nullptr) return NoExperiments();
+    auto id = experiments_->Submit(req->experiment());
+    if (!id.ok()) return id.status();
+    resp->set_experiment_id(*id);
+    return absl::OkStatus();
   });
 }
 
@@ -17,7 +27,14 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServer
                                                             const StatusRequest* req,
                                                             StatusResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (!req->experiment_id().empty()) {
+    if (experiments_ != nullptr) {
+      auto e = req->experiment_id().empty() ? experiments_->Newest() : experiments_->Status(req->experiment_id());
+      if (e.ok()) {
+        *resp->mutable_experiment() = *e;
+      } else if (!req->experiment_id().empty()) {
+        return e.status();
+      }
+    } else if (!req->experiment_id().empty()) {
       return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
     }
     if (cluster_ != nullptr) {
@@ -30,14 +47,25 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServer
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::List(grpc::CallbackServerContext* ctx,
-                                                       const ListRequest*, ListResponse*) {
-  return HandleUnary(ctx, *auth_, [] { return absl::OkStatus(); });
+                                                       const ListRequest*, ListResponse* resp) {
+  return HandleUnary(ctx, *auth_, [&] {
+    if (experiments_ != nullptr) {
+      for (auto& e : experiments_->List()) *resp->add_experiments() = std::move(e);
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::Cancel(grpc::CallbackServerContext* ctx,
-                                                         const CancelRequest* req, CancelResponse*) {
-  return HandleUnary(ctx, *auth_, [&] {
-    return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
+                                                         const CancelRequest* req, CancelResponse* resp) {
+  return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
+    if (experiments_ == nullptr) {
+      return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
+    }
+    auto state = experiments_->Cancel(req->experiment_id());
+    if (!state.ok()) return state.status();
+    resp->set_state(*state);
+    return absl::OkStatus();
   });
 }
 

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "coordinator/cluster.h"
+#include "coordinator/experiments.h"
 #include "proto/coordinator.grpc.pb.h"
 
 namespace rlmesh {
@@ -16,8 +17,10 @@ namespace rlmesh {
 // Safe for concurrent use.
 class CoordinatorServiceImpl final : public Coordinator::CallbackService {
  public:
-  // `cluster` may be null (a coordinator that launched nothing). Neither is owned.
-  CoordinatorServiceImpl(const ServerAuth* auth, Cluster* cluster) : auth_(auth), cluster_(cluster) {}
+  // `cluster` and `experiments` may be null (a coordinator that launched
+  // nothing cannot run experiments). None is owned.
+  CoordinatorServiceImpl(const ServerAuth* auth, Cluster* cluster, ExperimentManager* experiments)
+      : auth_(auth), cluster_(cluster), experiments_(experiments) {}
 
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const SubmitRequest* req,
                                    SubmitResponse* resp) override;
@@ -35,6 +38,7 @@ class CoordinatorServiceImpl final : public Coordinator::CallbackService {
  private:
   const ServerAuth* const auth_;
   Cluster* const cluster_;
+  ExperimentManager* const experiments_;
   absl::Mutex mu_;
   std::map<std::string, RoleInfo> registered_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,11 +1,14 @@
 // coordinator: the one binary a user needs. Starts a local cluster, serves
 // the Coordinator RPC, and talks to a running one.
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -23,6 +26,9 @@
 #include "common/status_macros.h"
 #include "coordinator/cluster.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/experiment_config.h"
+#include "coordinator/experiments.h"
+#include "coordinator/runner.h"
 #include "proto/config.pb.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -114,17 +120,32 @@ absl::StatusOr<ExperimentConfig> LoadExperiment(const std::string& path,
   YamlSource src;
   RLMESH_RETURN_IF_ERROR(LoadYamlFile(UserPath(path), &cfg, &src));
   for (const auto& s : sets) RLMESH_RETURN_IF_ERROR(ApplyOverride(s, &cfg, &src));
-  if (cfg.name().empty()) return src.Error("name", "required");
-  if (cfg.stages_size() == 0) return src.Error("stages", "at least one stage is required");
+  RLMESH_RETURN_IF_ERROR(NormalizeExperiment(&cfg, src));
   return cfg;
+}
+
+ClusterAddresses AddressesOf(Cluster& cluster, const std::string& token, const std::string& run_root) {
+  ClusterAddresses a;
+  a.replay_buffer = cluster.Address(ROLE_REPLAY_BUFFER);
+  a.reward_servers = cluster.Addresses(ROLE_REWARD_SERVER);
+  a.rollout_workers = cluster.Addresses(ROLE_ROLLOUT_WORKER);
+  a.learners = cluster.Addresses(ROLE_LEARNER);
+  a.auth_token = token;
+  a.run_root = run_root;
+  return a;
 }
 
 int Serve(Cluster* cluster, int port_override) {
   auto options = ServerOptionsFromFlags("coordinator");
   if (!options.ok()) return Fail("serve", options.status());
   if (port_override > 0 && options->port == 0) options->port = port_override;
+  std::unique_ptr<ExperimentManager> experiments;
+  if (cluster != nullptr) {
+    experiments = std::make_unique<ExperimentManager>(
+        AddressesOf(*cluster, options->auth_token, cluster->options().run_dir + "/experiments"));
+  }
   RpcServer server(*options);
-  CoordinatorServiceImpl service(&server.auth(), cluster);
+  CoordinatorServiceImpl service(&server.auth(), cluster, experiments.get());
   server.AddService(&service);
   absl::Status started = server.Start();
   if (!started.ok()) return Fail("serve", started);
@@ -145,6 +166,7 @@ int Serve(Cluster* cluster, int port_override) {
   }
   const int sig = WaitForTerminationSignal();
   RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
+  if (experiments) experiments->Shutdown();
   server.Shutdown();
   if (cluster != nullptr) cluster->Stop();
   return 0;
@@ -243,7 +265,72 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   if (args.size() != 1) return Fail("run", absl::InvalidArgumentError("expected one experiment YAML"));
   auto cfg = LoadExperiment(args[0], sets);
   if (!cfg.ok()) return Fail("run", cfg.status());
-  return Fail("run", absl::UnimplementedError("running experiments is not implemented yet"));
+  const std::string id =
+      absl::StrCat(cfg->name(), "-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+  std::string run_root = absl::GetFlag(FLAGS_run_dir);
+  if (run_root.empty()) run_root = cfg->run_dir();
+  const std::string run_dir = UserPath(absl::StrCat(run_root, "/", id));
+
+  // The cluster this experiment needs, on this host.
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  ClusterOptions co;
+  co.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? DefaultBinDir() : absl::GetFlag(FLAGS_bin_dir);
+  co.run_dir = run_dir;
+  co.rollout_workers = cfg->rollout().workers();
+  co.reward_servers = cfg->reward().servers();
+  co.learners = cfg->learner().shards();
+  co.auth_token_file = UserPath(absl::GetFlag(FLAGS_auth_token_file));
+  const std::string tokenizer = cfg->model().tokenizer() == "char" ? "char" : UserPath(cfg->model().tokenizer());
+  co.rollout_args = {"--tokenizer=" + tokenizer, absl::StrCat("--threads=", std::max(1, cores / co.rollout_workers))};
+  co.reward_args = {"--tokenizer=" + tokenizer};
+  co.learner_args = {absl::StrCat("--threads=", std::max(1, cores / co.learners))};
+  std::printf("rlmesh: starting %d rollout worker(s), %d reward server(s), %d learner(s), replay buffer; run dir %s\n",
+              co.rollout_workers, co.reward_servers, co.learners, run_dir.c_str());
+  std::fflush(stdout);
+  auto cluster = Cluster::Launch(co);
+  if (!cluster.ok()) return Fail("run", cluster.status());
+
+  auto server_options = ServerOptionsFromFlags("coordinator");
+  if (!server_options.ok()) return Fail("run", server_options.status());
+  RpcServer server(*server_options);
+  CoordinatorServiceImpl service(&server.auth(), cluster->get(), nullptr);
+  server.AddService(&service);
+  absl::Status started = server.Start();
+  if (!started.ok()) return Fail("run", started);
+
+  RunnerOptions ro;
+  ro.experiment = *cfg;
+  ro.experiment_id = id;
+  ro.run_dir = run_dir;
+  const ClusterAddresses a = AddressesOf(**cluster, server_options->auth_token, run_dir);
+  ro.replay_buffer = a.replay_buffer;
+  ro.reward_servers = a.reward_servers;
+  ro.rollout_workers = a.rollout_workers;
+  ro.learners = a.learners;
+  ro.auth_token = a.auth_token;
+  ExperimentRunner runner(ro);
+  std::printf("rlmesh: cluster up (coordinator %s); experiment %s\n", server.address().c_str(), id.c_str());
+  std::printf("rlmesh: query it with: bazel-bin/replay_buffer/cli query --address %s --experiment %s --limit 5\n",
+              a.replay_buffer.c_str(), id.c_str());
+  std::fflush(stdout);
+
+  // SIGINT/SIGTERM cancel the run at the next step boundary.
+  std::atomic<bool> finished{false};
+  std::thread signals([&] {
+    WaitForTerminationSignal();
+    if (!finished.load()) {
+      std::fprintf(stderr, "rlmesh: cancelling (signal)\n");
+      runner.Cancel();
+    }
+  });
+  absl::Status s = runner.Run();
+  finished.store(true);
+  ::kill(::getpid(), SIGTERM);  // wakes the signal thread
+  signals.join();
+  server.Shutdown();
+  (*cluster)->Stop();
+  if (!s.ok()) return Fail("run", s);
+  return 0;
 }
 
 }  // namespace

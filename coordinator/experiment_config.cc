@@ -1,0 +1,187 @@
+#include "coordinator/experiment_config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace rlmesh {
+namespace {
+
+class Checker {
+ public:
+  explicit Checker(const YamlSource& source) : source_(source) {}
+  absl::Status status() const { return status_; }
+  void Require(bool ok, const std::string& path, const std::string& message) {
+    if (!ok && status_.ok()) status_ = source_.Error(path, message);
+  }
+
+ private:
+  const YamlSource& source_;
+  absl::Status status_;
+};
+
+void CheckOptimizer(Checker& c, const OptimizerConfig& o, const std::string& path) {
+  c.Require(o.lr() > 0 && o.lr() < 1, path + ".lr", "must be in (0, 1)");
+  c.Require(o.weight_decay() >= 0, path + ".weight_decay", "must be >= 0");
+  c.Require(o.beta1() >= 0 && o.beta1() < 1, path + ".beta1", "must be in [0, 1)");
+  c.Require(o.beta2() >= 0 && o.beta2() < 1, path + ".beta2", "must be in [0, 1)");
+  c.Require(o.warmup_steps() >= 0, path + ".warmup_steps", "must be >= 0");
+  c.Require(o.schedule().empty() || o.schedule() == "constant" || o.schedule() == "cosine",
+            path + ".schedule", "must be constant or cosine");
+  c.Require(o.grad_clip() >= 0, path + ".grad_clip", "must be >= 0");
+}
+
+void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method) {
+  c.Require(rl->steps() > 0, path + ".steps", "must be > 0");
+  c.Require(rl->prompts_per_step() > 0, path + ".prompts_per_step", "must be > 0");
+  if (rl->samples_per_prompt() == 0) rl->set_samples_per_prompt(group_method ? 8 : 1);
+  c.Require(rl->samples_per_prompt() > 0 && rl->samples_per_prompt() <= 256, path + ".samples_per_prompt",
+            "must be in [1, 256]");
+  if (group_method) {
+    c.Require(rl->samples_per_prompt() >= 2, path + ".samples_per_prompt",
+              "must be >= 2 for group-relative advantages");
+  }
+  CheckOptimizer(c, rl->optimizer(), path + ".optimizer");
+  if (rl->clip_low() == 0) rl->set_clip_low(0.2);
+  if (rl->clip_high() == 0) rl->set_clip_high(rl->clip_low());
+  c.Require(rl->clip_low() > 0 && rl->clip_low() < 1, path + ".clip_low", "must be in (0, 1)");
+  c.Require(rl->clip_high() > 0 && rl->clip_high() < 10, path + ".clip_high", "must be in (0, 10)");
+  c.Require(rl->dual_clip() == 0 || rl->dual_clip() > 1, path + ".dual_clip", "must be 0 (off) or > 1");
+  c.Require(rl->kl().coef() >= 0, path + ".kl.coef", "must be >= 0");
+  const std::string& est = rl->kl().estimator();
+  c.Require(est.empty() || est == "k1" || est == "k2" || est == "k3", path + ".kl.estimator",
+            "must be k1, k2 or k3");
+  c.Require(rl->entropy_coef() >= 0, path + ".entropy_coef", "must be >= 0");
+  const std::string& agg = rl->loss_agg();
+  c.Require(agg.empty() || agg == "token-mean" || agg == "seq-mean-token-mean" || agg == "seq-mean-token-sum",
+            path + ".loss_agg", "must be token-mean, seq-mean-token-mean or seq-mean-token-sum");
+  c.Require(rl->max_staleness() >= 0 && rl->max_staleness() <= 16, path + ".max_staleness", "must be in [0, 16]");
+  c.Require(rl->importance_cap() >= 0, path + ".importance_cap", "must be >= 0");
+  c.Require(rl->epochs() >= 0 && rl->epochs() <= 16, path + ".epochs", "must be in [0, 16]");
+  c.Require(rl->mini_batches() >= 0 && rl->mini_batches() <= 64, path + ".mini_batches", "must be in [0, 64]");
+  c.Require(rl->overlong_buffer() >= 0, path + ".overlong_buffer", "must be >= 0");
+}
+
+}  // namespace
+
+std::string StageKind(const Stage& stage) {
+  switch (stage.kind_case()) {
+    case Stage::kSft: return "sft";
+    case Stage::kRewardModel: return "reward_model";
+    case Stage::kDpo: return "dpo";
+    case Stage::kPpo: return "ppo";
+    case Stage::kGrpo: return "grpo";
+    default: return "";
+  }
+}
+
+std::string StageName(const Stage& stage) { return stage.name().empty() ? StageKind(stage) : stage.name(); }
+
+const RlStage* RlSettings(const Stage& stage) {
+  if (stage.has_grpo()) return &stage.grpo().rl();
+  if (stage.has_ppo()) return &stage.ppo().rl();
+  return nullptr;
+}
+
+absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& source) {
+  Checker c(source);
+  c.Require(!config->name().empty(), "name", "required");
+  for (char ch : config->name()) {
+    c.Require(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.', "name",
+              "only letters, digits, '_', '-' and '.'");
+  }
+  c.Require(config->stages_size() > 0, "stages", "at least one stage is required");
+
+  ModelConfig* m = config->mutable_model();
+  if (m->init().empty()) m->set_init("scratch");
+  c.Require(m->init() == "scratch" || m->init() == "checkpoint", "model.init", "must be scratch or checkpoint");
+  c.Require(m->init() != "checkpoint" || !m->path().empty(), "model.path", "required when init is checkpoint");
+  if (m->arch().empty()) m->set_arch("llama");
+  c.Require(m->arch() == "llama" || m->arch() == "qwen2", "model.arch", "must be llama or qwen2");
+  if (m->hidden() == 0) m->set_hidden(256);
+  if (m->layers() == 0) m->set_layers(4);
+  if (m->heads() == 0) m->set_heads(4);
+  if (m->kv_heads() == 0) m->set_kv_heads(m->heads());
+  if (m->max_positions() == 0) m->set_max_positions(256);
+  c.Require(m->hidden() > 0 && m->hidden() <= 16384, "model.hidden", "must be in [1, 16384]");
+  c.Require(m->layers() > 0 && m->layers() <= 256, "model.layers", "must be in [1, 256]");
+  c.Require(m->heads() > 0 && m->hidden() % m->heads() == 0, "model.heads", "must divide model.hidden");
+  c.Require(m->kv_heads() > 0 && m->heads() % m->kv_heads() == 0, "model.kv_heads", "must divide model.heads");
+  c.Require(m->max_positions() > 1, "model.max_positions", "must be > 1");
+  if (m->tokenizer().empty()) m->set_tokenizer("char");
+  c.Require(m->dtype().empty() || m->dtype() == "fp32" || m->dtype() == "bf16" || m->dtype() == "fp16",
+            "model.dtype", "must be fp32, bf16 or fp16");
+
+  RolloutConfig* r = config->mutable_rollout();
+  if (r->workers() == 0) r->set_workers(1);
+  c.Require(r->workers() > 0 && r->workers() <= 64, "rollout.workers", "must be in [1, 64]");
+  SamplingParams* s = r->mutable_sampling();
+  if (s->temperature() == 0) s->set_temperature(1.0f);
+  if (s->max_new_tokens() == 0) s->set_max_new_tokens(16);
+  if (s->top_p() == 0) s->set_top_p(1.0f);
+  c.Require(s->temperature() > 0, "rollout.sampling.temperature", "must be > 0");
+  c.Require(s->top_p() > 0 && s->top_p() <= 1, "rollout.sampling.top_p", "must be in (0, 1]");
+  c.Require(s->top_k() >= 0, "rollout.sampling.top_k", "must be >= 0");
+  c.Require(s->max_new_tokens() > 0 && s->max_new_tokens() < m->max_positions(), "rollout.sampling.max_new_tokens",
+            "must be in [1, model.max_positions)");
+  c.Require(r->on_update().empty() || r->on_update() == "finish" || r->on_update() == "abort", "rollout.on_update",
+            "must be finish or abort");
+
+  RewardConfig* rw = config->mutable_reward();
+  if (rw->servers() == 0) rw->set_servers(1);
+  c.Require(rw->servers() > 0 && rw->servers() <= 64, "reward.servers", "must be in [1, 64]");
+  if (rw->verifiers_size() == 0) rw->add_verifiers()->set_name("numeric_answer");
+  if (rw->verifier_timeout_ms() == 0) rw->set_verifier_timeout_ms(1000);
+  c.Require(rw->verifier_timeout_ms() > 0, "reward.verifier_timeout_ms", "must be > 0");
+
+  LearnerConfig* l = config->mutable_learner();
+  if (l->shards() == 0) l->set_shards(1);
+  c.Require(l->shards() > 0 && l->shards() <= 64, "learner.shards", "must be in [1, 64]");
+  c.Require(l->zero() == 0 || l->zero() == 1, "learner.zero", "must be 0 or 1");
+  if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);
+  c.Require(l->micro_batch_tokens() > 0, "learner.micro_batch_tokens", "must be > 0");
+
+  if (config->checkpoint().keep() == 0) config->mutable_checkpoint()->set_keep(3);
+  c.Require(config->checkpoint().every() >= 0, "checkpoint.every", "must be >= 0");
+  c.Require(config->eval().every() >= 0, "eval.every", "must be >= 0");
+  c.Require(config->eval().prompts() >= 0, "eval.prompts", "must be >= 0");
+  for (int i = 0; i < config->eval().pass_at_size(); ++i) {
+    c.Require(config->eval().pass_at(i) >= 1 && config->eval().pass_at(i) <= 64, absl::StrCat("eval.pass_at[", i, "]"),
+              "must be in [1, 64]");
+  }
+  if (config->run_dir().empty()) config->set_run_dir("runs");
+
+  for (int i = 0; i < config->stages_size(); ++i) {
+    Stage* st = config->mutable_stages(i);
+    const std::string p = absl::StrCat("stages[", i, "]");
+    switch (st->kind_case()) {
+      case Stage::kSft:
+        c.Require(st->sft().steps() > 0, p + ".sft.steps", "must be > 0");
+        c.Require(st->sft().batch() > 0, p + ".sft.batch", "must be > 0");
+        CheckOptimizer(c, st->sft().optimizer(), p + ".sft.optimizer");
+        break;
+      case Stage::kGrpo: {
+        const std::string& adv = st->grpo().advantage();
+        c.Require(adv.empty() || adv == "grpo" || adv == "dr_grpo" || adv == "rloo" || adv == "reinforce_pp",
+                  p + ".grpo.advantage", "must be grpo, dr_grpo, rloo or reinforce_pp");
+        CheckRl(c, st->mutable_grpo()->mutable_rl(), p + ".grpo.rl", adv != "reinforce_pp");
+        break;
+      }
+      case Stage::kPpo:
+        CheckRl(c, st->mutable_ppo()->mutable_rl(), p + ".ppo.rl", false);
+        c.Require(st->ppo().gamma() >= 0 && st->ppo().gamma() <= 1, p + ".ppo.gamma", "must be in [0, 1]");
+        c.Require(st->ppo().lam() >= 0 && st->ppo().lam() <= 1, p + ".ppo.lam", "must be in [0, 1]");
+        if (st->ppo().has_critic_optimizer()) {
+          CheckOptimizer(c, st->ppo().critic_optimizer(), p + ".ppo.critic_optimizer");
+        }
+        break;
+      case Stage::kDpo:
+      case Stage::kRewardModel:
+        c.Require(false, p, "dpo and reward_model stages cannot be run by the coordinator yet");
+        break;
+      default:
+        c.Require(false, p, "names no stage kind (sft, grpo, ppo, dpo, reward_model)");
+    }
+  }
+  return c.status();
+}
+
+}  // namespace rlmesh

@@ -1,0 +1,128 @@
+#include "coordinator/experiments.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "coordinator/experiment_config.h"
+
+namespace rlmesh {
+
+ExperimentManager::ExperimentManager(ClusterAddresses cluster) : cluster_(std::move(cluster)) {
+  worker_ = std::thread([this] { Work(); });
+}
+
+ExperimentManager::~ExperimentManager() { Shutdown(); }
+
+absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
+  RLMESH_RETURN_IF_ERROR(NormalizeExperiment(&config, YamlSource()));
+  if (config.rollout().workers() != static_cast<int>(cluster_.rollout_workers.size()) ||
+      config.learner().shards() != static_cast<int>(cluster_.learners.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cluster has ", cluster_.rollout_workers.size(), " rollout workers and ", cluster_.learners.size(),
+        " learners; the experiment wants rollout.workers=", config.rollout().workers(),
+        " learner.shards=", config.learner().shards(), " (use --set or launch a matching cluster)"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("coordinator is shutting down");
+  std::string id = absl::StrCat(config.name(), "-",
+                                absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+  const std::string base = id;
+  for (int k = 2; entries_.count(id); ++k) id = absl::StrCat(base, "-", k);
+  auto e = std::make_unique<Entry>();
+  e->id = id;
+  e->config = std::move(config);
+  RunnerOptions o;
+  o.experiment = e->config;
+  o.experiment_id = id;
+  o.run_dir = absl::StrCat(cluster_.run_root, "/", id);
+  o.replay_buffer = cluster_.replay_buffer;
+  o.reward_servers = cluster_.reward_servers;
+  o.rollout_workers = cluster_.rollout_workers;
+  o.learners = cluster_.learners;
+  o.auth_token = cluster_.auth_token;
+  o.progress = false;
+  e->runner = std::make_unique<ExperimentRunner>(std::move(o));
+  entries_[id] = std::move(e);
+  order_.push_back(id);
+  queue_.push_back(id);
+  RLMESH_LOG(INFO) << "submitted experiment=" << id;
+  return id;
+}
+
+void ExperimentManager::Work() {
+  while (true) {
+    Entry* e = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ExperimentManager* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m->mu_) { return m->stopping_ || !m->queue_.empty(); },
+          this));
+      if (stopping_) return;
+      e = entries_[queue_.front()].get();
+      queue_.pop_front();
+      if (e->cancelled_before_start) continue;
+    }
+    absl::Status s = e->runner->Run();
+    RLMESH_LOG(INFO) << "experiment=" << e->id << " finished: " << s.ToString();
+  }
+}
+
+absl::StatusOr<ExperimentStatus> ExperimentManager::Status(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", id, "'"));
+  ExperimentStatus s = it->second->runner->status();
+  if (it->second->cancelled_before_start) s.set_state("CANCELLED");
+  return s;
+}
+
+absl::StatusOr<ExperimentStatus> ExperimentManager::Newest() const {
+  std::string id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (order_.empty()) return absl::NotFoundError("no experiments");
+    id = order_.back();
+  }
+  return Status(id);
+}
+
+std::vector<ExperimentStatus> ExperimentManager::List() const {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    ids = order_;
+  }
+  std::vector<ExperimentStatus> out;
+  for (const auto& id : ids) {
+    auto s = Status(id);
+    if (s.ok()) out.push_back(*s);
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ExperimentManager::Cancel(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", id, "'"));
+  const std::string state = it->second->runner->status().state();
+  if (state == "PENDING") {
+    it->second->cancelled_before_start = true;
+    return std::string("CANCELLED");
+  }
+  if (state != "RUNNING") return state;
+  it->second->runner->Cancel();
+  return std::string("CANCELLING");
+}
+
+void ExperimentManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ && !worker_.joinable()) return;
+    stopping_ = true;
+    for (auto& [id, e] : entries_) e->runner->Cancel();
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+}  // namespace rlmesh

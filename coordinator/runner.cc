@@ -1,0 +1,623 @@
+#include "coordinator/runner.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "actor/tokenizer.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "coordinator/experiment_config.h"
+#include "nlohmann/json.hpp"
+#include "proto/learner.grpc.pb.h"
+#include "proto/replay_buffer.grpc.pb.h"
+#include "proto/reward.grpc.pb.h"
+#include "proto/rollout.grpc.pb.h"
+#include "tasks/encoding.h"
+#include "tasks/task.h"
+
+namespace rlmesh {
+
+absl::Status RunnerOptions::Validate() const {
+  if (experiment_id.empty()) return absl::InvalidArgumentError("experiment_id: empty");
+  if (run_dir.empty()) return absl::InvalidArgumentError("run_dir: empty");
+  if (replay_buffer.empty()) return absl::InvalidArgumentError("replay_buffer: no address");
+  if (reward_servers.empty()) return absl::InvalidArgumentError("reward_servers: none");
+  if (rollout_workers.empty()) return absl::InvalidArgumentError("rollout_workers: none");
+  if (learners.empty()) return absl::InvalidArgumentError("learners: none");
+  if (static_cast<int>(learners.size()) != experiment.learner().shards()) {
+    return absl::InvalidArgumentError(absl::StrCat("learner.shards: the experiment wants ", experiment.learner().shards(),
+                                                   " but the cluster has ", learners.size(), " learners"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Runs fn(i) for i in [0, n) on n threads; returns the first error.
+absl::Status ParallelFor(int n, const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> results(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { results[i] = fn(i); });
+  for (auto& t : threads) t.join();
+  for (auto& s : results) RLMESH_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+double Seconds(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+std::string Bar(double frac, int width = 20) {
+  const int full = static_cast<int>(std::round(std::max(0.0, std::min(1.0, frac)) * width));
+  std::string s;
+  for (int i = 0; i < width; ++i) s += i < full ? "\u2588" : "\u2591";
+  return s;
+}
+
+}  // namespace
+
+class ExperimentRunner::Impl {
+ public:
+  Impl(RunnerOptions o, std::atomic<bool>* cancelled) : o_(std::move(o)), cancelled_(cancelled) {
+    status_.set_experiment_id(o_.experiment_id);
+    status_.set_state("PENDING");
+    status_.set_run_dir(o_.run_dir);
+  }
+
+  absl::Status Run() {
+    const absl::Time start = absl::Now();
+    absl::Status s = RunStages();
+    {
+      absl::MutexLock lock(&mu_);
+      summary_.seconds = Seconds(start);
+      status_.set_state(s.ok() ? "SUCCEEDED" : s.code() == absl::StatusCode::kCancelled ? "CANCELLED" : "FAILED");
+      if (!s.ok()) status_.set_error(std::string(s.message()));
+      status_.set_phase("done");
+    }
+    return s;
+  }
+
+  ExperimentStatus status() const {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  RunSummary summary() const {
+    absl::MutexLock lock(&mu_);
+    return summary_;
+  }
+
+ private:
+  const ExperimentConfig& cfg() const { return o_.experiment; }
+
+  void SetPhase(const std::string& phase) {
+    absl::MutexLock lock(&mu_);
+    status_.set_phase(phase);
+  }
+
+  absl::Status CheckCancelled() const {
+    if (cancelled_->load()) return absl::CancelledError("cancelled");
+    return absl::OkStatus();
+  }
+
+  absl::Status Connect() {
+    ClientOptions co;
+    co.auth_token = o_.auth_token;
+    co.default_timeout = absl::Minutes(30);
+    auto make = [&](const std::string& addr) -> absl::StatusOr<RpcClient> { return RpcClient::Create(addr, co); };
+    RLMESH_ASSIGN_OR_RETURN(RpcClient rb, make(o_.replay_buffer));
+    replay_ = std::make_unique<RpcClient>(std::move(rb));
+    for (const auto& a : o_.reward_servers) {
+      RLMESH_ASSIGN_OR_RETURN(RpcClient c, make(a));
+      rewards_.push_back(std::make_unique<RpcClient>(std::move(c)));
+    }
+    for (const auto& a : o_.rollout_workers) {
+      RLMESH_ASSIGN_OR_RETURN(RpcClient c, make(a));
+      rollouts_.push_back(std::make_unique<RpcClient>(std::move(c)));
+    }
+    for (const auto& a : o_.learners) {
+      RLMESH_ASSIGN_OR_RETURN(RpcClient c, make(a));
+      learners_.push_back(std::make_unique<RpcClient>(std::move(c)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RunStages() {
+    RLMESH_RETURN_IF_ERROR(o_.Validate());
+    std::error_code ec;
+    std::filesystem::create_directories(o_.run_dir + "/weights", ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", o_.run_dir, ": ", ec.message()));
+    metrics_.open(o_.run_dir + "/metrics.jsonl", std::ios::app);
+    if (!metrics_) return absl::PermissionDeniedError(absl::StrCat("cannot write ", o_.run_dir, "/metrics.jsonl"));
+    RLMESH_ASSIGN_OR_RETURN(tokenizer_, actor::LoadTokenizer(cfg().model().tokenizer()));
+    RLMESH_ASSIGN_OR_RETURN(task_, MakeTask(cfg().task(), cfg().seed()));
+    RLMESH_RETURN_IF_ERROR(Connect());
+    {
+      absl::MutexLock lock(&mu_);
+      status_.set_state("RUNNING");
+    }
+
+    std::string init = cfg().model().init() == "checkpoint" ? cfg().model().path() : "";
+    for (int i = 0; i < cfg().stages_size(); ++i) {
+      RLMESH_RETURN_IF_ERROR(CheckCancelled());
+      const Stage& stage = cfg().stages(i);
+      {
+        absl::MutexLock lock(&mu_);
+        status_.set_stage_index(i);
+        status_.set_stage(StageName(stage));
+        status_.set_step(0);
+      }
+      RLMESH_RETURN_IF_ERROR(ConfigureLearners(i, init));
+      RLMESH_RETURN_IF_ERROR(SyncWeights());
+      if (i == 0) {
+        RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate("init", 0, /*final=*/true));
+        absl::MutexLock lock(&mu_);
+        summary_.accuracy.push_back({"init", acc});
+      }
+      if (stage.has_sft()) {
+        RLMESH_RETURN_IF_ERROR(RunSft(stage));
+      } else {
+        RLMESH_RETURN_IF_ERROR(RunRl(stage));
+      }
+      RLMESH_ASSIGN_OR_RETURN(init, SaveAll());
+      RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), StageSteps(stage), /*final=*/true));
+      absl::MutexLock lock(&mu_);
+      summary_.accuracy.push_back({StageName(stage), acc});
+    }
+    if (o_.progress) PrintSummary();
+    return absl::OkStatus();
+  }
+
+  static int64_t StageSteps(const Stage& s) {
+    if (s.has_sft()) return s.sft().steps();
+    if (const RlStage* rl = RlSettings(s)) return rl->steps();
+    return 0;
+  }
+
+  // --- learners ---------------------------------------------------------
+
+  absl::Status ConfigureLearners(int stage_index, const std::string& init) {
+    SetPhase("configure");
+    const int k = static_cast<int>(learners_.size());
+    const std::string stage_name = StageName(cfg().stages(stage_index));
+    const std::string store = k > 1 ? absl::StrCat("file:", o_.run_dir, "/store/", stage_index, "-", stage_name) : "";
+    if (k > 1) {
+      std::error_code ec;
+      std::filesystem::create_directories(o_.run_dir + "/store", ec);
+      std::filesystem::remove(o_.run_dir + "/store/" + std::to_string(stage_index) + "-" + stage_name, ec);
+    }
+    std::vector<ConfigureResponse> responses(k);
+    RLMESH_RETURN_IF_ERROR(ParallelFor(k, [&](int r) -> absl::Status {
+      ConfigureRequest req;
+      *req.mutable_experiment() = cfg();
+      req.set_stage_index(stage_index);
+      req.set_init_checkpoint(init);
+      req.set_rank(r);
+      req.set_world_size(k);
+      req.set_store_address(store);
+      req.set_checkpoint_dir(absl::StrCat(o_.run_dir, "/checkpoints/", stage_index, "-", stage_name));
+      req.set_replay_buffer_address(o_.replay_buffer);
+      auto stub = Learner::NewStub(learners_[r]->channel());
+      auto ctx = learners_[r]->NewContext(absl::Minutes(10));
+      absl::Status s = FromGrpcStatus(stub->Configure(ctx.get(), req, &responses[r]));
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("learner ", r, " Configure: ", s.message()));
+      return absl::OkStatus();
+    }));
+    version_ = responses[0].policy_version();
+    stage_step_ = responses[0].step();
+    return absl::OkStatus();
+  }
+
+  // Saves on every shard (rank 0 writes the model); returns rank 0's folder.
+  absl::StatusOr<std::string> SaveAll(const std::string& path = "") {
+    SetPhase("checkpoint");
+    std::vector<SaveResponse> responses(learners_.size());
+    RLMESH_RETURN_IF_ERROR(ParallelFor(static_cast<int>(learners_.size()), [&](int r) -> absl::Status {
+      SaveRequest req;
+      req.set_path(path);
+      auto stub = Learner::NewStub(learners_[r]->channel());
+      auto ctx = learners_[r]->NewContext(absl::Minutes(10));
+      absl::Status s = FromGrpcStatus(stub->Save(ctx.get(), req, &responses[r]));
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("learner ", r, " Save: ", s.message()));
+      return absl::OkStatus();
+    }));
+    return responses[0].path();
+  }
+
+  absl::StatusOr<StepMetrics> TrainStep(const std::function<void(TrainStepRequest*)>& fill) {
+    std::vector<TrainStepResponse> responses(learners_.size());
+    RLMESH_RETURN_IF_ERROR(ParallelFor(static_cast<int>(learners_.size()), [&](int r) -> absl::Status {
+      TrainStepRequest req;
+      req.set_step(stage_step_ + 1);
+      fill(&req);
+      auto stub = Learner::NewStub(learners_[r]->channel());
+      auto ctx = learners_[r]->NewContext(absl::Minutes(30));
+      absl::Status s = FromGrpcStatus(stub->TrainStep(ctx.get(), req, &responses[r]));
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("learner ", r, " TrainStep: ", s.message()));
+      return absl::OkStatus();
+    }));
+    ++stage_step_;
+    version_ = responses[0].policy_version();
+    return responses[0].metrics();
+  }
+
+  // --- weights ----------------------------------------------------------
+
+  // Puts the learner's current weights into every rollout worker. Uses the
+  // weight-sync group when both sides support it, else a checkpoint folder.
+  absl::Status SyncWeights() {
+    SetPhase("sync");
+    const absl::Time start = absl::Now();
+    if (!sync_unavailable_) {
+      absl::Status s = SyncThroughGroup();
+      if (s.ok()) {
+        last_sync_seconds_ = Seconds(start);
+        return s;
+      }
+      if (s.code() != absl::StatusCode::kUnimplemented) return s;
+      RLMESH_LOG(WARNING) << "weight-sync group unavailable (" << s.message() << "); syncing through checkpoint folders";
+      sync_unavailable_ = true;
+    }
+    const std::string dir = absl::StrCat(o_.run_dir, "/weights/v", version_);
+    RLMESH_ASSIGN_OR_RETURN(std::string saved, SaveAll(dir));
+    RLMESH_RETURN_IF_ERROR(LoadIntoRollouts([&](LoadWeightsRequest* req) { req->set_checkpoint_path(saved); }));
+    // Only the newest folder is needed.
+    std::error_code ec;
+    if (!last_weights_dir_.empty() && last_weights_dir_ != saved) std::filesystem::remove_all(last_weights_dir_, ec);
+    last_weights_dir_ = saved;
+    last_sync_seconds_ = Seconds(start);
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncThroughGroup() {
+    const int n = static_cast<int>(rollouts_.size());
+    WeightSyncSpec spec;
+    spec.set_backend(cfg().weight_sync().backend());
+    spec.set_world_size(n + 1);
+    spec.set_group_name(absl::StrCat(o_.experiment_id, "-g", sync_generation_));
+    spec.set_timeout_ms(cfg().weight_sync().timeout_ms() > 0 ? cfg().weight_sync().timeout_ms() : 60000);
+    spec.set_shm_prefix(absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id));
+    if (!sync_configured_) {
+      RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
+        ConfigureWeightSyncRequest req;
+        *req.mutable_spec() = spec;
+        req.mutable_spec()->set_rank(i + 1);
+        ConfigureWeightSyncResponse resp;
+        auto stub = RolloutService::NewStub(rollouts_[i]->channel());
+        auto ctx = rollouts_[i]->NewContext(absl::Minutes(1));
+        return FromGrpcStatus(stub->ConfigureWeightSync(ctx.get(), req, &resp));
+      }));
+      sync_configured_ = true;
+    }
+    PublishWeightsRequest pub;
+    *pub.mutable_spec() = spec;
+    pub.mutable_spec()->set_rank(0);
+    PublishWeightsResponse published;
+    // The learner publishes while the workers receive (a collective for Gloo).
+    absl::Status recv_status;
+    std::thread publisher([&] {
+      auto stub = Learner::NewStub(learners_[0]->channel());
+      auto ctx = learners_[0]->NewContext(absl::Milliseconds(spec.timeout_ms() + 5000));
+      recv_status = FromGrpcStatus(stub->PublishWeights(ctx.get(), pub, &published));
+    });
+    publisher.join();
+    RLMESH_RETURN_IF_ERROR(recv_status);
+    return LoadIntoRollouts([&](LoadWeightsRequest* req) { *req->mutable_sync() = published.layout(); });
+  }
+
+  absl::Status LoadIntoRollouts(const std::function<void(LoadWeightsRequest*)>& fill) {
+    return ParallelFor(static_cast<int>(rollouts_.size()), [&](int i) -> absl::Status {
+      LoadWeightsRequest req;
+      fill(&req);
+      req.set_version(version_);
+      LoadWeightsResponse resp;
+      auto stub = RolloutService::NewStub(rollouts_[i]->channel());
+      auto ctx = rollouts_[i]->NewContext(absl::Minutes(5));
+      absl::Status s = FromGrpcStatus(stub->LoadWeights(ctx.get(), req, &resp));
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("rollout ", i, " LoadWeights: ", s.message()));
+      return absl::OkStatus();
+    });
+  }
+
+  // --- generation -------------------------------------------------------
+
+  Prompt MakePrompt(const Example& e) const {
+    Prompt p;
+    p.set_prompt_id(e.id);
+    for (int id : EncodePrompt(*tokenizer_, e.prompt)) p.add_token_ids(id);
+    p.set_reference_answer(e.answer);
+    return p;
+  }
+
+  SamplingParams Sampling(bool greedy, uint64_t seed) const {
+    SamplingParams s = cfg().rollout().sampling();
+    s.set_greedy(greedy);
+    s.set_seed(seed);
+    if (s.stop_token_ids().empty() && tokenizer_->eos_id() >= 0) s.add_stop_token_ids(tokenizer_->eos_id());
+    return s;
+  }
+
+  // Splits prompts over the workers and streams the groups back.
+  absl::StatusOr<std::vector<TrajectoryGroup>> Generate(const std::vector<Prompt>& prompts, int n,
+                                                        const SamplingParams& sampling, bool pipeline, int64_t step) {
+    const int workers = static_cast<int>(rollouts_.size());
+    std::vector<std::vector<TrajectoryGroup>> out(workers);
+    RLMESH_RETURN_IF_ERROR(ParallelFor(workers, [&](int w) -> absl::Status {
+      GenerateRequest req;
+      req.set_experiment_id(o_.experiment_id);
+      req.set_step(step);
+      for (size_t i = w; i < prompts.size(); i += workers) *req.add_prompts() = prompts[i];
+      if (req.prompts_size() == 0) return absl::OkStatus();
+      *req.mutable_sampling() = sampling;
+      req.set_n(n);
+      req.set_pipeline(pipeline);
+      req.set_min_policy_version(version_);
+      req.set_decode_text(true);
+      for (const auto& v : cfg().reward().verifiers()) *req.add_verifiers() = v;
+      req.set_verifier_timeout_ms(cfg().reward().verifier_timeout_ms());
+      auto stub = RolloutService::NewStub(rollouts_[w]->channel());
+      auto ctx = rollouts_[w]->NewContext(absl::Minutes(30));
+      auto reader = stub->Generate(ctx.get(), req);
+      GenerateResponse resp;
+      while (reader->Read(&resp)) {
+        if (pipeline && !resp.stored()) {
+          ctx->TryCancel();
+          reader->Finish().ok();
+          return absl::DataLossError(absl::StrCat("rollout ", w, ": group ", resp.group().group_id(), " not stored"));
+        }
+        out[w].push_back(std::move(*resp.mutable_group()));
+      }
+      absl::Status s = FromGrpcStatus(reader->Finish());
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("rollout ", w, " Generate: ", s.message()));
+      if (static_cast<int>(out[w].size()) != req.prompts_size()) {
+        return absl::DataLossError(absl::StrCat("rollout ", w, ": ", out[w].size(), " groups for ", req.prompts_size(),
+                                                " prompts"));
+      }
+      return absl::OkStatus();
+    }));
+    std::vector<TrajectoryGroup> all;
+    for (auto& v : out) {
+      for (auto& g : v) all.push_back(std::move(g));
+    }
+    return all;
+  }
+
+  // Held-out accuracy: greedy, one sample, scored by the first verifier.
+  absl::StatusOr<double> Evaluate(const std::string& label, int64_t step, bool final) {
+    SetPhase("eval");
+    const absl::Time start = absl::Now();
+    const auto& eval = task_->eval();
+    const int count = cfg().eval().prompts() > 0 ? std::min<int>(cfg().eval().prompts(), eval.size()) : eval.size();
+    std::vector<Prompt> prompts;
+    std::map<std::string, const Example*> by_id;
+    for (int i = 0; i < count; ++i) {
+      prompts.push_back(MakePrompt(eval[i]));
+      by_id[eval[i].id] = &eval[i];
+    }
+    RLMESH_ASSIGN_OR_RETURN(auto groups, Generate(prompts, 1, Sampling(true, cfg().seed()), false, step));
+    RLMESH_ASSIGN_OR_RETURN(auto scores, Score(groups));
+    double correct = 0;
+    for (const auto& r : scores.results()) {
+      auto it = r.components().find(cfg().reward().verifiers(0).label().empty() ? cfg().reward().verifiers(0).name()
+                                                                                 : cfg().reward().verifiers(0).label());
+      if (it != r.components().end() && it->second >= 1.0 - 1e-9) correct += 1;
+    }
+    const double acc = groups.empty() ? 0 : correct / groups.size();
+    nlohmann::json j = {{"event", "eval"}, {"stage", label}, {"step", step}, {"policy_version", version_},
+                        {"accuracy", acc}, {"prompts", groups.size()}, {"seconds_eval", Seconds(start)},
+                        {"time", absl::ToUnixMicros(absl::Now()) / 1e6}};
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+    {
+      absl::MutexLock lock(&mu_);
+      (*status_.mutable_metrics())["accuracy"] = acc;
+    }
+    if (o_.progress && final) {
+      std::printf("eval  %-6s held-out greedy accuracy %.1f%% (%d prompts)\n", label.c_str(), 100 * acc,
+                  static_cast<int>(groups.size()));
+      std::fflush(stdout);
+    }
+    return acc;
+  }
+
+  absl::StatusOr<ScoreResponse> Score(const std::vector<TrajectoryGroup>& groups) {
+    ScoreRequest req;
+    req.set_experiment_id(o_.experiment_id);
+    for (const auto& v : cfg().reward().verifiers()) *req.add_verifiers() = v;
+    req.set_verifier_timeout_ms(cfg().reward().verifier_timeout_ms());
+    for (const auto& g : groups) {
+      for (const auto& t : g.samples()) {
+        ScoreItem* item = req.add_items();
+        item->set_item_id(t.trajectory_id());
+        *item->mutable_prompt_token_ids() = t.prompt_token_ids();
+        *item->mutable_completion_token_ids() = t.response_token_ids();
+        item->set_reference_answer(t.reference_answer());
+        item->set_max_new_tokens(cfg().rollout().sampling().max_new_tokens());
+      }
+    }
+    ScoreResponse resp;
+    auto stub = RewardService::NewStub(rewards_[0]->channel());
+    auto ctx = rewards_[0]->NewContext(absl::Minutes(5));
+    RLMESH_RETURN_IF_ERROR(FromGrpcStatus(stub->Score(ctx.get(), req, &resp)));
+    return resp;
+  }
+
+  // --- stages -----------------------------------------------------------
+
+  bool ShouldEval(int64_t step, int64_t total) const {
+    const int every = cfg().eval().every();
+    return every > 0 && step % every == 0 && step != total;
+  }
+  bool ShouldCheckpoint(int64_t step, int64_t total) const {
+    const int every = cfg().checkpoint().every();
+    return every > 0 && step % every == 0 && step != total;
+  }
+
+  absl::Status RunSft(const Stage& stage) {
+    const int64_t total = stage.sft().steps();
+    while (stage_step_ < total) {
+      RLMESH_RETURN_IF_ERROR(CheckCancelled());
+      SetPhase("train");
+      const absl::Time t0 = absl::Now();
+      RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainStep([](TrainStepRequest* r) { r->set_from_task(true); }));
+      nlohmann::json j = StepRecord(stage, m);
+      j["seconds_train"] = Seconds(t0);
+      RLMESH_RETURN_IF_ERROR(AfterStep(stage, total, &j));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RunRl(const Stage& stage) {
+    const RlStage& rl = *RlSettings(stage);
+    const int64_t total = rl.steps();
+    const int stage_index = status().stage_index();
+    // The loader resumes where a resumed learner is: one batch per step.
+    PromptLoader loader(&task_->train(), cfg().seed() * 7919 + stage_index);
+    if (stage_step_ > 0) loader.Next(static_cast<int>(stage_step_ * rl.prompts_per_step()));
+    while (stage_step_ < total) {
+      RLMESH_RETURN_IF_ERROR(CheckCancelled());
+      ++global_step_;
+      SetPhase("generate");
+      const absl::Time t0 = absl::Now();
+      std::vector<Prompt> prompts;
+      for (const Example* e : loader.Next(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
+      RLMESH_ASSIGN_OR_RETURN(auto groups,
+                              Generate(prompts, rl.samples_per_prompt(),
+                                       Sampling(false, cfg().seed() * 1000003ULL + global_step_), true, global_step_));
+      const double gen_seconds = Seconds(t0);
+      double sum = 0, sq = 0, len = 0;
+      int count = 0;
+      for (const auto& g : groups) {
+        for (const auto& t : g.samples()) {
+          sum += t.reward();
+          sq += t.reward() * t.reward();
+          len += t.response_token_ids_size();
+          ++count;
+        }
+      }
+      SetPhase("train");
+      const absl::Time t1 = absl::Now();
+      const int64_t min_version = version_ - rl.max_staleness();
+      RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainStep([&](TrainStepRequest* r) {
+                                BufferSource* b = r->mutable_buffer();
+                                b->set_experiment_id(o_.experiment_id);
+                                b->set_consumer_id(absl::StrCat("learner-", StageName(stage)));
+                                b->set_num_groups(rl.prompts_per_step());
+                                b->set_min_policy_version(min_version);
+                              }));
+      nlohmann::json j = StepRecord(stage, m);
+      const double mean = count ? sum / count : 0;
+      j["rollout_reward_mean"] = mean;
+      j["rollout_reward_std"] = count ? std::sqrt(std::max(0.0, sq / count - mean * mean)) : 0;
+      j["rollout_response_length"] = count ? len / count : 0;
+      j["seconds_generate"] = gen_seconds;
+      j["seconds_train"] = Seconds(t1);
+      {
+        absl::MutexLock lock(&mu_);
+        (*status_.mutable_metrics())["reward_mean"] = mean;
+      }
+      RLMESH_RETURN_IF_ERROR(AfterStep(stage, total, &j));
+    }
+    return absl::OkStatus();
+  }
+
+  nlohmann::json StepRecord(const Stage& stage, const StepMetrics& m) {
+    nlohmann::json j = {{"event", "step"}, {"stage", StageName(stage)}, {"step", stage_step_},
+                        {"policy_version", version_}, {"time", absl::ToUnixMicros(absl::Now()) / 1e6}};
+    absl::MutexLock lock(&mu_);
+    for (const auto& [k, v] : m.values()) {
+      j[k] = v;
+      (*status_.mutable_metrics())[k] = v;
+    }
+    status_.set_step(stage_step_);
+    status_.set_total_steps(StageSteps(stage));
+    status_.set_policy_version(version_);
+    return j;
+  }
+
+  // Weight sync, periodic eval and checkpoint, metrics line and progress.
+  absl::Status AfterStep(const Stage& stage, int64_t total, nlohmann::json* j) {
+    RLMESH_RETURN_IF_ERROR(SyncWeights());
+    (*j)["seconds_sync"] = last_sync_seconds_;
+    if (ShouldEval(stage_step_, total)) {
+      const absl::Time t = absl::Now();
+      RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), stage_step_, false));
+      (*j)["accuracy"] = acc;
+      (*j)["seconds_eval"] = Seconds(t);
+    }
+    if (ShouldCheckpoint(stage_step_, total)) RLMESH_RETURN_IF_ERROR(SaveAll().status());
+    metrics_ << j->dump() << "\n";
+    metrics_.flush();
+    if (o_.progress) PrintProgress(stage, total, *j);
+    return absl::OkStatus();
+  }
+
+  void PrintProgress(const Stage& stage, int64_t total, const nlohmann::json& j) {
+    const int64_t every = std::max<int64_t>(1, total / 20);
+    if (stage_step_ % every != 0 && stage_step_ != total && !j.contains("accuracy")) return;
+    auto get = [&](const char* k) { return j.contains(k) ? j[k].get<double>() : 0.0; };
+    std::string line = absl::StrFormat("%-5s [%s] %3.0f%%  step %d/%d", StageName(stage),
+                                       Bar(static_cast<double>(stage_step_) / total),
+                                       100.0 * stage_step_ / total, stage_step_, total);
+    if (stage.has_sft()) {
+      absl::StrAppendFormat(&line, "  loss %.3f", get("loss"));
+    } else {
+      const double gen = get("seconds_generate"), tr = get("seconds_train"), sy = get("seconds_sync");
+      const double all = std::max(1e-9, gen + tr + sy);
+      absl::StrAppendFormat(&line, "  reward %.2f  kl %.4f  gen %.0f%% train %.0f%% sync %.0f%%",
+                            get("rollout_reward_mean"), get("kl"), 100 * gen / all, 100 * tr / all, 100 * sy / all);
+    }
+    if (j.contains("accuracy")) absl::StrAppendFormat(&line, "  acc %.0f%%", 100 * get("accuracy"));
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  void PrintSummary() {
+    RunSummary s = summary();
+    std::string line = "done: held-out accuracy";
+    for (size_t i = 0; i < s.accuracy.size(); ++i) {
+      absl::StrAppendFormat(&line, "%s %.1f%% (%s)", i == 0 ? "" : " \u2192", 100 * s.accuracy[i].second,
+                            s.accuracy[i].first);
+    }
+    absl::StrAppendFormat(&line, " in %dm%02ds; metrics in %s/metrics.jsonl", static_cast<int>(s.seconds) / 60,
+                          static_cast<int>(s.seconds) % 60, o_.run_dir);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  RunnerOptions o_;
+  std::atomic<bool>* cancelled_;
+  std::unique_ptr<actor::Tokenizer> tokenizer_;
+  std::unique_ptr<Task> task_;
+  std::unique_ptr<RpcClient> replay_;
+  std::vector<std::unique_ptr<RpcClient>> rewards_, rollouts_, learners_;
+  std::ofstream metrics_;
+  int64_t version_ = 0;
+  int64_t stage_step_ = 0;
+  int64_t global_step_ = 0;
+  bool sync_unavailable_ = false;
+  bool sync_configured_ = false;
+  int sync_generation_ = 0;
+  double last_sync_seconds_ = 0;
+  std::string last_weights_dir_;
+
+  mutable absl::Mutex mu_;
+  ExperimentStatus status_ ABSL_GUARDED_BY(mu_);
+  RunSummary summary_ ABSL_GUARDED_BY(mu_);
+};
+
+ExperimentRunner::ExperimentRunner(RunnerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options), &cancelled_)) {}
+ExperimentRunner::~ExperimentRunner() = default;
+absl::Status ExperimentRunner::Run() { return impl_->Run(); }
+ExperimentStatus ExperimentRunner::status() const { return impl_->status(); }
+RunSummary ExperimentRunner::summary() const { return impl_->summary(); }
+
+}  // namespace rlmesh
