@@ -1,0 +1,479 @@
+#include "rollout/rollout_worker.h"
+
+#include <atomic>
+#include <cmath>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "actor/checkpoint.h"
+#include "catch2/catch.hpp"
+#include "common/testing/test_util.h"
+#include "rollout/testing/tiny_model.h"
+#include "rollout/weight_sync.h"
+
+namespace rlmesh::rollout {
+namespace {
+
+using testing::MakeRequest;
+using testing::ReferenceGenerate;
+using testing::WriteTinyCheckpoint;
+
+// Collects what a request hands back; every wait has a deadline.
+struct Collector {
+  absl::Mutex mu;
+  std::vector<std::pair<TrajectoryGroup, bool>> groups;
+  std::optional<absl::Status> done;
+  absl::Time done_at;
+  // Optional hook run inside the GroupSink (on the engine thread).
+  std::function<void(const TrajectoryGroup&)> hook;
+
+  RolloutWorker::GroupSink Sink() {
+    return [this](TrajectoryGroup g, bool stored) {
+      if (hook) hook(g);
+      absl::MutexLock lock(&mu);
+      groups.emplace_back(std::move(g), stored);
+    };
+  }
+  RolloutWorker::DoneCallback Done() {
+    return [this](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      done = s;
+      done_at = absl::Now();
+    };
+  }
+  absl::Status Wait(absl::Duration timeout = absl::Seconds(60)) {
+    absl::MutexLock lock(&mu);
+    auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done.has_value(); };
+    if (!mu.AwaitWithTimeout(absl::Condition(&has), timeout)) return absl::DeadlineExceededError("no done callback");
+    return *done;
+  }
+  const TrajectoryGroup* Find(const std::string& prompt_id) {
+    absl::MutexLock lock(&mu);
+    for (auto& [g, s] : groups) {
+      if (g.prompt_id() == prompt_id) return &g;
+    }
+    return nullptr;
+  }
+};
+
+std::unique_ptr<RolloutWorker> MakeWorker(RolloutWorkerOptions o = {}, RewardClient* reward = nullptr,
+                                          ReplayBufferClient* replay = nullptr) {
+  return std::make_unique<RolloutWorker>(o, std::make_unique<actor::CharTokenizer>(), reward, replay);
+}
+
+// The group's samples carry exactly the reference tokens and log-probs.
+void ExpectMatches(const TrajectoryGroup& g, const actor::GroupResult& ref) {
+  REQUIRE(g.samples_size() == static_cast<int>(ref.samples.size()));
+  for (int i = 0; i < g.samples_size(); ++i) {
+    const Trajectory& t = g.samples(i);
+    const actor::Completion& c = ref.samples[i];
+    INFO("group " << g.group_id() << " sample " << i);
+    REQUIRE(t.response_token_ids_size() == static_cast<int>(c.tokens.size()));
+    for (size_t k = 0; k < c.tokens.size(); ++k) CHECK(t.response_token_ids(k) == c.tokens[k]);
+    REQUIRE(t.behaviour_logprobs_size() == static_cast<int>(c.logprobs.size()));
+    for (size_t k = 0; k < c.logprobs.size(); ++k) CHECK(std::abs(t.behaviour_logprobs(k) - c.logprobs[k]) < 1e-4);
+  }
+}
+
+TEST_CASE("worker generation equals actor generation for the same seed, with full trajectories") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  auto worker = MakeWorker();
+  auto loaded = worker->LoadCheckpoint(dir.File("v1"), 0);
+  REQUIRE(loaded.ok());
+  CHECK(loaded->version == 1);
+  CHECK(loaded->bytes > 0);
+
+  GenerateRequest req = MakeRequest({"1+2=", "hello", "x"}, 3, 12, 42);
+  req.set_decode_text(true);
+  req.mutable_prompts(1)->mutable_metadata()->insert({"task", "greet"});
+  Collector col;
+  REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+  REQUIRE(col.Wait().ok());
+  auto ref = ReferenceGenerate(dir.File("v1"), req);
+  REQUIRE(ref.ok());
+  REQUIRE(col.groups.size() == 3);
+  actor::CharTokenizer tok;
+  for (int p = 0; p < 3; ++p) {
+    const TrajectoryGroup* g = col.Find("q" + std::to_string(p));
+    REQUIRE(g != nullptr);
+    ExpectMatches(*g, (*ref)[p]);
+    CHECK(g->group_id() == "exp/7/q" + std::to_string(p));
+    CHECK(g->experiment_id() == "exp");
+    CHECK(g->step() == 7);
+    for (int i = 0; i < 3; ++i) {
+      const Trajectory& t = g->samples(i);
+      CHECK(t.trajectory_id() == g->group_id() + "/" + std::to_string(i));
+      CHECK(t.sample_index() == i);
+      CHECK(t.policy_version() == 1);
+      CHECK(t.provenance().weights_version() == 1);
+      CHECK(t.provenance().tokenizer_hash() == tok.Hash());
+      CHECK(t.provenance().rollout_worker() == "rollout-0");
+      CHECK(t.provenance().model() == dir.File("v1"));
+      CHECK(t.loss_mask_size() == t.response_token_ids_size());
+      for (int m : t.loss_mask()) CHECK(m == 1);
+      CHECK(t.prompt_token_ids_size() == req.prompts(p).token_ids_size());
+      CHECK(t.reference_answer() == std::to_string(p));
+      CHECK(t.finish_reason() == FINISH_REASON_LENGTH);
+      CHECK(t.generated_unix_micros() > 0);
+      std::vector<int> ids(t.response_token_ids().begin(), t.response_token_ids().end());
+      CHECK(t.response_text() == tok.Decode(ids, true));
+    }
+  }
+  CHECK(col.Find("q1")->samples(0).metadata().at("task") == "greet");
+  // Different seeds give different samples (the seed is really used).
+  GenerateRequest other = req;
+  other.mutable_sampling()->set_seed(43);
+  Collector col2;
+  REQUIRE(worker->Submit(other, col2.Sink(), col2.Done()).ok());
+  REQUIRE(col2.Wait().ok());
+  bool any_diff = false;
+  for (int p = 0; p < 3; ++p) {
+    const auto* a = col.Find("q" + std::to_string(p));
+    const auto* b = col2.Find("q" + std::to_string(p));
+    for (int i = 0; i < 3; ++i) {
+      any_diff |= a->samples(i).response_token_ids().size() != b->samples(i).response_token_ids().size() ||
+                  !std::equal(a->samples(i).response_token_ids().begin(), a->samples(i).response_token_ids().end(),
+                              b->samples(i).response_token_ids().begin());
+    }
+  }
+  CHECK(any_diff);
+  auto status = worker->Status();
+  CHECK(status.policy_version() == 1);
+  CHECK(status.generated_tokens() == 2 * 3 * 3 * 12);
+}
+
+TEST_CASE("bad input is INVALID_ARGUMENT naming the field; missing prerequisites are FAILED_PRECONDITION") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  auto worker = MakeWorker();
+  auto noop_sink = [](TrajectoryGroup, bool) {};
+  auto noop_done = [](absl::Status) {};
+  GenerateRequest good = MakeRequest({"abc"}, 2, 4, 1);
+
+  auto s = worker->Submit(good, noop_sink, noop_done).status();
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);  // no weights yet
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+
+  auto expect_bad = [&](GenerateRequest r, const std::string& field) {
+    auto st = worker->Submit(r, noop_sink, noop_done).status();
+    INFO(st.ToString());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(st.message(), field));
+  };
+  GenerateRequest r = good;
+  r.mutable_prompts(0)->set_token_ids(1, 100000);
+  expect_bad(r, "prompts[0].token_ids[1]");
+  r = good;
+  r.mutable_prompts(0)->clear_token_ids();
+  expect_bad(r, "prompts[0].token_ids");
+  r = good;
+  r.set_n(0);
+  expect_bad(r, "n:");
+  r = good;
+  r.mutable_sampling()->set_max_new_tokens(62);  // 3 + 62 > 64 positions
+  expect_bad(r, "sampling.max_new_tokens");
+  r = good;
+  r.clear_prompts();
+  expect_bad(r, "prompts");
+  r = good;
+  *r.add_prompts() = r.prompts(0);  // same prompt_id twice
+  expect_bad(r, "prompts[1].prompt_id");
+
+  r = good;
+  r.set_pipeline(true);
+  s = worker->Submit(r, noop_sink, noop_done).status();
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(s.message(), "--reward_server"));
+
+  r = good;
+  r.set_min_policy_version(5);
+  CHECK(worker->Submit(r, noop_sink, noop_done).status().code() == absl::StatusCode::kAborted);
+
+  // Version must move forward.
+  CHECK(worker->LoadCheckpoint(dir.File("v1"), 1).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a full queue answers RESOURCE_EXHAUSTED") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  RolloutWorkerOptions o;
+  o.max_queue = 1;
+  o.max_batch = 4;
+  auto worker = MakeWorker(o);
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  // The first request fills the batch and holds the engine in its sink
+  // until released, so the second one must wait in the queue.
+  absl::Notification release;
+  Collector a, b;
+  a.hook = [&](const TrajectoryGroup&) { release.WaitForNotificationWithTimeout(absl::Seconds(30)); };
+  REQUIRE(worker->Submit(MakeRequest({"ab", "cd"}, 2, 4, 1), a.Sink(), a.Done()).ok());
+  // Wait until the first is admitted, so the queue holds exactly b.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (worker->Status().queued_requests() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  REQUIRE(worker->Submit(MakeRequest({"ef"}, 2, 4, 1), b.Sink(), b.Done()).ok());
+  CHECK(worker->Status().queued_requests() == 1);
+  Collector c;
+  auto s = worker->Submit(MakeRequest({"gh"}, 2, 4, 1), c.Sink(), c.Done()).status();
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  release.Notify();
+  CHECK(a.Wait().ok());
+  CHECK(b.Wait().ok());
+  // Once drained, requests are accepted again.
+  CHECK(worker->Submit(MakeRequest({"gh"}, 2, 4, 1), c.Sink(), c.Done()).ok());
+  CHECK(c.Wait().ok());
+}
+
+// Request A (short) ends first and its sink blocks the engine while B (long)
+// is in flight; a weight update is posted meanwhile; C is submitted after it.
+struct FenceRun {
+  Collector a, b, c;
+  absl::StatusOr<LoadResult> load;
+  absl::Time load_done;
+};
+
+void RunFence(RolloutWorker& worker, const std::string& v2_dir, GenerateRequest req_b, GenerateRequest req_c,
+              FenceRun* run) {
+  absl::Notification release, a_reached;
+  run->a.hook = [&](const TrajectoryGroup&) {
+    a_reached.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(30));
+  };
+  GenerateRequest req_a = MakeRequest({"z"}, 1, 2, 5);
+  REQUIRE(worker.Submit(req_a, run->a.Sink(), run->a.Done()).ok());
+  REQUIRE(worker.Submit(req_b, run->b.Sink(), run->b.Done()).ok());
+  REQUIRE(a_reached.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  REQUIRE(worker.Status().queued_requests() == 0);  // B is in flight, not queued
+  std::thread loader([&] {
+    run->load = worker.LoadCheckpoint(v2_dir, 2);
+    run->load_done = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // the update is posted (tiny model loads in ms)
+  REQUIRE(worker.Submit(req_c, run->c.Sink(), run->c.Done()).ok());
+  release.Notify();
+  loader.join();
+  REQUIRE(run->a.Wait().ok());
+  REQUIRE(run->b.Wait().ok());
+  REQUIRE(run->c.Wait().ok());
+  REQUIRE(run->load.ok());
+}
+
+TEST_CASE("version fencing (finish): in-flight sequences finish on the old weights, later ones use the new") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
+  auto worker = MakeWorker();
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  GenerateRequest req_b = MakeRequest({"long one"}, 2, 40, 9);
+  GenerateRequest req_c = MakeRequest({"long one"}, 2, 40, 9);
+  FenceRun run;
+  RunFence(*worker, dir.File("v2"), req_b, req_c, &run);
+
+  const TrajectoryGroup* b = run.b.Find("q0");
+  const TrajectoryGroup* c = run.c.Find("q0");
+  REQUIRE(b != nullptr);
+  REQUIRE(c != nullptr);
+  for (const auto& t : b->samples()) CHECK(t.policy_version() == 1);
+  for (const auto& t : c->samples()) CHECK(t.policy_version() == 2);
+  // B's tokens are exactly what v1 alone produces (nothing of v2 mixed in),
+  // C's what v2 alone produces; the two differ.
+  auto ref1 = ReferenceGenerate(dir.File("v1"), req_b);
+  auto ref2 = ReferenceGenerate(dir.File("v2"), req_c);
+  REQUIRE(ref1.ok());
+  REQUIRE(ref2.ok());
+  ExpectMatches(*b, (*ref1)[0]);
+  ExpectMatches(*c, (*ref2)[0]);
+  CHECK(b->samples(0).response_token_ids().size() == 40);
+  CHECK_FALSE(std::equal(b->samples(0).response_token_ids().begin(), b->samples(0).response_token_ids().end(),
+                         c->samples(0).response_token_ids().begin()));
+  // The swap waited for B.
+  CHECK(run.load_done >= run.b.done_at);
+  CHECK(run.load->version == 2);
+  CHECK(worker->policy_version() == 2);
+}
+
+TEST_CASE("version fencing (abort): in-flight sequences are aborted and recorded with the old version") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
+  RolloutWorkerOptions o;
+  o.on_update = RolloutWorkerOptions::OnUpdate::kAbort;
+  auto worker = MakeWorker(o);
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  GenerateRequest req_b = MakeRequest({"long one"}, 2, 40, 9);
+  GenerateRequest req_c = MakeRequest({"long one"}, 2, 40, 9);
+  FenceRun run;
+  RunFence(*worker, dir.File("v2"), req_b, req_c, &run);
+  const TrajectoryGroup* b = run.b.Find("q0");
+  const TrajectoryGroup* c = run.c.Find("q0");
+  REQUIRE(b != nullptr);
+  REQUIRE(c != nullptr);
+  REQUIRE(b->samples_size() == 2);
+  for (const auto& t : b->samples()) {
+    CHECK(t.finish_reason() == FINISH_REASON_ABORTED);
+    CHECK(t.policy_version() == 1);
+    CHECK(t.response_token_ids_size() == 0);
+  }
+  auto ref2 = ReferenceGenerate(dir.File("v2"), req_c);
+  REQUIRE(ref2.ok());
+  ExpectMatches(*c, (*ref2)[0]);
+  for (const auto& t : c->samples()) CHECK(t.policy_version() == 2);
+}
+
+TEST_CASE("weights through the in-process sync change the output and bump the version") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
+  auto worker = MakeWorker();
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
+  spec.set_group_name("rw-test");
+  spec.set_timeout_ms(5000);
+  REQUIRE(worker->ConfigureWeightSync(spec).ok());
+  auto pub = CreateWeightPublisher(spec);
+  REQUIRE(pub.ok());
+  auto v2 = actor::LoadHfModel(dir.File("v2"));
+  REQUIRE(v2.ok());
+  NamedTensors named;
+  for (auto& [n, t] : (*v2)->NamedParameters()) named.emplace_back(n, t);
+  auto layout = (*pub)->Publish(named, 5);
+  REQUIRE(layout.ok());
+  auto r = worker->LoadFromSync(*layout, 0);
+  REQUIRE(r.ok());
+  CHECK(r->version == 5);
+  CHECK(worker->policy_version() == 5);
+
+  GenerateRequest req = MakeRequest({"abc"}, 2, 10, 3);
+  Collector col;
+  REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+  REQUIRE(col.Wait().ok());
+  auto ref = ReferenceGenerate(dir.File("v2"), req);
+  REQUIRE(ref.ok());
+  ExpectMatches(*col.Find("q0"), (*ref)[0]);
+  CHECK(col.Find("q0")->samples(0).policy_version() == 5);
+
+  // A layout with a tensor the model lacks is refused and changes nothing.
+  named.emplace_back("extra.weight", at::zeros({2}));
+  REQUIRE((*pub)->Publish(named, 6).ok());
+  WeightLayout want;
+  want.set_version(6);
+  auto bad = worker->LoadFromSync(want, 0);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(bad.status().message(), "extra.weight"));
+  CHECK(worker->policy_version() == 5);
+}
+
+class FakeReward : public RewardClient {
+ public:
+  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request) override {
+    calls++;
+    if (fail) return absl::UnavailableError("reward server down");
+    last_verifiers = request.verifiers_size();
+    ScoreResponse r;
+    r.set_reward_source("fake:length");
+    for (const auto& item : request.items()) {
+      ScoreResult* res = r.add_results();
+      res->set_item_id(item.item_id());
+      res->set_reward(item.completion_token_ids_size() * 0.5);
+      (*res->mutable_components())["length"] = item.completion_token_ids_size();
+    }
+    return r;
+  }
+  std::atomic<int> calls{0};
+  std::atomic<bool> fail{false};
+  std::atomic<int> last_verifiers{0};
+};
+
+class FakeReplay : public ReplayBufferClient {
+ public:
+  absl::StatusOr<PutGroupsResponse> PutGroups(const PutGroupsRequest& request) override {
+    absl::MutexLock lock(&mu);
+    for (const auto& g : request.groups()) stored.push_back(g);
+    PutGroupsResponse r;
+    r.set_written(request.groups_size());
+    return r;
+  }
+  absl::Mutex mu;
+  std::vector<TrajectoryGroup> stored;
+};
+
+TEST_CASE("pipeline mode scores, stores and streams each group with stored=true") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  FakeReward reward;
+  FakeReplay replay;
+  auto worker = MakeWorker({}, &reward, &replay);
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  GenerateRequest req = MakeRequest({"1+1=", "2+2=", "3+3="}, 2, 6, 11);
+  req.set_pipeline(true);
+  req.add_verifiers()->set_name("length");
+  Collector col;
+  REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+  REQUIRE(col.Wait().ok());
+  REQUIRE(col.groups.size() == 3);
+  for (auto& [g, stored] : col.groups) {
+    CHECK(stored);
+    for (const auto& t : g.samples()) {
+      CHECK(t.reward() == Approx(t.response_token_ids_size() * 0.5));
+      CHECK(t.reward_components().at("length") == t.response_token_ids_size());
+      CHECK(t.provenance().reward_source() == "fake:length");
+      CHECK(t.scored_unix_micros() >= t.generated_unix_micros());
+    }
+  }
+  CHECK(reward.last_verifiers == 1);
+  absl::MutexLock lock(&replay.mu);
+  REQUIRE(replay.stored.size() == 3);
+  for (const auto& g : replay.stored) CHECK(g.samples(0).provenance().reward_source() == "fake:length");
+}
+
+TEST_CASE("pipeline: a group the reward server cannot take is returned unstored and counted") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  FakeReward reward;
+  reward.fail = true;
+  FakeReplay replay;
+  auto worker = MakeWorker({}, &reward, &replay);
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  GenerateRequest req = MakeRequest({"a", "b"}, 2, 4, 11);
+  req.set_pipeline(true);
+  Collector col;
+  REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+  auto s = col.Wait();
+  CHECK(s.code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(s.message(), "reward server"));
+  REQUIRE(col.groups.size() == 2);  // no group is lost
+  for (auto& [g, stored] : col.groups) CHECK_FALSE(stored);
+  CHECK(worker->Status().failed_groups() == 2);
+  absl::MutexLock lock(&replay.mu);
+  CHECK(replay.stored.empty());
+}
+
+TEST_CASE("cancel and shutdown end requests exactly once") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  Collector a, b;
+  {
+    RolloutWorkerOptions o;
+    o.max_batch = 2;
+    auto worker = MakeWorker(o);
+    REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+    absl::Notification release;
+    a.hook = [&](const TrajectoryGroup&) { release.WaitForNotificationWithTimeout(absl::Seconds(30)); };
+    REQUIRE(worker->Submit(MakeRequest({"a"}, 2, 4, 1), a.Sink(), a.Done()).ok());
+    auto hb = worker->Submit(MakeRequest({"b"}, 2, 4, 1), b.Sink(), b.Done());
+    REQUIRE(hb.ok());
+    worker->Cancel(*hb);  // still queued behind a
+    CHECK(b.Wait(absl::Seconds(5)).code() == absl::StatusCode::kCancelled);
+    release.Notify();
+    CHECK(a.Wait().ok());
+  }
+  CHECK(b.groups.empty());
+}
+
+}  // namespace
+}  // namespace rlmesh::rollout

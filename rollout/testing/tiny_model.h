@@ -1,0 +1,30 @@
+#pragma once
+
+// Tiny policies for rollout tests: written to a Hugging Face folder with
+// actor's checkpoint writer, plus the reference generation straight from
+// actor/ that the worker's output is compared against.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actor/generate.h"
+#include "proto/rollout.pb.h"
+
+namespace rlmesh::rollout::testing {
+
+// Hidden 32, 2 layers, vocab = the char tokenizer's, 64 positions; weights
+// from `seed`. Saved (fp32) into `dir`.
+absl::Status WriteTinyCheckpoint(const std::string& dir, uint64_t seed);
+
+// What actor::Generator produces for `request` on the folder's weights:
+// one GroupResult per prompt, prompt_index = position in the request.
+absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(const std::string& dir,
+                                                                  const GenerateRequest& request,
+                                                                  int64_t max_batch = 64);
+
+// A request of `prompts` char-tokenized prompts.
+GenerateRequest MakeRequest(const std::vector<std::string>& prompts, int n, int max_new_tokens, uint64_t seed);
+
+}  // namespace rlmesh::rollout::testing
