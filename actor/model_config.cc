@@ -108,6 +108,15 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJson(const std::string& pat
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonString(const std::string& text) {
+  // A field of the wrong JSON type throws inside nlohmann; report it instead.
+  try {
+    return FromHfConfigJsonInternal(text);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", e.what()));
+  }
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError("config.json: not a JSON object");

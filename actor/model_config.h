@@ -67,6 +67,9 @@ struct ModelConfig {
   // The config.json text `transformers` reads back into the same model.
   // `dtype` is "float32", "bfloat16" or "float16" (recorded, not applied).
   std::string ToHfConfigJson(const std::string& dtype = "float32") const;
+
+ private:
+  static absl::StatusOr<ModelConfig> FromHfConfigJsonInternal(const std::string& text);
 };
 
 // Llama's default MLP width for a hidden size: 8/3 * hidden rounded up to a

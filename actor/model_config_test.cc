@@ -68,6 +68,8 @@ TEST_CASE("ModelConfig reads transformers 4.x spelling and rejects what it canno
   scaled.insert(scaled.size() - 1, R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0})");
   CHECK_FALSE(ModelConfig::FromHfConfigJsonString(scaled).ok());
   CHECK_FALSE(ModelConfig::FromHfConfigJsonString(R"({"model_type": "gpt2"})").ok());
+  // Wrong JSON types are errors, not exceptions.
+  CHECK_FALSE(ModelConfig::FromHfConfigJsonString(R"({"model_type": 3})").ok());
 }
 
 }  // namespace

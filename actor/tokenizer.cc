@@ -158,6 +158,7 @@ struct BpeTokenizer::Impl {
   bool nfc = false;
   std::vector<SplitStep> steps;
   std::vector<std::pair<std::string, int>> added;  // content, id (longest first)
+  bool added_first_byte[256] = {};                  // some added token starts with it
   std::string byte_to_char[256];
   std::unordered_map<uint32_t, uint8_t> char_to_byte;
   mutable std::mutex cache_mu;
@@ -311,7 +312,17 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromFile(const std::
   return t;
 }
 
+
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(const std::string& text) {
+  // A field of the wrong JSON type throws inside nlohmann; report it instead.
+  try {
+    return FromJsonInternal(text);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJsonInternal(const std::string& text) {
   json j;
   try {
     j = json::parse(text);
@@ -384,6 +395,9 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(const std::
   }
   std::sort(im.added.begin(), im.added.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const auto& a : im.added) {
+    if (!a.first.empty()) im.added_first_byte[static_cast<unsigned char>(a.first[0])] = true;
+  }
 
   // Normalizer.
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
@@ -483,7 +497,7 @@ std::vector<int> BpeTokenizer::Encode(const std::string& text) const {
   size_t start = 0, i = 0;
   while (i < text.size()) {
     const std::pair<std::string, int>* hit = nullptr;
-    if (!im.added.empty()) {
+    if (im.added_first_byte[static_cast<unsigned char>(text[i])]) {
       for (const auto& a : im.added) {
         if (!a.first.empty() && text.compare(i, a.first.size(), a.first) == 0) {
           hit = &a;

@@ -81,6 +81,7 @@ class BpeTokenizer : public Tokenizer {
 
  private:
   BpeTokenizer();
+  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromJsonInternal(const std::string& json_text);
   std::unique_ptr<Impl> impl_;
   int vocab_size_ = 0;
   int bos_ = -1, eos_ = -1, pad_ = -1;

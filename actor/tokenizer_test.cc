@@ -58,6 +58,9 @@ TEST_CASE("BpeTokenizer rejects malformed and unsupported files by name") {
                                         "pre_tokenizer": {"type": "Whitespace"}})");
   REQUIRE_FALSE(pre.ok());
   CHECK(std::string(pre.status().message()).find("Whitespace") != std::string::npos);
+  auto types = BpeTokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                                          "added_tokens": [{"id": "x", "content": 5}]})");
+  CHECK(types.status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 // Tokenizers trained by PyPI `tokenizers` on varied text; the held-out ids
