@@ -45,11 +45,19 @@ using Clock = std::chrono::steady_clock;
 
 struct Summary {
   double median = 0, min = 0, max = 0;  // seconds per step
+  // Mean seconds per step in each phase of DataParallel::Step (rank 0).
+  double reduce = 0, update = 0, gather = 0;
 };
 
-Summary Summarise(std::vector<double> v) {
+struct RankTimes {
+  std::vector<double> per_step;  // seconds per step, one per repeat
+  double reduce = 0, update = 0, gather = 0;
+};
+
+Summary Summarise(const RankTimes& t) {
+  std::vector<double> v = t.per_step;
   std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
+  return {v[v.size() / 2], v.front(), v.back(), t.reduce, t.update, t.gather};
 }
 
 std::vector<at::Tensor> MakeParams(int64_t n) {
@@ -65,8 +73,10 @@ std::vector<at::Tensor> MakeParams(int64_t n) {
 
 // Seconds per step for each repeat, for one rank; `group` null = K = 1.
 // mode: "step" (DataParallel::Step) or "allreduce" (bare collective).
-std::vector<double> RunRank(c10::intrusive_ptr<c10d::Backend> group, int64_t n,
-                            DataParallelOptions options, const std::string& mode) {
+RankTimes RunRank(c10::intrusive_ptr<c10d::Backend> group, int64_t n,
+                  DataParallelOptions options, const std::string& mode) {
+  RankTimes times;
+  bool timing = false;
   std::vector<at::Tensor> params = MakeParams(n);
   auto dp = DataParallel::Create(group, params, options);
   if (!dp.ok()) {
@@ -85,22 +95,31 @@ std::vector<double> RunRank(c10::intrusive_ptr<c10d::Backend> group, int64_t n,
       std::fprintf(stderr, "step: %s\n", s.status().ToString().c_str());
       std::exit(1);
     }
+    if (timing) {
+      times.reduce += s->reduce_seconds;
+      times.update += s->update_seconds;
+      times.gather += s->gather_seconds;
+    }
   };
   one();  // warm-up: buffers, connections
-  std::vector<double> per_step;
+  timing = true;
   const int steps = absl::GetFlag(FLAGS_steps);
-  for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  for (int r = 0; r < repeats; ++r) {
     if (group) group->barrier()->wait();
     auto t0 = Clock::now();
     for (int s = 0; s < steps; ++s) one();
-    per_step.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / steps);
+    times.per_step.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / steps);
   }
-  return per_step;
+  times.reduce /= steps * repeats;
+  times.update /= steps * repeats;
+  times.gather /= steps * repeats;
+  return times;
 }
 
 Summary RunK2(int64_t n, DataParallelOptions options, const std::string& mode) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::future<std::vector<double>>> ranks;
+  std::vector<std::future<RankTimes>> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.push_back(std::async(std::launch::async, [=] {
       auto group = CreateGlooGroup(store, rank, 2);
@@ -112,15 +131,17 @@ Summary RunK2(int64_t n, DataParallelOptions options, const std::string& mode) {
     }));
   }
   // A step is as slow as its slower rank.
-  std::vector<double> a = ranks[0].get(), b = ranks[1].get();
-  for (size_t i = 0; i < a.size(); ++i) a[i] = std::max(a[i], b[i]);
+  RankTimes a = ranks[0].get(), b = ranks[1].get();
+  for (size_t i = 0; i < a.per_step.size(); ++i) {
+    a.per_step[i] = std::max(a.per_step[i], b.per_step[i]);
+  }
   return Summarise(a);
 }
 
 void Row(const char* name, int64_t n, const Summary& s, double reference) {
-  std::printf("| %s | %.1f | %.2f | %.2f–%.2f | %.2f | %.2f |\n", name,
+  std::printf("| %s | %.1f | %.2f | %.2f–%.2f | %.2f | %.1f / %.1f / %.1f |\n", name,
               static_cast<double>(n) * 4 / (1 << 20), s.median * 1e3, s.min * 1e3, s.max * 1e3,
-              s.median / reference, static_cast<double>(n) * 4 / s.median / 1e9);
+              s.median / reference, s.reduce * 1e3, s.update * 1e3, s.gather * 1e3);
 }
 
 }  // namespace
@@ -134,7 +155,9 @@ int main(int argc, char** argv) {
   std::printf("steps=%d repeats=%d intra-op threads=%d; times per step in ms\n\n",
               absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_repeats),
               absl::GetFlag(FLAGS_threads));
-  std::printf("| config | MiB | median ms | min–max ms | × k1 | GB/s of params |\n");
+  std::printf(
+      "| config | MiB | median ms/step | min–max ms | × k1 | reduce / update / gather ms "
+      "(rank 0 mean) |\n");
   std::printf("| --- | --- | --- | --- | --- | --- |\n");
   for (absl::string_view e : absl::StrSplit(absl::GetFlag(FLAGS_elements), ',')) {
     int64_t n = 0;
