@@ -1,39 +1,35 @@
-// learner: serves the Learner RPC.
+// learner: one data-parallel shard of the trainer behind the Learner RPC.
 #include <cstdio>
 
-#include "common/rpc_handler.h"
+#include "absl/flags/flag.h"
+#include "actor/transformer.h"
+#include "common/log.h"
 #include "common/server_flags.h"
-#include "proto/learner.grpc.pb.h"
+#include "learner/service.h"
+#include "learner/trainer.h"
 
-namespace rlmesh {
-namespace {
-
-// Placeholder until the engine lands: data methods answer UNIMPLEMENTED (the
-// generated default); GetStatus answers honestly with an idle status.
-class ServiceImpl final : public Learner::CallbackService {
- public:
-  explicit ServiceImpl(const ServerAuth* auth) : auth_(auth) {}
-  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const LearnerStatusRequest*,
-                                      LearnerStatus*) override {
-    return HandleUnary(ctx, *auth_, [] { return absl::OkStatus(); });
-  }
-
- private:
-  const ServerAuth* auth_;
-};
-
-}  // namespace
-}  // namespace rlmesh
+ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = all hardware threads.");
+ABSL_FLAG(std::string, name, "learner", "Name of this shard in logs (e.g. learner-1).");
 
 int main(int argc, char** argv) {
-  rlmesh::InitServerProcess(argc, argv, "learner", "learner --port=0 --port_file=PATH");
+  rlmesh::InitServerProcess(argc, argv, "learner", "learner --port=0 --port_file=PATH [--threads=N]");
+  if (absl::GetFlag(FLAGS_name) != "learner") rlmesh::SetLogRole(absl::GetFlag(FLAGS_name));
   auto options = rlmesh::ServerOptionsFromFlags("learner");
   if (!options.ok()) {
     std::fprintf(stderr, "learner: %s\n", options.status().ToString().c_str());
     return 2;
   }
+  if (absl::GetFlag(FLAGS_threads) < 0) {
+    std::fprintf(stderr, "learner: --threads must be >= 0\n");
+    return 2;
+  }
+  rlmesh::actor::ConfigureThreads(absl::GetFlag(FLAGS_threads));
+  rlmesh::ClientOptions client_options;
+  // The replay buffer shares the cluster's token.
+  client_options.auth_token = options->auth_token;
   rlmesh::RpcServer server(*options);
-  rlmesh::ServiceImpl service(&server.auth());
+  rlmesh::learner::Trainer trainer;
+  rlmesh::learner::LearnerService service(&trainer, &server.auth(), client_options);
   server.AddService(&service);
   return rlmesh::ServeUntilSignal(server);
 }

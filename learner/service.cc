@@ -1,0 +1,222 @@
+#include "learner/service.h"
+
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/rpc_handler.h"
+#include "rollout/weight_sync.h"
+
+namespace rlmesh::learner {
+
+absl::StatusOr<std::unique_ptr<ReplayBufferGroupSource>> ReplayBufferGroupSource::Create(
+    const std::string& address, const ClientOptions& options) {
+  auto client = RpcClient::Create(address, options);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<ReplayBufferGroupSource>(new ReplayBufferGroupSource(*std::move(client)));
+}
+
+ReplayBufferGroupSource::ReplayBufferGroupSource(RpcClient client)
+    : client_(std::move(client)), stub_(ReplayBuffer::NewStub(client_.channel())) {}
+
+absl::StatusOr<GroupSource::Sampled> ReplayBufferGroupSource::Sample(const BufferSource& source,
+                                                                    int num_groups,
+                                                                    absl::Duration timeout) {
+  SampleGroupsRequest req;
+  req.set_experiment_id(source.experiment_id());
+  req.set_consumer_id(source.consumer_id());
+  req.set_mode(SAMPLE_FIFO);
+  req.set_num_groups(num_groups);
+  req.set_min_policy_version(source.min_policy_version());
+  req.set_require_ack(true);
+  SampleGroupsResponse resp;
+  auto ctx = client_.NewContext(timeout);
+  absl::Status st = FromGrpcStatus(stub_->SampleGroups(ctx.get(), req, &resp));
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("replay buffer SampleGroups: ", st.message()));
+  }
+  Sampled out;
+  out.groups.assign(resp.groups().begin(), resp.groups().end());
+  out.ack_token = resp.ack_token();
+  return out;
+}
+
+absl::Status ReplayBufferGroupSource::Ack(const BufferSource& source, const std::string& ack_token) {
+  AckSampleRequest req;
+  req.set_experiment_id(source.experiment_id());
+  req.set_consumer_id(source.consumer_id());
+  req.set_ack_token(ack_token);
+  AckSampleResponse resp;
+  auto ctx = client_.NewContext();
+  return FromGrpcStatus(stub_->AckSample(ctx.get(), req, &resp));
+}
+
+LearnerService::LearnerService(Trainer* trainer, const ServerAuth* auth, ClientOptions client_options)
+    : trainer_(trainer), auth_(auth), client_options_(std::move(client_options)) {
+  worker_ = std::thread([this] { Run(); });
+}
+
+LearnerService::~LearnerService() { Shutdown(); }
+
+void LearnerService::set_group_source_for_test(GroupSource* source) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back([this, source] {
+    test_source_ = source;
+    trainer_->set_group_source(source);
+  });
+}
+
+void LearnerService::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+void LearnerService::Run() {
+  while (true) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](LearnerService* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+            return s->stopping_ || !s->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+grpc::ServerUnaryReactor* LearnerService::Offload(grpc::CallbackServerContext* ctx,
+                                                  std::function<absl::Status()> work) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status auth = auth_->Check(*ctx);
+  if (!auth.ok()) {
+    reactor->Finish(ToGrpcStatus(auth));
+    return reactor;
+  }
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    reactor->Finish(ToGrpcStatus(absl::UnavailableError("learner is shutting down")));
+    return reactor;
+  }
+  // The request and response stay valid until Finish.
+  queue_.push_back([reactor, work = std::move(work)] {
+    absl::Status st;
+    try {
+      st = work();
+    } catch (const std::exception& e) {
+      st = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
+    }
+    reactor->Finish(ToGrpcStatus(st));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LearnerService::Configure(grpc::CallbackServerContext* ctx,
+                                                    const ConfigureRequest* req,
+                                                    ConfigureResponse* resp) {
+  return Offload(ctx, [this, req, resp]() -> absl::Status {
+    auto r = trainer_->Configure(*req);
+    if (!r.ok()) return r.status();
+    *resp = *std::move(r);
+    if (test_source_ != nullptr) {
+      trainer_->set_group_source(test_source_);
+    } else if (!req->replay_buffer_address().empty()) {
+      auto src = ReplayBufferGroupSource::Create(req->replay_buffer_address(), client_options_);
+      if (!src.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("replay_buffer_address: ", src.status().message()));
+      }
+      source_ = *std::move(src);
+      trainer_->set_group_source(source_.get());
+    } else {
+      trainer_->set_group_source(nullptr);
+      source_.reset();
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* LearnerService::TrainStep(grpc::CallbackServerContext* ctx,
+                                                    const TrainStepRequest* req,
+                                                    TrainStepResponse* resp) {
+  return Offload(ctx, [this, req, resp]() -> absl::Status {
+    auto r = trainer_->TrainStep(*req);
+    if (!r.ok()) return r.status();
+    *resp = *std::move(r);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* LearnerService::Save(grpc::CallbackServerContext* ctx, const SaveRequest* req,
+                                               SaveResponse* resp) {
+  return Offload(ctx, [this, req, resp]() -> absl::Status {
+    auto r = trainer_->Save(req->path());
+    if (!r.ok()) return r.status();
+    *resp = *std::move(r);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* LearnerService::Load(grpc::CallbackServerContext* ctx, const LoadRequest* req,
+                                               LoadResponse* resp) {
+  return Offload(ctx, [this, req, resp]() -> absl::Status {
+    auto r = trainer_->Load(req->path());
+    if (!r.ok()) return r.status();
+    *resp = *std::move(r);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* LearnerService::PublishWeights(grpc::CallbackServerContext* ctx,
+                                                         const PublishWeightsRequest* req,
+                                                         PublishWeightsResponse* resp) {
+  return Offload(ctx, [this, req, resp]() -> absl::Status {
+    LearnerStatus status = trainer_->Status();
+    if (status.stage().empty()) {
+      return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+    }
+    if (status.rank() != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", status.rank(), ": only rank 0 publishes weights"));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string key = req->spec().SerializeAsString();
+    if (!publisher_ || key != publisher_spec_) {
+      publisher_.reset();
+      auto pub = rollout::CreateWeightPublisher(req->spec());
+      if (!pub.ok()) return pub.status();
+      publisher_ = *std::move(pub);
+      publisher_spec_ = key;
+    }
+    auto layout = publisher_->Publish(trainer_->PolicyParameters(), status.policy_version());
+    if (!layout.ok()) {
+      // A failed publisher may be unusable; the next call builds a new one.
+      publisher_.reset();
+      return layout.status();
+    }
+    *resp->mutable_layout() = *std::move(layout);
+    resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext* ctx,
+                                                    const LearnerStatusRequest*, LearnerStatus* resp) {
+  return HandleUnary(ctx, *auth_, [&] {
+    *resp = trainer_->Status();
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace rlmesh::learner

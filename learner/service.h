@@ -1,0 +1,97 @@
+#pragma once
+
+// LearnerService: the gRPC adapter over one Trainer. Configure, TrainStep,
+// Save, Load and PublishWeights run one at a time, in arrival order, on the
+// service's own worker thread (a TrainStep can take minutes; gRPC's callback
+// threads are never blocked); GetStatus answers inline from the trainer's
+// snapshot. Every call checks auth first and is finished exactly once.
+//
+// The replay buffer is reached through ReplayBufferGroupSource (a real gRPC
+// client) created from ConfigureRequest.replay_buffer_address, or through a
+// GroupSource injected for tests.
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/auth.h"
+#include "common/rpc_client.h"
+#include "learner/trainer.h"
+#include "proto/learner.grpc.pb.h"
+#include "proto/replay_buffer.grpc.pb.h"
+
+namespace rlmesh::rollout {
+class WeightPublisher;
+}
+
+namespace rlmesh::learner {
+
+// GroupSource over the ReplayBuffer RPC (FIFO, require_ack). Safe for
+// concurrent use.
+class ReplayBufferGroupSource : public GroupSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<ReplayBufferGroupSource>> Create(
+      const std::string& address, const ClientOptions& options = {});
+  absl::StatusOr<Sampled> Sample(const BufferSource& source, int num_groups,
+                                 absl::Duration timeout) override;
+  absl::Status Ack(const BufferSource& source, const std::string& ack_token) override;
+
+ private:
+  explicit ReplayBufferGroupSource(RpcClient client);
+  RpcClient client_;
+  std::unique_ptr<ReplayBuffer::Stub> stub_;
+};
+
+// The trainer and auth are not owned and must outlive the service.
+// Shutdown() (also run by the destructor) finishes queued calls and joins
+// the worker.
+class LearnerService final : public Learner::CallbackService {
+ public:
+  // `client_options` are used for the replay buffer client (auth token).
+  LearnerService(Trainer* trainer, const ServerAuth* auth, ClientOptions client_options = {});
+  ~LearnerService() override;
+
+  // Tests: use this source instead of dialling replay_buffer_address.
+  void set_group_source_for_test(GroupSource* source);
+  void Shutdown();
+
+  grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* ctx, const ConfigureRequest* req,
+                                      ConfigureResponse* resp) override;
+  grpc::ServerUnaryReactor* TrainStep(grpc::CallbackServerContext* ctx, const TrainStepRequest* req,
+                                      TrainStepResponse* resp) override;
+  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* ctx, const SaveRequest* req,
+                                 SaveResponse* resp) override;
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* ctx, const LoadRequest* req,
+                                 LoadResponse* resp) override;
+  grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* ctx,
+                                           const PublishWeightsRequest* req,
+                                           PublishWeightsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const LearnerStatusRequest* req,
+                                      LearnerStatus* resp) override;
+
+ private:
+  // Checks auth, then queues `work` for the worker; finishes exactly once.
+  grpc::ServerUnaryReactor* Offload(grpc::CallbackServerContext* ctx, std::function<absl::Status()> work);
+  void Run();
+
+  Trainer* const trainer_;
+  const ServerAuth* const auth_;
+  const ClientOptions client_options_;
+
+  // Used only on the worker thread.
+  std::unique_ptr<ReplayBufferGroupSource> source_;
+  GroupSource* test_source_ = nullptr;
+  std::unique_ptr<rollout::WeightPublisher> publisher_;
+  std::string publisher_spec_;
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;
+};
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,409 @@
+// Trainer on tiny models (hidden 32, 2 layers, char tokenizer, 1-digit
+// arithmetic): on-policy identities, SFT memorisation, GRPO on a toy reward,
+// K=2 shards vs K=1, exact resume and corrupt-checkpoint fallback.
+#include "learner/trainer.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actor/checkpoint.h"
+#include "actor/generate.h"
+#include "actor/tokenizer.h"
+#include "actor/transformer.h"
+#include "catch2/catch.hpp"
+#include "common/testing/test_util.h"
+#include "learner/checkpoint.h"
+#include "tasks/encoding.h"
+#include "tasks/task.h"
+
+namespace rlmesh::learner {
+namespace {
+
+ExperimentConfig Tiny(uint64_t seed = 7) {
+  ExperimentConfig e;
+  e.set_name("tiny");
+  e.set_seed(seed);
+  auto* m = e.mutable_model();
+  m->set_hidden(32);
+  m->set_layers(2);
+  m->set_heads(2);
+  m->set_max_positions(32);
+  auto* t = e.mutable_task();
+  t->set_kind("arithmetic");
+  t->set_digits(1);
+  t->set_train(8);
+  t->set_eval(4);
+  return e;
+}
+
+Stage SftStageOf(int steps, int batch, double lr) {
+  Stage s;
+  s.mutable_sft()->set_steps(steps);
+  s.mutable_sft()->set_batch(batch);
+  s.mutable_sft()->mutable_optimizer()->set_lr(lr);
+  return s;
+}
+
+Stage GrpoStageOf(int steps, double lr) {
+  Stage s;
+  auto* rl = s.mutable_grpo()->mutable_rl();
+  rl->set_steps(steps);
+  rl->mutable_optimizer()->set_lr(lr);
+  return s;
+}
+
+ConfigureRequest Request(const ExperimentConfig& e, const std::string& ckpt_dir = "") {
+  ConfigureRequest r;
+  *r.mutable_experiment() = e;
+  r.set_world_size(1);
+  r.set_checkpoint_dir(ckpt_dir);
+  return r;
+}
+
+TrainStepRequest SftStep(int64_t step) {
+  TrainStepRequest r;
+  r.set_step(step);
+  r.set_from_task(true);
+  return r;
+}
+
+actor::Transformer& Policy(Trainer& t) { return *static_cast<actor::Transformer*>(t.policy_model()); }
+
+double MaxAbsDiff(Trainer& a, Trainer& b) {
+  auto pa = a.PolicyParameters(), pb = b.PolicyParameters();
+  REQUIRE(pa.size() == pb.size());
+  double m = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    REQUIRE(pa[i].first == pb[i].first);
+    m = std::max(m, (pa[i].second - pb[i].second).abs().max().item<double>());
+  }
+  return m;
+}
+
+bool BitEqual(Trainer& a, Trainer& b) {
+  auto pa = a.PolicyParameters(), pb = b.PolicyParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (!torch::equal(pa[i].second, pb[i].second)) return false;
+  }
+  return true;
+}
+
+// Samples `n` completions for each prompt with the trainer's policy and
+// scores them with `reward`.
+GroupList Rollout(Trainer& t, const std::vector<std::vector<int>>& prompts, int n, float temperature,
+                  uint64_t seed, const std::function<double(const std::vector<int64_t>&)>& reward) {
+  actor::Generator gen(Policy(t));
+  std::vector<actor::GenerationRequest> reqs;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    actor::GenerationRequest r;
+    r.id = p;
+    r.prompt.assign(prompts[p].begin(), prompts[p].end());
+    r.sampling.temperature = temperature;
+    r.sampling.max_new_tokens = 4;
+    r.sampling.stop_token_ids = {2};
+    r.sampling.seed = seed;
+    r.sampling.n = n;
+    r.prompt_index = p;
+    reqs.push_back(r);
+  }
+  torch::NoGradGuard no_grad;
+  auto out = gen.Generate(reqs);
+  REQUIRE(out.ok());
+  GroupList groups;
+  for (size_t p = 0; p < out->size(); ++p) {
+    auto* g = groups.add_groups();
+    g->set_group_id(std::to_string(p));
+    for (const auto& c : (*out)[p].samples) {
+      auto* tr = g->add_samples();
+      for (int id : prompts[p]) tr->add_prompt_token_ids(id);
+      for (int64_t id : c.tokens) tr->add_response_token_ids(static_cast<int>(id));
+      for (float lp : c.logprobs) tr->add_behaviour_logprobs(lp);
+      for (size_t j = 0; j < c.tokens.size(); ++j) tr->add_loss_mask(1);
+      tr->set_reward(reward(c.tokens));
+    }
+  }
+  return groups;
+}
+
+std::vector<std::vector<int>> Prompts(const ExperimentConfig& e, int count) {
+  auto task = MakeTask(e.task(), e.seed());
+  REQUIRE(task.ok());
+  actor::CharTokenizer tok;
+  std::vector<std::vector<int>> out;
+  for (int i = 0; i < count; ++i) out.push_back(EncodePrompt(tok, (*task)->train()[i % 8].prompt));
+  return out;
+}
+
+TEST_CASE("on-policy first step: recomputed log-probs, ratio 1, clip 0, KL 0") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny();
+  Stage s = GrpoStageOf(5, 1e-3);
+  s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
+  s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
+  *e.add_stages() = s;
+  e.mutable_rollout()->mutable_sampling()->set_temperature(0.7f);
+  Trainer t;
+  auto cfg = t.Configure(Request(e));
+  REQUIRE(cfg.ok());
+  int64_t i = 0;
+  GroupList groups = Rollout(t, Prompts(e, 4), 4, 0.7f, 11, [&](const std::vector<int64_t>&) {
+    return static_cast<double>((i++) % 3);
+  });
+  TrainStepRequest req;
+  req.set_step(0);
+  *req.mutable_groups() = groups;
+  auto r = t.TrainStep(req);
+  REQUIRE(r.ok());
+  const auto& m = r->metrics().values();
+  CHECK(m.at("behaviour_logp_abs_diff_max") <= 1e-5);
+  // Averaged over both mini-batches: the second runs after an update, so
+  // only the first is on-policy; check the first step's exactness by a
+  // single mini-batch run below.
+  Trainer t1;
+  ExperimentConfig e1 = e;
+  e1.mutable_stages(0)->mutable_grpo()->mutable_rl()->set_mini_batches(1);
+  REQUIRE(t1.Configure(Request(e1)).ok());
+  auto r1 = t1.TrainStep(req);
+  REQUIRE(r1.ok());
+  const auto& m1 = r1->metrics().values();
+  CHECK(m1.at("ratio_mean") == 1.0);
+  CHECK(m1.at("clip_frac") == 0.0);
+  CHECK(m1.at("kl") == 0.0);
+  CHECK(m1.at("behaviour_logp_abs_diff_max") <= 1e-5);
+  CHECK(m1.at("grad_norm") > 0.0);
+  CHECK(r1->policy_version() == 1);
+  // The second mini-batch of the first trainer saw an updated policy.
+  CHECK(m.at("ratio_mean") != 1.0);
+}
+
+TEST_CASE("SFT memorises a small set; greedy generation reproduces the answers") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(120, 8, 1e-2);
+  Trainer t;
+  REQUIRE(t.Configure(Request(e)).ok());
+  double first = 0, last = 0;
+  for (int step = 0; step < 120; ++step) {
+    auto r = t.TrainStep(SftStep(step));
+    REQUIRE(r.ok());
+    if (step == 0) first = r->metrics().values().at("loss");
+    last = r->metrics().values().at("loss");
+  }
+  INFO("first loss " << first << " last loss " << last);
+  CHECK(last < first / 20);
+  auto task = MakeTask(e.task(), e.seed());
+  REQUIRE(task.ok());
+  actor::CharTokenizer tok;
+  actor::Generator gen(Policy(t));
+  std::vector<actor::GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    actor::GenerationRequest r;
+    auto p = EncodePrompt(tok, (*task)->train()[i].prompt);
+    r.prompt.assign(p.begin(), p.end());
+    r.sampling.greedy = true;
+    r.sampling.max_new_tokens = 4;
+    r.sampling.stop_token_ids = {2};
+    reqs.push_back(r);
+  }
+  torch::NoGradGuard no_grad;
+  auto out = gen.Generate(reqs);
+  REQUIRE(out.ok());
+  int correct = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto want = EncodeResponse(tok, (*task)->train()[i].answer);
+    std::vector<int64_t> w(want.begin(), want.end());
+    correct += (*out)[i].samples[0].tokens == w;
+  }
+  CHECK(correct >= 7);
+}
+
+TEST_CASE("GRPO raises a toy reward (first token is a digit)") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny(3);
+  *e.add_stages() = GrpoStageOf(30, 1e-2);
+  Trainer t;
+  REQUIRE(t.Configure(Request(e)).ok());
+  auto is_digit = [](const std::vector<int64_t>& toks) {
+    actor::CharTokenizer tok;
+    std::string s = tok.Decode({static_cast<int>(toks[0])});
+    return (s.size() == 1 && s[0] >= '0' && s[0] <= '9') ? 1.0 : 0.0;
+  };
+  auto prompts = Prompts(e, 8);
+  double early = 0, late = 0;
+  for (int step = 0; step < 30; ++step) {
+    TrainStepRequest req;
+    req.set_step(step);
+    *req.mutable_groups() = Rollout(t, prompts, 8, 1.0f, 100 + step, is_digit);
+    auto r = t.TrainStep(req);
+    REQUIRE(r.ok());
+    const double reward = r->metrics().values().at("reward_mean");
+    if (step < 5) early += reward / 5;
+    if (step >= 25) late += reward / 5;
+  }
+  INFO("reward early " << early << " late " << late);
+  CHECK(late > 0.6);
+  CHECK(late > 2 * early);
+}
+
+TEST_CASE("K=2 shards (threads, FileStore, ZeRO-1) equal K=1 on the same global batch") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(4, 8, 1e-2);
+  Trainer single;
+  REQUIRE(single.Configure(Request(e)).ok());
+  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+
+  ExperimentConfig e2 = e;
+  e2.mutable_learner()->set_zero(1);
+  // Small micro-batches: gradient accumulation on every rank.
+  e2.mutable_learner()->set_micro_batch_tokens(24);
+  Trainer ranks[2];
+  absl::Status results[2];
+  std::string saved[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ConfigureRequest req = Request(e2, dir.File("ckpt"));
+      req.set_rank(r);
+      req.set_world_size(2);
+      req.set_store_address("file:" + dir.File("store"));
+      auto c = ranks[r].Configure(req);
+      if (!c.ok()) {
+        results[r] = c.status();
+        return;
+      }
+      for (int step = 0; step < 3; ++step) {
+        auto s = ranks[r].TrainStep(SftStep(step));
+        if (!s.ok()) {
+          results[r] = s.status();
+          return;
+        }
+      }
+      auto sv = ranks[r].Save();
+      results[r] = sv.status();
+      if (sv.ok()) saved[r] = sv->path();
+    });
+  }
+  for (auto& th : threads) th.join();
+  REQUIRE(results[0].ok());
+  REQUIRE(results[1].ok());
+  CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
+  CHECK(saved[0] == saved[1]);
+  auto state = VerifyCheckpoint(saved[0]);
+  REQUIRE(state.ok());
+  CHECK(state->files.count("optimizer-rank-0.safetensors") == 1);
+  CHECK(state->files.count("optimizer-rank-1.safetensors") == 1);
+  CHECK(state->step == 3);
+  CHECK(state->world_size == 2);
+}
+
+TEST_CASE("exact resume: N steps straight == N/2, Save, fresh trainer, N/2 (bit-identical)") {
+  actor::ConfigureThreads(2);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  e.mutable_task()->set_train(12);  // the loader wraps into a second epoch
+  Stage stage = SftStageOf(6, 5, 5e-3);
+  stage.mutable_sft()->mutable_optimizer()->set_schedule("cosine");
+  stage.mutable_sft()->mutable_optimizer()->set_warmup_steps(2);
+  *e.add_stages() = stage;
+  const int N = 6;
+  Trainer straight;
+  REQUIRE(straight.Configure(Request(e)).ok());
+  for (int step = 0; step < N; ++step) REQUIRE(straight.TrainStep(SftStep(step)).ok());
+
+  const std::string ckpt = dir.File("ckpt");
+  {
+    Trainer first;
+    auto c = first.Configure(Request(e, ckpt));
+    REQUIRE(c.ok());
+    CHECK(c->step() == 0);
+    for (int step = 0; step < N / 2; ++step) {
+      REQUIRE(first.TrainStep(SftStep(step)).ok());
+      auto s = first.Save();
+      REQUIRE(s.ok());
+      CHECK(s->path() == ckpt + "/" + CheckpointName(step + 1));
+    }
+    // A retried (already applied) step is refused.
+    auto again = first.TrainStep(SftStep(N / 2 - 1));
+    CHECK(again.status().code() == absl::StatusCode::kFailedPrecondition);
+  }
+  Trainer second;
+  auto c = second.Configure(Request(e, ckpt));
+  REQUIRE(c.ok());
+  CHECK(c->step() == N / 2);
+  CHECK(c->policy_version() == N / 2);
+  CHECK_FALSE(BitEqual(straight, second));
+  for (int step = N / 2; step < N; ++step) REQUIRE(second.TrainStep(SftStep(step)).ok());
+  CHECK(BitEqual(straight, second));
+
+  // The saved HF folder loads as a model for rollout / the next stage.
+  auto model = actor::LoadHfModel(ckpt + "/" + CheckpointName(N / 2));
+  REQUIRE(model.ok());
+
+  // Corrupt the newest: truncating its weights makes Load fall back.
+  const std::string newest = ckpt + "/" + CheckpointName(N / 2);
+  const auto size = std::filesystem::file_size(newest + "/model.safetensors");
+  std::filesystem::resize_file(newest + "/model.safetensors", size / 2);
+  auto explicit_load = second.Load(newest);
+  REQUIRE_FALSE(explicit_load.ok());
+  CHECK(explicit_load.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(explicit_load.status().message()).find("model.safetensors") != std::string::npos);
+  auto fallback = second.Load();
+  REQUIRE(fallback.ok());
+  CHECK(fallback->step() == N / 2 - 1);
+  CHECK(second.step() == N / 2 - 1);
+  // A fresh trainer resumes from the previous valid one as well.
+  Trainer third;
+  auto c3 = third.Configure(Request(e, ckpt));
+  REQUIRE(c3.ok());
+  CHECK(c3->step() == N / 2 - 1);
+  // Keep: only the newest 3 are kept.
+  CHECK(ListCheckpoints(ckpt).size() == 3);
+}
+
+TEST_CASE("PPO with a critic trains and resumes its critic") {
+  actor::ConfigureThreads(2);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  Stage s;
+  auto* rl = s.mutable_ppo()->mutable_rl();
+  rl->set_steps(4);
+  rl->mutable_optimizer()->set_lr(1e-3);
+  rl->set_epochs(2);
+  *e.add_stages() = s;
+  Trainer t;
+  REQUIRE(t.Configure(Request(e, dir.File("ckpt"))).ok());
+  int64_t i = 0;
+  GroupList g = Rollout(t, Prompts(e, 4), 2, 1.0f, 5, [&](const std::vector<int64_t>&) {
+    return static_cast<double>((i++) % 2);
+  });
+  TrainStepRequest req;
+  req.set_step(0);
+  *req.mutable_groups() = g;
+  auto r = t.TrainStep(req);
+  REQUIRE(r.ok());
+  const auto& m = r->metrics().values();
+  CHECK(m.count("value_loss") == 1);
+  CHECK(m.count("value_mean") == 1);
+  CHECK(m.at("optimizer_steps") == 2.0);
+  CHECK(m.at("behaviour_logp_abs_diff_max") <= 1e-5);
+  REQUIRE(t.Save().ok());
+  req.set_step(1);
+  REQUIRE(t.TrainStep(req).ok());
+  Trainer resumed;
+  auto c = resumed.Configure(Request(e, dir.File("ckpt")));
+  REQUIRE(c.ok());
+  CHECK(c->step() == 1);
+  REQUIRE(resumed.TrainStep(req).ok());
+  CHECK(BitEqual(t, resumed));
+}
+
+}  // namespace
+}  // namespace rlmesh::learner
