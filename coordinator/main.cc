@@ -28,6 +28,7 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/experiment_config.h"
 #include "coordinator/experiments.h"
+#include "coordinator/prometheus.h"
 #include "coordinator/runner.h"
 #include "proto/config.pb.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -45,6 +46,9 @@ ABSL_FLAG(bool, exit_after_health, false,
           "launch: print every role's health, then stop the cluster and exit "
           "(0 if all roles serve).");
 ABSL_FLAG(double, timeout_seconds, 10.0, "Deadline of each RPC the CLI makes.");
+ABSL_FLAG(int, metrics_port, -1,
+          "launch: serve Prometheus /metrics on this port (0 = a free one, -1 = off). "
+          "run uses the experiment's logging.prometheus_port.");
 
 namespace rlmesh {
 namespace {
@@ -143,6 +147,14 @@ int Serve(Cluster* cluster, int port_override) {
   if (cluster != nullptr) {
     experiments = std::make_unique<ExperimentManager>(
         AddressesOf(*cluster, options->auth_token, cluster->options().run_dir + "/experiments"));
+  }
+  std::unique_ptr<MetricsHttpServer> metrics;
+  if (experiments != nullptr && absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto m = MetricsHttpServer::Start(options->bind_address, absl::GetFlag(FLAGS_metrics_port),
+                                      [e = experiments.get()] { return e->List(); });
+    if (!m.ok()) return Fail("serve", m.status());
+    metrics = std::move(*m);
+    std::printf("rlmesh: metrics on http://%s:%d/metrics\n", options->bind_address.c_str(), metrics->port());
   }
   RpcServer server(*options);
   CoordinatorServiceImpl service(&server.auth(), cluster, experiments.get());
@@ -309,6 +321,14 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   ro.learners = a.learners;
   ro.auth_token = a.auth_token;
   ExperimentRunner runner(ro);
+  std::unique_ptr<MetricsHttpServer> metrics;
+  if (cfg->logging().prometheus_port() >= 0) {
+    auto m = MetricsHttpServer::Start(server_options->bind_address, cfg->logging().prometheus_port(),
+                                      [&runner] { return std::vector<ExperimentStatus>{runner.status()}; });
+    if (!m.ok()) return Fail("run", m.status());
+    metrics = std::move(*m);
+    std::printf("rlmesh: metrics on http://%s:%d/metrics\n", server_options->bind_address.c_str(), metrics->port());
+  }
   std::printf("rlmesh: cluster up (coordinator %s); experiment %s\n", server.address().c_str(), id.c_str());
   std::printf("rlmesh: query it with: bazel-bin/replay_buffer/cli query --address %s --experiment %s --limit 5\n",
               a.replay_buffer.c_str(), id.c_str());

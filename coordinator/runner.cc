@@ -16,6 +16,7 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/tensorboard.h"
 #include "coordinator/experiment_config.h"
 #include "nlohmann/json.hpp"
 #include "proto/learner.grpc.pb.h"
@@ -136,6 +137,9 @@ class ExperimentRunner::Impl {
     if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", o_.run_dir, ": ", ec.message()));
     metrics_.open(o_.run_dir + "/metrics.jsonl", std::ios::app);
     if (!metrics_) return absl::PermissionDeniedError(absl::StrCat("cannot write ", o_.run_dir, "/metrics.jsonl"));
+    if (cfg().logging().tensorboard()) {
+      RLMESH_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Create(o_.run_dir + "/tensorboard"));
+    }
     RLMESH_ASSIGN_OR_RETURN(tokenizer_, actor::LoadTokenizer(cfg().model().tokenizer()));
     RLMESH_ASSIGN_OR_RETURN(task_, MakeTask(cfg().task(), cfg().seed()));
     RLMESH_RETURN_IF_ERROR(Connect());
@@ -413,8 +417,7 @@ class ExperimentRunner::Impl {
     nlohmann::json j = {{"event", "eval"}, {"stage", label}, {"step", step}, {"policy_version", version_},
                         {"accuracy", acc}, {"prompts", groups.size()}, {"seconds_eval", Seconds(start)},
                         {"time", absl::ToUnixMicros(absl::Now()) / 1e6}};
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    Record(j);
     {
       absl::MutexLock lock(&mu_);
       (*status_.mutable_metrics())["accuracy"] = acc;
@@ -553,10 +556,25 @@ class ExperimentRunner::Impl {
       (*j)["seconds_eval"] = Seconds(t);
     }
     if (ShouldCheckpoint(stage_step_, total)) RLMESH_RETURN_IF_ERROR(SaveAll().status());
-    metrics_ << j->dump() << "\n";
-    metrics_.flush();
+    ++tb_step_;
+    Record(*j);
     if (o_.progress) PrintProgress(stage, total, *j);
     return absl::OkStatus();
+  }
+
+  // One metrics line, and every number in it as a TensorBoard scalar
+  // "<stage>/<key>" at the cumulative learner step.
+  void Record(const nlohmann::json& j) {
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+    if (!tensorboard_) return;
+    const std::string stage = j.value("stage", std::string("run"));
+    const double wall = j.value("time", 0.0);
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (!it.value().is_number() || it.key() == "time" || it.key() == "step") continue;
+      tensorboard_->AddScalar(absl::StrCat(stage, "/", it.key()), tb_step_, it.value().get<double>(), wall)
+          .IgnoreError();
+    }
   }
 
   void PrintProgress(const Stage& stage, int64_t total, const nlohmann::json& j) {
@@ -599,6 +617,8 @@ class ExperimentRunner::Impl {
   std::unique_ptr<RpcClient> replay_;
   std::vector<std::unique_ptr<RpcClient>> rewards_, rollouts_, learners_;
   std::ofstream metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  int64_t tb_step_ = 0;
   int64_t version_ = 0;
   int64_t stage_step_ = 0;
   int64_t global_step_ = 0;
