@@ -69,7 +69,7 @@ TEST_CASE("BpeTokenizer matches tokenizers on held-out text") {
   testing::TempDir dir;
   std::string cmd = Python() + " " + testing::Runfile("actor/testdata/make_golden.py") + " tokenizers " + dir.path();
   REQUIRE(std::system(cmd.c_str()) == 0);
-  for (const std::string name : {"gpt2", "qwen2"}) {
+  for (const std::string name : {"gpt2", "qwen2", "llama3"}) {
     INFO("tokenizer " << name);
     auto tok = BpeTokenizer::FromFile(dir.File(name + "_tokenizer.json"));
     REQUIRE(tok.ok());
@@ -90,7 +90,7 @@ TEST_CASE("BpeTokenizer matches tokenizers on held-out text") {
         UNSCOPED_INFO("mismatch on text #" << i << ": " << nlohmann::json(text).dump());
       }
       CHECK((*tok)->Decode(expect) == decoded[i].get<std::string>());
-      if (name == "gpt2") CHECK((*tok)->Decode(ids) == text);  // no normalizer: exact round trip
+      if (name != "qwen2") CHECK((*tok)->Decode(ids) == text);  // no normalizer: exact round trip
     }
     CHECK(mismatches == 0);
     CHECK(texts.size() > 300);

@@ -115,6 +115,10 @@ QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def tokenizers_(out):
     from tokenizers import Regex, Tokenizer, decoders, models as tmodels, normalizers, pre_tokenizers, trainers
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -130,10 +134,13 @@ def tokenizers_(out):
                             setattr(t, "pre_tokenizer", pre_tokenizers.Sequence([
                                 pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))),
+        "llama3": lambda t: (setattr(t, "pre_tokenizer", pre_tokenizers.Sequence([
+                                pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])),),
     }
     result = {}
     for name, setup in specs.items():
-        tok = Tokenizer(tmodels.BPE())
+        tok = Tokenizer(tmodels.BPE(ignore_merges=(name == "llama3")))
         setup(tok)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=specials, show_progress=False,
