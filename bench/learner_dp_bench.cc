@@ -7,7 +7,8 @@
 //   k1         one process, no collectives (the reference);
 //   k2-dp      two ranks, bucketed all-reduce, replicated AdamW;
 //   k2-zero1   two ranks, Gloo reduce_scatter, sharded AdamW, all-gather;
-//   k2-zero1e  two ranks, reduce-scatter emulated by all-reduce + slice;
+//   k2-zero1 rs=all-reduce      reduce-scatter emulated by all-reduce + slice;
+//   k2-zero1 rs+ag=all-reduce   and the all-gather by an all-reduce too;
 // and a bare all-reduce of the same N floats. The K = 2 ranks are two
 // threads, each with its own Gloo group over one HashStore (Gloo still moves
 // the bytes over loopback TCP). Each configuration runs `--repeats` times
@@ -174,7 +175,9 @@ int main(int argc, char** argv) {
     z.zero1 = true;
     Row("k2-zero1", n, RunK2(n, z, "step"), k1.median);
     z.emulate_reduce_scatter = true;
-    Row("k2-zero1e", n, RunK2(n, z, "step"), k1.median);
+    Row("k2-zero1 rs=all-reduce", n, RunK2(n, z, "step"), k1.median);
+    z.emulate_all_gather = true;
+    Row("k2-zero1 rs+ag=all-reduce", n, RunK2(n, z, "step"), k1.median);
     Row("k2-allreduce only", n, RunK2(n, dp, "allreduce"), k1.median);
   }
   return 0;

@@ -5,7 +5,10 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <stdlib.h>
+
 #include <chrono>
+#include <mutex>
 #include <cmath>
 #include <utility>
 
@@ -55,6 +58,12 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
     return absl::InvalidArgumentError(
         absl::StrCat("rank: must be in [0, ", world_size, "), got ", rank));
   }
+  // torch 2.11's c10d flight recorder (on by default, process-wide) crashed
+  // in recordWithResetEnabled when two Gloo groups of one process enqueued
+  // collectives from two threads (a std::map insert race; seen 1 run in ~10
+  // of data_parallel_test). Off unless the user asked for it.
+  static std::once_flag fr_once;
+  std::call_once(fr_once, [] { ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0); });
   c10::intrusive_ptr<c10d::Backend> group;
   RLMESH_RETURN_IF_ERROR(Collective("gloo rendezvous", [&] {
     auto opts = c10d::ProcessGroupGloo::Options::create(
@@ -344,6 +353,12 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weigh
   RLMESH_RETURN_IF_ERROR(Collective("parameter all-gather", [&] {
     if (world_size_ == 1) {
       flat_params_.copy_(shard_params_);
+    } else if (options_.emulate_all_gather) {
+      // Sum of zeros and one owner per element: exact, and Gloo's ring
+      // all-reduce measured faster than its all-gather (bench/learner.md).
+      flat_params_.zero_();
+      flat_params_.narrow(0, shard_begin_, shard).copy_(shard_params_);
+      AllReduceBuckets(flat_params_, padded_);
     } else {
       Wait(group_->_allgather_base(flat_params_, shard_params_));
     }

@@ -10,7 +10,8 @@
 //               shards (zero-padded at the end); rank r keeps AdamW state for
 //               shard r only. Gradients are reduce-scattered (Gloo's native
 //               reduce_scatter, or all-reduce + slice), each rank updates its
-//               shard, and the parameters are all-gathered.
+//               shard, and the parameters are all-gathered (native, or an
+//               all-reduce of zero-filled buffers).
 //
 // Gradient convention (makes ragged shards exact). Each rank's gradients are
 // those of its *local mean* loss over `local_weight` units (tokens for
@@ -58,7 +59,10 @@ struct GlooGroupOptions {
 };
 
 // Creates a Gloo process group; blocks until all `world_size` ranks have
-// joined through `store` (or the timeout passes: DEADLINE_EXCEEDED/ABORTED).
+// joined through `store` (or the timeout passes: ABORTED). The first call
+// sets TORCH_FR_BUFFER_SIZE=0 unless the environment already sets it: c10d's
+// flight recorder races when several groups of one process run collectives
+// from different threads (docs/decisions.md).
 absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
     const GlooGroupOptions& options = {});
@@ -83,6 +87,10 @@ struct DataParallelOptions {
   // ZeRO-1 only: reduce-scatter gradients as bucketed all-reduce + slice
   // instead of Gloo's reduce_scatter. Default false (native).
   bool emulate_reduce_scatter = false;
+  // ZeRO-1 only: all-gather the parameters as a bucketed all-reduce of a
+  // zero-filled buffer holding this rank's shard (exact) instead of Gloo's
+  // all-gather. Default false (native).
+  bool emulate_all_gather = false;
   // AdamW hyper-parameters (the learning rate is passed to each Step).
   AdamWOptions adamw;
   // Clip the global norm of the averaged gradient to this; 0 = no clipping.

@@ -53,26 +53,42 @@ at::Tensor ReferenceTrain(const ToyTrainOptions& options) {
 }
 
 // Trains the toy problem on `world` threads, each with its own Gloo group
-// over one shared HashStore. Returns each rank's final parameters.
+// over one shared HashStore. Returns each rank's final parameters. The groups
+// are destroyed only after every rank has finished, as separate processes
+// would: tearing down one rank's Gloo pairs while a peer still uses them is
+// not something the learner does.
 std::vector<at::Tensor> TrainOnThreads(int world, const ToyTrainOptions& options) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::future<absl::StatusOr<at::Tensor>>> futures;
+  struct Result {
+    absl::StatusOr<at::Tensor> flat = absl::UnknownError("not run");
+    c10::intrusive_ptr<c10d::Backend> group;
+  };
+  std::vector<std::future<Result>> futures;
   for (int rank = 0; rank < world; ++rank) {
-    futures.push_back(std::async(std::launch::async, [=]() -> absl::StatusOr<at::Tensor> {
+    futures.push_back(std::async(std::launch::async, [=]() {
+      Result r;
       GlooGroupOptions gloo;
       gloo.timeout_ms = 60'000;
       auto group = CreateGlooGroup(store, rank, world, gloo);
-      if (!group.ok()) return group.status();
+      if (!group.ok()) {
+        r.flat = group.status();
+        return r;
+      }
+      r.group = *group;
       // Different initial weights per rank: the broadcast has to fix them.
-      return testing::TrainToy(*group, options, /*init_seed=*/100 + rank);
+      r.flat = testing::TrainToy(r.group, options, /*init_seed=*/100 + rank);
+      return r;
     }));
   }
-  std::vector<at::Tensor> out;
+  std::vector<Result> results;
   for (auto& f : futures) {
     REQUIRE(f.wait_for(std::chrono::seconds(90)) == std::future_status::ready);
-    absl::StatusOr<at::Tensor> flat = f.get();
-    REQUIRE(flat.ok());
-    out.push_back(*flat);
+    results.push_back(f.get());
+  }
+  std::vector<at::Tensor> out;
+  for (Result& r : results) {
+    REQUIRE(r.flat.ok());
+    out.push_back(*r.flat);
   }
   return out;
 }
@@ -120,12 +136,14 @@ TEST_CASE("two threads: plain DP and ZeRO-1 equal one process within 1e-5") {
     bool emulate;
     int64_t bucket_bytes;
   };
+  // "emulated" replaces both reduce-scatter and all-gather by all-reduce.
   for (Mode mode : {Mode{"dp", false, false, 25 << 20}, Mode{"dp-small-buckets", false, false, 1024},
                     Mode{"zero1-native", true, false, 25 << 20},
                     Mode{"zero1-emulated", true, true, 1024}}) {
     CAPTURE(mode.name);
     options.dp.zero1 = mode.zero1;
     options.dp.emulate_reduce_scatter = mode.emulate;
+    options.dp.emulate_all_gather = mode.emulate;
     options.dp.bucket_bytes = mode.bucket_bytes;
     std::vector<at::Tensor> ranks = TrainOnThreads(2, options);
     CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);  // Replicas never drift apart.
