@@ -171,6 +171,8 @@ struct RolloutWorker::Impl {
   absl::Mutex load_mu;
   std::unique_ptr<WeightReceiver> receiver ABSL_GUARDED_BY(load_mu);
   std::string sync_group ABSL_GUARDED_BY(load_mu);
+  // Receive buffers reused from one sync to the next.
+  NamedTensors staging ABSL_GUARDED_BY(load_mu);
 
   // Engine thread only.
   actor::Transformer model{nullptr};
@@ -663,6 +665,7 @@ absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& spec) {
   absl::MutexLock load_lock(&impl_->load_mu);
   impl_->receiver = std::move(receiver);
   impl_->sync_group = spec.group_name();
+  impl_->staging.clear();
   RLMESH_LOG(INFO) << "weight sync configured backend=" << WeightSyncBackend_Name(impl_->receiver->backend())
                    << " group=" << spec.group_name() << " rank=" << spec.rank();
   return absl::OkStatus();
@@ -680,7 +683,14 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
   // Receive first, whatever the state: for a collective backend the
   // publisher is sending now and must not be left hanging.
   WeightLayout received;
-  RLMESH_ASSIGN_OR_RETURN(NamedTensors tensors, impl_->receiver->Receive(expected, &received));
+  NamedTensors tensors;
+  if (impl_->staging.empty()) {
+    RLMESH_ASSIGN_OR_RETURN(tensors, impl_->receiver->Receive(expected, &received));
+  } else {
+    // Reuse the previous round's buffers (warm memory: the fast path).
+    RLMESH_RETURN_IF_ERROR(impl_->receiver->ReceiveInto(expected, impl_->staging, &received));
+    tensors = impl_->staging;
+  }
   const int64_t v = version != 0 ? version : received.version();
   int64_t bytes = 0;
   {
@@ -711,6 +721,7 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
   u->version = v;
   u->model_id = absl::StrCat("weight_sync:", impl_->sync_group.empty() ? "default" : impl_->sync_group);
   Impl* impl = impl_.get();
+  impl_->staging = tensors;  // this round's tensors become the next round's buffers
   auto staged = std::make_shared<NamedTensors>(std::move(tensors));
   u->apply = [impl, staged]() -> absl::Status {
     at::NoGradGuard no_grad;

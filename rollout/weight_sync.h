@@ -7,10 +7,13 @@
 //
 // Backends, chosen by WeightSyncSpec.backend (the caller never needs to know
 // which one runs):
-//   SHM         one file per bucket under /dev/shm (spec.shm_prefix), plus a
-//               layout manifest written last; receivers memcpy out. Same host.
-//               Publish returns once the files exist; old versions are
-//               removed (the previous one is kept for slow readers).
+//   SHM         two slots of bucket files under /dev/shm (spec.shm_prefix),
+//               reused across versions (v goes to slot v % 2), a seqlock word
+//               per slot and a layout manifest per version written last;
+//               receivers memcpy out. Same host. Publish returns once the
+//               data is in place; the newest two versions stay readable, and
+//               a reader overtaken by the publisher gets ABORTED, never torn
+//               data.
 //   GLOO        c10d ProcessGroupGloo broadcast from rank 0 over a TCPStore
 //               at spec.store_host:store_port (hosted by the coordinator, or
 //               by WeightSyncStore below). The layout travels in-band first.
@@ -103,6 +106,13 @@ class WeightReceiver {
   // non-null it gets the layout that arrived.
   virtual absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected,
                                                WeightLayout* received = nullptr) = 0;
+  // Same, but copies into caller-owned tensors (matched by name; each a
+  // contiguous CPU tensor of the slot's dtype and shape, one per slot).
+  // Reusing the same destinations every version avoids touching fresh
+  // memory: this is the fast path (SHM copies straight from the segment).
+  // On error the destinations may be partly written.
+  virtual absl::Status ReceiveInto(const WeightLayout& expected, const NamedTensors& destinations,
+                                   WeightLayout* received = nullptr);
   virtual WeightSyncBackend backend() const = 0;
 };
 

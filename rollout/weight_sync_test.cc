@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -119,11 +121,20 @@ TEST_CASE("SHM publish/receive round trip is bit-exact; old versions are removed
     REQUIRE(again.ok());
     ExpectBitExact(tensors, *again);
   }
-  // Versions 2 and 3 are kept, 1 is gone.
+  // Versions 2 and 3 stay readable; 1 (whose slot 3 reused) is gone.
   CHECK(access(dir.File("w-v1.layout").c_str(), F_OK) != 0);
-  CHECK(access(dir.File("w-v1.bucket0").c_str(), F_OK) != 0);
   CHECK(access(dir.File("w-v2.layout").c_str(), F_OK) == 0);
-  CHECK(access(dir.File("w-v3.bucket2").c_str(), F_OK) == 0);
+  CHECK(access(dir.File("w-v3.layout").c_str(), F_OK) == 0);
+  CHECK(access(dir.File("w-slot1.bucket2").c_str(), F_OK) == 0);
+  WeightLayout v1;
+  v1.set_version(1);
+  auto gone = CreateWeightReceiver([&] {
+    auto s = spec;
+    s.set_timeout_ms(50);
+    return s;
+  }());
+  REQUIRE(gone.ok());
+  CHECK((*gone)->Receive(v1).status().code() == absl::StatusCode::kDeadlineExceeded);
 
   // Version must move forward.
   auto stale = (*pub)->Publish(MakeTensors(9), 3);
@@ -132,6 +143,8 @@ TEST_CASE("SHM publish/receive round trip is bit-exact; old versions are removed
 
   pub->reset();  // the publisher removes what it wrote
   CHECK(access(dir.File("w-v3.layout").c_str(), F_OK) != 0);
+  CHECK(access(dir.File("w-slot1.bucket0").c_str(), F_OK) != 0);
+  CHECK(access(dir.File("w-seq").c_str(), F_OK) != 0);
 }
 
 TEST_CASE("SHM receiver checks the layout against the files") {
@@ -150,7 +163,7 @@ TEST_CASE("SHM receiver checks the layout against the files") {
   CHECK((*recv)->Receive(other).status().code() == absl::StatusCode::kInvalidArgument);
 
   // A truncated bucket file is detected by size.
-  REQUIRE(truncate(dir.File("w-v1.bucket1").c_str(), 100) == 0);
+  REQUIRE(truncate(dir.File("w-slot1.bucket1").c_str(), 100) == 0);
   auto s = (*recv)->Receive(*layout).status();
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(s.message(), "bucket_bytes"));
@@ -164,6 +177,62 @@ TEST_CASE("SHM receiver checks the layout against the files") {
   const absl::Time start = absl::Now();
   CHECK((*late)->Receive(v7).status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(absl::Now() - start < absl::Seconds(2));
+}
+
+TEST_CASE("SHM ReceiveInto reuses caller buffers; a reader overtaken by the publisher gets ABORTED") {
+  testing::TempDir dir;
+  auto spec = ShmSpec(dir);
+  auto pub = CreateWeightPublisher(spec);
+  auto recv = CreateWeightReceiver(spec);
+  REQUIRE(pub.ok());
+  REQUIRE(recv.ok());
+  auto first = MakeTensors(1);
+  auto layout = (*pub)->Publish(first, 1);
+  REQUIRE(layout.ok());
+  auto buffers = (*recv)->Receive(*layout);
+  REQUIRE(buffers.ok());
+  std::reverse(buffers->begin(), buffers->end());  // matched by name, not order
+  void* before = (*buffers)[0].second.data_ptr();
+  for (int v = 2; v <= 3; ++v) {
+    auto tensors = MakeTensors(v);
+    REQUIRE((*pub)->Publish(tensors, v).ok());
+    WeightLayout want;
+    want.set_version(v);
+    REQUIRE((*recv)->ReceiveInto(want, *buffers).ok());
+    NamedTensors in_order(buffers->rbegin(), buffers->rend());
+    ExpectBitExact(tensors, in_order);
+  }
+  CHECK((*buffers)[0].second.data_ptr() == before);  // written in place
+
+  // Wrong destinations are refused naming the tensor.
+  NamedTensors short_list(buffers->begin() + 1, buffers->end());
+  WeightLayout v3;
+  v3.set_version(3);
+  auto s = (*recv)->ReceiveInto(v3, short_list);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), (*buffers)[0].first));
+
+  // A reader that found version 3's manifest but reads after the publisher
+  // reused slot 1 for version 5: refused, not torn.
+  std::string manifest3;
+  {
+    FILE* f = fopen(dir.File("w-v3.layout").c_str(), "rb");
+    REQUIRE(f != nullptr);
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    manifest3.assign(buf, n);
+  }
+  REQUIRE((*pub)->Publish(MakeTensors(4), 4).ok());
+  REQUIRE((*pub)->Publish(MakeTensors(5), 5).ok());
+  {
+    FILE* f = fopen(dir.File("w-v3.layout").c_str(), "wb");
+    REQUIRE(f != nullptr);
+    fwrite(manifest3.data(), 1, manifest3.size(), f);
+    fclose(f);
+  }
+  auto torn = (*recv)->Receive(v3);
+  CHECK(torn.status().code() == absl::StatusCode::kAborted);
 }
 
 TEST_CASE("SHM receiver waits for a version published after it asked") {
