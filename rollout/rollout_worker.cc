@@ -512,10 +512,15 @@ struct RolloutWorker::Impl {
         }
       }
     }
-    // Stopping: end everything still queued or running.
+    // Stopping: end everything still queued or running, and a waiting load.
     std::vector<std::shared_ptr<RequestHandle>> ends;
     {
       absl::MutexLock lock(&mu);
+      if (update) {
+        update->status = absl::CancelledError("rollout worker shutting down");
+        update->done = true;
+        update = nullptr;
+      }
       for (auto& r : pending) ends.push_back(r);
       pending.clear();
       for (auto& [id, e] : inflight) ends.push_back(e.req);

@@ -96,6 +96,7 @@ class RolloutWorker {
   RolloutWorker(RolloutWorkerOptions options, std::unique_ptr<actor::Tokenizer> tokenizer,
                 RewardClient* reward = nullptr, ReplayBufferClient* replay = nullptr);
   // Stops the engine: pending and in-flight requests end with CANCELLED.
+  // REQUIRES: no method call in progress (the service is destroyed first).
   ~RolloutWorker();
   RolloutWorker(const RolloutWorker&) = delete;
   RolloutWorker& operator=(const RolloutWorker&) = delete;

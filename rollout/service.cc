@@ -116,12 +116,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse> 
 }  // namespace
 
 RolloutServiceImpl::~RolloutServiceImpl() {
-  std::list<std::thread> threads;
+  std::list<std::pair<std::thread, std::shared_ptr<bool>>> threads;
   {
     absl::MutexLock lock(&mu_);
     threads.swap(threads_);
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads) t.first.join();
 }
 
 grpc::ServerWriteReactor<GenerateResponse>* RolloutServiceImpl::Generate(grpc::CallbackServerContext* ctx,
@@ -146,7 +146,22 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::LoadWeights(grpc::CallbackServerCo
   }
   // The load waits for the fence (possibly seconds): off the callback thread.
   absl::MutexLock lock(&mu_);
-  threads_.emplace_back([this, reactor, request, response] {
+  // Join the loads that already ended, so the list stays short.
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    bool ended;
+    {
+      absl::MutexLock done_lock(&done_mu_);
+      ended = *it->second;
+    }
+    if (ended) {
+      it->first.join();
+      it = threads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto ended = std::make_shared<bool>(false);
+  std::thread t([this, reactor, request, response, ended] {
     absl::StatusOr<LoadResult> r;
     try {
       r = request->has_sync() ? worker_->LoadFromSync(request->sync(), request->version())
@@ -160,7 +175,10 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::LoadWeights(grpc::CallbackServerCo
       response->set_seconds(r->seconds);
     }
     reactor->Finish(ToGrpcStatus(r.status()));
+    absl::MutexLock done_lock(&done_mu_);
+    *ended = true;
   });
+  threads_.emplace_back(std::move(t), std::move(ended));
   return reactor;
 }
 

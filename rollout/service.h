@@ -39,7 +39,9 @@ class RolloutServiceImpl final : public RolloutService::CallbackService {
   RolloutWorker* const worker_;
   const ServerAuth* const auth_;
   absl::Mutex mu_;
-  std::list<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex done_mu_;  // guards the bools in threads_
+  // LoadWeights threads and whether each has finished (joined lazily).
+  std::list<std::pair<std::thread, std::shared_ptr<bool>>> threads_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rlmesh::rollout
