@@ -83,6 +83,7 @@ class ExperimentRunner::Impl {
       if (!s.ok()) status_.set_error(std::string(s.message()));
       status_.set_phase("done");
     }
+    if (s.ok() && o_.progress) PrintSummary();
     return s;
   }
 
@@ -159,7 +160,9 @@ class ExperimentRunner::Impl {
         status_.set_step(0);
       }
       RLMESH_RETURN_IF_ERROR(ConfigureLearners(i, init));
-      RLMESH_RETURN_IF_ERROR(SyncWeights());
+      // A stage starts from a folder (the workers may not have a model yet,
+      // or a different one); steps then sync through the group.
+      RLMESH_RETURN_IF_ERROR(SyncWeights(/*through_checkpoint=*/true));
       if (i == 0) {
         RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate("init", 0, /*final=*/true));
         absl::MutexLock lock(&mu_);
@@ -175,7 +178,6 @@ class ExperimentRunner::Impl {
       absl::MutexLock lock(&mu_);
       summary_.accuracy.push_back({StageName(stage), acc});
     }
-    if (o_.progress) PrintSummary();
     return absl::OkStatus();
   }
 
@@ -216,6 +218,10 @@ class ExperimentRunner::Impl {
     }));
     version_ = responses[0].policy_version();
     stage_step_ = responses[0].step();
+    // Rollout workers only accept increasing versions, and a new stage's
+    // learner counts from its own start: shift its numbering so the
+    // workers' versions keep increasing across stages.
+    version_offset_ = (weights_version_ + 1) - version_;
     return absl::OkStatus();
   }
 
@@ -239,7 +245,7 @@ class ExperimentRunner::Impl {
     std::vector<TrainStepResponse> responses(learners_.size());
     RLMESH_RETURN_IF_ERROR(ParallelFor(static_cast<int>(learners_.size()), [&](int r) -> absl::Status {
       TrainStepRequest req;
-      req.set_step(stage_step_ + 1);
+      req.set_step(stage_step_);  // 0-based: the number of steps already taken
       fill(&req);
       auto stub = Learner::NewStub(learners_[r]->channel());
       auto ctx = learners_[r]->NewContext(absl::Minutes(30));
@@ -256,10 +262,10 @@ class ExperimentRunner::Impl {
 
   // Puts the learner's current weights into every rollout worker. Uses the
   // weight-sync group when both sides support it, else a checkpoint folder.
-  absl::Status SyncWeights() {
+  absl::Status SyncWeights(bool through_checkpoint = false) {
     SetPhase("sync");
     const absl::Time start = absl::Now();
-    if (!sync_unavailable_) {
+    if (!sync_unavailable_ && !through_checkpoint) {
       absl::Status s = SyncThroughGroup();
       if (s.ok()) {
         last_sync_seconds_ = Seconds(start);
@@ -316,11 +322,15 @@ class ExperimentRunner::Impl {
     return LoadIntoRollouts([&](LoadWeightsRequest* req) { *req->mutable_sync() = published.layout(); });
   }
 
+  // The learner's version in the rollout workers' (monotonic) numbering.
+  int64_t RolloutVersion() const { return version_ + version_offset_; }
+
   absl::Status LoadIntoRollouts(const std::function<void(LoadWeightsRequest*)>& fill) {
+    weights_version_ = RolloutVersion();
     return ParallelFor(static_cast<int>(rollouts_.size()), [&](int i) -> absl::Status {
       LoadWeightsRequest req;
       fill(&req);
-      req.set_version(version_);
+      req.set_version(RolloutVersion());
       LoadWeightsResponse resp;
       auto stub = RolloutService::NewStub(rollouts_[i]->channel());
       auto ctx = rollouts_[i]->NewContext(absl::Minutes(5));
@@ -362,7 +372,7 @@ class ExperimentRunner::Impl {
       *req.mutable_sampling() = sampling;
       req.set_n(n);
       req.set_pipeline(pipeline);
-      req.set_min_policy_version(version_);
+      req.set_min_policy_version(RolloutVersion());
       req.set_decode_text(true);
       for (const auto& v : cfg().reward().verifiers()) *req.add_verifiers() = v;
       req.set_verifier_timeout_ms(cfg().reward().verifier_timeout_ms());
@@ -507,7 +517,7 @@ class ExperimentRunner::Impl {
       }
       SetPhase("train");
       const absl::Time t1 = absl::Now();
-      const int64_t min_version = version_ - rl.max_staleness();
+      const int64_t min_version = RolloutVersion() - rl.max_staleness();
       RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainStep([&](TrainStepRequest* r) {
                                 BufferSource* b = r->mutable_buffer();
                                 b->set_experiment_id(o_.experiment_id);
@@ -619,7 +629,11 @@ class ExperimentRunner::Impl {
   std::ofstream metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t tb_step_ = 0;
+  // Learner's policy version, and the offset to the rollout workers' numbering.
   int64_t version_ = 0;
+  int64_t version_offset_ = 0;
+  // Version the rollout workers hold.
+  int64_t weights_version_ = 0;
   int64_t stage_step_ = 0;
   int64_t global_step_ = 0;
   bool sync_unavailable_ = false;
