@@ -1,0 +1,83 @@
+#include "tasks/preferences.h"
+
+#include <fstream>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace rlmesh {
+
+absl::Status TaskPairOptions::Validate() const {
+  if (max_offset < 1) return absl::InvalidArgumentError("max_offset: must be >= 1");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<PreferencePair>> MakeTaskPreferencePairs(const std::vector<Example>& examples,
+                                                                    const TaskPairOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::vector<PreferencePair> out;
+  out.reserve(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const Example& e = examples[i];
+    int64_t answer = 0;
+    if (!absl::SimpleAtoi(e.answer, &answer)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("example ", e.id, ": answer \"", e.answer, "\" is not an integer (task pairs need one)"));
+    }
+    // One generator per pair: pair i does not depend on how many came before.
+    std::mt19937_64 rng(options.seed * 0x9e3779b97f4a7c15ULL + i);
+    std::uniform_int_distribution<int64_t> dist(1, options.max_offset);
+    int64_t offset = dist(rng);
+    if (rng() & 1) offset = -offset;
+    out.push_back({e.prompt, e.answer, absl::StrCat(answer + offset)});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<PreferencePair>> ReadPreferencePairs(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read preference pairs ", path));
+  std::vector<PreferencePair> out;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": not a JSON object"));
+    }
+    auto field = [&](const char* name, std::string* value) -> absl::Status {
+      auto it = j.find(name);
+      if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": missing field '", name, "'"));
+      if (it->is_string()) {
+        *value = it->get<std::string>();
+      } else if (it->is_number()) {
+        *value = it->dump();
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": field '", name, "' is not a string or number"));
+      }
+      return absl::OkStatus();
+    };
+    PreferencePair p;
+    if (absl::Status s = field("prompt", &p.prompt); !s.ok()) return s;
+    if (absl::Status s = field("chosen", &p.chosen); !s.ok()) return s;
+    if (absl::Status s = field("rejected", &p.rejected); !s.ok()) return s;
+    out.push_back(std::move(p));
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no preference pairs"));
+  return out;
+}
+
+std::string PreferencePairsToJsonl(const std::vector<PreferencePair>& pairs) {
+  std::string out;
+  for (const PreferencePair& p : pairs) {
+    nlohmann::json j = {{"prompt", p.prompt}, {"chosen", p.chosen}, {"rejected", p.rejected}};
+    absl::StrAppend(&out, j.dump(), "\n");
+  }
+  return out;
+}
+
+}  // namespace rlmesh
