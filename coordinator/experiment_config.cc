@@ -174,8 +174,16 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
         }
         break;
       case Stage::kDpo:
+        c.Require(st->dpo().steps() > 0, p + ".dpo.steps", "must be > 0");
+        c.Require(st->dpo().batch() > 0, p + ".dpo.batch", "must be > 0");
+        CheckOptimizer(c, st->dpo().optimizer(), p + ".dpo.optimizer");
+        if (st->dpo().beta() == 0) st->mutable_dpo()->set_beta(0.1);
+        c.Require(st->dpo().beta() > 0, p + ".dpo.beta", "must be > 0");
+        break;
       case Stage::kRewardModel:
-        c.Require(false, p, "dpo and reward_model stages cannot be run by the coordinator yet");
+        c.Require(st->reward_model().steps() > 0, p + ".reward_model.steps", "must be > 0");
+        c.Require(st->reward_model().batch() > 0, p + ".reward_model.batch", "must be > 0");
+        CheckOptimizer(c, st->reward_model().optimizer(), p + ".reward_model.optimizer");
         break;
       default:
         c.Require(false, p, "names no stage kind (sft, grpo, ppo, dpo, reward_model)");

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -46,6 +49,9 @@ ABSL_FLAG(bool, exit_after_health, false,
           "launch: print every role's health, then stop the cluster and exit "
           "(0 if all roles serve).");
 ABSL_FLAG(double, timeout_seconds, 10.0, "Deadline of each RPC the CLI makes.");
+ABSL_FLAG(std::string, resume, "",
+          "run: continue the run in this run directory (its saved experiment config is used; "
+          "finished stages are skipped, the current one resumes from its newest checkpoint).");
 ABSL_FLAG(int, metrics_port, -1,
           "launch: serve Prometheus /metrics on this port (0 = a free one, -1 = off). "
           "run uses the experiment's logging.prometheus_port.");
@@ -274,14 +280,47 @@ int Submit(const std::vector<std::string>& args, const std::vector<std::string>&
 }
 
 int Run(const std::vector<std::string>& args, const std::vector<std::string>& sets) {
-  if (args.size() != 1) return Fail("run", absl::InvalidArgumentError("expected one experiment YAML"));
-  auto cfg = LoadExperiment(args[0], sets);
-  if (!cfg.ok()) return Fail("run", cfg.status());
-  const std::string id =
-      absl::StrCat(cfg->name(), "-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
-  std::string run_root = absl::GetFlag(FLAGS_run_dir);
-  if (run_root.empty()) run_root = cfg->run_dir();
-  const std::string run_dir = UserPath(absl::StrCat(run_root, "/", id));
+  const std::string resume = UserPath(absl::GetFlag(FLAGS_resume));
+  absl::StatusOr<ExperimentConfig> cfg;
+  std::string id, run_dir;
+  if (!resume.empty()) {
+    // The run's own saved config: a resumed run is the same experiment.
+    if (!args.empty()) return Fail("run", absl::InvalidArgumentError("--resume takes no experiment YAML"));
+    // The original run's --set overrides first, then any given now.
+    std::vector<std::string> all_sets;
+    std::ifstream overrides(resume + "/overrides.txt");
+    for (std::string line; std::getline(overrides, line);) {
+      if (!line.empty()) all_sets.push_back(line);
+    }
+    all_sets.insert(all_sets.end(), sets.begin(), sets.end());
+    cfg = LoadExperiment(resume + "/experiment.yaml", all_sets);
+    if (!cfg.ok()) return Fail("run", cfg.status());
+    run_dir = std::filesystem::path(resume).lexically_normal().string();
+    while (!run_dir.empty() && run_dir.back() == '/') run_dir.pop_back();
+    id = std::filesystem::path(run_dir).filename().string();
+  } else {
+    if (args.size() != 1) return Fail("run", absl::InvalidArgumentError("expected one experiment YAML"));
+    cfg = LoadExperiment(args[0], sets);
+    if (!cfg.ok()) return Fail("run", cfg.status());
+    id = absl::StrCat(cfg->name(), "-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+    std::string run_root = absl::GetFlag(FLAGS_run_dir);
+    if (run_root.empty()) run_root = cfg->run_dir();
+    run_dir = UserPath(absl::StrCat(run_root, "/", id));
+    std::error_code ec;
+    std::filesystem::create_directories(run_dir, ec);
+    // Keep the exact experiment (overrides applied) for --resume.
+    std::ifstream in(UserPath(args[0]));
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string saved = text.str();
+    for (const auto& s : sets) saved += "\n# --set " + s;
+    absl::Status w = WriteFileAtomically(run_dir + "/experiment.yaml", saved);
+    if (!w.ok()) return Fail("run", w);
+    if (!sets.empty()) {
+      absl::Status ws = WriteFileAtomically(run_dir + "/overrides.txt", absl::StrJoin(sets, "\n") + "\n");
+      if (!ws.ok()) return Fail("run", ws);
+    }
+  }
 
   // The cluster this experiment needs, on this host.
   const int cores = std::max(1u, std::thread::hardware_concurrency());
@@ -320,6 +359,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   ro.rollout_workers = a.rollout_workers;
   ro.learners = a.learners;
   ro.auth_token = a.auth_token;
+  ro.resume = !resume.empty();
   ExperimentRunner runner(ro);
   std::unique_ptr<MetricsHttpServer> metrics;
   if (cfg->logging().prometheus_port() >= 0) {

@@ -150,9 +150,25 @@ class ExperimentRunner::Impl {
     }
 
     std::string init = cfg().model().init() == "checkpoint" ? cfg().model().path() : "";
+    LoadRunnerState();
     for (int i = 0; i < cfg().stages_size(); ++i) {
       RLMESH_RETURN_IF_ERROR(CheckCancelled());
       const Stage& stage = cfg().stages(i);
+      if (o_.resume) {
+        // A finished stage left a marker: skip it, start the next from its end.
+        auto marker = ReadJsonFile(StageMarker(i));
+        if (marker.ok()) {
+          if (i == 0 && marker->contains("init_accuracy")) {
+            absl::MutexLock lock(&mu_);
+            summary_.accuracy.push_back({"init", (*marker)["init_accuracy"].get<double>()});
+          }
+          init = (*marker)["checkpoint"].get<std::string>();
+          absl::MutexLock lock(&mu_);
+          summary_.accuracy.push_back({StageName(stage), (*marker)["accuracy"].get<double>()});
+          if (o_.progress) std::printf("resume: stage %s already finished (%s)\n", StageName(stage).c_str(), init.c_str());
+          continue;
+        }
+      }
       {
         absl::MutexLock lock(&mu_);
         status_.set_stage_index(i);
@@ -163,10 +179,17 @@ class ExperimentRunner::Impl {
       // A stage starts from a folder (the workers may not have a model yet,
       // or a different one); steps then sync through the group.
       RLMESH_RETURN_IF_ERROR(SyncWeights(/*through_checkpoint=*/true));
+      double init_accuracy = -1;
       if (i == 0) {
-        RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate("init", 0, /*final=*/true));
+        auto previous = ReadJsonFile(o_.run_dir + "/init_accuracy.json");
+        if (o_.resume && previous.ok()) {
+          init_accuracy = (*previous)["accuracy"].get<double>();
+        } else {
+          RLMESH_ASSIGN_OR_RETURN(init_accuracy, Evaluate("init", 0, /*final=*/true));
+          RLMESH_RETURN_IF_ERROR(WriteJsonFile(o_.run_dir + "/init_accuracy.json", {{"accuracy", init_accuracy}}));
+        }
         absl::MutexLock lock(&mu_);
-        summary_.accuracy.push_back({"init", acc});
+        summary_.accuracy.push_back({"init", init_accuracy});
       }
       if (stage.has_sft()) {
         RLMESH_RETURN_IF_ERROR(RunSft(stage));
@@ -175,10 +198,50 @@ class ExperimentRunner::Impl {
       }
       RLMESH_ASSIGN_OR_RETURN(init, SaveAll());
       RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), StageSteps(stage), /*final=*/true));
+      nlohmann::json marker = {{"checkpoint", init}, {"accuracy", acc}};
+      if (init_accuracy >= 0) marker["init_accuracy"] = init_accuracy;
+      RLMESH_RETURN_IF_ERROR(WriteJsonFile(StageMarker(i), marker));
       absl::MutexLock lock(&mu_);
       summary_.accuracy.push_back({StageName(stage), acc});
     }
     return absl::OkStatus();
+  }
+
+  std::string StageMarker(int i) const { return absl::StrCat(o_.run_dir, "/stage-", i, ".done.json"); }
+
+  static absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError(path);
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": not JSON"));
+    return j;
+  }
+
+  static absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& j) {
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << j.dump() << "\n";
+      if (!out) return absl::DataLossError(absl::StrCat("cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::DataLossError(absl::StrCat("cannot rename ", tmp));
+    return absl::OkStatus();
+  }
+
+  // Rollout rounds count across stages and resumes, so trajectory ids
+  // (experiment/round/prompt/sample) never repeat in the replay buffer.
+  void LoadRunnerState() {
+    auto state = ReadJsonFile(o_.run_dir + "/runner_state.json");
+    if (!o_.resume || !state.ok()) return;
+    global_step_ = state->value("rollout_round", int64_t{0});
+    // Versions keep increasing too, so groups left unconsumed by the
+    // cancelled run fall below the staleness bound instead of looking new.
+    weights_version_ = state->value("weights_version", int64_t{0});
+  }
+
+  absl::Status SaveRunnerState() {
+    return WriteJsonFile(o_.run_dir + "/runner_state.json",
+                         {{"rollout_round", global_step_}, {"weights_version", weights_version_}});
   }
 
   static int64_t StageSteps(const Stage& s) {
@@ -327,6 +390,7 @@ class ExperimentRunner::Impl {
 
   absl::Status LoadIntoRollouts(const std::function<void(LoadWeightsRequest*)>& fill) {
     weights_version_ = RolloutVersion();
+    RLMESH_RETURN_IF_ERROR(SaveRunnerState());
     return ParallelFor(static_cast<int>(rollouts_.size()), [&](int i) -> absl::Status {
       LoadWeightsRequest req;
       fill(&req);
@@ -497,6 +561,7 @@ class ExperimentRunner::Impl {
     while (stage_step_ < total) {
       RLMESH_RETURN_IF_ERROR(CheckCancelled());
       ++global_step_;
+      RLMESH_RETURN_IF_ERROR(SaveRunnerState());
       SetPhase("generate");
       const absl::Time t0 = absl::Now();
       std::vector<Prompt> prompts;

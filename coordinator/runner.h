@@ -36,6 +36,11 @@ struct RunnerOptions {
   std::string auth_token;
   // Print a progress line and the final summary to stdout.
   bool progress = true;
+  // Continue a run in an existing run_dir: finished stages are skipped
+  // (their markers hold the checkpoint they ended with), the stage in
+  // progress resumes from its learners' newest checkpoint, and rollout
+  // rounds keep counting from where they were (trajectory ids stay unique).
+  bool resume = false;
 
   absl::Status Validate() const;
 };

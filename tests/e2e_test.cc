@@ -63,13 +63,87 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
       CHECK(j.contains("seconds_sync"));
     }
   }
-  CHECK(grpo_steps == 15);
+  CHECK(grpo_steps == 20);
   REQUIRE(final_acc.count("init"));
   REQUIRE(final_acc.count("sft"));
   REQUIRE(final_acc.count("grpo"));
   INFO("init " << final_acc["init"] << " sft " << final_acc["sft"] << " grpo " << final_acc["grpo"]);
+  // Measured: init 0%, sft 49%, grpo after 20 steps ~65-70%.
   CHECK(final_acc["grpo"] >= final_acc["init"] + 0.3);
-  CHECK(final_acc["grpo"] >= final_acc["sft"]);
+  CHECK(final_acc["grpo"] >= final_acc["sft"] + 0.1);
+  // TensorBoard event files were written.
+  bool events = false;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir + "/tensorboard")) {
+    events = events || e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  CHECK(events);
+}
+
+// Highest step of `stage` in a run's metrics.jsonl (0 if none).
+int LastStep(const std::string& run_dir, const std::string& stage) {
+  std::istringstream metrics(ReadAll(run_dir + "/metrics.jsonl"));
+  int last = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "step" && j.value("stage", "") == stage) {
+      last = std::max(last, j.value("step", 0));
+    }
+  }
+  return last;
+}
+
+TEST_CASE("a run cancelled mid-stage resumes from its checkpoint and finishes") {
+  testing::TempDir dir;
+  auto first = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run",
+                                  testing::Runfile("configs/grpo_arith_e2e.yaml"), "--run_dir=" + dir.File("runs"),
+                                  "--bin_dir=" + testing::Runfile(""), "--set=stages[0].sft.steps=60",
+                                  "--set=stages[1].grpo.rl.steps=16", "--set=stages[1].grpo.rl.prompts_per_step=8"},
+                                 dir.File("first"));
+  REQUIRE(first.ok());
+  // Cancel once GRPO is past its first checkpoint (every 5 steps).
+  std::string run_dir;
+  const absl::Time deadline = absl::Now() + absl::Minutes(8);
+  while (absl::Now() < deadline && first->running()) {
+    if (run_dir.empty() && std::filesystem::exists(dir.File("runs"))) run_dir = RunDir(dir.File("runs"));
+    if (!run_dir.empty() && LastStep(run_dir, "grpo") >= 7) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  INFO(ReadAll(dir.File("first")));
+  REQUIRE(!run_dir.empty());
+  REQUIRE(first->running());
+  first->Signal(SIGINT);
+  auto st = first->Wait(absl::Minutes(2));
+  REQUIRE(st.ok());
+  CHECK(*st != 0);  // cancelled is not success
+  const int cancelled_at = LastStep(run_dir, "grpo");
+  CHECK(cancelled_at >= 7);
+  CHECK(cancelled_at < 16);
+  CHECK(ReadAll(dir.File("first")).find("CANCELLED") != std::string::npos);
+
+  auto second = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run", "--resume=" + run_dir,
+                                   "--bin_dir=" + testing::Runfile("")},
+                                  dir.File("second"));
+  REQUIRE(second.ok());
+  st = second->Wait(absl::Minutes(8));
+  const std::string out = ReadAll(dir.File("second"));
+  INFO(out);
+  REQUIRE(st.ok());
+  CHECK(*st == 0);
+  CHECK(out.find("resume: stage sft already finished") != std::string::npos);
+  CHECK(out.find("done: held-out accuracy") != std::string::npos);
+  CHECK(LastStep(run_dir, "grpo") == 16);
+  // The stage resumed from a checkpoint at or before the cancel, not from 0:
+  // its first step after the resume is > 1.
+  std::istringstream metrics(ReadAll(run_dir + "/metrics.jsonl"));
+  std::vector<int> grpo_steps;
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == "step" && j["stage"] == "grpo") grpo_steps.push_back(j["step"].get<int>());
+  }
+  REQUIRE(grpo_steps.size() > static_cast<size_t>(cancelled_at));
+  const int resumed_from = grpo_steps[cancelled_at];  // first step the second run logged
+  CHECK(resumed_from > 1);
+  CHECK(resumed_from <= cancelled_at + 1);
 }
 
 }  // namespace
