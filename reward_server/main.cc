@@ -1,11 +1,15 @@
-// reward_server: scores completions with rule verifiers behind the
-// RewardService RPC.
+// reward_server: scores completions with rule verifiers and an optional
+// reward model behind the RewardService RPC.
+#include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "actor/tokenizer.h"
 #include "common/proto_yaml.h"
 #include "common/server_flags.h"
+#include "reward_server/reward_model.h"
 #include "reward_server/scorer.h"
 #include "reward_server/service.h"
 
@@ -15,6 +19,13 @@ ABSL_FLAG(std::string, experiment, "",
           "Experiment YAML whose reward section gives the default verifiers "
           "(requests may name their own).");
 ABSL_FLAG(double, verifier_timeout_seconds, 1.0, "Default deadline of one verifier call.");
+ABSL_FLAG(std::string, reward_model, "",
+          "Reward model folder (HF config.json with a scalar head + safetensors); overrides the "
+          "experiment's reward.reward_model. Empty = none.");
+ABSL_FLAG(int, rm_max_batch, 32, "Reward model: most items in one forward pass.");
+ABSL_FLAG(double, rm_max_wait_ms, 5.0, "Reward model: longest wait for a fuller batch, milliseconds.");
+ABSL_FLAG(int64_t, rm_cache_size, 65536, "Reward model: results kept in the LRU cache; 0 disables it.");
+ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = all hardware threads.");
 
 int main(int argc, char** argv) {
   rlmesh::InitServerProcess(argc, argv, "reward_server",
@@ -29,12 +40,32 @@ int main(int argc, char** argv) {
   if (!tokenizer.ok()) return fail(tokenizer.status());
   rlmesh::ScorerOptions scorer_options;
   scorer_options.verifier_timeout = absl::Seconds(absl::GetFlag(FLAGS_verifier_timeout_seconds));
+  std::string rm_dir = absl::GetFlag(FLAGS_reward_model);
   if (!absl::GetFlag(FLAGS_experiment).empty()) {
     rlmesh::ExperimentConfig experiment;
     rlmesh::YamlSource source;
     absl::Status loaded = rlmesh::LoadYamlFile(absl::GetFlag(FLAGS_experiment), &experiment, &source);
     if (!loaded.ok()) return fail(loaded);
     for (const auto& v : experiment.reward().verifiers()) scorer_options.default_verifiers.push_back(v);
+    if (rm_dir.empty()) rm_dir = experiment.reward().reward_model();
+    if (experiment.reward().reward_model_weight() != 0) {
+      scorer_options.reward_model_weight = experiment.reward().reward_model_weight();
+    }
+  }
+  std::unique_ptr<rlmesh::RewardModel> reward_model;
+  if (!rm_dir.empty()) {
+    rlmesh::RewardModelOptions rm_options;
+    rm_options.max_batch = absl::GetFlag(FLAGS_rm_max_batch);
+    rm_options.max_wait = absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_rm_max_wait_ms) * 1000));
+    rm_options.cache_size = absl::GetFlag(FLAGS_rm_cache_size);
+    // LibTorch defaults to one thread on these machines: always set it.
+    rm_options.threads = absl::GetFlag(FLAGS_threads) > 0
+                             ? absl::GetFlag(FLAGS_threads)
+                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    auto loaded = rlmesh::RewardModel::Load(rm_dir, rm_options);
+    if (!loaded.ok()) return fail(loaded.status());
+    reward_model = std::move(*loaded);
+    scorer_options.reward_model = reward_model.get();
   }
   auto scorer = rlmesh::RewardScorer::Create(scorer_options, tokenizer->get());
   if (!scorer.ok()) return fail(scorer.status());

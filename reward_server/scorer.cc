@@ -25,13 +25,14 @@ struct Pending {
 absl::Status ScorerOptions::Validate() const {
   if (verifier_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("verifier_timeout: must be > 0");
   if (max_items <= 0) return absl::InvalidArgumentError("max_items: must be > 0");
+  if (!std::isfinite(reward_model_weight)) return absl::InvalidArgumentError("reward_model_weight: must be finite");
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<RewardScorer>> RewardScorer::Create(ScorerOptions options,
                                                                    const actor::Tokenizer* tokenizer) {
   RLMESH_RETURN_IF_ERROR(options.Validate());
-  if (options.default_verifiers.empty()) {
+  if (options.default_verifiers.empty() && options.reward_model == nullptr) {
     VerifierConfig numeric;
     numeric.set_name("numeric_answer");
     options.default_verifiers.push_back(numeric);
@@ -134,6 +135,22 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request) {
       pending.push_back({{i, v}, p});
     }
   }
+  // The reward model runs (batched with other callers) while the blocking
+  // verifiers run on their threads.
+  std::vector<double> rm_scores;
+  if (options_.reward_model != nullptr) {
+    std::vector<RewardModelItem> rm_items(n);
+    for (int i = 0; i < n; ++i) {
+      const ScoreItem& item = request.items(i);
+      auto ids = [&](const auto& token_ids, const std::string& text) {
+        if (token_ids.empty() && !text.empty() && tokenizer_ != nullptr) return tokenizer_->Encode(text);
+        return std::vector<int>(token_ids.begin(), token_ids.end());
+      };
+      rm_items[i].prompt_ids = ids(item.prompt_token_ids(), item.prompt_text());
+      rm_items[i].completion_ids = ids(item.completion_token_ids(), item.completion_text());
+    }
+    RLMESH_ASSIGN_OR_RETURN(rm_scores, options_.reward_model->Score(rm_items));
+  }
   for (auto& [where, p] : pending) {
     std::unique_lock<std::mutex> l(p->mu);
     p->cv.wait_until(l, absl::ToChronoTime(deadline + absl::Milliseconds(50)), [&] { return p->done; });
@@ -142,7 +159,9 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request) {
   }
 
   ScoreResponse response;
-  response.set_reward_source(set->source);
+  response.set_reward_source(options_.reward_model == nullptr ? set->source
+                                                                : nv == 0 ? "reward_model"
+                                                                          : set->source + "+reward_model");
   for (int i = 0; i < n; ++i) {
     ScoreResult* r = response.add_results();
     r->set_item_id(request.items(i).item_id());
@@ -164,6 +183,10 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request) {
         return absl::InternalError(absl::StrCat("items[", i, "]: ", s.status().message()));
       }
     }
+    if (options_.reward_model != nullptr) {
+      (*r->mutable_components())["reward_model"] = rm_scores[i];
+      total += options_.reward_model_weight * rm_scores[i];
+    }
     r->set_reward(total);
   }
   scored_.fetch_add(n);
@@ -174,6 +197,11 @@ RewardStatus RewardScorer::GetStatus() const {
   RewardStatus s;
   s.set_scored_items(scored_.load());
   s.set_verifier_timeouts(timeouts_.load());
+  if (options_.reward_model != nullptr) {
+    const RewardModelStats rm = options_.reward_model->stats();
+    s.set_cache_hits(rm.cache_hits);
+    s.set_mean_batch_size(rm.mean_batch_size());
+  }
   return s;
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 
 // The reward server's core, no gRPC: decodes completions, runs the
-// configured verifiers (each bounded by a deadline) and sums them with
-// their weights.
+// configured verifiers (each bounded by a deadline) and the reward model
+// when there is one, and sums them with their weights.
 
 #include <atomic>
 #include <map>
@@ -16,6 +16,7 @@
 #include "actor/tokenizer.h"
 #include "proto/config.pb.h"
 #include "proto/reward.pb.h"
+#include "reward_server/reward_model.h"
 #include "reward_server/verifiers.h"
 
 namespace rlmesh {
@@ -27,6 +28,13 @@ struct ScorerOptions {
   absl::Duration verifier_timeout = absl::Seconds(1);
   // Largest batch accepted. Default 4096 items.
   int max_items = 4096;
+  // Reward model scored on every item as component "reward_model"; null =
+  // none. Not owned; must outlive the scorer. With a model and no
+  // default_verifiers, the model alone scores requests that name no
+  // verifiers. Default null.
+  RewardModel* reward_model = nullptr;
+  // Weight of the reward model's score in the sum. Default 1.
+  double reward_model_weight = 1.0;
 
   absl::Status Validate() const;
 };
