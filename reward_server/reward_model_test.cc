@@ -1,6 +1,9 @@
 #include "reward_server/reward_model.h"
 
+#include <sys/wait.h>
+
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -12,6 +15,7 @@
 #include "catch2/catch.hpp"
 #include "common/rpc_client.h"
 #include "common/rpc_server.h"
+#include "common/subprocess.h"
 #include "common/testing/test_util.h"
 #include "proto/reward.grpc.pb.h"
 #include "reward_server/scorer.h"
@@ -312,6 +316,55 @@ TEST_CASE("the gRPC Score path returns the reward_model component, weighted") {
   auto b = (*only)->Score(bad);
   CHECK(b.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(b.status().message().find("items[1].prompt_token_ids") != absl::string_view::npos);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST_CASE("the reward_server binary loads the experiment's reward model, and a bad folder stops it") {
+  testing::TempDir dir;
+  const std::string model = dir.File("rm");
+  WriteTinyModel(model, 9);
+  auto direct = actor::LoadHfModel(model);
+  REQUIRE(direct.ok());
+  const std::string yaml = dir.File("exp.yaml");
+  std::ofstream(yaml) << "name: rm_test\nreward:\n  reward_model: " << model << "\n  reward_model_weight: 2.0\n"
+                      << "  verifiers: [{name: numeric_answer, weight: 1.0}]\n";
+  const std::string bin = testing::Runfile("reward_server/reward_server");
+  auto server = Subprocess::Start({bin, "--port=0", "--port_file=" + dir.File("port"), "--experiment=" + yaml,
+                                   "--rm_max_wait_ms=1", "--threads=1"},
+                                  dir.File("server.log"));
+  REQUIRE(server.ok());
+  auto port = ReadPortFile(dir.File("port"), absl::Seconds(60));
+  if (!port.ok()) FAIL("reward_server did not start: " << ReadAll(dir.File("server.log")));
+  auto client = RpcClient::Create("127.0.0.1:" + std::to_string(*port));
+  REQUIRE(client.ok());
+  auto stub = RewardService::NewStub(client->channel());
+  actor::CharTokenizer tok;
+  ScoreRequest req;
+  ScoreItem* item = req.add_items();
+  for (int id : tok.Encode("3+4=")) item->add_prompt_token_ids(id);
+  for (int id : tok.Encode("7")) item->add_completion_token_ids(id);
+  item->set_reference_answer("7");
+  ScoreResponse resp;
+  auto ctx = client->NewContext(absl::Seconds(30));
+  REQUIRE(stub->Score(ctx.get(), req, &resp).ok());
+  REQUIRE(resp.results_size() == 1);
+  const double want = DirectScore(*direct, Item(tok, "3+4=", "7"));
+  CHECK(std::abs(resp.results(0).components().at("reward_model") - want) < 1e-5);
+  CHECK(resp.results(0).reward() == Approx(1.0 + 2.0 * want));
+  server->Stop(absl::Seconds(5));
+
+  const std::string missing = dir.File("not_a_model");
+  auto bad = Subprocess::Start({bin, "--port=0", "--reward_model=" + missing}, dir.File("bad.log"));
+  REQUIRE(bad.ok());
+  auto status = bad->Wait(absl::Seconds(60));
+  REQUIRE(status.ok());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 2);
+  CHECK(ReadAll(dir.File("bad.log")).find(missing) != std::string::npos);
 }
 
 }  // namespace
