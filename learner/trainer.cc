@@ -25,6 +25,7 @@
 #include "learner/losses.h"
 #include "learner/schedule.h"
 #include "tasks/encoding.h"
+#include "tasks/preferences.h"
 #include "tasks/task.h"
 
 namespace rlmesh::learner {
@@ -208,7 +209,7 @@ absl::Status TrainerOptions::Validate() const {
 
 struct Trainer::State {
   ConfigureRequest request;
-  std::string kind;        // "sft", "grpo" or "ppo"
+  std::string kind;        // "sft", "reward_model", "dpo", "grpo" or "ppo"
   std::string stage_name;  // display name
   int rank = 0, world = 1;
   bool zero1 = false;
@@ -218,6 +219,8 @@ struct Trainer::State {
   std::unique_ptr<Task> task;
   uint64_t loader_seed = 0;
   std::unique_ptr<PromptLoader> loader;
+  // What `loader` walks: the task's train split, or `pair_keys`.
+  const std::vector<Example>* loader_data = nullptr;
 
   actor::Transformer policy{nullptr};
   actor::Transformer reference{nullptr};
@@ -231,6 +234,15 @@ struct Trainer::State {
   // SFT.
   int sft_batch = 0;
   bool train_on_prompt = false;
+
+  // Reward model and DPO: the pairs, and one Example per pair (id = index)
+  // for the loader.
+  std::vector<PreferencePair> pairs;
+  std::vector<Example> pair_keys;
+  int pair_batch = 0;
+  int64_t stage_steps = 0;
+  double beta = 0.1;
+  std::string rm_output;
 
   // RL.
   std::string advantage;  // grpo, dr_grpo, rloo, reinforce_pp, ppo
@@ -381,10 +393,39 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
       s.vf_coef = ppo.vf_coef() == 0 ? 0.5 : ppo.vf_coef();
       break;
     }
-    case Stage::kRewardModel:
-      return absl::UnimplementedError(sp + ".reward_model: not supported by the learner service yet");
-    case Stage::kDpo:
-      return absl::UnimplementedError(sp + ".dpo: not supported by the learner service yet");
+    case Stage::kRewardModel: {
+      s.kind = "reward_model";
+      const RewardModelStage& rm = stage.reward_model();
+      const std::string fp = sp + ".reward_model";
+      if (rm.steps() <= 0) return absl::InvalidArgumentError(fp + ".steps: must be > 0");
+      if (rm.batch() < s.world) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(fp, ".batch: must be >= the learner world size (", s.world, ")"));
+      }
+      s.pair_batch = rm.batch();
+      s.stage_steps = rm.steps();
+      s.rm_output = rm.output();
+      RLMESH_ASSIGN_OR_RETURN(s.optim, MakeOptim(rm.optimizer(), fp + ".optimizer", rm.steps()));
+      break;
+    }
+    case Stage::kDpo: {
+      s.kind = "dpo";
+      const DpoStage& dpo = stage.dpo();
+      const std::string fp = sp + ".dpo";
+      if (dpo.steps() <= 0) return absl::InvalidArgumentError(fp + ".steps: must be > 0");
+      if (dpo.batch() < s.world) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(fp, ".batch: must be >= the learner world size (", s.world, ")"));
+      }
+      if (dpo.beta() < 0 || !std::isfinite(dpo.beta())) {
+        return absl::InvalidArgumentError(fp + ".beta: must be > 0 (0 = the default 0.1)");
+      }
+      s.beta = dpo.beta() == 0 ? 0.1 : dpo.beta();
+      s.pair_batch = dpo.batch();
+      s.stage_steps = dpo.steps();
+      RLMESH_ASSIGN_OR_RETURN(s.optim, MakeOptim(dpo.optimizer(), fp + ".optimizer", dpo.steps()));
+      break;
+    }
     default:
       return absl::InvalidArgumentError(sp + ": no stage kind set (sft, grpo, ppo, ...)");
   }
@@ -454,7 +495,32 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     s.task = *std::move(task);
     if (s.task->train().empty()) return absl::InvalidArgumentError("experiment.task: no train examples");
     s.loader_seed = Mix(exp.seed(), static_cast<uint64_t>(req.stage_index()));
-    s.loader = std::make_unique<PromptLoader>(&s.task->train(), s.loader_seed);
+    s.loader_data = &s.task->train();
+    s.loader = std::make_unique<PromptLoader>(s.loader_data, s.loader_seed);
+  } else if (s.kind == "reward_model" || s.kind == "dpo") {
+    const std::string& pairs_path =
+        s.kind == "dpo" ? stage.dpo().pairs_path() : stage.reward_model().pairs_path();
+    const std::string fp = absl::StrCat(sp, ".", s.kind, ".pairs_path");
+    if (!pairs_path.empty()) {
+      auto pairs = ReadPreferencePairs(pairs_path);
+      if (!pairs.ok()) return Prefix(fp, pairs.status());
+      s.pairs = *std::move(pairs);
+    } else {
+      // Pairs from the task's train split: the answer against a near miss.
+      auto task = MakeTask(exp.task(), exp.seed());
+      if (!task.ok()) return Prefix("experiment.task", task.status());
+      TaskPairOptions po;
+      po.seed = Mix(exp.seed(), 0x9a125);
+      auto pairs = MakeTaskPreferencePairs((*task)->train(), po);
+      if (!pairs.ok()) return Prefix(fp + " (empty: pairs from experiment.task)", pairs.status());
+      s.pairs = *std::move(pairs);
+    }
+    if (s.pairs.empty()) return absl::InvalidArgumentError(fp + ": no pairs");
+    s.pair_keys.resize(s.pairs.size());
+    for (size_t i = 0; i < s.pairs.size(); ++i) s.pair_keys[i].id = absl::StrCat(i);
+    s.loader_seed = Mix(exp.seed(), static_cast<uint64_t>(req.stage_index()));
+    s.loader_data = &s.pair_keys;
+    s.loader = std::make_unique<PromptLoader>(s.loader_data, s.loader_seed);
   }
 
   // The policy.
@@ -473,10 +539,22 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
         absl::StrCat("experiment.model.init: \"", init, "\" is not scratch or checkpoint"));
   }
   actor::ModelConfig cfg;
+  const bool reward_model = s.kind == "reward_model";
   if (!init_path.empty()) {
     actor::LoadOptions lo;
     lo.device = device;
-    auto model = actor::LoadHfModel(init_path, lo);
+    if (reward_model) {
+      // A reward model starts from a policy: its scalar head is fresh
+      // (seeded), or read back when the checkpoint already has one.
+      lo.add_value_head = true;
+      lo.allow_missing_value_head = true;
+    }
+    absl::StatusOr<actor::Transformer> model = absl::UnknownError("not loaded");
+    {
+      std::lock_guard<std::mutex> lock(InitMutex());
+      torch::manual_seed(Mix(exp.seed(), 0x5c0e));
+      model = actor::LoadHfModel(init_path, lo);
+    }
     if (!model.ok()) return Prefix("init_checkpoint", model.status());
     s.policy = *std::move(model);
     cfg = s.policy->config();
@@ -499,6 +577,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     cfg.bos_token_id = s.tokenizer->bos_id();
     cfg.eos_token_id = s.tokenizer->eos_id();
     cfg.pad_token_id = s.tokenizer->pad_id();
+    cfg.value_head = reward_model;
     RLMESH_RETURN_IF_ERROR(Prefix("experiment.model", cfg.Validate()));
     RLMESH_RETURN_IF_ERROR(CatchAll("build policy", [&]() -> absl::Status {
       std::lock_guard<std::mutex> lock(InitMutex());
@@ -523,7 +602,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
       }
     };
     std::lock_guard<std::mutex> lock(InitMutex());
-    if (rl != nullptr && s.kl_coef > 0) {
+    if ((rl != nullptr && s.kl_coef > 0) || s.kind == "dpo") {
       // The frozen reference is the stage's initial policy.
       s.reference = actor::Transformer(cfg);
       s.reference->to(torch::Device(device));
@@ -578,7 +657,8 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     dpo.grad_clip = std::max(0.0, o.grad_clip);
     return DataParallel::Create(s.group, std::move(params), dpo);
   };
-  RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, s.optim, false));
+  // A reward model never uses its lm_head; keep it out of the optimizer.
+  RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, s.optim, reward_model));
   RLMESH_RETURN_IF_ERROR(s.dp->BroadcastParameters());
   if (s.critic) {
     // The critic's lm_head is never used; keep it out of the optimizer.
@@ -636,6 +716,13 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req
       return absl::InvalidArgumentError("data: an SFT stage trains with from_task = true");
     }
     return TrainSft();
+  }
+  if (s_->kind == "reward_model" || s_->kind == "dpo") {
+    if (req.data_case() != TrainStepRequest::kFromTask || !req.from_task()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data: a ", s_->kind, " stage trains with from_task = true (pairs from the stage)"));
+    }
+    return TrainPairs();
   }
   if (req.data_case() == TrainStepRequest::kGroups) {
     const int64_t G = req.groups().groups_size();
@@ -1060,6 +1147,143 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
   return resp;
 }
 
+absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, bool train,
+                               std::map<std::string, double>* metrics) {
+  State& s = *s_;
+  const bool rm = s.kind == "reward_model";
+  const int64_t max_len = s.policy->config().max_positions;
+  // Rows 2i (chosen) and 2i+1 (rejected): prompt + response, truncated to
+  // the context window; the mask marks the response's predicted tokens.
+  std::vector<Seq> seqs;
+  std::vector<int64_t> pair_lengths;
+  for (const PreferencePair* pp : pairs) {
+    const std::vector<int> p = EncodePrompt(*s.tokenizer, pp->prompt);
+    int64_t longest = 0;
+    for (const std::string* text : {&pp->chosen, &pp->rejected}) {
+      const std::vector<int> r = EncodeResponse(*s.tokenizer, *text);
+      Seq q;
+      q.ids.assign(p.begin(), p.end());
+      q.ids.insert(q.ids.end(), r.begin(), r.end());
+      if (static_cast<int64_t>(q.ids.size()) > max_len) q.ids.resize(max_len);
+      const int64_t L = q.ids.size();
+      q.mask.assign(L, 0.0f);
+      for (int64_t t = std::max<int64_t>(0, static_cast<int64_t>(p.size()) - 1); t + 1 < L; ++t) q.mask[t] = 1.0f;
+      longest = std::max(longest, L);
+      seqs.push_back(std::move(q));
+    }
+    pair_lengths.push_back(longest);
+  }
+  const int64_t n = pairs.size();
+  if (n == 0) return absl::OkStatus();
+  return CatchAll("pair step", [&]() -> absl::Status {
+    Batch b = MakeBatch(seqs, false);
+    std::vector<int64_t> row_lengths;
+    for (const Seq& q : seqs) row_lengths.push_back(q.ids.size());
+    MetricMeans means;
+    // Each micro-batch holds whole pairs (2 rows per pair).
+    for (auto [a, e] : MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.micro_tokens / 2))) {
+      const int64_t ra = 2 * a, re = 2 * e;
+      const int64_t T = *std::max_element(row_lengths.begin() + ra, row_lengths.begin() + re);
+      auto ids = Rows(b.input_ids, ra, re, T), pos = Rows(b.positions, ra, re, T);
+      std::unique_ptr<torch::NoGradGuard> no_grad;
+      if (!train) no_grad = std::make_unique<torch::NoGradGuard>();
+      LossOutput out;
+      if (rm) {
+        // Score = the value at the last real token (eos) of prompt+response.
+        at::Tensor last = at::zeros({re - ra, 1}, at::kLong);
+        for (int64_t r = ra; r < re; ++r) last[r - ra][0] = row_lengths[r] - 1;
+        at::Tensor scores = s.policy->Values(ids, pos).to(at::kFloat).gather(1, last).squeeze(1);
+        at::Tensor pair_scores = scores.view({e - a, 2});
+        RLMESH_ASSIGN_OR_RETURN(out, RewardModelLoss(pair_scores.select(1, 0), pair_scores.select(1, 1)));
+        out.metrics["loss"] = out.metrics["rm_loss"];
+        out.metrics["margin"] = out.metrics["rm_margin"];
+      } else {
+        auto tg = Rows(b.targets, ra, re, T);
+        at::Tensor mask = Rows(b.mask, ra, re, T);
+        at::Tensor ref_seq;
+        {
+          torch::NoGradGuard ref_no_grad;
+          RLMESH_ASSIGN_OR_RETURN(auto rlp, actor::TokenLogProbs(s.reference, ids, pos, tg,
+                                                                 options_.logprob_chunk, 1.0));
+          RLMESH_ASSIGN_OR_RETURN(ref_seq, SequenceLogProbs(rlp.logprobs, mask));
+        }
+        RLMESH_ASSIGN_OR_RETURN(auto lp, actor::TokenLogProbs(s.policy, ids, pos, tg, options_.logprob_chunk, 1.0));
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor pol_seq, SequenceLogProbs(lp.logprobs, mask));
+        at::Tensor pol = pol_seq.view({e - a, 2}), ref = ref_seq.view({e - a, 2});
+        DpoInputs in;
+        in.policy_chosen_logp = pol.select(1, 0);
+        in.policy_rejected_logp = pol.select(1, 1);
+        in.ref_chosen_logp = ref.select(1, 0);
+        in.ref_rejected_logp = ref.select(1, 1);
+        RLMESH_ASSIGN_OR_RETURN(out, DpoLoss(in, s.beta));
+        out.metrics["loss"] = out.metrics["dpo_loss"];
+        out.metrics["dpo_accuracy"] = out.metrics["reward_accuracy"];
+        out.metrics["chosen_reward"] = out.metrics["reward_chosen"];
+        out.metrics["rejected_reward"] = out.metrics["reward_rejected"];
+      }
+      if (train) (out.loss * (static_cast<double>(e - a) / n)).backward();
+      means.Add(out.metrics, static_cast<double>(e - a));
+    }
+    means.Into(metrics);
+    (*metrics)["pairs"] = static_cast<double>(n);
+    (*metrics)["tokens"] = static_cast<double>(b.tokens);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<TrainStepResponse> Trainer::TrainPairs() {
+  State& s = *s_;
+  const auto t_start = Clock::now();
+  // Every rank draws the same global batch of pairs and takes its slice.
+  std::vector<const Example*> global = s.loader->Next(s.pair_batch);
+  const int64_t lo = s.rank * s.pair_batch / s.world, hi = (s.rank + 1) * s.pair_batch / s.world;
+  std::vector<const PreferencePair*> mine;
+  for (int64_t i = lo; i < hi; ++i) mine.push_back(&s.pairs[global[i] - s.pair_keys.data()]);
+  TrainStepResponse resp;
+  auto& m = *resp.mutable_metrics()->mutable_values();
+  std::map<std::string, double> vals;
+  s.dp->ZeroGrad();
+  const auto t0 = Clock::now();
+  RLMESH_RETURN_IF_ERROR(PairPass(mine, /*train=*/true, &vals));
+  const double fb_seconds = Since(t0);
+  const auto t1 = Clock::now();
+  const double lr = LearningRate(s.optim.schedule, s.dp->steps());
+  absl::StatusOr<DataParallelStepStats> stats = CatchAll(
+      "optimizer step", [&]() { return s.dp->Step(static_cast<double>(mine.size()), lr); });
+  if (!stats.ok()) return stats.status();
+  for (auto& [k, v] : vals) m[k] = v;
+  m["grad_norm"] = stats->grad_norm;
+  m["lr"] = lr;
+  m["skipped"] = stats->skipped ? 1.0 : 0.0;
+  m["seconds_allreduce"] = stats->reduce_seconds + stats->gather_seconds;
+  m["seconds_forward_backward"] = fb_seconds;
+  m["seconds_optimizer"] = Since(t1);
+  m["seconds_sample"] = 0.0;
+  const double total = Since(t_start);
+  m["tokens_per_second"] = total > 0 ? m["tokens"] / total : 0.0;
+  ++step_;
+  // A reward model is not a policy: the policy version stays where the
+  // stage started (rollout workers never load it).
+  if (s.kind != "reward_model") ++version_;
+  resp.set_policy_version(version_);
+  PublishStatus();
+  return resp;
+}
+
+absl::StatusOr<std::map<std::string, double>> Trainer::EvaluatePairs(const std::vector<PreferencePair>& pairs) {
+  if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  if (s_->kind != "reward_model" && s_->kind != "dpo") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("EvaluatePairs: stage ", s_->stage_name, " is not a reward_model or dpo stage"));
+  }
+  if (pairs.empty()) return absl::InvalidArgumentError("pairs: empty");
+  std::vector<const PreferencePair*> ptrs;
+  for (const PreferencePair& p : pairs) ptrs.push_back(&p);
+  std::map<std::string, double> metrics;
+  RLMESH_RETURN_IF_ERROR(PairPass(ptrs, /*train=*/false, &metrics));
+  return metrics;
+}
+
 absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
   if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
   State& s = *s_;
@@ -1141,6 +1365,18 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
   });
   if (!st.ok()) return st;
   RLMESH_LOG(INFO) << "saved path=" << final_dir << " step=" << step_ << " version=" << version_;
+  if (s.kind == "reward_model" && !s.rm_output.empty() && step_ >= s.stage_steps && s.rank == 0) {
+    // The trained reward model, as a plain HF folder (config says
+    // ForSequenceClassification; score.weight is the head).
+    absl::Status out = CatchAll("save reward model", [&]() -> absl::Status {
+      std::error_code ec;
+      fs::create_directories(s.rm_output, ec);
+      if (ec) return absl::InternalError(absl::StrCat("create ", s.rm_output, ": ", ec.message()));
+      return actor::SaveHfModel(s.policy, s.rm_output);
+    });
+    if (!out.ok()) return Prefix(absl::StrCat("experiment.stages[", s.request.stage_index(), "].reward_model.output"), out);
+    RLMESH_LOG(INFO) << "reward model written path=" << s.rm_output;
+  }
   SaveResponse resp;
   resp.set_path(final_dir);
   resp.set_step(step_);
@@ -1208,8 +1444,8 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
     }
     return absl::OkStatus();
   }));
-  if (s.task) {
-    s.loader = std::make_unique<PromptLoader>(&s.task->train(), s.loader_seed,
+  if (s.loader_data != nullptr) {
+    s.loader = std::make_unique<PromptLoader>(s.loader_data, s.loader_seed,
                                               LoaderCursor{ts.loader_epoch, ts.loader_index});
   }
   step_ = ts.step;

@@ -8,7 +8,8 @@
 //
 //   Configure  builds everything for one stage of an experiment, resuming
 //              from the newest valid checkpoint of that stage if one exists;
-//   TrainStep  one step: SFT on a slice of a global batch from the task, or
+//   TrainStep  one step: SFT, reward model (Bradley-Terry) or DPO on a slice
+//              of a global batch from the task or a pairs file, or
 //              GRPO/RLOO/REINFORCE++/Dr.GRPO/PPO on groups (given, or pulled
 //              from a GroupSource); step numbers are checked so a retried
 //              call is never applied twice;
@@ -25,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -38,6 +40,10 @@
 #include "absl/time/time.h"
 #include "learner/data_parallel.h"
 #include "proto/learner.pb.h"
+
+namespace rlmesh {
+struct PreferencePair;
+}  // namespace rlmesh
 
 namespace rlmesh::learner {
 
@@ -103,6 +109,14 @@ class Trainer {
   // Safe for concurrent use.
   LearnerStatus Status() const;
 
+  // Reward-model and DPO stages: scores `pairs` with the current model, no
+  // gradient, no collectives (any rank may call it alone). Reward model:
+  // rm_loss, rm_accuracy, rm_margin of the scores; DPO: dpo_loss,
+  // dpo_accuracy, reward_margin, chosen_reward, rejected_reward of the
+  // implicit rewards against the frozen reference. FAILED_PRECONDITION for
+  // other stages.
+  absl::StatusOr<std::map<std::string, double>> EvaluatePairs(const std::vector<PreferencePair>& pairs);
+
   // For tests and benchmarks: the policy's parameters under their Hugging
   // Face names (the live tensors). REQUIRES: configured.
   std::vector<std::pair<std::string, at::Tensor>> PolicyParameters() const;
@@ -116,6 +130,11 @@ class Trainer {
   struct State;
 
   absl::StatusOr<TrainStepResponse> TrainSft();
+  absl::StatusOr<TrainStepResponse> TrainPairs();
+  // Forward (and with `train`, backward of the local mean loss) over
+  // `pairs` in micro-batches; pair-weighted mean metrics into `metrics`.
+  absl::Status PairPass(const std::vector<const PreferencePair*>& pairs, bool train,
+                        std::map<std::string, double>* metrics);
   absl::StatusOr<TrainStepResponse> TrainRl(std::vector<TrajectoryGroup> groups, double seconds_sample);
   absl::Status LoadFrom(const std::string& dir);
   void PublishStatus();
