@@ -176,9 +176,12 @@ class ExperimentRunner::Impl {
         status_.set_step(0);
       }
       RLMESH_RETURN_IF_ERROR(ConfigureLearners(i, init));
+      // A reward model is not a policy: the rollout workers keep the policy
+      // they hold, and the next stage starts from the same policy folder.
+      const bool reward_model = stage.has_reward_model();
       // A stage starts from a folder (the workers may not have a model yet,
       // or a different one); steps then sync through the group.
-      RLMESH_RETURN_IF_ERROR(SyncWeights(/*through_checkpoint=*/true));
+      if (!reward_model) RLMESH_RETURN_IF_ERROR(SyncWeights(/*through_checkpoint=*/true));
       double init_accuracy = -1;
       if (i == 0) {
         auto previous = ReadJsonFile(o_.run_dir + "/init_accuracy.json");
@@ -191,10 +194,22 @@ class ExperimentRunner::Impl {
         absl::MutexLock lock(&mu_);
         summary_.accuracy.push_back({"init", init_accuracy});
       }
-      if (stage.has_sft()) {
-        RLMESH_RETURN_IF_ERROR(RunSft(stage));
+      if (RlSettings(stage) == nullptr) {
+        RLMESH_RETURN_IF_ERROR(RunSft(stage));  // SFT, reward model, DPO
       } else {
         RLMESH_RETURN_IF_ERROR(RunRl(stage));
+      }
+      if (reward_model) {
+        // No held-out generation eval for a reward model (it does not
+        // generate); keep its folder and report it.
+        RLMESH_ASSIGN_OR_RETURN(std::string rm_dir, SaveAll());
+        const nlohmann::json rec = {{"event", "reward_model"}, {"stage", StageName(stage)}, {"path", rm_dir}};
+        Record(rec);
+        if (o_.progress) {
+          std::printf("%s: reward model in %s\n", StageName(stage).c_str(), rm_dir.c_str());
+          std::fflush(stdout);
+        }
+        continue;
       }
       RLMESH_ASSIGN_OR_RETURN(init, SaveAll());
       RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), StageSteps(stage), /*final=*/true));
@@ -246,6 +261,8 @@ class ExperimentRunner::Impl {
 
   static int64_t StageSteps(const Stage& s) {
     if (s.has_sft()) return s.sft().steps();
+    if (s.has_reward_model()) return s.reward_model().steps();
+    if (s.has_dpo()) return s.dpo().steps();
     if (const RlStage* rl = RlSettings(s)) return rl->steps();
     return 0;
   }
@@ -537,8 +554,10 @@ class ExperimentRunner::Impl {
     return every > 0 && step % every == 0 && step != total;
   }
 
+  // Stages whose data comes from the learner's own stage config (SFT on the
+  // task, reward model and DPO on pairs): one TrainStep per step.
   absl::Status RunSft(const Stage& stage) {
-    const int64_t total = stage.sft().steps();
+    const int64_t total = StageSteps(stage);
     while (stage_step_ < total) {
       RLMESH_RETURN_IF_ERROR(CheckCancelled());
       SetPhase("train");
@@ -622,9 +641,12 @@ class ExperimentRunner::Impl {
 
   // Weight sync, periodic eval and checkpoint, metrics line and progress.
   absl::Status AfterStep(const Stage& stage, int64_t total, nlohmann::json* j) {
-    RLMESH_RETURN_IF_ERROR(SyncWeights());
-    (*j)["seconds_sync"] = last_sync_seconds_;
-    if (ShouldEval(stage_step_, total)) {
+    const bool reward_model = stage.has_reward_model();
+    if (!reward_model) {
+      RLMESH_RETURN_IF_ERROR(SyncWeights());
+      (*j)["seconds_sync"] = last_sync_seconds_;
+    }
+    if (!reward_model && ShouldEval(stage_step_, total)) {
       const absl::Time t = absl::Now();
       RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), stage_step_, false));
       (*j)["accuracy"] = acc;
@@ -661,6 +683,12 @@ class ExperimentRunner::Impl {
                                        100.0 * stage_step_ / total, stage_step_, total);
     if (stage.has_sft()) {
       absl::StrAppendFormat(&line, "  loss %.3f", get("loss"));
+    } else if (stage.has_reward_model()) {
+      absl::StrAppendFormat(&line, "  loss %.3f  pair acc %.0f%%  margin %.2f", get("loss"), 100 * get("rm_accuracy"),
+                            get("margin"));
+    } else if (stage.has_dpo()) {
+      absl::StrAppendFormat(&line, "  loss %.3f  pair acc %.0f%%  margin %.3f", get("loss"), 100 * get("dpo_accuracy"),
+                            get("reward_margin"));
     } else {
       const double gen = get("seconds_generate"), tr = get("seconds_train"), sy = get("seconds_sync");
       const double all = std::max(1e-9, gen + tr + sy);
