@@ -175,6 +175,7 @@ class ExperimentRunner::Impl {
         status_.set_stage(StageName(stage));
         status_.set_step(0);
       }
+      stage_init_ = init;
       RLMESH_RETURN_IF_ERROR(ConfigureLearners(i, init));
       // A reward model is not a policy: the rollout workers keep the policy
       // they hold, and the next stage starts from the same policy folder.
@@ -373,7 +374,7 @@ class ExperimentRunner::Impl {
     spec.set_world_size(n + 1);
     spec.set_group_name(absl::StrCat(o_.experiment_id, "-g", sync_generation_));
     spec.set_timeout_ms(cfg().weight_sync().timeout_ms() > 0 ? cfg().weight_sync().timeout_ms() : 60000);
-    spec.set_shm_prefix(absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id));
+    spec.set_shm_prefix(absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id, "-g", sync_generation_));
     if (!sync_configured_) {
       RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
         ConfigureWeightSyncRequest req;
@@ -390,16 +391,20 @@ class ExperimentRunner::Impl {
     *pub.mutable_spec() = spec;
     pub.mutable_spec()->set_rank(0);
     PublishWeightsResponse published;
-    // The learner publishes while the workers receive (a collective for Gloo).
-    absl::Status recv_status;
+    // Publisher and receivers run at the same time: for Gloo it is one
+    // collective. The data carries its layout, so receivers need only the
+    // learner's version.
+    absl::Status publish_status;
     std::thread publisher([&] {
       auto stub = Learner::NewStub(learners_[0]->channel());
       auto ctx = learners_[0]->NewContext(absl::Milliseconds(spec.timeout_ms() + 5000));
-      recv_status = FromGrpcStatus(stub->PublishWeights(ctx.get(), pub, &published));
+      publish_status = FromGrpcStatus(stub->PublishWeights(ctx.get(), pub, &published));
     });
+    absl::Status load_status =
+        LoadIntoRollouts([&](LoadWeightsRequest* req) { req->mutable_sync()->set_version(version_); });
     publisher.join();
-    RLMESH_RETURN_IF_ERROR(recv_status);
-    return LoadIntoRollouts([&](LoadWeightsRequest* req) { *req->mutable_sync() = published.layout(); });
+    RLMESH_RETURN_IF_ERROR(publish_status);
+    return load_status;
   }
 
   // The learner's version in the rollout workers' (monotonic) numbering.
@@ -558,16 +563,90 @@ class ExperimentRunner::Impl {
   // task, reward model and DPO on pairs): one TrainStep per step.
   absl::Status RunSft(const Stage& stage) {
     const int64_t total = StageSteps(stage);
-    while (stage_step_ < total) {
-      RLMESH_RETURN_IF_ERROR(CheckCancelled());
+    return RunSteps(total, [&]() -> absl::Status {
       SetPhase("train");
       const absl::Time t0 = absl::Now();
       RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainStep([](TrainStepRequest* r) { r->set_from_task(true); }));
       nlohmann::json j = StepRecord(stage, m);
       j["seconds_train"] = Seconds(t0);
-      RLMESH_RETURN_IF_ERROR(AfterStep(stage, total, &j));
+      return AfterStep(stage, total, &j);
+    });
+  }
+
+  // Errors a restarted role explains: a process that died (UNAVAILABLE), a
+  // call cut off by it (DEADLINE_EXCEEDED, ABORTED, DATA_LOSS), or a fresh
+  // process that lost its state (FAILED_PRECONDITION: no model, not
+  // configured).
+  static bool Recoverable(const absl::Status& s) {
+    switch (s.code()) {
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kDeadlineExceeded:
+      case absl::StatusCode::kAborted:
+      case absl::StatusCode::kDataLoss:
+      case absl::StatusCode::kFailedPrecondition:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  // Runs steps until the stage is done. When a step fails because a role
+  // died (the cluster restarts it on its port), waits for every role to
+  // serve, re-configures the learners (they resume from their newest
+  // checkpoint; FIFO cursors and acks keep the buffer consistent), reloads
+  // the workers' weights, rewinds to the learners' step and goes on.
+  absl::Status RunSteps(int64_t total, const std::function<absl::Status()>& step,
+                        const std::function<void()>& rewind = nullptr) {
+    constexpr int kMaxRecoveries = 3;
+    int failures = 0;
+    while (stage_step_ < total) {
+      RLMESH_RETURN_IF_ERROR(CheckCancelled());
+      absl::Status s = step();
+      if (s.ok()) {
+        failures = 0;
+        continue;
+      }
+      if (!Recoverable(s) || ++failures > kMaxRecoveries) return s;
+      RLMESH_LOG(WARNING) << "step=" << stage_step_ + 1 << " failed: " << s.ToString() << "; recovering";
+      if (o_.progress) {
+        std::printf("recover: step %lld failed (%s); restarting from the last checkpoint\n",
+                    static_cast<long long>(stage_step_ + 1), s.ToString().c_str());
+        std::fflush(stdout);
+      }
+      RLMESH_RETURN_IF_ERROR(Recover());
+      if (rewind) rewind();
+      {
+        absl::MutexLock lock(&mu_);
+        (*status_.mutable_metrics())["recoveries"] += 1;
+      }
     }
     return absl::OkStatus();
+  }
+
+  absl::Status Recover() {
+    SetPhase("recover");
+    std::vector<RpcClient*> all = {replay_.get()};
+    for (auto* v : {&rewards_, &rollouts_, &learners_}) {
+      for (auto& c : *v) all.push_back(c.get());
+    }
+    for (RpcClient* c : all) RLMESH_RETURN_IF_ERROR(WaitUntilServing(*c, absl::Seconds(60)));
+    // A failed sync may have reached some workers and not others: continue
+    // above the highest version any of them holds.
+    for (auto& r : rollouts_) {
+      RolloutStatus st;
+      auto stub = RolloutService::NewStub(r->channel());
+      auto ctx = r->NewContext(absl::Seconds(30));
+      if (stub->GetStatus(ctx.get(), RolloutStatusRequest(), &st).ok()) {
+        weights_version_ = std::max(weights_version_, st.policy_version());
+      }
+    }
+    // The restarted learner counts versions from its checkpoint; a fresh
+    // sync group keeps it clear of what the dead one published.
+    ++sync_generation_;
+    sync_configured_ = false;
+    const int stage_index = status().stage_index();
+    RLMESH_RETURN_IF_ERROR(ConfigureLearners(stage_index, stage_init_));
+    return SyncWeights(/*through_checkpoint=*/true);
   }
 
   absl::Status RunRl(const Stage& stage) {
@@ -576,9 +655,12 @@ class ExperimentRunner::Impl {
     const int stage_index = status().stage_index();
     // The loader resumes where a resumed learner is: one batch per step.
     PromptLoader loader(&task_->train(), cfg().seed() * 7919 + stage_index);
-    if (stage_step_ > 0) loader.Next(static_cast<int>(stage_step_ * rl.prompts_per_step()));
-    while (stage_step_ < total) {
-      RLMESH_RETURN_IF_ERROR(CheckCancelled());
+    auto rewind = [&] {
+      loader = PromptLoader(&task_->train(), cfg().seed() * 7919 + stage_index);
+      if (stage_step_ > 0) loader.Next(static_cast<int>(stage_step_ * rl.prompts_per_step()));
+    };
+    rewind();
+    return RunSteps(total, [&]() -> absl::Status {
       ++global_step_;
       RLMESH_RETURN_IF_ERROR(SaveRunnerState());
       SetPhase("generate");
@@ -620,9 +702,8 @@ class ExperimentRunner::Impl {
         absl::MutexLock lock(&mu_);
         (*status_.mutable_metrics())["reward_mean"] = mean;
       }
-      RLMESH_RETURN_IF_ERROR(AfterStep(stage, total, &j));
-    }
-    return absl::OkStatus();
+      return AfterStep(stage, total, &j);
+    }, rewind);
   }
 
   nlohmann::json StepRecord(const Stage& stage, const StepMetrics& m) {
@@ -729,6 +810,8 @@ class ExperimentRunner::Impl {
   int64_t weights_version_ = 0;
   int64_t stage_step_ = 0;
   int64_t global_step_ = 0;
+  // Weights the current stage started from (for re-configuring after a crash).
+  std::string stage_init_;
   bool sync_unavailable_ = false;
   bool sync_configured_ = false;
   int sync_generation_ = 0;

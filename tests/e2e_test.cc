@@ -11,7 +11,9 @@
 #include <sstream>
 
 #include "catch2/catch.hpp"
+#include "common/rpc_client.h"
 #include "common/subprocess.h"
+#include "proto/coordinator.grpc.pb.h"
 #include "common/testing/test_util.h"
 #include "nlohmann/json.hpp"
 
@@ -144,6 +146,51 @@ TEST_CASE("a run cancelled mid-stage resumes from its checkpoint and finishes") 
   const int resumed_from = grpo_steps[cancelled_at];  // first step the second run logged
   CHECK(resumed_from > 1);
   CHECK(resumed_from <= cancelled_at + 1);
+}
+
+TEST_CASE("a learner killed with SIGKILL mid-stage is restarted and the run finishes") {
+  testing::TempDir dir;
+  auto run = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run",
+                                testing::Runfile("configs/grpo_arith_e2e.yaml"), "--run_dir=" + dir.File("runs"),
+                                "--bin_dir=" + testing::Runfile(""), "--set=stages[0].sft.steps=60",
+                                "--set=stages[1].grpo.rl.steps=12", "--set=stages[1].grpo.rl.prompts_per_step=8"},
+                               dir.File("out"));
+  REQUIRE(run.ok());
+  std::string run_dir;
+  const absl::Time deadline = absl::Now() + absl::Minutes(8);
+  while (absl::Now() < deadline && run->running()) {
+    if (run_dir.empty() && std::filesystem::exists(dir.File("runs"))) run_dir = RunDir(dir.File("runs"));
+    if (!run_dir.empty() && LastStep(run_dir, "grpo") >= 6) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  REQUIRE(run->running());
+  // The coordinator's address is on its "cluster up" line; its status lists pids.
+  const std::string out = ReadAll(dir.File("out"));
+  const std::string marker = "cluster up (coordinator ";
+  const size_t at = out.find(marker);
+  REQUIRE(at != std::string::npos);
+  const std::string address = out.substr(at + marker.size(), out.find(')', at) - at - marker.size());
+  auto client = RpcClient::Create(address);
+  REQUIRE(client.ok());
+  auto stub = Coordinator::NewStub(client->channel());
+  StatusResponse status;
+  auto ctx = client->NewContext(absl::Seconds(10));
+  REQUIRE(stub->GetStatus(ctx.get(), StatusRequest(), &status).ok());
+  int64_t learner_pid = 0;
+  for (const auto& r : status.roles()) {
+    if (r.name() == "learner-0") learner_pid = r.pid();
+  }
+  REQUIRE(learner_pid > 0);
+  REQUIRE(::kill(static_cast<pid_t>(learner_pid), SIGKILL) == 0);
+
+  auto st = run->Wait(absl::Minutes(8));
+  const std::string all = ReadAll(dir.File("out"));
+  INFO(all);
+  REQUIRE(st.ok());
+  CHECK(*st == 0);
+  CHECK(all.find("recover: step") != std::string::npos);
+  CHECK(all.find("done: held-out accuracy") != std::string::npos);
+  CHECK(LastStep(run_dir, "grpo") == 12);
 }
 
 }  // namespace
