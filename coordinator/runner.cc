@@ -76,6 +76,7 @@ class ExperimentRunner::Impl {
   absl::Status Run() {
     const absl::Time start = absl::Now();
     absl::Status s = RunStages();
+    RemoveSharedMemory();
     {
       absl::MutexLock lock(&mu_);
       summary_.seconds = Seconds(start);
@@ -90,6 +91,16 @@ class ExperimentRunner::Impl {
   ExperimentStatus status() const {
     absl::MutexLock lock(&mu_);
     return status_;
+  }
+
+  // Weight-sync segments of this run (every sync generation) outlive a
+  // killed publisher; the run removes them when it ends.
+  void RemoveSharedMemory() {
+    const std::string prefix = absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
+    }
   }
   RunSummary summary() const {
     absl::MutexLock lock(&mu_);
