@@ -110,6 +110,7 @@ RewardModelStats RewardModel::stats() const {
     s.items_run = items_run_;
     s.batches = batches_;
   }
+  s.passes = passes_.load();
   absl::MutexLock lock(&cache_mu_);
   s.cache_hits = cache_hits_;
   return s;
@@ -269,35 +270,58 @@ void RewardModel::RunBatcher() {
 }
 
 absl::StatusOr<std::vector<double>> RewardModel::Forward(const std::vector<Job>& jobs) {
-  const int64_t B = static_cast<int64_t>(jobs.size());
-  int64_t T = 0;
-  for (const Job& j : jobs) T = std::max<int64_t>(T, static_cast<int64_t>(j.ids.size()));
+  // Longest first, then cut into passes whose padding stays under a quarter
+  // of their tokens: a batch of mixed lengths costs little more than its
+  // real tokens.
+  std::vector<size_t> order(jobs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return jobs[a].ids.size() > jobs[b].ids.size(); });
+  std::vector<double> out(jobs.size());
+  size_t begin = 0;
+  while (begin < order.size()) {
+    const size_t T = jobs[order[begin]].ids.size();
+    size_t end = begin + 1;
+    size_t real = T;
+    while (end < order.size()) {
+      const size_t len = jobs[order[end]].ids.size();
+      if (T * (end - begin + 1) * 3 > (real + len) * 4) break;  // padding > 25%
+      real += len;
+      ++end;
+    }
+    RLMESH_RETURN_IF_ERROR(ForwardPass(jobs, order, begin, end, &out));
+    passes_.fetch_add(1);
+    begin = end;
+  }
+  return out;
+}
+
+absl::Status RewardModel::ForwardPass(const std::vector<Job>& jobs, const std::vector<size_t>& order, size_t begin,
+                                      size_t end, std::vector<double>* out) {
+  const int64_t B = static_cast<int64_t>(end - begin);
+  const int64_t T = static_cast<int64_t>(jobs[order[begin]].ids.size());  // the longest
   try {
     c10::InferenceMode guard;
-    // Right-padded: row r's real tokens are [0, len_r), positions 0.., so a
-    // row's values do not depend on what it was batched with.
+    // Right-padded: row r's real tokens are [0, len_r) at positions 0.., and
+    // attention is causal, so no real token sees a pad and a row's values do
+    // not depend on what it is batched with. No key mask is needed, which
+    // keeps attention on the fused causal kernel.
     at::Tensor ids = at::zeros({B, T}, at::kLong);
-    at::Tensor mask = at::zeros({B, T}, at::kBool);
     at::Tensor last = at::empty({B}, at::kLong);
     auto ids_a = ids.accessor<int64_t, 2>();
-    auto mask_a = mask.accessor<bool, 2>();
     auto last_a = last.accessor<int64_t, 1>();
     for (int64_t r = 0; r < B; ++r) {
-      const auto& row = jobs[r].ids;
-      for (size_t t = 0; t < row.size(); ++t) {
-        ids_a[r][t] = row[t];
-        mask_a[r][t] = true;
-      }
+      const auto& row = jobs[order[begin + r]].ids;
+      for (size_t t = 0; t < row.size(); ++t) ids_a[r][t] = row[t];
       last_a[r] = static_cast<int64_t>(row.size()) - 1;
     }
     at::Tensor positions = at::arange(T, at::kLong).unsqueeze(0).expand({B, T}).contiguous();
     const torch::Device dev = model_->device;
-    at::Tensor values = model_->net->Values(ids.to(dev), positions.to(dev), mask.to(dev));  // [B,T]
+    at::Tensor values = model_->net->Values(ids.to(dev), positions.to(dev));  // [B,T]
     at::Tensor picked = values.gather(1, last.to(dev).unsqueeze(1)).squeeze(1).to(at::kCPU, at::kDouble);
     auto p = picked.accessor<double, 1>();
-    std::vector<double> out(B);
-    for (int64_t r = 0; r < B; ++r) out[r] = p[r];
-    return out;
+    for (int64_t r = 0; r < B; ++r) (*out)[order[begin + r]] = p[r];
+    return absl::OkStatus();
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("reward model ", dir_, ": forward failed: ", e.what_without_backtrace()));
   }

@@ -8,6 +8,7 @@
 // owns the model) and results are kept in a bounded LRU cache keyed by a hash
 // of the token ids. This header includes no LibTorch.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -52,8 +53,11 @@ struct RewardModelStats {
   int64_t cache_hits = 0;
   // Items that ran through the model.
   int64_t items_run = 0;
-  // Forward passes.
+  // Batches the batcher formed (one batch may run as several
+  // length-bucketed forward passes).
   int64_t batches = 0;
+  // Forward passes run.
+  int64_t passes = 0;
   // items_run / batches (0 when none ran).
   double mean_batch_size() const { return batches == 0 ? 0.0 : static_cast<double>(items_run) / batches; }
 };
@@ -99,7 +103,11 @@ class RewardModel {
 
   RewardModel(std::string dir, RewardModelOptions options, std::unique_ptr<Model> model);
   void RunBatcher();
+  // Scores a batch, in length-bucketed passes.
   absl::StatusOr<std::vector<double>> Forward(const std::vector<Job>& jobs);
+  // One padded forward pass over jobs[order[begin..end)] (longest first).
+  absl::Status ForwardPass(const std::vector<Job>& jobs, const std::vector<size_t>& order, size_t begin, size_t end,
+                           std::vector<double>* out);
   bool CacheLookup(uint64_t key, int prompt_len, const std::vector<int64_t>& ids, double* score)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
   void CacheInsert(uint64_t key, int prompt_len, std::vector<int64_t> ids, double score)
@@ -116,6 +124,7 @@ class RewardModel {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t items_run_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> passes_{0};
 
   // Guarded by cache_mu_.
   mutable absl::Mutex cache_mu_;

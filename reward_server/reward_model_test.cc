@@ -99,6 +99,7 @@ TEST_CASE("batched, padded scores equal the model's value for each item alone") 
   // All six went through one forward pass (one call, max_batch 8).
   CHECK((*rm)->stats().batches == 1);
   CHECK((*rm)->stats().items_run == 6);
+  CHECK((*rm)->stats().passes >= 2);  // lengths 5..41 are cut into length buckets
 
   // max_batch 2 splits the same call into three passes with the same scores.
   RewardModelOptions small = o;
