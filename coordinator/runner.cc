@@ -657,6 +657,8 @@ class ExperimentRunner::Impl {
     sync_configured_ = false;
     const int stage_index = status().stage_index();
     RLMESH_RETURN_IF_ERROR(ConfigureLearners(stage_index, stage_init_));
+    // The workers keep their policy while a reward model trains.
+    if (cfg().stages(stage_index).has_reward_model()) return absl::OkStatus();
     return SyncWeights(/*through_checkpoint=*/true);
   }
 

@@ -199,7 +199,11 @@ absl::StatusOr<std::vector<double>> RewardModel::Score(const std::vector<RewardM
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("reward model is shutting down");
-    for (auto& job : jobs) queue_.push_back(std::move(job));
+    const absl::Time now = absl::Now();
+    for (auto& job : jobs) {
+      job.enqueued = now;
+      queue_.push_back(std::move(job));
+    }
   }
   absl::MutexLock lock(&request->mu);
   request->mu.Await(absl::Condition(
@@ -221,13 +225,11 @@ void RewardModel::RunBatcher() {
       auto ready = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) break;
-      // Wait for a full batch, at most max_wait after the first item.
+      // Wait for a full batch, until the oldest item has waited max_wait.
       auto full = [this, max_batch]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return stopping_ || queue_.size() >= max_batch;
       };
-      if (options_.max_wait > absl::ZeroDuration()) {
-        mu_.AwaitWithTimeout(absl::Condition(&full), options_.max_wait);
-      }
+      mu_.AwaitWithDeadline(absl::Condition(&full), queue_.front().enqueued + options_.max_wait);
       if (stopping_) break;
       const size_t take = std::min(max_batch, queue_.size());
       batch.reserve(take);

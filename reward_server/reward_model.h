@@ -28,7 +28,9 @@ namespace rlmesh {
 struct RewardModelOptions {
   // Most items in one forward pass. Default 32.
   int max_batch = 32;
-  // Longest the batcher waits for more items once one is queued. Default 5 ms.
+  // Longest an item waits in the queue for batch mates (measured from its
+  // enqueue time, so items that queued during a busy pass go at once).
+  // Default 5 ms.
   absl::Duration max_wait = absl::Milliseconds(5);
   // Results kept in the LRU cache, items; 0 disables the cache. Default 65536.
   int64_t cache_size = 65536;
@@ -93,6 +95,7 @@ class RewardModel {
     int prompt_len;
     std::shared_ptr<Request> request;
     int index;  // in the request
+    absl::Time enqueued;
   };
   struct CacheEntry {
     uint64_t key;
