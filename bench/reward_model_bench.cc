@@ -32,6 +32,7 @@ ABSL_FLAG(int, items, 512, "Items per side per repeat (spread over the callers).
 ABSL_FLAG(int, hidden, 256, "Model width.");
 ABSL_FLAG(int, layers, 4, "Decoder layers.");
 ABSL_FLAG(int, max_batch, 32, "Batched side: most items in one forward pass.");
+ABSL_FLAG(bool, short_items, false, "Prompts of 2-6 and completions of 1-4 tokens instead of 16-32 and 8-64.");
 ABSL_FLAG(double, max_wait_ms, 5.0, "Batched side: longest wait for a fuller batch, ms.");
 
 namespace rlmesh {
@@ -104,8 +105,9 @@ int Main() {
   auto make_items = [&](int n) {
     std::vector<RewardModelItem> v(n);
     for (auto& it : v) {
-      it.prompt_ids.resize(std::uniform_int_distribution<int>(16, 32)(rng));
-      it.completion_ids.resize(std::uniform_int_distribution<int>(8, 64)(rng));
+      const bool short_items = absl::GetFlag(FLAGS_short_items);
+      it.prompt_ids.resize(std::uniform_int_distribution<int>(short_items ? 2 : 16, short_items ? 6 : 32)(rng));
+      it.completion_ids.resize(std::uniform_int_distribution<int>(short_items ? 1 : 8, short_items ? 4 : 64)(rng));
       for (int& id : it.prompt_ids) id = std::uniform_int_distribution<int>(1, 63)(rng);
       for (int& id : it.completion_ids) id = std::uniform_int_distribution<int>(1, 63)(rng);
     }
@@ -133,8 +135,9 @@ int Main() {
     std::printf("repeat %d: batched %.1f items/s, one-at-a-time %.1f items/s, ratio %.2f\n", r, b, s, b / s);
   }
   const Stats B = Summarize(tb), S = Summarize(ts), R = Summarize(ratio);
-  std::printf("\nmodel hidden=%d layers=%d, %d clients, %d items/repeat, threads=%d, max_batch=%d max_wait=%.1fms\n",
-              c.hidden_size, c.num_layers, clients, n, absl::GetFlag(FLAGS_threads), batched.max_batch,
+  std::printf("\n%s items, model hidden=%d layers=%d, %d clients, %d items/repeat, threads=%d, max_batch=%d max_wait=%.1fms\n",
+              absl::GetFlag(FLAGS_short_items) ? "short (3-10 token)" : "long (24-96 token)", c.hidden_size,
+              c.num_layers, clients, n, absl::GetFlag(FLAGS_threads), batched.max_batch,
               absl::GetFlag(FLAGS_max_wait_ms));
   std::printf("| side | items/s median | min | max |\n|---|---|---|---|\n");
   std::printf("| dynamic batching | %.1f | %.1f | %.1f |\n", B.median, B.min, B.max);
