@@ -44,6 +44,10 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
     // Child: only async-signal-safe calls until exec.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
+    // A process group of its own: a terminal's Ctrl-C reaches only the
+    // parent, which stops its children in order (and does not mistake them
+    // for crashed roles).
+    ::setpgid(0, 0);
     sigset_t set;
     sigemptyset(&set);
     ::sigprocmask(SIG_SETMASK, &set, nullptr);

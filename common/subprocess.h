@@ -21,7 +21,9 @@ class Subprocess {
  public:
   // Starts argv[0] (a path) with argv. stdout and stderr go to `log_path`
   // (appended) when non-empty, else are inherited. The child gets SIGTERM
-  // and SIGINT unblocked and dies with its parent (PR_SET_PDEATHSIG).
+  // and SIGINT unblocked, runs in a process group of its own (a terminal's
+  // Ctrl-C reaches only the parent) and dies with its parent
+  // (PR_SET_PDEATHSIG).
   static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
                                           const std::string& log_path = "");
 

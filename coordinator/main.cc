@@ -334,6 +334,9 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   const std::string tokenizer = cfg->model().tokenizer() == "char" ? "char" : UserPath(cfg->model().tokenizer());
   co.rollout_args = {"--tokenizer=" + tokenizer, absl::StrCat("--threads=", std::max(1, cores / co.rollout_workers))};
   co.reward_args = {"--tokenizer=" + tokenizer};
+  if (!cfg->reward().reward_model().empty()) {
+    co.reward_args.push_back("--reward_model=" + UserPath(cfg->reward().reward_model()));
+  }
   co.learner_args = {absl::StrCat("--threads=", std::max(1, cores / co.learners))};
   std::printf("rlmesh: starting %d rollout worker(s), %d reward server(s), %d learner(s), replay buffer; run dir %s\n",
               co.rollout_workers, co.reward_servers, co.learners, run_dir.c_str());

@@ -617,6 +617,8 @@ class ExperimentRunner::Impl {
         failures = 0;
         continue;
       }
+      // A failure while cancelling is the shutdown, not a crash.
+      RLMESH_RETURN_IF_ERROR(CheckCancelled());
       if (!Recoverable(s) || ++failures > kMaxRecoveries) return s;
       RLMESH_LOG(WARNING) << "step=" << stage_step_ + 1 << " failed: " << s.ToString() << "; recovering";
       if (o_.progress) {
