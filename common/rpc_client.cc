@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -51,6 +52,25 @@ std::unique_ptr<grpc::ClientContext> RpcClient::NewContext(absl::Duration timeou
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   AttachToken(options_.auth_token, context.get());
   return context;
+}
+
+absl::Status CallWithRetry(const RpcClient& client, const RetryOptions& retry, const std::string& peer,
+                           const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const absl::Time give_up = absl::Now() + retry.total_timeout;
+  absl::Duration backoff = retry.initial_backoff;
+  for (int attempt = 1;; ++attempt) {
+    auto ctx = client.NewContext(std::min(retry.attempt_timeout, give_up - absl::Now()));
+    ctx->set_wait_for_ready(true);
+    absl::Status s = FromGrpcStatus(call(ctx.get()));
+    if (s.ok()) return s;
+    const bool retryable =
+        s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded;
+    if (!retryable || absl::Now() + backoff >= give_up) return s;
+    RLMESH_LOG(WARNING) << peer << " " << client.address() << " attempt=" << attempt << " failed: " << s.message()
+                        << "; retrying";
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, retry.max_backoff);
+  }
 }
 
 absl::StatusOr<std::string> CheckHealth(const RpcClient& client, absl::Duration timeout,

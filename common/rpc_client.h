@@ -4,6 +4,7 @@
 // always sets a deadline and attaches the auth token. There is no way to get
 // a context without a deadline from here.
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -54,6 +55,26 @@ class RpcClient {
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
 };
+
+// How a client rides out a peer that restarts.
+struct RetryOptions {
+  // Deadline of one attempt. Default 30 s.
+  absl::Duration attempt_timeout = absl::Seconds(30);
+  // Give up after this long in total. Default 120 s.
+  absl::Duration total_timeout = absl::Seconds(120);
+  // First backoff, doubled up to max_backoff. Defaults 50 ms and 2 s.
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+// Calls `call` with a fresh context per attempt (deadline = attempt_timeout,
+// capped by what is left of total_timeout; wait_for_ready, so a restarting
+// peer is waited for instead of failing fast) until it succeeds or fails
+// with something other than UNAVAILABLE / DEADLINE_EXCEEDED, backing off
+// exponentially between attempts. Only for idempotent calls. `peer` names
+// the peer in retry logs ("reward server").
+absl::Status CallWithRetry(const RpcClient& client, const RetryOptions& retry, const std::string& peer,
+                           const std::function<grpc::Status(grpc::ClientContext*)>& call);
 
 // grpc.health.v1 status of a server: "SERVING", "NOT_SERVING", ...
 absl::StatusOr<std::string> CheckHealth(const RpcClient& client, absl::Duration timeout,

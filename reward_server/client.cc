@@ -1,7 +1,6 @@
 #include "reward_server/client.h"
 
 #include "common/grpc_status.h"
-#include "common/log.h"
 #include "proto/reward.grpc.pb.h"
 
 namespace rlmesh {
@@ -13,24 +12,13 @@ class GrpcRewardClient final : public RewardClient {
       : client_(std::move(client)), retry_(retry), stub_(RewardService::NewStub(client_.channel())) {}
 
   absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request) override {
-    const absl::Time give_up = absl::Now() + retry_.total_timeout;
-    absl::Duration backoff = retry_.initial_backoff;
-    for (int attempt = 1;; ++attempt) {
-      ScoreResponse response;
-      auto ctx = client_.NewContext(std::min(retry_.attempt_timeout, give_up - absl::Now()));
-      // Wait for a (re)connecting channel within the deadline instead of
-      // failing fast while the server restarts.
-      ctx->set_wait_for_ready(true);
-      absl::Status s = FromGrpcStatus(stub_->Score(ctx.get(), request, &response));
-      if (s.ok()) return response;
-      const bool retryable = s.code() == absl::StatusCode::kUnavailable ||
-                             s.code() == absl::StatusCode::kDeadlineExceeded;
-      if (!retryable || absl::Now() + backoff >= give_up) return s;
-      RLMESH_LOG(WARNING) << "reward server " << client_.address() << " attempt=" << attempt
-                          << " failed: " << s.message() << "; retrying";
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, retry_.max_backoff);
-    }
+    ScoreResponse response;
+    absl::Status s = CallWithRetry(client_, retry_, "reward server", [&](grpc::ClientContext* ctx) {
+      response.Clear();
+      return stub_->Score(ctx, request, &response);
+    });
+    if (!s.ok()) return s;
+    return response;
   }
 
  private:

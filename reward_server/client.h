@@ -20,18 +20,8 @@ class RewardClient {
   virtual absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request) = 0;
 };
 
-struct RetryOptions {
-  // Deadline of one attempt. Default 30 s.
-  absl::Duration attempt_timeout = absl::Seconds(30);
-  // Give up after this long in total. Default 120 s.
-  absl::Duration total_timeout = absl::Seconds(120);
-  // First backoff, doubled up to max_backoff. Defaults 50 ms and 2 s.
-  absl::Duration initial_backoff = absl::Milliseconds(50);
-  absl::Duration max_backoff = absl::Seconds(2);
-};
-
 // Retries UNAVAILABLE and DEADLINE_EXCEEDED attempts (a restarting server)
-// with exponential backoff; other errors return at once.
+// with exponential backoff (CallWithRetry); other errors return at once.
 std::unique_ptr<RewardClient> MakeGrpcRewardClient(RpcClient client, RetryOptions retry = {});
 
 }  // namespace rlmesh

@@ -12,7 +12,6 @@
 #include "absl/status/statusor.h"
 #include "common/rpc_client.h"
 #include "proto/replay_buffer.pb.h"
-#include "reward_server/client.h"
 
 namespace rlmesh::rollout {
 
