@@ -238,14 +238,27 @@ struct FenceRun {
 
 void RunFence(RolloutWorker& worker, const std::string& v2_dir, GenerateRequest req_b, GenerateRequest req_c,
               FenceRun* run) {
-  absl::Notification release, a_reached;
+  absl::Notification release, a_reached, x_reached, queued;
   run->a.hook = [&](const TrajectoryGroup&) {
     a_reached.Notify();
     release.WaitForNotificationWithTimeout(absl::Seconds(30));
   };
+  // X holds the engine in its sink while A and B are queued, so both are
+  // admitted in one go however the threads are scheduled (submitting A and B
+  // back to back raced: on a loaded machine A could finish before B arrived).
+  Collector x;
+  x.hook = [&](const TrajectoryGroup&) {
+    x_reached.Notify();
+    queued.WaitForNotificationWithTimeout(absl::Seconds(30));
+  };
+  REQUIRE(worker.Submit(MakeRequest({"y"}, 1, 1, 3), x.Sink(), x.Done()).ok());
+  REQUIRE(x_reached.WaitForNotificationWithTimeout(absl::Seconds(30)));
   GenerateRequest req_a = MakeRequest({"z"}, 1, 2, 5);
   REQUIRE(worker.Submit(req_a, run->a.Sink(), run->a.Done()).ok());
   REQUIRE(worker.Submit(req_b, run->b.Sink(), run->b.Done()).ok());
+  REQUIRE(worker.Status().queued_requests() == 2);
+  queued.Notify();
+  REQUIRE(x.Wait().ok());
   REQUIRE(a_reached.WaitForNotificationWithTimeout(absl::Seconds(30)));
   REQUIRE(worker.Status().queued_requests() == 0);  // B is in flight, not queued
   std::thread loader([&] {
