@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <vector>
 
 #include "common/status_macros.h"
@@ -68,18 +69,23 @@ at::Tensor TokenRewardsImpl(const at::Tensor& rewards, const at::Tensor& m, cons
   return out * m;
 }
 
-// Bessel-corrected whitening over masked positions; validated inputs.
+// Bessel-corrected whitening over masked positions (of every rank when
+// `global_sum` is set); validated inputs.
 absl::StatusOr<at::Tensor> WhitenImpl(const at::Tensor& x, const at::Tensor& m, bool shift_mean,
-                                      double eps) {
-  const double n = m.sum().item<double>();
+                                      double eps, const GlobalSum& global_sum = nullptr) {
+  at::Tensor first = at::stack({(x * m).sum(), m.sum()}).to(at::kDouble).cpu().contiguous();
+  if (global_sum) RLMESH_RETURN_IF_ERROR(global_sum(first));
+  const double n = first[1].item<double>();
   if (n < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("mask: whitening needs at least 2 masked tokens, got ", n));
   }
-  at::Tensor mean = (x * m).sum() / n;
+  const double mean = first[0].item<double>() / n;
   at::Tensor centered = (x - mean) * m;
-  at::Tensor var = (centered * centered).sum() / (n - 1);
-  at::Tensor w = centered * at::rsqrt(var + eps);
+  at::Tensor second = (centered * centered).sum().reshape({1}).to(at::kDouble).cpu().contiguous();
+  if (global_sum) RLMESH_RETURN_IF_ERROR(global_sum(second));
+  const double var = second[0].item<double>() / (n - 1);
+  at::Tensor w = centered * (1.0 / std::sqrt(var + eps));
   if (!shift_mean) w = w + mean;
   return w * m;
 }
@@ -133,13 +139,13 @@ absl::StatusOr<at::Tensor> TokenRewards(const at::Tensor& rewards, const at::Ten
 }
 
 absl::StatusOr<at::Tensor> WhitenMasked(const at::Tensor& x, const at::Tensor& mask,
-                                        bool shift_mean, double eps) {
+                                        bool shift_mean, double eps, const GlobalSum& global_sum) {
   RLMESH_RETURN_IF_ERROR(CheckTensor(x, "x", 2));
   RLMESH_RETURN_IF_ERROR(CheckMask(mask));
   RLMESH_RETURN_IF_ERROR(CheckSameShape(x, "x", mask, "mask"));
   if (!(eps >= 0)) return absl::InvalidArgumentError("eps: must be >= 0");
   return CatchTorch([&]() -> absl::StatusOr<at::Tensor> {
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor w, WhitenImpl(F64(x), Binary(mask), shift_mean, eps));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor w, WhitenImpl(F64(x), Binary(mask), shift_mean, eps, global_sum));
     return Out(w);
   });
 }
@@ -147,7 +153,7 @@ absl::StatusOr<at::Tensor> WhitenMasked(const at::Tensor& x, const at::Tensor& m
 absl::StatusOr<at::Tensor> ReinforcePlusPlusAdvantages(const at::Tensor& rewards,
                                                        const at::Tensor& mask,
                                                        const at::Tensor& kl, double kl_coef,
-                                                       double gamma) {
+                                                       double gamma, const GlobalSum& global_sum) {
   RLMESH_RETURN_IF_ERROR(CheckSequenceRewards(rewards, mask));
   RLMESH_RETURN_IF_ERROR(CheckOptionalKl(kl, mask, kl_coef));
   if (!(gamma >= 0 && gamma <= 1)) return absl::InvalidArgumentError("gamma: must be in [0, 1]");
@@ -169,7 +175,7 @@ absl::StatusOr<at::Tensor> ReinforcePlusPlusAdvantages(const at::Tensor& rewards
       }
       returns = at::stack(cols, 1);
     }
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor w, WhitenImpl(returns, m, /*shift_mean=*/true, 1e-8));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor w, WhitenImpl(returns, m, /*shift_mean=*/true, 1e-8, global_sum));
     return Out(w);
   });
 }
@@ -212,7 +218,7 @@ absl::StatusOr<GaeResult> GaeAdvantages(const at::Tensor& rewards, const at::Ten
     GaeResult result;
     result.returns = Out((adv + v) * m);
     if (options.whiten) {
-      RLMESH_ASSIGN_OR_RETURN(adv, WhitenImpl(adv, m, /*shift_mean=*/true, 1e-8));
+      RLMESH_ASSIGN_OR_RETURN(adv, WhitenImpl(adv, m, /*shift_mean=*/true, 1e-8, options.global_sum));
     }
     result.advantages = Out(adv);
     return result;

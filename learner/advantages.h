@@ -16,6 +16,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "absl/status/statusor.h"
 
 namespace rlmesh::learner {
@@ -45,13 +47,23 @@ absl::StatusOr<at::Tensor> ExpandToTokens(const at::Tensor& per_sequence, const 
 absl::StatusOr<at::Tensor> TokenRewards(const at::Tensor& rewards, const at::Tensor& mask,
                                         const at::Tensor& kl = at::Tensor(), double kl_coef = 0.0);
 
+// Sums a small CPU float64 tensor over the data-parallel group, in place
+// (every rank passes the same shape; a single process leaves it as is).
+// Whitening takes it so that K shards whiten with the statistics of the
+// global batch rather than of their own slice: with it, the K shards'
+// advantages are exactly the slices of the K = 1 advantages.
+using GlobalSum = std::function<absl::Status(at::Tensor&)>;
+
 // Whitening over the masked tokens of the whole batch:
 // (x - mean) / sqrt(var + eps) with mean and the Bessel-corrected variance
 // taken over masked positions only; with `shift_mean` false the mean is added
-// back (scale only). Masked-out positions are 0. REQUIRES: at least 2 masked
-// tokens.
+// back (scale only). Masked-out positions are 0. With `global_sum`, mean and
+// variance are over the masked tokens of every rank (two passes: the mean,
+// then the squared deviations). REQUIRES: at least 2 masked tokens (over all
+// ranks).
 absl::StatusOr<at::Tensor> WhitenMasked(const at::Tensor& x, const at::Tensor& mask,
-                                        bool shift_mean = true, double eps = 1e-8);
+                                        bool shift_mean = true, double eps = 1e-8,
+                                        const GlobalSum& global_sum = nullptr);
 
 // REINFORCE++: per-token returns G_t = sum_{s >= t, masked} gamma^(k) r_s
 // over TokenRewards(rewards, mask, kl, kl_coef) (k counts masked steps), then
@@ -59,7 +71,8 @@ absl::StatusOr<at::Tensor> WhitenMasked(const at::Tensor& x, const at::Tensor& m
 absl::StatusOr<at::Tensor> ReinforcePlusPlusAdvantages(const at::Tensor& rewards,
                                                        const at::Tensor& mask,
                                                        const at::Tensor& kl = at::Tensor(),
-                                                       double kl_coef = 0.0, double gamma = 1.0);
+                                                       double kl_coef = 0.0, double gamma = 1.0,
+                                                       const GlobalSum& global_sum = nullptr);
 
 struct GaeOptions {
   // Discount per token. Default 1.0.
@@ -71,6 +84,9 @@ struct GaeOptions {
   // Whiten the advantages over the batch's masked tokens (returns are not
   // whitened). Default true.
   bool whiten = true;
+  // Whiten over every data-parallel rank's tokens (see GlobalSum); null =
+  // this batch only.
+  GlobalSum global_sum;
 
   absl::Status Validate() const;
 };

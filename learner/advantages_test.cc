@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -157,6 +160,73 @@ TEST_CASE("REINFORCE++ whitens returns-to-go over the batch") {
   REQUIRE(exact1.ok());
   CHECK(Diff(*near1, *exact1) < 1e-5);
   CHECK(Diff(*exact1, *a) > 1e-2);  // The KL term changed something.
+}
+
+// Two "ranks" as threads: each GlobalSum call waits for the other rank's
+// tensor and both get the sum.
+class TwoRankSum {
+ public:
+  GlobalSum For(int rank) {
+    return [this, rank](at::Tensor& t) -> absl::Status {
+      std::unique_lock<std::mutex> lock(mu_);
+      const int64_t round = round_;
+      slot_[rank] = t.clone();
+      if (++arrived_ == 2) {
+        sum_ = slot_[0] + slot_[1];
+        arrived_ = 0;
+        ++round_;
+        cv_.notify_all();
+      } else {
+        cv_.wait(lock, [&] { return round_ != round; });
+      }
+      t.copy_(sum_);
+      return absl::OkStatus();
+    };
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  at::Tensor slot_[2], sum_;
+  int arrived_ = 0;
+  int64_t round_ = 0;
+};
+
+TEST_CASE("whitening with a global sum equals whitening the concatenated batch") {
+  // Rank 0 holds high rewards, rank 1 low ones: per-slice whitening differs.
+  at::Tensor rewards = T1({5, 6, 0, 1});
+  at::Tensor mask = T2({{1, 1, 1, 0}, {0, 1, 1, 1}, {1, 1, 0, 0}, {1, 1, 1, 1}});
+  at::Tensor values = T2({{0.1, 0.2, 0.3, 0}, {0, 0.5, 0.1, 0.2}, {0.3, 0.3, 0, 0}, {0.1, 0, 0.2, 0.4}});
+  auto full_rpp = ReinforcePlusPlusAdvantages(rewards, mask);
+  GaeOptions o;
+  auto full_gae = GaeAdvantages(rewards, values, mask, o);
+  REQUIRE(full_rpp.ok());
+  REQUIRE(full_gae.ok());
+  TwoRankSum sum;
+  absl::StatusOr<at::Tensor> rpp[2];
+  absl::StatusOr<GaeResult> gae[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      const int64_t a = 2 * r;
+      rpp[r] = ReinforcePlusPlusAdvantages(rewards.narrow(0, a, 2), mask.narrow(0, a, 2), at::Tensor(), 0.0,
+                                           1.0, sum.For(r));
+      GaeOptions go;
+      go.global_sum = sum.For(r);
+      gae[r] = GaeAdvantages(rewards.narrow(0, a, 2), values.narrow(0, a, 2), mask.narrow(0, a, 2), go);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(rpp[r].ok());
+    REQUIRE(gae[r].ok());
+    CHECK(Diff(*rpp[r], full_rpp->narrow(0, 2 * r, 2)) < 1e-6);
+    CHECK(Diff(gae[r]->advantages, full_gae->advantages.narrow(0, 2 * r, 2)) < 1e-6);
+  }
+  // Without the global sum, each slice is whitened on its own: different.
+  auto local = ReinforcePlusPlusAdvantages(rewards.narrow(0, 0, 2), mask.narrow(0, 0, 2));
+  REQUIRE(local.ok());
+  CHECK(Diff(*local, full_rpp->narrow(0, 0, 2)) > 0.1);
 }
 
 TEST_CASE("DAPO overlong penalty falls linearly over the buffer") {

@@ -214,6 +214,17 @@ void DataParallel::AllReduceBuckets(at::Tensor& flat, int64_t n) {
   for (auto& w : works) Wait(w);
 }
 
+absl::Status DataParallel::AllReduceSum(at::Tensor& t) {
+  if (!t.defined() || !t.is_contiguous() || !t.device().is_cpu()) {
+    return absl::InvalidArgumentError("t: expected a defined contiguous CPU tensor");
+  }
+  if (world_size_ == 1) return absl::OkStatus();
+  return Collective("all-reduce of statistics", [&] {
+    std::vector<at::Tensor> v = {t};
+    Wait(group_->allreduce(v));
+  });
+}
+
 void DataParallel::ZeroGrad() {
   for (at::Tensor& p : params_) {
     if (p.grad().defined()) p.grad().zero_();

@@ -137,6 +137,11 @@ class DataParallel {
   // Sets every parameter's gradient to zero (where defined).
   void ZeroGrad();
 
+  // Sums `t` (a contiguous CPU tensor, same shape on every rank) over the
+  // group in place; a no-op for one process. For small statistics such as
+  // the global whitening moments.
+  absl::Status AllReduceSum(at::Tensor& t);
+
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   // Elements in all parameters together.

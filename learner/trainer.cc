@@ -1006,9 +1006,21 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     rewards = rewards.to(at::kFloat);
 
     // Advantages [B, T_all].
+    const GlobalSum global_sum = [&](at::Tensor& t) { return s.dp->AllReduceSum(t); };
     at::Tensor adv, returns;
     if (B == 0) {
       adv = at::zeros({0, T_all}, at::kFloat);
+      if (s.world > 1 && (s.advantage == "reinforce_pp" || (s.advantage == "ppo" && s.gae.whiten))) {
+        // The other ranks whiten over the global batch: take part in the
+        // same two sums with nothing, and fail as they do when it is empty.
+        at::Tensor first = at::zeros({2}, at::kDouble), second = at::zeros({1}, at::kDouble);
+        RLMESH_RETURN_IF_ERROR(global_sum(first));
+        if (first[1].item<double>() < 2) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "mask: whitening needs at least 2 masked tokens, got ", first[1].item<double>()));
+        }
+        RLMESH_RETURN_IF_ERROR(global_sum(second));
+      }
     } else if (s.advantage == "grpo" || s.advantage == "dr_grpo" || s.advantage == "rloo") {
       at::Tensor seq_r = rewards.clone();
       if (kl_tokens.defined()) seq_r = seq_r - s.kl_coef * kl_tokens.sum(1);
@@ -1031,11 +1043,14 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       }
       RLMESH_ASSIGN_OR_RETURN(adv, ExpandToTokens(seq_adv, mask));
     } else if (s.advantage == "reinforce_pp") {
+      // Whitened over the global batch: every rank's tokens, not its slice.
       RLMESH_ASSIGN_OR_RETURN(adv, ReinforcePlusPlusAdvantages(rewards, mask, kl_tokens,
-                                                               kl_tokens.defined() ? s.kl_coef : 0.0));
+                                                               kl_tokens.defined() ? s.kl_coef : 0.0,
+                                                               /*gamma=*/1.0, global_sum));
     } else {  // ppo
       GaeOptions gae = s.gae;
       gae.kl_coef = kl_tokens.defined() ? s.kl_coef : 0.0;
+      gae.global_sum = global_sum;
       RLMESH_ASSIGN_OR_RETURN(GaeResult res, GaeAdvantages(rewards, old_values, mask, gae, kl_tokens));
       adv = res.advantages;
       returns = res.returns;

@@ -304,6 +304,86 @@ TEST_CASE("K=2 shards (threads, FileStore, ZeRO-1) equal K=1 on the same global 
   CHECK(state->world_size == 2);
 }
 
+// Trains K=1 and K=2 (threads over a FileStore) for two steps on the same
+// global batch of groups; returns the largest parameter difference.
+double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const std::string& store_dir) {
+  Trainer single;
+  REQUIRE(single.Configure(Request(e)).ok());
+  TrainStepRequest req;
+  *req.mutable_groups() = groups;
+  for (int step = 0; step < 2; ++step) {
+    req.set_step(step);
+    REQUIRE(single.TrainStep(req).ok());
+  }
+  Trainer ranks[2];
+  absl::Status results[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ConfigureRequest c = Request(e);
+      c.set_rank(r);
+      c.set_world_size(2);
+      c.set_store_address("file:" + store_dir);
+      auto st = ranks[r].Configure(c);
+      if (!st.ok()) {
+        results[r] = st.status();
+        return;
+      }
+      TrainStepRequest q = req;
+      for (int step = 0; step < 2; ++step) {
+        q.set_step(step);
+        auto t = ranks[r].TrainStep(q);
+        if (!t.ok()) {
+          results[r] = t.status();
+          return;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  INFO(results[0].ToString() << " / " << results[1].ToString());
+  REQUIRE(results[0].ok());
+  REQUIRE(results[1].ok());
+  CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
+  return MaxAbsDiff(single, ranks[0]);
+}
+
+TEST_CASE("K=2 whitens over the global batch: REINFORCE++ and PPO equal K=1") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny(11);
+  // Groups of the first shard score far higher than the second's, so a
+  // shard that whitened over its own slice would train differently.
+  GroupList groups;
+  {
+    Trainer t;
+    ExperimentConfig g = e;
+    *g.add_stages() = GrpoStageOf(2, 1e-2);
+    REQUIRE(t.Configure(Request(g)).ok());
+    int64_t i = 0;
+    groups = Rollout(t, Prompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
+      const double shard_offset = i++ < 8 ? 5.0 : 0.0;
+      return shard_offset + static_cast<double>(toks.size() % 3);
+    });
+  }
+  SECTION("REINFORCE++") {
+    ExperimentConfig r = e;
+    Stage s = GrpoStageOf(2, 1e-2);
+    s.mutable_grpo()->set_advantage("reinforce_pp");
+    *r.add_stages() = s;
+    CHECK(ShardedRlDiff(r, groups, dir.File("store_rpp")) <= 1e-5);
+  }
+  SECTION("PPO (GAE whitening)") {
+    ExperimentConfig p = e;
+    Stage s;
+    auto* rl = s.mutable_ppo()->mutable_rl();
+    rl->set_steps(2);
+    rl->mutable_optimizer()->set_lr(1e-2);
+    *p.add_stages() = s;
+    CHECK(ShardedRlDiff(p, groups, dir.File("store_ppo")) <= 1e-5);
+  }
+}
+
 TEST_CASE("exact resume: N steps straight == N/2, Save, fresh trainer, N/2 (bit-identical)") {
   actor::ConfigureThreads(2);
   rlmesh::testing::TempDir dir;

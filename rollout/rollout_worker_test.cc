@@ -265,7 +265,12 @@ void RunFence(RolloutWorker& worker, const std::string& v2_dir, GenerateRequest 
     run->load = worker.LoadCheckpoint(v2_dir, 2);
     run->load_done = absl::Now();
   });
-  absl::SleepFor(absl::Milliseconds(300));  // the update is posted (tiny model loads in ms)
+  // Wait until the update is posted at the fence (the engine is held in A's sink).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (worker.Status().pending_update_version() != 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  REQUIRE(worker.Status().pending_update_version() == 2);
   REQUIRE(worker.Submit(req_c, run->c.Sink(), run->c.Done()).ok());
   release.Notify();
   loader.join();
