@@ -455,9 +455,12 @@ class ExperimentRunner::Impl {
     return s;
   }
 
-  // Splits prompts over the workers and streams the groups back.
+  // Splits prompts over the workers and streams the groups back. A worker
+  // refuses the request while it holds weights older than `min_version`
+  // (-1: the learner's current version).
   absl::StatusOr<std::vector<TrajectoryGroup>> Generate(const std::vector<Prompt>& prompts, int n,
-                                                        const SamplingParams& sampling, bool pipeline, int64_t step) {
+                                                        const SamplingParams& sampling, bool pipeline, int64_t step,
+                                                        int64_t min_version = -1) {
     const int workers = static_cast<int>(rollouts_.size());
     std::vector<std::vector<TrajectoryGroup>> out(workers);
     RLMESH_RETURN_IF_ERROR(ParallelFor(workers, [&](int w) -> absl::Status {
@@ -469,7 +472,7 @@ class ExperimentRunner::Impl {
       *req.mutable_sampling() = sampling;
       req.set_n(n);
       req.set_pipeline(pipeline);
-      req.set_min_policy_version(RolloutVersion());
+      req.set_min_policy_version(min_version >= 0 ? min_version : RolloutVersion());
       req.set_decode_text(true);
       for (const auto& v : cfg().reward().verifiers()) *req.add_verifiers() = v;
       req.set_verifier_timeout_ms(cfg().reward().verifier_timeout_ms());
@@ -666,6 +669,7 @@ class ExperimentRunner::Impl {
 
   absl::Status RunRl(const Stage& stage) {
     const RlStage& rl = *RlSettings(stage);
+    if (rl.max_staleness() > 0) return RunRlAsync(stage);
     const int64_t total = rl.steps();
     const int stage_index = status().stage_index();
     // The loader resumes where a resumed learner is: one batch per step.
@@ -719,6 +723,171 @@ class ExperimentRunner::Impl {
       }
       return AfterStep(stage, total, &j);
     }, rewind);
+  }
+
+  // --- asynchronous RL ---------------------------------------------------
+
+  // What the producer thread of RunRlAsync shares with the training loop.
+  struct AsyncRollout {
+    struct Generated {
+      double reward_sum = 0, reward_sq = 0, length_sum = 0, seconds = 0;
+      int count = 0;
+      int64_t min_version = 0;
+    };
+    absl::Mutex mu;
+    // Stage steps whose groups are all stored in the buffer.
+    int64_t produced ABSL_GUARDED_BY(mu) = 0;
+    // Stage steps trained and synced into the workers, and the workers'
+    // version after each of them.
+    int64_t synced ABSL_GUARDED_BY(mu) = 0;
+    std::map<int64_t, int64_t> version_after ABSL_GUARDED_BY(mu);
+    std::map<int64_t, Generated> generated ABSL_GUARDED_BY(mu);
+    absl::Status error ABSL_GUARDED_BY(mu);
+    bool stop ABSL_GUARDED_BY(mu) = false;
+    std::thread thread;
+
+    void Stop() {
+      {
+        absl::MutexLock lock(&mu);
+        stop = true;
+      }
+      if (thread.joinable()) thread.join();
+    }
+    ~AsyncRollout() { Stop(); }
+  };
+
+  // Asynchronous RL (max_staleness = k > 0). A producer thread generates the
+  // groups of stage step i (pipeline mode: worker -> reward -> buffer) as
+  // soon as the weights of step i-1-k are in the workers, while this thread
+  // trains and syncs the steps before it. The learner takes step i's groups
+  // FIFO with min_policy_version = its version - k, so no trained group is
+  // more than k versions stale, and the stored behaviour log-probs correct
+  // for the lag. A weight update waits at the workers' fence for the
+  // sequences in flight (rollout.on_update), so with k = 1 generation of
+  // step i+1 overlaps training of step i: a step costs max(generate, train)
+  // + sync instead of their sum.
+  absl::Status RunRlAsync(const Stage& stage) {
+    const RlStage& rl = *RlSettings(stage);
+    const int64_t total = rl.steps();
+    const int64_t k = rl.max_staleness();
+    const int stage_index = status().stage_index();
+    PromptLoader loader(&task_->train(), cfg().seed() * 7919 + stage_index);
+    AsyncRollout a;
+
+    // (Re)starts the producer at the step after stage_step_.
+    auto start = [&] {
+      const int64_t first = stage_step_ + 1;
+      const int64_t global_base = global_step_ - stage_step_;
+      loader = PromptLoader(&task_->train(), cfg().seed() * 7919 + stage_index);
+      if (stage_step_ > 0) loader.Next(static_cast<int>(stage_step_ * rl.prompts_per_step()));
+      {
+        absl::MutexLock lock(&a.mu);
+        a.produced = a.synced = stage_step_;
+        a.version_after.clear();
+        a.version_after[stage_step_] = RolloutVersion();
+        a.generated.clear();
+        a.error = absl::OkStatus();
+        a.stop = false;
+      }
+      a.thread = std::thread([&, first, global_base] {
+        for (int64_t i = first; i <= total; ++i) {
+          int64_t min_version = 0;
+          {
+            absl::MutexLock lock(&a.mu);
+            auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(a.mu) { return a.stop || a.synced >= i - 1 - k; };
+            a.mu.Await(absl::Condition(&ready));
+            if (a.stop) return;
+            min_version = a.version_after.rbegin()->second;
+          }
+          std::vector<Prompt> prompts;
+          for (const Example* e : loader.Next(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
+          const absl::Time t0 = absl::Now();
+          auto groups = Generate(prompts, rl.samples_per_prompt(),
+                                 Sampling(false, cfg().seed() * 1000003ULL + global_base + i), true,
+                                 global_base + i, min_version);
+          absl::MutexLock lock(&a.mu);
+          if (!groups.ok()) {
+            a.error = groups.status();
+            return;
+          }
+          AsyncRollout::Generated& g = a.generated[i];
+          g.seconds = Seconds(t0);
+          g.min_version = min_version;
+          for (const auto& group : *groups) {
+            for (const auto& t : group.samples()) {
+              g.reward_sum += t.reward();
+              g.reward_sq += t.reward() * t.reward();
+              g.length_sum += t.response_token_ids_size();
+              ++g.count;
+            }
+          }
+          a.produced = i;
+        }
+      });
+    };
+
+    auto step = [&]() -> absl::Status {
+      ++global_step_;
+      RLMESH_RETURN_IF_ERROR(SaveRunnerState());
+      SetPhase("wait_rollout");
+      const absl::Time t0 = absl::Now();
+      const int64_t i = stage_step_ + 1;
+      AsyncRollout::Generated gen;
+      {
+        absl::MutexLock lock(&a.mu);
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(a.mu) { return a.produced >= i || !a.error.ok(); };
+        while (!a.mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200))) {
+          if (cancelled_->load()) return absl::CancelledError("cancelled");
+        }
+        if (!a.error.ok()) return a.error;
+        gen = a.generated[i];
+        a.generated.erase(i);
+      }
+      const double wait_seconds = Seconds(t0);
+      SetPhase("train");
+      const absl::Time t1 = absl::Now();
+      const int64_t min_version = RolloutVersion() - k;
+      RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainStep([&](TrainStepRequest* r) {
+                                BufferSource* b = r->mutable_buffer();
+                                b->set_experiment_id(o_.experiment_id);
+                                b->set_consumer_id(absl::StrCat("learner-", StageName(stage)));
+                                b->set_num_groups(rl.prompts_per_step());
+                                b->set_min_policy_version(min_version);
+                              }));
+      nlohmann::json j = StepRecord(stage, m);
+      const double mean = gen.count ? gen.reward_sum / gen.count : 0;
+      j["rollout_reward_mean"] = mean;
+      j["rollout_reward_std"] =
+          gen.count ? std::sqrt(std::max(0.0, gen.reward_sq / gen.count - mean * mean)) : 0;
+      j["rollout_response_length"] = gen.count ? gen.length_sum / gen.count : 0;
+      // Generation ran alongside the previous steps: its own time, and how
+      // long this loop still had to wait for it.
+      j["seconds_generate"] = gen.seconds;
+      j["seconds_wait_rollout"] = wait_seconds;
+      j["seconds_train"] = Seconds(t1);
+      // Versions the learner was ahead of the policy that generated the step.
+      j["rollout_lag_versions"] = static_cast<double>(RolloutVersion() - 1 - gen.min_version);
+      {
+        absl::MutexLock lock(&mu_);
+        (*status_.mutable_metrics())["reward_mean"] = mean;
+      }
+      RLMESH_RETURN_IF_ERROR(AfterStep(stage, total, &j));
+      absl::MutexLock lock(&a.mu);
+      a.synced = stage_step_;
+      a.version_after[stage_step_] = RolloutVersion();
+      return absl::OkStatus();
+    };
+
+    // A failed step stops the producer; recovery rewinds, and the next step
+    // starts it again from the learners' step.
+    absl::Status s = RunSteps(total, [&]() -> absl::Status {
+      if (!a.thread.joinable()) start();
+      absl::Status st = step();
+      if (!st.ok()) a.Stop();
+      return st;
+    });
+    a.Stop();
+    return s;
   }
 
   nlohmann::json StepRecord(const Stage& stage, const StepMetrics& m) {
