@@ -19,6 +19,8 @@ ABSL_FLAG(std::string, experiment, "",
           "Experiment YAML whose reward section gives the default verifiers "
           "(requests may name their own).");
 ABSL_FLAG(double, verifier_timeout_seconds, 1.0, "Default deadline of one verifier call.");
+ABSL_FLAG(double, reward_model_timeout_seconds, 60.0,
+          "Longest a Score call waits for the reward model (the caller's deadline applies when sooner).");
 ABSL_FLAG(std::string, reward_model, "",
           "Reward model folder (HF config.json with a scalar head + safetensors); overrides the "
           "experiment's reward.reward_model. Empty = none.");
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
   if (!tokenizer.ok()) return fail(tokenizer.status());
   rlmesh::ScorerOptions scorer_options;
   scorer_options.verifier_timeout = absl::Seconds(absl::GetFlag(FLAGS_verifier_timeout_seconds));
+  scorer_options.reward_model_timeout = absl::Seconds(absl::GetFlag(FLAGS_reward_model_timeout_seconds));
   std::string rm_dir = absl::GetFlag(FLAGS_reward_model);
   if (!absl::GetFlag(FLAGS_experiment).empty()) {
     rlmesh::ExperimentConfig experiment;

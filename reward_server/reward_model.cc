@@ -25,6 +25,8 @@ struct RewardModel::Request {
   int remaining ABSL_GUARDED_BY(mu) = 0;
   std::vector<double> scores ABSL_GUARDED_BY(mu);
   absl::Status status ABSL_GUARDED_BY(mu);
+  // Set when the caller gave up (deadline): the batcher skips its jobs.
+  std::atomic<bool> abandoned{false};
 };
 
 namespace {
@@ -111,6 +113,8 @@ RewardModelStats RewardModel::stats() const {
     s.batches = batches_;
   }
   s.passes = passes_.load();
+  s.timeouts = timeouts_.load();
+  s.items_dropped = items_dropped_.load();
   absl::MutexLock lock(&cache_mu_);
   s.cache_hits = cache_hits_;
   return s;
@@ -142,7 +146,8 @@ void RewardModel::CacheInsert(uint64_t key, int prompt_len, std::vector<int64_t>
   }
 }
 
-absl::StatusOr<std::vector<double>> RewardModel::Score(const std::vector<RewardModelItem>& items) {
+absl::StatusOr<std::vector<double>> RewardModel::Score(const std::vector<RewardModelItem>& items,
+                                                       absl::Time deadline) {
   const int64_t vocab = vocab_size();
   const int64_t max_len = max_positions();
   const int n = static_cast<int>(items.size());
@@ -206,8 +211,15 @@ absl::StatusOr<std::vector<double>> RewardModel::Score(const std::vector<RewardM
     }
   }
   absl::MutexLock lock(&request->mu);
-  request->mu.Await(absl::Condition(
-      +[](Request* r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return r->remaining == 0; }, request.get()));
+  if (!request->mu.AwaitWithDeadline(
+          absl::Condition(+[](Request* r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return r->remaining == 0; },
+                          request.get()),
+          deadline)) {
+    request->abandoned.store(true);
+    timeouts_.fetch_add(1);
+    return absl::DeadlineExceededError(absl::StrCat("reward model: ", request->remaining, " of ", jobs.size(),
+                                                    " items not scored by the deadline"));
+  }
   RLMESH_RETURN_IF_ERROR(request->status);
   // Cached items stay in `scores`; the batcher filled the rest.
   for (int i : queued) scores[i] = request->scores[i];
@@ -231,13 +243,17 @@ void RewardModel::RunBatcher() {
       };
       mu_.AwaitWithDeadline(absl::Condition(&full), queue_.front().enqueued + options_.max_wait);
       if (stopping_) break;
-      const size_t take = std::min(max_batch, queue_.size());
-      batch.reserve(take);
-      for (size_t i = 0; i < take; ++i) {
-        batch.push_back(std::move(queue_.front()));
+      // Jobs of calls that gave up are dropped, not run.
+      while (!queue_.empty() && batch.size() < max_batch) {
+        if (queue_.front().request->abandoned.load()) {
+          items_dropped_.fetch_add(1);
+        } else {
+          batch.push_back(std::move(queue_.front()));
+        }
         queue_.pop_front();
       }
-      items_run_ += static_cast<int64_t>(take);
+      if (batch.empty()) continue;
+      items_run_ += static_cast<int64_t>(batch.size());
       ++batches_;
     }
     absl::StatusOr<std::vector<double>> out = Forward(batch);

@@ -60,6 +60,9 @@ struct RewardModelStats {
   int64_t batches = 0;
   // Forward passes run.
   int64_t passes = 0;
+  // Score calls that hit their deadline, and their items dropped unrun.
+  int64_t timeouts = 0;
+  int64_t items_dropped = 0;
   // items_run / batches (0 when none ran).
   double mean_batch_size() const { return batches == 0 ? 0.0 : static_cast<double>(items_run) / batches; }
 };
@@ -78,8 +81,10 @@ class RewardModel {
 
   // One score per item, in order. Blocks until the batcher has run them.
   // Bad items (empty, id out of range, too long) are INVALID_ARGUMENT naming
-  // items[i] before anything runs.
-  absl::StatusOr<std::vector<double>> Score(const std::vector<RewardModelItem>& items);
+  // items[i] before anything runs. A call not answered by `deadline` returns
+  // DEADLINE_EXCEEDED; its items still queued are dropped, not run.
+  absl::StatusOr<std::vector<double>> Score(const std::vector<RewardModelItem>& items,
+                                            absl::Time deadline = absl::InfiniteFuture());
 
   RewardModelStats stats() const;
   const std::string& dir() const { return dir_; }
@@ -128,6 +133,8 @@ class RewardModel {
   int64_t items_run_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> passes_{0};
+  std::atomic<int64_t> timeouts_{0};
+  std::atomic<int64_t> items_dropped_{0};
 
   // Guarded by cache_mu_.
   mutable absl::Mutex cache_mu_;

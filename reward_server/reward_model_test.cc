@@ -156,6 +156,28 @@ TEST_CASE("concurrent callers are merged into batches") {
   CHECK(st.mean_batch_size() > 1.0);
 }
 
+TEST_CASE("a call past its deadline is DEADLINE_EXCEEDED and its queued items are dropped, not run") {
+  testing::TempDir dir;
+  WriteTinyModel(dir.path(), 12);
+  actor::CharTokenizer tok;
+  RewardModelOptions o;
+  o.max_batch = 64;
+  o.max_wait = absl::Seconds(1);  // the batcher waits this long for batch mates
+  auto rm = RewardModel::Load(dir.path(), o);
+  REQUIRE(rm.ok());
+  const absl::Time t0 = absl::Now();
+  auto late = (*rm)->Score({Item(tok, "1+2=", "3")}, absl::Now() + absl::Milliseconds(100));
+  CHECK(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::Now() - t0 < absl::Milliseconds(800));
+  // The next call is batched after the abandoned item's wait; only it runs.
+  auto next = (*rm)->Score({Item(tok, "2+2=", "4")});
+  REQUIRE(next.ok());
+  const RewardModelStats st = (*rm)->stats();
+  CHECK(st.timeouts == 1);
+  CHECK(st.items_dropped == 1);
+  CHECK(st.items_run == 1);
+}
+
 TEST_CASE("a repeated item is a cache hit with the same score; the cache is bounded (LRU)") {
   testing::TempDir dir;
   WriteTinyModel(dir.path(), 3);

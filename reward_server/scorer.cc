@@ -25,6 +25,9 @@ struct Pending {
 absl::Status ScorerOptions::Validate() const {
   if (verifier_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("verifier_timeout: must be > 0");
   if (max_items <= 0) return absl::InvalidArgumentError("max_items: must be > 0");
+  if (reward_model_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("reward_model_timeout: must be > 0");
+  }
   if (!std::isfinite(reward_model_weight)) return absl::InvalidArgumentError("reward_model_weight: must be finite");
   return absl::OkStatus();
 }
@@ -65,7 +68,7 @@ absl::StatusOr<std::shared_ptr<const RewardScorer::VerifierSet>> RewardScorer::V
   return std::shared_ptr<const VerifierSet>(set);
 }
 
-absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request) {
+absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, absl::Time rpc_deadline) {
   if (request.items_size() > options_.max_items) {
     return absl::InvalidArgumentError(
         absl::StrCat("items: ", request.items_size(), " items exceed the limit of ", options_.max_items));
@@ -149,7 +152,13 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request) {
       rm_items[i].prompt_ids = ids(item.prompt_token_ids(), item.prompt_text());
       rm_items[i].completion_ids = ids(item.completion_token_ids(), item.completion_text());
     }
-    RLMESH_ASSIGN_OR_RETURN(rm_scores, options_.reward_model->Score(rm_items));
+    auto scored = options_.reward_model->Score(
+        rm_items, std::min(rpc_deadline, absl::Now() + options_.reward_model_timeout));
+    if (!scored.ok()) {
+      // Abandon the verifier threads still running (they hold their own state).
+      return scored.status();
+    }
+    rm_scores = *std::move(scored);
   }
   for (auto& [where, p] : pending) {
     std::unique_lock<std::mutex> l(p->mu);
@@ -197,6 +206,7 @@ RewardStatus RewardScorer::GetStatus() const {
   RewardStatus s;
   s.set_scored_items(scored_.load());
   s.set_verifier_timeouts(timeouts_.load());
+  if (options_.reward_model != nullptr) s.set_reward_model_timeouts(options_.reward_model->stats().timeouts);
   if (options_.reward_model != nullptr) {
     const RewardModelStats rm = options_.reward_model->stats();
     s.set_cache_hits(rm.cache_hits);

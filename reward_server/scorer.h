@@ -35,6 +35,11 @@ struct ScorerOptions {
   RewardModel* reward_model = nullptr;
   // Weight of the reward model's score in the sum. Default 1.
   double reward_model_weight = 1.0;
+  // Longest a request waits for the reward model (the call's own deadline
+  // applies when sooner); then the request fails with DEADLINE_EXCEEDED
+  // (the caller retries) rather than scoring it without the model.
+  // Default 60 s.
+  absl::Duration reward_model_timeout = absl::Seconds(60);
 
   absl::Status Validate() const;
 };
@@ -47,7 +52,8 @@ class RewardScorer {
   static absl::StatusOr<std::unique_ptr<RewardScorer>> Create(ScorerOptions options,
                                                               const actor::Tokenizer* tokenizer);
 
-  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request);
+  // `deadline`: the caller's (RPC) deadline; bounds the reward model's wait.
+  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request, absl::Time deadline = absl::InfiniteFuture());
   RewardStatus GetStatus() const;
 
  private:

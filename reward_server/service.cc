@@ -16,8 +16,10 @@ grpc::ServerUnaryReactor* RewardServiceImpl::Score(grpc::CallbackServerContext* 
     return reactor;
   }
   // req/resp stay valid until Finish; the scorer outlives the server.
-  std::thread([this, reactor, req, resp] {
-    absl::StatusOr<ScoreResponse> scored = scorer_->Score(*req);
+  // The client's deadline bounds the wait for the reward model.
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  std::thread([this, reactor, req, resp, deadline] {
+    absl::StatusOr<ScoreResponse> scored = scorer_->Score(*req, deadline);
     if (scored.ok()) *resp = std::move(*scored);
     reactor->Finish(ToGrpcStatus(scored.status()));
   }).detach();
