@@ -1,0 +1,149 @@
+// Learner RL training step throughput (not a test). Report: bench/learner.md.
+//
+// Builds a rlmesh::learner::Trainer (world size 1, one GRPO stage, token-mean
+// loss, one optimizer step per TrainStep) from a Hugging Face folder and
+// times TrainStep on fixed synthetic groups. What one TrainStep does here:
+// proto -> tensors, a no-grad forward for the old log-probs (the learner
+// always recomputes them), GRPO advantages, forward + chunked log-probs +
+// clipped-surrogate loss, backward, global-norm clip, AdamW.
+//
+// bench/learner_step_bench.py runs this binary once per repeat and the same
+// step in PyTorch eager, interleaved; it builds the identical batch with the
+// same formulas (SyntheticGroups below; keep the two in sync).
+//
+//   bazel build //bench:learner_step_bench
+//   bazel-bin/bench/learner_step_bench --model_dir=DIR --threads=1 --steps=3
+//
+// Prints one JSON line per timed step: seconds (wall time of TrainStep),
+// tokens (prompt + response tokens in the batch), and the trainer's own
+// seconds_forward_backward / seconds_optimizer.
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "actor/transformer.h"
+#include "learner/trainer.h"
+#include "proto/config.pb.h"
+#include "proto/learner.pb.h"
+
+ABSL_FLAG(std::string, model_dir, "", "Hugging Face folder (config.json + safetensors) to start from.");
+ABSL_FLAG(int, threads, 1, "LibTorch intra-op threads (at::set_num_threads).");
+ABSL_FLAG(int, interop_threads, 0, "LibTorch inter-op threads; 0 = leave the default.");
+ABSL_FLAG(int, steps, 3, "Timed TrainSteps.");
+ABSL_FLAG(int, warmup, 1, "Untimed TrainSteps first.");
+ABSL_FLAG(int, groups, 2, "Groups per step.");
+ABSL_FLAG(int, group_size, 4, "Samples per group.");
+ABSL_FLAG(int, prompt_len, 32, "Prompt tokens per sample.");
+ABSL_FLAG(int, response_len, 96, "Response tokens per sample.");
+ABSL_FLAG(int, logprob_chunk, 64, "TrainerOptions.logprob_chunk (time steps per log-prob chunk).");
+ABSL_FLAG(double, lr, 1e-5, "AdamW learning rate.");
+
+namespace rlmesh {
+namespace {
+
+// Deterministic synthetic batch; bench/learner_step_bench.py builds the same.
+// Sample r (global index g * group_size + i) at absolute position t has
+// token (1 + 37 r + 101 t + (t^2 mod 17)) mod V; behaviour log-prob of
+// response token j is -7.6 - 0.01 (j mod 5); the last 4 response tokens of
+// odd samples are masked out; reward i mod 3 (variance in every group).
+GroupList SyntheticGroups(int groups, int group_size, int prompt_len, int response_len, int vocab) {
+  GroupList out;
+  for (int g = 0; g < groups; ++g) {
+    TrajectoryGroup* grp = out.add_groups();
+    grp->set_group_id("g" + std::to_string(g));
+    for (int i = 0; i < group_size; ++i) {
+      const int r = g * group_size + i;
+      Trajectory* t = grp->add_samples();
+      for (int pos = 0; pos < prompt_len + response_len; ++pos) {
+        const int id = (1 + 37 * r + 101 * pos + (pos * pos) % 17) % vocab;
+        if (pos < prompt_len) {
+          t->add_prompt_token_ids(id);
+        } else {
+          const int j = pos - prompt_len;
+          t->add_response_token_ids(id);
+          t->add_behaviour_logprobs(-7.6f - 0.01f * static_cast<float>(j % 5));
+          t->add_loss_mask((r % 2 == 1 && j >= response_len - 4) ? 0 : 1);
+        }
+      }
+      t->set_reward(static_cast<double>(i % 3));
+    }
+  }
+  return out;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model_dir);
+  if (dir.empty()) {
+    std::fprintf(stderr, "--model_dir is required\n");
+    return 2;
+  }
+  actor::ConfigureThreads(absl::GetFlag(FLAGS_threads));
+  if (absl::GetFlag(FLAGS_interop_threads) > 0) at::set_num_interop_threads(absl::GetFlag(FLAGS_interop_threads));
+  const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
+
+  ExperimentConfig e;
+  e.set_name("learner_step_bench");
+  e.set_seed(1);
+  e.mutable_model()->set_init("checkpoint");
+  e.mutable_model()->set_path(dir);
+  auto* rl = e.add_stages()->mutable_grpo()->mutable_rl();
+  rl->set_steps(warmup + steps);
+  rl->mutable_optimizer()->set_lr(absl::GetFlag(FLAGS_lr));
+  // Everything else at its default: token-mean, clip 0.2, no KL, no
+  // entropy bonus, grad clip 1.0, 1 epoch x 1 mini-batch, 8192-token
+  // micro-batches (one micro-batch for the default 8 x 128 batch).
+  ConfigureRequest req;
+  *req.mutable_experiment() = e;
+  req.set_world_size(1);
+  learner::TrainerOptions opts;
+  opts.logprob_chunk = absl::GetFlag(FLAGS_logprob_chunk);
+  learner::Trainer trainer(opts);
+  auto cfg = trainer.Configure(req);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "configure: %s\n", cfg.status().ToString().c_str());
+    return 1;
+  }
+  int vocab = 0;
+  for (const auto& [name, t] : trainer.PolicyParameters()) {
+    if (name == "model.embed_tokens.weight") vocab = static_cast<int>(t.size(0));
+  }
+  TrainStepRequest step;
+  *step.mutable_groups() =
+      SyntheticGroups(absl::GetFlag(FLAGS_groups), absl::GetFlag(FLAGS_group_size),
+                      absl::GetFlag(FLAGS_prompt_len), absl::GetFlag(FLAGS_response_len), vocab);
+  for (int s = 0; s < warmup + steps; ++s) {
+    step.set_step(trainer.step());
+    const double t0 = Now();
+    auto r = trainer.TrainStep(step);
+    const double secs = Now() - t0;
+    if (!r.ok()) {
+      std::fprintf(stderr, "train step %d: %s\n", s, r.status().ToString().c_str());
+      return 1;
+    }
+    if (s < warmup) continue;
+    const auto& m = r->metrics().values();
+    std::printf(
+        "{\"seconds\": %.6f, \"tokens\": %.0f, \"seconds_forward_backward\": %.6f, \"seconds_optimizer\": %.6f, "
+        "\"loss\": %.6g, \"grad_norm\": %.6g, \"threads\": %d, \"interop_threads\": %d}\n",
+        secs, m.at("tokens"), m.at("seconds_forward_backward"), m.at("seconds_optimizer"), m.at("loss"),
+        m.at("grad_norm"), at::get_num_threads(), at::get_num_interop_threads());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace rlmesh
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return rlmesh::Run();
+}
