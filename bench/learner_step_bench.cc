@@ -41,6 +41,9 @@ ABSL_FLAG(int, prompt_len, 32, "Prompt tokens per sample.");
 ABSL_FLAG(int, response_len, 96, "Response tokens per sample.");
 ABSL_FLAG(int, logprob_chunk, 64, "TrainerOptions.logprob_chunk (time steps per log-prob chunk).");
 ABSL_FLAG(double, lr, 1e-5, "AdamW learning rate.");
+ABSL_FLAG(bool, grad_norms, false,
+          "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
+          "parameter gradients, for comparing against the eager side.");
 
 namespace rlmesh {
 namespace {
@@ -135,6 +138,17 @@ int Run() {
         "\"loss\": %.6g, \"grad_norm\": %.6g, \"threads\": %d, \"interop_threads\": %d}\n",
         secs, m.at("tokens"), m.at("seconds_forward_backward"), m.at("seconds_optimizer"), m.at("loss"),
         m.at("grad_norm"), at::get_num_threads(), at::get_num_interop_threads());
+    if (absl::GetFlag(FLAGS_grad_norms)) {
+      // DataParallel clips a packed copy; the parameters' .grad() keep the raw gradient.
+      std::string line = "{\"grad_norms\": {";
+      bool first = true;
+      for (const auto& [name, t] : trainer.PolicyParameters()) {
+        const double n = t.grad().defined() ? t.grad().norm().item<double>() : 0.0;
+        line += (first ? "\"" : ", \"") + name + "\": " + std::to_string(n);
+        first = false;
+      }
+      std::printf("%s}}\n", line.c_str());
+    }
     std::fflush(stdout);
   }
   return 0;
