@@ -46,6 +46,7 @@ const char* FinishReasonName(FinishReason r) {
     case FinishReason::kStop: return "stop";
     case FinishReason::kLength: return "length";
     case FinishReason::kContext: return "context";
+    case FinishReason::kAborted: return "aborted";
   }
   return "?";
 }
@@ -266,62 +267,102 @@ struct Generator::State {
   }
 
   void Admit(const GroupCallback& cb, std::vector<bool>* finished) {
-    std::vector<std::shared_ptr<Group>> batch;
+    // One sequence to prefill and the sample rows it fans out to: a fresh
+    // request is one unit (its prompt, computed once, for all n samples); a
+    // resumed sample is a unit of its own (prompt + its tokens so far).
+    struct Unit {
+      std::shared_ptr<Group> group;
+      std::vector<int64_t> ids;
+      std::vector<int> samples;
+    };
+    const int64_t max_pos = model->config().max_positions;
+    std::vector<Unit> units;
     int64_t rows_now = static_cast<int64_t>(rows.size());
     int64_t prefill_tokens = 0;
     while (!queue.empty()) {
-      auto& g = queue.front();
-      const int64_t n = g->request.sampling.n;
-      const int64_t plen = static_cast<int64_t>(g->request.prompt.size());
-      if (rows_now + n > options.max_batch) break;
-      if (!batch.empty() && prefill_tokens + plen > options.max_prefill_tokens) break;
-      if (plen >= model->config().max_positions) {
-        // No room for a single token: finish every sample at once.
-        for (int i = 0; i < n; ++i) {
+      std::shared_ptr<Group> g = queue.front();
+      const GenerationRequest& req = g->request;
+      const int64_t plen = static_cast<int64_t>(req.prompt.size());
+      std::vector<int> open;
+      int64_t tokens = 0;
+      for (int i = 0; i < req.sampling.n; ++i) {
+        if (!req.resume.empty() && req.resume[i].finish_reason != FinishReason::kAborted) continue;
+        open.push_back(i);
+        if (!req.resume.empty()) tokens += plen + static_cast<int64_t>(req.resume[i].tokens.size());
+      }
+      if (req.resume.empty()) tokens = plen;
+      if (rows_now + static_cast<int64_t>(open.size()) > options.max_batch) break;
+      if (!units.empty() && prefill_tokens + tokens > options.max_prefill_tokens) break;
+      queue.pop_front();
+      // Samples that had ended before an abort are final.
+      for (int i = 0; i < static_cast<int>(req.resume.size()); ++i) {
+        if (req.resume[i].finish_reason == FinishReason::kAborted) continue;
+        Row r;
+        r.group = g;
+        r.sample_index = i;
+        r.out = req.resume[i];
+        Finish(r, cb);
+      }
+      if (open.empty()) continue;
+      if (plen >= max_pos) {
+        // No room for a single token: finish every open sample at once.
+        for (int i : open) {
           Row r;
           r.group = g;
           r.sample_index = i;
           r.out.finish_reason = FinishReason::kContext;
           Finish(r, cb);
         }
-        queue.pop_front();
         continue;
       }
-      rows_now += n;
-      prefill_tokens += plen;
-      batch.push_back(g);
-      queue.pop_front();
+      rows_now += static_cast<int64_t>(open.size());
+      prefill_tokens += tokens;
+      if (req.resume.empty()) {
+        units.push_back(Unit{g, req.prompt, open});
+      } else {
+        for (int i : open) {
+          Unit u{g, req.prompt, {i}};
+          u.ids.insert(u.ids.end(), req.resume[i].tokens.begin(), req.resume[i].tokens.end());
+          units.push_back(std::move(u));
+        }
+      }
     }
-    if (batch.empty()) return;
-    const int64_t P = static_cast<int64_t>(batch.size());
+    if (units.empty()) return;
+    const int64_t P = static_cast<int64_t>(units.size());
     int64_t T = 0, cap = 0;
-    for (const auto& g : batch) {
-      const int64_t plen = static_cast<int64_t>(g->request.prompt.size());
-      T = std::max(T, plen);
-      cap = std::max(cap, std::min(plen + g->request.sampling.max_new_tokens, model->config().max_positions));
+    for (const auto& u : units) {
+      T = std::max(T, static_cast<int64_t>(u.ids.size()));
+      const auto& req = u.group->request;
+      cap = std::max(cap, std::min(static_cast<int64_t>(req.prompt.size()) + req.sampling.max_new_tokens, max_pos));
     }
     std::vector<int64_t> ids(P * T, 0), lens(P);
     for (int64_t p = 0; p < P; ++p) {
-      const auto& pr = batch[p]->request.prompt;
-      std::copy(pr.begin(), pr.end(), ids.begin() + p * T);
-      lens[p] = static_cast<int64_t>(pr.size());
+      std::copy(units[p].ids.begin(), units[p].ids.end(), ids.begin() + p * T);
+      lens[p] = static_cast<int64_t>(units[p].ids.size());
     }
     auto ids_t = torch::from_blob(ids.data(), {P, T}, torch::kInt64).to(device);
     auto lens_t = torch::from_blob(lens.data(), {P}, torch::kInt64).to(device);
     KvCache fresh;
     auto hidden = model->Prefill(ids_t, lens_t, cap, &fresh);
-    // Fan each prompt out to its n sample rows (the prompt is computed once).
+    // Fan each unit out to its sample rows.
     std::vector<int64_t> src;
     const size_t first = rows.size();
     for (int64_t p = 0; p < P; ++p) {
-      const auto& g = batch[p];
-      for (int i = 0; i < g->request.sampling.n; ++i) {
+      const auto& g = units[p].group;
+      const GenerationRequest& req = g->request;
+      for (int i : units[p].samples) {
         Row r;
         r.group = g;
         r.sample_index = i;
-        r.rng = SampleRng(g->request.sampling.seed, static_cast<uint64_t>(g->prompt_index), static_cast<uint64_t>(i));
+        r.rng = SampleRng(req.sampling.seed, static_cast<uint64_t>(g->prompt_index), static_cast<uint64_t>(i));
+        if (!req.resume.empty()) {
+          // Continue the sample: its tokens, log-probs and random stream.
+          r.out.tokens = req.resume[i].tokens;
+          r.out.logprobs = req.resume[i].logprobs;
+          for (size_t k = 0; k < r.out.tokens.size(); ++k) r.rng.Uniform();
+        }
         r.len = lens[p];
-        r.capacity = std::min(lens[p] + g->request.sampling.max_new_tokens, model->config().max_positions);
+        r.capacity = std::min(static_cast<int64_t>(req.prompt.size()) + req.sampling.max_new_tokens, max_pos);
         rows.push_back(std::move(r));
         src.push_back(p);
       }
@@ -332,6 +373,45 @@ struct Generator::State {
     AppendRows(&cache, std::move(fresh));
     finished->resize(rows.size(), false);
     SampleRows(logits, first, finished);
+  }
+
+  std::vector<GroupResult> Abort() {
+    std::vector<std::shared_ptr<Group>> order;
+    for (Row& r : rows) {
+      if (std::find(order.begin(), order.end(), r.group) == order.end()) order.push_back(r.group);
+      r.out.sample_index = r.sample_index;
+      r.out.finish_reason = FinishReason::kAborted;
+      r.group->done.push_back(std::move(r.out));
+    }
+    std::vector<GroupResult> out;
+    for (auto& g : order) {
+      GroupResult res;
+      res.id = g->request.id;
+      res.prompt_index = g->prompt_index;
+      res.samples = std::move(g->done);
+      out.push_back(std::move(res));
+    }
+    for (auto& g : queue) {
+      GroupResult res;
+      res.id = g->request.id;
+      res.prompt_index = g->prompt_index;
+      if (!g->request.resume.empty()) {
+        res.samples = g->request.resume;
+      } else {
+        res.samples.resize(g->request.sampling.n);
+        for (int i = 0; i < g->request.sampling.n; ++i) res.samples[i].finish_reason = FinishReason::kAborted;
+      }
+      out.push_back(std::move(res));
+    }
+    for (auto& res : out) {
+      std::sort(res.samples.begin(), res.samples.end(),
+                [](const Completion& a, const Completion& b) { return a.sample_index < b.sample_index; });
+      for (size_t i = 0; i < res.samples.size(); ++i) res.samples[i].sample_index = static_cast<int>(i);
+    }
+    rows.clear();
+    queue.clear();
+    cache = KvCache();
+    return out;
   }
 
   // Drops finished rows (reporting them) and compacts the cache.
@@ -400,6 +480,30 @@ absl::Status Generator::Submit(GenerationRequest request) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.n: ", request.sampling.n, " exceeds max_batch ", s_->options.max_batch));
   }
+  if (!request.resume.empty()) {
+    if (static_cast<int>(request.resume.size()) != request.sampling.n) {
+      return absl::InvalidArgumentError(absl::StrCat("request.resume: ", request.resume.size(),
+                                                     " samples for sampling.n = ", request.sampling.n));
+    }
+    for (size_t i = 0; i < request.resume.size(); ++i) {
+      const Completion& c = request.resume[i];
+      if (c.tokens.size() != c.logprobs.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("request.resume[", i, "]: ", c.tokens.size(), " tokens but ",
+                                                       c.logprobs.size(), " log-probs"));
+      }
+      if (c.finish_reason == FinishReason::kAborted &&
+          static_cast<int64_t>(c.tokens.size()) >= request.sampling.max_new_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat("request.resume[", i, "]: ", c.tokens.size(),
+                                                       " tokens already reach max_new_tokens"));
+      }
+      for (int64_t t : c.tokens) {
+        if (t < 0 || t >= V) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("request.resume[", i, "].tokens: token ", t, " outside [0, ", V, ")"));
+        }
+      }
+    }
+  }
   auto g = std::make_shared<Group>();
   g->prompt_index = request.prompt_index >= 0 ? request.prompt_index : s_->submitted;
   ++s_->submitted;
@@ -412,6 +516,8 @@ absl::Status Generator::Submit(GenerationRequest request) {
 bool Generator::Idle() const { return s_->queue.empty() && s_->rows.empty(); }
 
 int64_t Generator::running() const { return static_cast<int64_t>(s_->rows.size()); }
+
+std::vector<GroupResult> Generator::Abort() { return s_->Abort(); }
 
 absl::Status Generator::Step(const GroupCallback& on_group) {
   try {

@@ -50,8 +50,17 @@ enum class FinishReason {
   kStop,     // sampled a stop token
   kLength,   // max_new_tokens reached
   kContext,  // prompt + completion reached the model's max_positions
+  kAborted,  // interrupted by Generator::Abort(): the tokens so far
 };
 const char* FinishReasonName(FinishReason r);
+
+struct Completion {
+  int sample_index = 0;
+  std::vector<int64_t> tokens;
+  // Behaviour log-prob of each token (see SamplingOptions.temperature).
+  std::vector<float> logprobs;
+  FinishReason finish_reason = FinishReason::kLength;
+};
 
 struct GenerationRequest {
   // Caller's id, echoed in the result.
@@ -63,15 +72,15 @@ struct GenerationRequest {
   // which the Generator received the request. Set it to make a sample's
   // tokens independent of what else was submitted. Default -1.
   int64_t prompt_index = -1;
+  // Partial rollout: empty, or the n samples of this request as an earlier
+  // Abort() returned them (sample_index order). A sample whose finish reason
+  // is not kAborted is final and reported as is; a kAborted one continues
+  // from its tokens: prompt + tokens are prefilled under the current weights,
+  // its random stream resumes where it stopped, and its earlier tokens keep
+  // their log-probs (they were sampled by the earlier weights).
+  std::vector<Completion> resume;
 };
 
-struct Completion {
-  int sample_index = 0;
-  std::vector<int64_t> tokens;
-  // Behaviour log-prob of each token (see SamplingOptions.temperature).
-  std::vector<float> logprobs;
-  FinishReason finish_reason = FinishReason::kLength;
-};
 
 struct GroupResult {
   uint64_t id = 0;
@@ -116,6 +125,13 @@ class Generator {
 
   // Sequences decoding now (for tests and metrics).
   int64_t running() const;
+
+  // Stops everything: every queued or running request comes back as a group
+  // of all its n samples, finished ones as they ended and the others with
+  // finish reason kAborted and their tokens so far; the Generator is then
+  // idle. Submit the groups again with `resume` set to continue them (on
+  // other weights, in another Generator).
+  std::vector<GroupResult> Abort();
 
  private:
   struct State;

@@ -370,6 +370,71 @@ TEST_CASE("Continuous batching streams groups as they finish") {
   CHECK(steps < 60);
 }
 
+TEST_CASE("Abort then resume (partial rollout) on the same weights equals an uninterrupted run") {
+  auto m = MakeModel(Tiny());
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    SamplingOptions s;
+    s.seed = 50 + i;
+    s.n = 2 + i % 2;
+    s.top_k = 10;
+    s.max_new_tokens = 6 + 3 * i;
+    s.stop_token_ids = {3};
+    reqs.push_back(Req(std::vector<int64_t>(2 + i, 10 + i), s, i, 200 + i));
+  }
+  Generator whole(m, {.max_batch = 6});
+  auto want = whole.Generate(reqs);
+  REQUIRE(want.ok());
+
+  // Interrupt after a few steps: some groups are done, some running (some of
+  // their samples finished), some still queued (max_batch 6).
+  Generator first(m, {.max_batch = 6});
+  for (const auto& r : reqs) REQUIRE(first.Submit(r).ok());
+  std::map<uint64_t, GroupResult> got;
+  auto collect = [&](GroupResult g) { got[g.id] = std::move(g); };
+  for (int step = 0; step < 4; ++step) REQUIRE(first.Step(collect).ok());
+  std::vector<GroupResult> partial = first.Abort();
+  CHECK(first.Idle());
+  REQUIRE(!partial.empty());
+  CHECK(got.size() + partial.size() == reqs.size());
+  bool some_tokens = false, some_untouched = false;
+  Generator second(m, {.max_batch = 6});
+  for (const auto& p : partial) {
+    GenerationRequest r = reqs[p.id - 200];
+    REQUIRE(p.samples.size() == static_cast<size_t>(r.sampling.n));
+    for (const auto& c : p.samples) {
+      if (c.finish_reason == FinishReason::kAborted) {
+        some_tokens |= !c.tokens.empty();
+        some_untouched |= c.tokens.empty();
+      }
+    }
+    r.resume = p.samples;
+    REQUIRE(second.Submit(r).ok());
+  }
+  CHECK(some_tokens);
+  CHECK(some_untouched);
+  REQUIRE(second.RunUntilIdle(collect).ok());
+  REQUIRE(got.size() == reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const GroupResult& a = (*want)[i];
+    const GroupResult& b = got.at(200 + i);
+    REQUIRE(a.samples.size() == b.samples.size());
+    for (size_t k = 0; k < a.samples.size(); ++k) {
+      INFO("request " << i << " sample " << k);
+      CHECK(a.samples[k].tokens == b.samples[k].tokens);
+      CHECK(a.samples[k].finish_reason == b.samples[k].finish_reason);
+      REQUIRE(a.samples[k].logprobs.size() == b.samples[k].logprobs.size());
+      for (size_t t = 0; t < a.samples[k].logprobs.size(); ++t) {
+        CHECK(std::abs(a.samples[k].logprobs[t] - b.samples[k].logprobs[t]) < 1e-4);
+      }
+    }
+  }
+  // A resume that does not fit the request is refused by field.
+  GenerationRequest bad = reqs[0];
+  bad.resume.resize(1);
+  CHECK(second.Submit(bad).code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("Generator rejects bad requests by field") {
   auto m = MakeModel(Tiny());
   Generator gen(m, {.max_batch = 4});

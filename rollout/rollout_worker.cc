@@ -140,6 +140,9 @@ struct RolloutWorker::Impl {
   struct Inflight {
     std::shared_ptr<RequestHandle> req;
     int prompt = 0;
+    // Per sample: (response token index, version) where a resumed sample
+    // switched to newer weights (partial rollout).
+    std::map<int, std::vector<std::pair<int, int64_t>>> switches;
   };
 
   // Constant after construction.
@@ -177,6 +180,9 @@ struct RolloutWorker::Impl {
   // Engine thread only.
   actor::Transformer model{nullptr};
   std::unique_ptr<actor::Generator> gen;
+  // Groups interrupted by an update (partial rollout), resubmitted with
+  // their tokens so far once the new weights are in.
+  std::vector<actor::GenerationRequest> parked;
 
   Pool pipeline;
   std::thread engine;
@@ -258,7 +264,9 @@ struct RolloutWorker::Impl {
 
   // ---- building trajectories ---------------------------------------------
 
-  TrajectoryGroup MakeGroup(const RequestHandle& req, int prompt, const actor::GroupResult* result, bool aborted) {
+  // `switches`: version switches of resumed samples (may be null).
+  TrajectoryGroup MakeGroup(const RequestHandle& req, int prompt, const actor::GroupResult* result,
+                            const std::map<int, std::vector<std::pair<int, int64_t>>>* switches = nullptr) {
     const GenerateRequest& r = req.request;
     const Prompt& p = r.prompts(prompt);
     const std::string prompt_id = PromptId(r, prompt);
@@ -286,11 +294,25 @@ struct RolloutWorker::Impl {
       pv->set_tokenizer_hash(tokenizer_hash);
       pv->set_rollout_worker(options.name);
       pv->set_model(req.model_id);
-      if (aborted || result == nullptr) {
+      if (result == nullptr) {
         t->set_finish_reason(FINISH_REASON_ABORTED);
         continue;
       }
       const actor::Completion& c = result->samples[i];
+      if (switches != nullptr && switches->count(i)) {
+        // A switch at token 0 means the newer version sampled every token.
+        for (const auto& [at, v] : switches->at(i)) {
+          if (at == 0) {
+            t->set_policy_version(v);
+            pv->set_weights_version(v);
+            t->clear_version_switches();
+            continue;
+          }
+          VersionSwitch* sw = t->add_version_switches();
+          sw->set_token_index(at);
+          sw->set_policy_version(v);
+        }
+      }
       std::vector<int> ids(c.tokens.begin(), c.tokens.end());
       for (int id : ids) {
         t->add_response_token_ids(id);
@@ -416,7 +438,7 @@ struct RolloutWorker::Impl {
       rate.emplace_back(absl::Now(), tokens);
       while (absl::Now() - rate.front().first > options.rate_window) rate.pop_front();
     }
-    TrajectoryGroup group = MakeGroup(*entry.req, entry.prompt, &result, /*aborted=*/false);
+    TrajectoryGroup group = MakeGroup(*entry.req, entry.prompt, &result, &entry.switches);
     if (entry.req->request.pipeline() && !entry.req->cancelled) {
       auto req = entry.req;
       auto shared = std::make_shared<TrajectoryGroup>(std::move(group));
@@ -429,7 +451,7 @@ struct RolloutWorker::Impl {
   void Loop() {
     while (true) {
       std::vector<std::pair<uint64_t, actor::GenerationRequest>> admit;
-      std::vector<Inflight> aborted;
+      bool interrupt = false;
       std::shared_ptr<Update> apply;
       {
         absl::MutexLock lock(&mu);
@@ -440,12 +462,9 @@ struct RolloutWorker::Impl {
             this));
         if (stop) break;
         if (update) {
-          if (!inflight.empty() && options.on_update == RolloutWorkerOptions::OnUpdate::kAbort) {
-            for (auto& [id, e] : inflight) aborted.push_back(std::move(e));
-            inflight.clear();
-            inflight_rows = 0;
-          }
-          if (inflight.empty()) apply = update;
+          // kAbort: interrupt what runs now (partial rollout), swap, resume.
+          interrupt = !inflight.empty() && options.on_update == RolloutWorkerOptions::OnUpdate::kAbort;
+          if (inflight.empty() || interrupt) apply = update;
         } else {
           while (!pending.empty()) {
             auto& req = pending.front();
@@ -467,9 +486,22 @@ struct RolloutWorker::Impl {
           }
         }
       }
-      if (!aborted.empty()) {
-        gen.reset();  // drops every running sequence
-        for (auto& e : aborted) Deliver(e.req, MakeGroup(*e.req, e.prompt, nullptr, /*aborted=*/true), false, absl::OkStatus());
+      if (interrupt && gen) {
+        std::vector<actor::GroupResult> partial = gen->Abort();
+        absl::MutexLock lock(&mu);
+        for (auto& p : partial) {
+          auto it = inflight.find(p.id);
+          if (it == inflight.end()) continue;
+          const RequestHandle& r = *it->second.req;
+          actor::GenerationRequest g;
+          g.id = p.id;
+          const auto& ids = r.request.prompts(it->second.prompt).token_ids();
+          g.prompt.assign(ids.begin(), ids.end());
+          g.sampling = r.sampling;
+          g.prompt_index = it->second.prompt;
+          g.resume = std::move(p.samples);
+          parked.push_back(std::move(g));
+        }
       }
       if (apply) {
         gen.reset();
@@ -498,6 +530,30 @@ struct RolloutWorker::Impl {
         go.max_batch = options.max_batch;
         go.max_prefill_tokens = options.max_prefill_tokens;
         gen = std::make_unique<actor::Generator>(model, go);
+      }
+      if (!parked.empty() && gen) {
+        // Resume interrupted groups first, on the weights now loaded.
+        {
+          absl::MutexLock lock(&mu);
+          for (const auto& g : parked) {
+            auto it = inflight.find(g.id);
+            if (it == inflight.end()) continue;
+            for (size_t i = 0; i < g.resume.size(); ++i) {
+              if (g.resume[i].finish_reason != actor::FinishReason::kAborted) continue;
+              auto& sw = it->second.switches[static_cast<int>(i)];
+              const int64_t last = sw.empty() ? it->second.req->version : sw.back().second;
+              if (last == version) continue;  // the swap failed: same weights
+              sw.emplace_back(static_cast<int>(g.resume[i].tokens.size()), version);
+            }
+          }
+        }
+        std::vector<actor::GenerationRequest> resume = std::move(parked);
+        parked.clear();
+        for (auto& g : resume) {
+          const uint64_t id = g.id;
+          absl::Status s = gen->Submit(std::move(g));
+          if (!s.ok()) FailInflight(id, s);
+        }
       }
       for (auto& [id, g] : admit) {
         absl::Status s = gen->Submit(std::move(g));
@@ -551,6 +607,7 @@ struct RolloutWorker::Impl {
       inflight_rows = 0;
     }
     gen.reset();
+    parked.clear();
     for (auto& e : all) FinishOne(e.req, s);
   }
 

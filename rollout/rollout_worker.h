@@ -13,9 +13,11 @@
 // recorded in each trajectory. A weight update (LoadCheckpoint / LoadFromSync)
 // first receives the new tensors (while generation goes on), then waits for
 // the fence: no new request is admitted, in-flight groups either finish on
-// the old weights (on_update = kFinish) or are aborted and handed back with
-// FINISH_REASON_ABORTED and no response tokens (kAbort); then the weights are
-// swapped and admission resumes.
+// the old weights (on_update = kFinish), or are interrupted (kAbort: partial
+// rollout) and, once the weights are swapped, resumed from the tokens they
+// had, with the version switch recorded in each trajectory
+// (Trajectory.version_switches; policy_version stays the oldest); then
+// admission resumes.
 //
 // Back-pressure: at most max_queue requests wait for admission; Submit
 // answers RESOURCE_EXHAUSTED beyond that.

@@ -314,7 +314,7 @@ TEST_CASE("version fencing (finish): in-flight sequences finish on the old weigh
   CHECK(worker->policy_version() == 2);
 }
 
-TEST_CASE("version fencing (abort): in-flight sequences are aborted and recorded with the old version") {
+TEST_CASE("version fencing (abort): in-flight sequences are interrupted and resumed on the new weights") {
   ::rlmesh::testing::TempDir dir;
   REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
   REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
@@ -331,11 +331,34 @@ TEST_CASE("version fencing (abort): in-flight sequences are aborted and recorded
   REQUIRE(b != nullptr);
   REQUIRE(c != nullptr);
   REQUIRE(b->samples_size() == 2);
-  for (const auto& t : b->samples()) {
-    CHECK(t.finish_reason() == FINISH_REASON_ABORTED);
+  // B began on v1 and, after the swap, went on from its tokens on v2: the
+  // first k tokens (and their log-probs) are v1's, the rest what v2 samples
+  // when resuming from them.
+  auto ref1 = ReferenceGenerate(dir.File("v1"), req_b);
+  REQUIRE(ref1.ok());
+  std::vector<std::vector<actor::Completion>> resume(1);
+  for (int i = 0; i < b->samples_size(); ++i) {
+    const Trajectory& t = b->samples(i);
+    INFO("sample " << i);
+    CHECK(t.finish_reason() == FINISH_REASON_LENGTH);
+    CHECK(t.response_token_ids_size() == 40);
     CHECK(t.policy_version() == 1);
-    CHECK(t.response_token_ids_size() == 0);
+    REQUIRE(t.version_switches_size() == 1);
+    CHECK(t.version_switches(0).policy_version() == 2);
+    const int k = t.version_switches(0).token_index();
+    CHECK(k > 0);
+    CHECK(k < 40);
+    const actor::Completion& v1 = (*ref1)[0].samples[i];
+    actor::Completion partial;
+    partial.sample_index = i;
+    partial.finish_reason = actor::FinishReason::kAborted;
+    partial.tokens.assign(v1.tokens.begin(), v1.tokens.begin() + k);
+    partial.logprobs.assign(v1.logprobs.begin(), v1.logprobs.begin() + k);
+    resume[0].push_back(partial);
   }
+  auto resumed = ReferenceGenerate(dir.File("v2"), req_b, 64, &resume);
+  REQUIRE(resumed.ok());
+  ExpectMatches(*b, (*resumed)[0]);
   auto ref2 = ReferenceGenerate(dir.File("v2"), req_c);
   REQUIRE(ref2.ok());
   ExpectMatches(*c, (*ref2)[0]);

@@ -24,9 +24,9 @@ absl::Status WriteTinyCheckpoint(const std::string& dir, uint64_t seed) {
   return actor::SaveHfModel(model, dir);
 }
 
-absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(const std::string& dir,
-                                                                  const GenerateRequest& request,
-                                                                  int64_t max_batch) {
+absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(
+    const std::string& dir, const GenerateRequest& request, int64_t max_batch,
+    const std::vector<std::vector<actor::Completion>>* resume) {
   auto model = actor::LoadHfModel(dir);
   if (!model.ok()) return model.status();
   actor::GeneratorOptions go;
@@ -47,6 +47,7 @@ absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(const std::str
     g.sampling.seed = sp.seed();
     g.sampling.n = request.n();
     g.prompt_index = i;
+    if (resume != nullptr) g.resume = (*resume)[i];
     reqs.push_back(std::move(g));
   }
   return gen.Generate(std::move(reqs));

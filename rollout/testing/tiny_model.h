@@ -20,9 +20,11 @@ absl::Status WriteTinyCheckpoint(const std::string& dir, uint64_t seed);
 
 // What actor::Generator produces for `request` on the folder's weights:
 // one GroupResult per prompt, prompt_index = position in the request.
-absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(const std::string& dir,
-                                                                  const GenerateRequest& request,
-                                                                  int64_t max_batch = 64);
+// `resume` (optional): per prompt, the samples to continue (partial rollout,
+// see actor::GenerationRequest::resume).
+absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(
+    const std::string& dir, const GenerateRequest& request, int64_t max_batch = 64,
+    const std::vector<std::vector<actor::Completion>>* resume = nullptr);
 
 // A request of `prompts` char-tokenized prompts.
 GenerateRequest MakeRequest(const std::vector<std::string>& prompts, int n, int max_new_tokens, uint64_t seed);
