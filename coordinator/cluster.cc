@@ -57,6 +57,9 @@ ClusterOptions ClusterOptionsFromConfig(const ClusterConfig& config, const std::
   o.learners = config.learners() > 0 ? config.learners() : 1;
   o.auth_token_file = config.auth_token_file();
   o.buffer_path = config.buffer_path();
+  if (!config.tokenizer().empty()) o.tokenizer = config.tokenizer();
+  o.rollout_args.push_back("--tokenizer=" + o.tokenizer);
+  o.reward_args.push_back("--tokenizer=" + o.tokenizer);
   return o;
 }
 

@@ -49,6 +49,9 @@ struct ClusterOptions {
   bool wire_roles = true;
   // Extra flags for every process of a role (e.g. --tokenizer, --threads).
   std::vector<std::string> rollout_args;
+  // Tokenizer the rollout workers and reward servers were given ("char" or
+  // a path); experiments must match it.
+  std::string tokenizer = "char";
   std::vector<std::string> reward_args;
   std::vector<std::string> learner_args;
 

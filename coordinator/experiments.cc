@@ -1,5 +1,7 @@
 #include "coordinator/experiments.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
@@ -22,6 +24,19 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
         "the cluster has ", cluster_.rollout_workers.size(), " rollout workers and ", cluster_.learners.size(),
         " learners; the experiment wants rollout.workers=", config.rollout().workers(),
         " learner.shards=", config.learner().shards(), " (use --set or launch a matching cluster)"));
+  }
+  // The workers decode (and the reward servers read) text with the cluster's
+  // tokenizer: an experiment tokenized otherwise would be scored on garbage.
+  auto same_tokenizer = [](const std::string& a, const std::string& b) {
+    if (a == "char" || b == "char") return a == b;
+    std::error_code ec1, ec2;
+    return std::filesystem::weakly_canonical(a, ec1) == std::filesystem::weakly_canonical(b, ec2);
+  };
+  const std::string tokenizer = config.model().tokenizer().empty() ? "char" : config.model().tokenizer();
+  if (!same_tokenizer(tokenizer, cluster_.tokenizer)) {
+    return absl::FailedPreconditionError(absl::StrCat("model.tokenizer: \"", tokenizer,
+                                                      "\" is not the cluster's tokenizer \"", cluster_.tokenizer,
+                                                      "\" (set tokenizer in the cluster YAML)"));
   }
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("coordinator is shutting down");

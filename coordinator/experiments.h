@@ -24,6 +24,8 @@ struct ClusterAddresses {
   std::vector<std::string> rollout_workers;
   std::vector<std::string> learners;
   std::string auth_token;
+  // Tokenizer of the rollout workers and reward servers.
+  std::string tokenizer = "char";
   // Parent of every experiment's run directory.
   std::string run_root = "runs";
 };

@@ -141,6 +141,7 @@ ClusterAddresses AddressesOf(Cluster& cluster, const std::string& token, const s
   a.rollout_workers = cluster.Addresses(ROLE_ROLLOUT_WORKER);
   a.learners = cluster.Addresses(ROLE_LEARNER);
   a.auth_token = token;
+  a.tokenizer = cluster.options().tokenizer;
   a.run_root = run_root;
   return a;
 }
@@ -202,6 +203,7 @@ int Launch() {
   if (run_dir.empty()) run_dir = absl::StrCat("runs/", config.name().empty() ? "local" : config.name());
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) bin_dir = DefaultBinDir();
+  if (!config.tokenizer().empty() && config.tokenizer() != "char") config.set_tokenizer(UserPath(config.tokenizer()));
   ClusterOptions options = ClusterOptionsFromConfig(config, bin_dir, UserPath(run_dir));
   if (!options.auth_token_file.empty()) options.auth_token_file = UserPath(options.auth_token_file);
   if (!options.buffer_path.empty()) options.buffer_path = UserPath(options.buffer_path);
@@ -266,6 +268,10 @@ int Submit(const std::vector<std::string>& args, const std::vector<std::string>&
   if (args.size() != 1) return Fail("submit", absl::InvalidArgumentError("expected one experiment YAML"));
   auto cfg = LoadExperiment(args[0], sets);
   if (!cfg.ok()) return Fail("submit", cfg.status());
+  // The coordinator runs elsewhere: send it an absolute tokenizer path.
+  if (!cfg->model().tokenizer().empty() && cfg->model().tokenizer() != "char") {
+    cfg->mutable_model()->set_tokenizer(std::filesystem::absolute(UserPath(cfg->model().tokenizer())).string());
+  }
   auto client = CliClient();
   if (!client.ok()) return Fail("submit", client.status());
   auto stub = Coordinator::NewStub(client->channel());
@@ -332,7 +338,12 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   co.learners = cfg->learner().shards();
   co.auth_token_file = UserPath(absl::GetFlag(FLAGS_auth_token_file));
   const std::string tokenizer = cfg->model().tokenizer() == "char" ? "char" : UserPath(cfg->model().tokenizer());
+  co.tokenizer = tokenizer;
+  // The experiment's rollout settings become the workers' flags.
   co.rollout_args = {"--tokenizer=" + tokenizer, absl::StrCat("--threads=", std::max(1, cores / co.rollout_workers))};
+  if (cfg->rollout().max_batch() > 0) co.rollout_args.push_back(absl::StrCat("--max_batch=", cfg->rollout().max_batch()));
+  if (cfg->rollout().max_queue() > 0) co.rollout_args.push_back(absl::StrCat("--max_queue=", cfg->rollout().max_queue()));
+  if (!cfg->rollout().on_update().empty()) co.rollout_args.push_back("--on_update=" + cfg->rollout().on_update());
   co.reward_args = {"--tokenizer=" + tokenizer};
   if (!cfg->reward().reward_model().empty()) {
     co.reward_args.push_back("--reward_model=" + UserPath(cfg->reward().reward_model()));

@@ -238,6 +238,27 @@ TEST_CASE("coordinator launch starts the cluster, reports health, restarts a kil
     CHECK(ReadAll(dir.File(std::string("run/logs/") + log + ".log")).find("listening") != std::string::npos);
   }
 
+  // The workers decode with the cluster's tokenizer (char): an experiment
+  // with another one is refused, naming the field.
+  {
+    SubmitRequest req;
+    ExperimentConfig* e = req.mutable_experiment();
+    e->set_name("other-tokenizer");
+    e->mutable_model()->set_tokenizer(dir.File("elsewhere/tokenizer.json"));
+    e->mutable_task()->set_kind("arithmetic");
+    e->mutable_rollout()->set_workers(2);
+    e->mutable_learner()->set_shards(1);
+    e->add_stages()->mutable_sft()->set_steps(1);
+    e->mutable_stages(0)->mutable_sft()->set_batch(1);
+    e->mutable_stages(0)->mutable_sft()->mutable_optimizer()->set_lr(1e-3);
+    SubmitResponse resp;
+    auto ctx = client->NewContext(absl::Seconds(10));
+    grpc::Status s = stub->Submit(ctx.get(), req, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(s.error_message().find("model.tokenizer") != std::string::npos);
+  }
+
   // SIGKILL one worker: the coordinator restarts it on the same address.
   const pid_t victim = static_cast<pid_t>(before["rollout-1"].pid());
   REQUIRE(::kill(victim, SIGKILL) == 0);
