@@ -313,7 +313,7 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weigh
     if (world_size_ == 1) {
       PackGrads(flat_grads_, 1.0);
       shard_grads_.copy_(flat_grads_);
-      const double norm = shard_grads_.norm().item<double>();
+      const double norm = *GlobalNorm({shard_grads_});
       sum_sq = norm * norm;
       return;
     }
@@ -327,7 +327,7 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weigh
     // W and the squared norm of the (unnormalised) sum travel together.
     at::Tensor scalars = at::empty({2}, flat_grads_.options().dtype(at::kDouble));
     scalars[0].fill_(local_weight);
-    const double shard_norm = shard_grads_.norm().item<double>();
+    const double shard_norm = *GlobalNorm({shard_grads_});
     scalars[1].fill_(shard_norm * shard_norm);
     std::vector<at::Tensor> v = {scalars};
     Wait(group_->allreduce(v));
