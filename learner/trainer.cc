@@ -590,6 +590,18 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   if (cfg.vocab_size < s.tokenizer->vocab_size()) {
     return absl::InvalidArgumentError("experiment.model.tokenizer: vocabulary larger than the model's");
   }
+  // Pairs given as token ids must fit the model.
+  for (size_t i = 0; i < s.pairs.size(); ++i) {
+    const PreferencePair& p = s.pairs[i];
+    for (const auto* ids : {&p.prompt_ids, &p.chosen_ids, &p.rejected_ids}) {
+      for (int id : *ids) {
+        if (id >= cfg.vocab_size) {
+          return absl::InvalidArgumentError(absl::StrCat(sp, ".", s.kind, ".pairs_path: pair ", i, " has token id ",
+                                                         id, ", outside the model's vocabulary of ", cfg.vocab_size));
+        }
+      }
+    }
+  }
 
   RLMESH_RETURN_IF_ERROR(CatchAll("build reference/critic", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
@@ -1172,10 +1184,11 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
   std::vector<Seq> seqs;
   std::vector<int64_t> pair_lengths;
   for (const PreferencePair* pp : pairs) {
-    const std::vector<int> p = EncodePrompt(*s.tokenizer, pp->prompt);
+    const std::vector<int> p = pp->has_ids() ? pp->prompt_ids : EncodePrompt(*s.tokenizer, pp->prompt);
     int64_t longest = 0;
-    for (const std::string* text : {&pp->chosen, &pp->rejected}) {
-      const std::vector<int> r = EncodeResponse(*s.tokenizer, *text);
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<int> r = pp->has_ids() ? (side == 0 ? pp->chosen_ids : pp->rejected_ids)
+                                               : EncodeResponse(*s.tokenizer, side == 0 ? pp->chosen : pp->rejected);
       Seq q;
       q.ids.assign(p.begin(), p.end());
       q.ids.insert(q.ids.end(), r.begin(), r.end());

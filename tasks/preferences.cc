@@ -1,5 +1,6 @@
 #include "tasks/preferences.h"
 
+#include <cstdint>
 #include <fstream>
 #include <random>
 
@@ -62,6 +63,28 @@ absl::StatusOr<std::vector<PreferencePair>> ReadPreferencePairs(const std::strin
       return absl::OkStatus();
     };
     PreferencePair p;
+    if (j.contains("prompt_token_ids")) {
+      auto ids = [&](const char* name, std::vector<int>* out) -> absl::Status {
+        auto it = j.find(name);
+        if (it == j.end() || !it->is_array() || it->empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ":", lineno, ": field '", name, "' must be a non-empty array of token ids"));
+        }
+        for (const auto& v : *it) {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(path, ":", lineno, ": field '", name, "' holds ", v.dump(), ", not a token id"));
+          }
+          out->push_back(v.get<int>());
+        }
+        return absl::OkStatus();
+      };
+      if (absl::Status s = ids("prompt_token_ids", &p.prompt_ids); !s.ok()) return s;
+      if (absl::Status s = ids("chosen_token_ids", &p.chosen_ids); !s.ok()) return s;
+      if (absl::Status s = ids("rejected_token_ids", &p.rejected_ids); !s.ok()) return s;
+      out.push_back(std::move(p));
+      continue;
+    }
     if (absl::Status s = field("prompt", &p.prompt); !s.ok()) return s;
     if (absl::Status s = field("chosen", &p.chosen); !s.ok()) return s;
     if (absl::Status s = field("rejected", &p.rejected); !s.ok()) return s;
@@ -74,7 +97,10 @@ absl::StatusOr<std::vector<PreferencePair>> ReadPreferencePairs(const std::strin
 std::string PreferencePairsToJsonl(const std::vector<PreferencePair>& pairs) {
   std::string out;
   for (const PreferencePair& p : pairs) {
-    nlohmann::json j = {{"prompt", p.prompt}, {"chosen", p.chosen}, {"rejected", p.rejected}};
+    nlohmann::json j = p.has_ids() ? nlohmann::json{{"prompt_token_ids", p.prompt_ids},
+                                                    {"chosen_token_ids", p.chosen_ids},
+                                                    {"rejected_token_ids", p.rejected_ids}}
+                                   : nlohmann::json{{"prompt", p.prompt}, {"chosen", p.chosen}, {"rejected", p.rejected}};
     absl::StrAppend(&out, j.dump(), "\n");
   }
   return out;

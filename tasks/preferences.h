@@ -5,7 +5,10 @@
 // They are tokenised with tasks/encoding.h like every other sequence:
 // prompt ids = [bos] + Encode(prompt), response ids = Encode(text) + [eos].
 //
-// Pairs come from a JSONL file ({"prompt", "chosen", "rejected"} per line) or
+// Pairs come from a JSONL file ({"prompt", "chosen", "rejected"} per line, or
+// token ids {"prompt_token_ids", "chosen_token_ids", "rejected_token_ids"} as
+// the replay buffer's DPO export writes them: RL trajectories become
+// preference data without a round trip through text) or
 // are synthesised from a verifiable task whose answers are integers: chosen =
 // the reference answer, rejected = the answer plus a seeded nonzero offset
 // (a near miss, the hard kind of wrong answer).
@@ -26,6 +29,13 @@ struct PreferencePair {
   // Preferred and dispreferred responses (text, no eos).
   std::string chosen;
   std::string rejected;
+  // Set when the pair came as token ids: used as they are (the prompt ids
+  // include bos, the responses any eos they were sampled with); the text
+  // fields are then empty.
+  std::vector<int> prompt_ids;
+  std::vector<int> chosen_ids;
+  std::vector<int> rejected_ids;
+  bool has_ids() const { return !prompt_ids.empty(); }
 };
 
 struct TaskPairOptions {

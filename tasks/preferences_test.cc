@@ -98,5 +98,40 @@ TEST_CASE("pairs JSONL: round trip and errors naming line and field") {
   CHECK(ReadPreferencePairs(dir.path() + "/missing.jsonl").status().code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("pairs JSONL as token ids (the replay buffer's DPO export): read as is, bad ids named") {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/dpo.jsonl";
+  {
+    std::ofstream f(path);
+    // Extra export fields (rewards, ids of the trajectories) are ignored.
+    f << "{\"prompt_id\": \"p0\", \"prompt_token_ids\": [1, 20, 21], \"chosen_token_ids\": [30, 2], "
+         "\"rejected_token_ids\": [31, 32, 2], \"chosen_reward\": 1.0, \"rejected_reward\": 0.0}\n";
+  }
+  auto pairs = ReadPreferencePairs(path);
+  REQUIRE(pairs.ok());
+  REQUIRE(pairs->size() == 1);
+  const PreferencePair& p = (*pairs)[0];
+  CHECK(p.has_ids());
+  CHECK(p.prompt_ids == std::vector<int>{1, 20, 21});
+  CHECK(p.chosen_ids == std::vector<int>{30, 2});
+  CHECK(p.rejected_ids == std::vector<int>{31, 32, 2});
+  // Round trip through the writer.
+  {
+    std::ofstream f(path);
+    f << PreferencePairsToJsonl(*pairs);
+  }
+  auto again = ReadPreferencePairs(path);
+  REQUIRE(again.ok());
+  CHECK((*again)[0].rejected_ids == p.rejected_ids);
+  {
+    std::ofstream f(path);
+    f << "{\"prompt_token_ids\": [1], \"chosen_token_ids\": [3, -4], \"rejected_token_ids\": [5]}\n";
+  }
+  auto bad = ReadPreferencePairs(path);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(bad.status().message().find(":1:") != std::string::npos);
+  CHECK(bad.status().message().find("chosen_token_ids") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace rlmesh
