@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -418,6 +419,11 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  // The roles share the host's cores (and in async mode run at once):
+  // OpenMP threads that spin while another process holds the cores made a
+  // training step 2-5x slower with 5-10x spread (bench/learner.md). Roles
+  // inherit this unless the user set it.
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
   // --set may repeat; absl keeps only the last value of a flag, so take them
   // out before parsing.
   std::vector<std::string> sets;
