@@ -1,5 +1,6 @@
 #include "learner/trainer.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -207,12 +208,54 @@ absl::Status TrainerOptions::Validate() const {
   return gloo.Validate();
 }
 
+// bf16 autocast over a forward pass (learner.autocast: bf16): matmuls run in
+// bf16, reductions such as log_softmax in fp32, master weights stay fp32.
+// Restores the previous autocast state of the device type on exit.
+class AutocastScope {
+ public:
+  AutocastScope(bool on, c10::DeviceType device_type) : on_(on), device_type_(device_type) {
+    if (!on_) return;
+    prev_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+    at::autocast::set_autocast_enabled(device_type_, true);
+    at::autocast::set_autocast_dtype(device_type_, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_type_, prev_enabled_);
+    at::autocast::set_autocast_dtype(device_type_, prev_dtype_);
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  const bool on_;
+  const c10::DeviceType device_type_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
 struct Trainer::State {
   ConfigureRequest request;
   std::string kind;        // "sft", "reward_model", "dpo", "grpo" or "ppo"
   std::string stage_name;  // display name
   int rank = 0, world = 1;
   bool zero1 = false;
+  // learner.autocast == "bf16": forward passes under bf16 autocast.
+  bool autocast_bf16 = false;
+  c10::DeviceType device_type = c10::DeviceType::CPU;
+
+  absl::StatusOr<actor::TokenLogProbsOutput> LogProbs(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos,
+                                                const at::Tensor& targets, int64_t chunk, double temperature) {
+    AutocastScope ac(autocast_bf16, device_type);
+    return actor::TokenLogProbs(m, ids, pos, targets, chunk, temperature);
+  }
+  at::Tensor Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
+    AutocastScope ac(autocast_bf16, device_type);
+    return m->Values(ids, pos).to(at::kFloat);
+  }
   int64_t micro_tokens = 8192;
 
   std::unique_ptr<actor::Tokenizer> tokenizer;
@@ -328,11 +371,12 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     return absl::InvalidArgumentError("experiment.learner.micro_batch_tokens: must be >= 0");
   }
   s.micro_tokens = exp.learner().micro_batch_tokens() == 0 ? 8192 : exp.learner().micro_batch_tokens();
-  if (!exp.learner().autocast().empty() && exp.learner().autocast() != "fp32") {
-    return absl::UnimplementedError(absl::StrCat("experiment.learner.autocast: \"",
-                                                 exp.learner().autocast(),
-                                                 "\" is not implemented yet; use fp32"));
+  if (!exp.learner().autocast().empty() && exp.learner().autocast() != "fp32" &&
+      exp.learner().autocast() != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("experiment.learner.autocast: \"", exp.learner().autocast(),
+                                                   "\" is not fp32 or bf16"));
   }
+  s.autocast_bf16 = exp.learner().autocast() == "bf16";
   if (exp.checkpoint().keep() < 0) {
     return absl::InvalidArgumentError("experiment.checkpoint.keep: must be >= 0");
   }
@@ -529,6 +573,10 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     return absl::InvalidArgumentError("experiment.model.dtype: the learner trains fp32 master weights");
   }
   const std::string device = mc.device().empty() ? "cpu" : mc.device();
+  RLMESH_RETURN_IF_ERROR(CatchAll("experiment.model.device", [&]() -> absl::Status {
+    s.device_type = torch::Device(device).type();
+    return absl::OkStatus();
+  }));
   std::string init_path = req.init_checkpoint();
   const std::string init = mc.init().empty() ? "scratch" : mc.init();
   if (init_path.empty() && init == "checkpoint") {
@@ -809,7 +857,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
       at::Tensor mask = Rows(b.mask, a, e, T);
       const double w = mask.sum().item<double>();
       if (w == 0) continue;
-      RLMESH_ASSIGN_OR_RETURN(auto lp, actor::TokenLogProbs(s.policy, Rows(b.input_ids, a, e, T),
+      RLMESH_ASSIGN_OR_RETURN(auto lp, s.LogProbs(s.policy, Rows(b.input_ids, a, e, T),
                                                             Rows(b.positions, a, e, T),
                                                             Rows(b.targets, a, e, T),
                                                             options_.logprob_chunk, 1.0));
@@ -978,15 +1026,15 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           const int64_t T = longest(a, e);
           auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
                tg = Rows(b.targets, a, e, T);
-          RLMESH_ASSIGN_OR_RETURN(auto lp, actor::TokenLogProbs(s.policy, ids, pos, tg,
+          RLMESH_ASSIGN_OR_RETURN(auto lp, s.LogProbs(s.policy, ids, pos, tg,
                                                                 options_.logprob_chunk, s.temperature));
           Rows(old_logp, a, e, T).copy_(lp.logprobs);
           if (s.reference) {
-            RLMESH_ASSIGN_OR_RETURN(auto rlp, actor::TokenLogProbs(s.reference, ids, pos, tg,
+            RLMESH_ASSIGN_OR_RETURN(auto rlp, s.LogProbs(s.reference, ids, pos, tg,
                                                                    options_.logprob_chunk, s.temperature));
             Rows(ref_logp, a, e, T).copy_(rlp.logprobs);
           }
-          if (s.critic) Rows(old_values, a, e, T).copy_(s.critic->Values(ids, pos).to(at::kFloat));
+          if (s.critic) Rows(old_values, a, e, T).copy_(s.Values(s.critic, ids, pos));
         }
       }
     }
@@ -1098,7 +1146,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           if (w == 0) continue;
           auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
                tg = Rows(b.targets, a, e, T);
-          RLMESH_ASSIGN_OR_RETURN(auto lp, actor::TokenLogProbs(s.policy, ids, pos, tg,
+          RLMESH_ASSIGN_OR_RETURN(auto lp, s.LogProbs(s.policy, ids, pos, tg,
                                                                 options_.logprob_chunk, s.temperature));
           PolicyLossInputs in;
           in.logp = lp.logprobs;
@@ -1111,7 +1159,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           RLMESH_ASSIGN_OR_RETURN(LossOutput out, PolicyLoss(in, s.loss));
           at::Tensor total = out.loss * (w / mini_w);
           if (s.critic) {
-            at::Tensor values = s.critic->Values(ids, pos).to(at::kFloat);
+            at::Tensor values = s.Values(s.critic, ids, pos);
             RLMESH_ASSIGN_OR_RETURN(LossOutput vo, ValueLoss(values, Rows(old_values, a, e, T),
                                                              Rows(returns, a, e, T), mk, s.value_clip,
                                                              s.loss.agg));
@@ -1220,7 +1268,7 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
         // Score = the value at the last real token (eos) of prompt+response.
         at::Tensor last = at::zeros({re - ra, 1}, at::kLong);
         for (int64_t r = ra; r < re; ++r) last[r - ra][0] = row_lengths[r] - 1;
-        at::Tensor scores = s.policy->Values(ids, pos).to(at::kFloat).gather(1, last).squeeze(1);
+        at::Tensor scores = s.Values(s.policy, ids, pos).gather(1, last).squeeze(1);
         at::Tensor pair_scores = scores.view({e - a, 2});
         RLMESH_ASSIGN_OR_RETURN(out, RewardModelLoss(pair_scores.select(1, 0), pair_scores.select(1, 1)));
         out.metrics["loss"] = out.metrics["rm_loss"];
@@ -1231,11 +1279,11 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
         at::Tensor ref_seq;
         {
           torch::NoGradGuard ref_no_grad;
-          RLMESH_ASSIGN_OR_RETURN(auto rlp, actor::TokenLogProbs(s.reference, ids, pos, tg,
+          RLMESH_ASSIGN_OR_RETURN(auto rlp, s.LogProbs(s.reference, ids, pos, tg,
                                                                  options_.logprob_chunk, 1.0));
           RLMESH_ASSIGN_OR_RETURN(ref_seq, SequenceLogProbs(rlp.logprobs, mask));
         }
-        RLMESH_ASSIGN_OR_RETURN(auto lp, actor::TokenLogProbs(s.policy, ids, pos, tg, options_.logprob_chunk, 1.0));
+        RLMESH_ASSIGN_OR_RETURN(auto lp, s.LogProbs(s.policy, ids, pos, tg, options_.logprob_chunk, 1.0));
         RLMESH_ASSIGN_OR_RETURN(at::Tensor pol_seq, SequenceLogProbs(lp.logprobs, mask));
         at::Tensor pol = pol_seq.view({e - a, 2}), ref = ref_seq.view({e - a, 2});
         DpoInputs in;

@@ -222,6 +222,41 @@ TEST_CASE("SFT memorises a small set; greedy generation reproduces the answers")
   CHECK(correct >= 7);
 }
 
+TEST_CASE("bf16 autocast: the loss tracks fp32 within bf16 precision, SFT still learns, weights stay fp32") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(60, 8, 1e-2);
+  ExperimentConfig b = e;
+  b.mutable_learner()->set_autocast("bf16");
+  Trainer fp32, bf16;
+  REQUIRE(fp32.Configure(Request(e)).ok());
+  REQUIRE(bf16.Configure(Request(b)).ok());
+  auto r32 = fp32.TrainStep(SftStep(0));
+  auto r16 = bf16.TrainStep(SftStep(0));
+  REQUIRE(r32.ok());
+  REQUIRE(r16.ok());
+  const double l32 = r32->metrics().values().at("loss"), l16 = r16->metrics().values().at("loss");
+  INFO("fp32 loss " << l32 << " bf16 loss " << l16);
+  // Same weights and batch: only the matmul precision differs (bf16 keeps
+  // 8 mantissa bits), so the losses agree to about a percent, not exactly.
+  CHECK(std::abs(l16 - l32) / l32 < 0.02);
+  CHECK(l16 != l32);
+  double last = 0;
+  for (int step = 1; step < 60; ++step) {
+    auto r = bf16.TrainStep(SftStep(step));
+    REQUIRE(r.ok());
+    last = r->metrics().values().at("loss");
+  }
+  CHECK(last < l16 / 5);
+  for (auto& [name, p] : bf16.PolicyParameters()) CHECK(p.scalar_type() == at::kFloat);
+  ExperimentConfig bad = e;
+  bad.mutable_learner()->set_autocast("fp8");
+  Trainer t;
+  auto s = t.Configure(Request(bad)).status();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("experiment.learner.autocast") != std::string::npos);
+}
+
 TEST_CASE("GRPO raises a toy reward (first token is a digit)") {
   actor::ConfigureThreads(2);
   ExperimentConfig e = Tiny(3);
