@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <regex>
@@ -85,6 +87,166 @@ class NumericAnswer final : public Verifier {
  private:
   std::string label_;
   double tolerance_;
+};
+
+// Exact fractions over int64: every operation reports overflow instead of
+// wrapping, so a long product scores 0 rather than a wrong value.
+struct Fraction {
+  int64_t num = 0;
+  int64_t den = 1;
+};
+
+int64_t Gcd(int64_t a, int64_t b) {
+  a = a < 0 ? -a : a;
+  b = b < 0 ? -b : b;
+  while (b != 0) {
+    const int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+absl::StatusOr<Fraction> Reduced(int64_t num, int64_t den) {
+  if (den == 0) return absl::InvalidArgumentError("division by zero");
+  if (num == INT64_MIN || den == INT64_MIN) return absl::InvalidArgumentError("value overflows");
+  if (den < 0) {
+    num = -num;
+    den = -den;
+  }
+  const int64_t g = Gcd(num, den);
+  return Fraction{num / g, den / g};
+}
+
+absl::StatusOr<Fraction> Apply(char op, Fraction a, Fraction b) {
+  int64_t x, y, num, den;
+  bool overflow = false;
+  switch (op) {
+    case '+':
+    case '-':
+      overflow |= __builtin_mul_overflow(a.num, b.den, &x);
+      overflow |= __builtin_mul_overflow(b.num, a.den, &y);
+      overflow |= op == '+' ? __builtin_add_overflow(x, y, &num) : __builtin_sub_overflow(x, y, &num);
+      overflow |= __builtin_mul_overflow(a.den, b.den, &den);
+      break;
+    case '*':
+      overflow |= __builtin_mul_overflow(a.num, b.num, &num);
+      overflow |= __builtin_mul_overflow(a.den, b.den, &den);
+      break;
+    default:  // '/'
+      if (b.num == 0) return absl::InvalidArgumentError("division by zero");
+      overflow |= __builtin_mul_overflow(a.num, b.den, &num);
+      overflow |= __builtin_mul_overflow(a.den, b.num, &den);
+      break;
+  }
+  if (overflow) return absl::InvalidArgumentError("value overflows");
+  return Reduced(num, den);
+}
+
+// Recursive descent over expr := term (('+'|'-') term)*,
+// term := factor (('*'|'/') factor)*, factor := integer | '(' expr ')'.
+// Input length is capped, which bounds the recursion depth.
+class CountdownParser {
+ public:
+  explicit CountdownParser(const std::string& text) : text_(text) {}
+
+  absl::StatusOr<CountdownExpression> Parse() {
+    if (text_.empty()) return absl::InvalidArgumentError("empty expression");
+    if (text_.size() > kMaxChars) return absl::InvalidArgumentError("expression too long");
+    auto value = Expr();
+    if (!value.ok()) return value.status();
+    if (pos_ != text_.size()) return Error("unexpected character");
+    out_.numerator = value->num;
+    out_.denominator = value->den;
+    return std::move(out_);
+  }
+
+ private:
+  static constexpr size_t kMaxChars = 256;
+
+  absl::Status Error(const char* what) const {
+    return absl::InvalidArgumentError(absl::StrCat(what, " at offset ", pos_));
+  }
+  bool At(char c) const { return pos_ < text_.size() && text_[pos_] == c; }
+
+  absl::StatusOr<Fraction> Expr() {
+    auto left = Term();
+    while (left.ok() && (At('+') || At('-'))) {
+      const char op = text_[pos_++];
+      auto right = Term();
+      if (!right.ok()) return right;
+      left = Apply(op, *left, *right);
+    }
+    return left;
+  }
+
+  absl::StatusOr<Fraction> Term() {
+    auto left = Factor();
+    while (left.ok() && (At('*') || At('/'))) {
+      const char op = text_[pos_++];
+      auto right = Factor();
+      if (!right.ok()) return right;
+      left = Apply(op, *left, *right);
+    }
+    return left;
+  }
+
+  absl::StatusOr<Fraction> Factor() {
+    if (At('(')) {
+      ++pos_;
+      auto inner = Expr();
+      if (!inner.ok()) return inner;
+      if (!At(')')) return Error("missing ')'");
+      ++pos_;
+      return inner;
+    }
+    const size_t start = pos_;
+    int64_t v = 0;
+    while (pos_ < text_.size() && absl::ascii_isdigit(text_[pos_])) {
+      if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, text_[pos_] - '0', &v)) {
+        return Error("integer overflows");
+      }
+      ++pos_;
+    }
+    if (pos_ == start) return Error("expected a number or '('");
+    out_.numbers.push_back(v);
+    return Fraction{v, 1};
+  }
+
+  const std::string& text_;
+  size_t pos_ = 0;
+  CountdownExpression out_;
+};
+
+// The problem (numbers and target) comes from the reference answer, a
+// solution expression: that keeps the verifier independent of the prompt's
+// wording and template, and lets the same text be the SFT target.
+class Countdown final : public Verifier {
+ public:
+  explicit Countdown(std::string label) : label_(std::move(label)) {}
+  const std::string& label() const override { return label_; }
+  absl::StatusOr<double> Score(const VerifierInput& in, absl::Time) const override {
+    auto want = ParseCountdownExpression(Trim(in.reference_answer));
+    if (!want.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reference_answer: not a countdown solution expression: ", want.status().message()));
+    }
+    // The answer ends at the first whitespace (or a written-out <eos>).
+    std::string text = in.completion.substr(0, in.completion.find("<eos>"));
+    const size_t begin = text.find_first_not_of(" \t\r\n");
+    if (begin == std::string::npos) return 0.0;
+    const size_t end = text.find_first_of(" \t\r\n", begin);
+    auto got = ParseCountdownExpression(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (!got.ok()) return 0.0;  // garbage, division by zero, overflow
+    if (got->numerator != want->numerator || got->denominator != want->denominator) return 0.0;
+    std::vector<int64_t> a = got->numbers, b = want->numbers;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    return a == b ? 1.0 : 0.0;
+  }
+
+ private:
+  std::string label_;
 };
 
 class Format final : public Verifier {
@@ -221,6 +383,10 @@ std::optional<double> ExtractFinalNumber(const std::string& text) {
   return LastNumberIn(text);
 }
 
+absl::StatusOr<CountdownExpression> ParseCountdownExpression(const std::string& text) {
+  return CountdownParser(text).Parse();
+}
+
 absl::StatusOr<std::unique_ptr<Verifier>> MakeVerifier(const VerifierConfig& c, const std::string& path) {
   const std::string label = c.label().empty() ? c.name() : c.label();
   if (c.name() == "exact_match") return std::unique_ptr<Verifier>(new ExactMatch(label));
@@ -228,6 +394,7 @@ absl::StatusOr<std::unique_ptr<Verifier>> MakeVerifier(const VerifierConfig& c, 
     if (c.tolerance() < 0) return absl::InvalidArgumentError(absl::StrCat(path, ".tolerance: must be >= 0"));
     return std::unique_ptr<Verifier>(new NumericAnswer(label, c.tolerance() > 0 ? c.tolerance() : 1e-6));
   }
+  if (c.name() == "countdown") return std::unique_ptr<Verifier>(new Countdown(label));
   if (c.name() == "format") {
     if (c.pattern().empty()) return absl::InvalidArgumentError(absl::StrCat(path, ".pattern: required for format"));
     try {
@@ -250,7 +417,7 @@ absl::StatusOr<std::unique_ptr<Verifier>> MakeVerifier(const VerifierConfig& c, 
   }
   return absl::InvalidArgumentError(
       absl::StrCat(path, ".name: unknown verifier '", c.name(),
-                   "' (exact_match, numeric_answer, format, length, command)"));
+                   "' (exact_match, numeric_answer, countdown, format, length, command)"));
 }
 
 }  // namespace rlmesh

@@ -3,6 +3,7 @@
 // Rule verifiers: pure functions of (prompt, completion, reference) that the
 // reward server sums with their configured weights.
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,5 +48,20 @@ absl::StatusOr<std::unique_ptr<Verifier>> MakeVerifier(const VerifierConfig& con
 // (GSM8K), else the last number inside the last "\boxed{}", else the last
 // number; thousands commas are dropped. None if there is no number.
 std::optional<double> ExtractFinalNumber(const std::string& text);
+
+// A countdown expression: non-negative integer literals, binary + - * /
+// and parentheses (no unary operators, no spaces), evaluated exactly.
+struct CountdownExpression {
+  // Integer literals in order of appearance.
+  std::vector<int64_t> numbers;
+  // Value as a fraction in lowest terms; denominator > 0.
+  int64_t numerator = 0;
+  int64_t denominator = 1;
+};
+
+// Parses and evaluates `text` in exact rational arithmetic. INVALID_ARGUMENT
+// when it is not such an expression, divides by zero, or a value overflows
+// 64-bit integers.
+absl::StatusOr<CountdownExpression> ParseCountdownExpression(const std::string& text);
 
 }  // namespace rlmesh

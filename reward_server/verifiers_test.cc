@@ -71,6 +71,79 @@ TEST_CASE("exact_match, format and length") {
   CHECK(*Make(l)->Score(In("", "", 6), kFar) == Approx(-0.5));
 }
 
+TEST_CASE("countdown expressions parse and evaluate exactly") {
+  auto e = ParseCountdownExpression("3*7+5");
+  REQUIRE(e.ok());
+  CHECK(e->numbers == std::vector<int64_t>{3, 7, 5});
+  CHECK((e->numerator == 26 && e->denominator == 1));
+  // Precedence and left associativity.
+  CHECK(ParseCountdownExpression("2+3*4")->numerator == 14);
+  CHECK(ParseCountdownExpression("(2+3)*4")->numerator == 20);
+  CHECK(ParseCountdownExpression("10-4-3")->numerator == 3);
+  CHECK(ParseCountdownExpression("10-(4-3)")->numerator == 9);
+  CHECK(ParseCountdownExpression("24/4/2")->numerator == 3);
+  auto third = ParseCountdownExpression("2/6");
+  CHECK((third->numerator == 1 && third->denominator == 3));
+  auto neg = ParseCountdownExpression("3-8/2*3");
+  CHECK((neg->numerator == -9 && neg->denominator == 1));
+  for (const char* bad : {"", "3+", "+3", "-3+4", "(3+4", "3+4)", "3 + 4", "3x4", "()", "3**4", "((3)",
+                          "99999999999999999999", "4/(2-2)", "3037000500*3037000500*3037000500"}) {
+    INFO(bad);
+    CHECK(ParseCountdownExpression(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("countdown: the completion must use exactly the numbers and hit the target") {
+  VerifierConfig c;
+  c.set_name("countdown");
+  auto v = Make(c);
+  CHECK(v->label() == "countdown");
+  // Problem: 3 7 5 -> 26, given as a reference solution.
+  const std::string ref = "3*7+5";
+  auto score = [&](const std::string& completion) { return *v->Score(In(completion, ref), kFar); };
+  CHECK(score("3*7+5") == 1.0);
+  CHECK(score("5+7*3") == 1.0);          // another order
+  CHECK(score("(7*3)+5") == 1.0);        // redundant parentheses
+  CHECK(score("  5+3*7\n") == 1.0);      // surrounding whitespace
+  CHECK(score("5+3*7 and more") == 1.0);  // stops at whitespace
+  CHECK(score("5+3*7<eos>junk") == 1.0);  // and at a written-out eos
+  CHECK(score("3*7-5") == 0.0);          // wrong value
+  CHECK(score("3*7+7") == 0.0);          // reuses 7, misses 5
+  CHECK(score("21+5") == 0.0);           // right value, numbers not used
+  CHECK(score("3*7") == 0.0);            // missing number
+  CHECK(score("3*7+5+0") == 0.0);        // extra number, same value
+  CHECK(score("3*7+5*1") == 0.0);        // extra number, same value
+  CHECK(score("3*7+5/(3-3)") == 0.0);    // division by zero
+  CHECK(score("3*7+5 ") == 1.0);
+  CHECK(score("26") == 0.0);
+  CHECK(score("") == 0.0);
+  CHECK(score("hello") == 0.0);
+  CHECK(score("3*7+5)") == 0.0);         // garbage after the expression
+  CHECK(score("3*(7+5") == 0.0);
+  CHECK(score("3 * 7 + 5") == 0.0);      // ends at the first space: "3"
+
+  // Non-integer intermediates are fine when the value is exact: 3 4 2 -> 6.
+  auto six = [&](const std::string& completion) { return *v->Score(In(completion, "3*4/2"), kFar); };
+  CHECK(six("4/(2/3)") == 1.0);  // 2/3 on the way
+  CHECK(six("3/2*4") == 1.0);    // 3/2 on the way
+  CHECK(six("4/2/3") == 0.0);    // 2/3, not 6
+  // The classic 1 3 4 6 -> 24 has only a fractional solution.
+  CHECK(*v->Score(In("6/(1-3/4)", "6/(1-3/4)"), kFar) == 1.0);
+  CHECK(*v->Score(In("6/(1-(3/4))", "6/(1-3/4)"), kFar) == 1.0);
+  CHECK(*v->Score(In("6*4*(3-1)", "6/(1-3/4)"), kFar) == 0.0);
+
+  // A reference that is not a solution expression is the caller's error.
+  auto bad_ref = v->Score(In("3*7+5", "26"), kFar);
+  CHECK(bad_ref.ok());  // "26" is an expression: one number, value 26
+  CHECK(*bad_ref == 0.0);
+  for (const char* ref : {"3 7 5", "", "4/(2-2)"}) {
+    INFO(ref);
+    auto r = v->Score(In("3*7+5", ref), kFar);
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(r.status().message().find("reference_answer") != absl::string_view::npos);
+  }
+}
+
 TEST_CASE("bad verifier configs name the field") {
   VerifierConfig c;
   c.set_name("vibes");

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -74,6 +76,160 @@ class ArithmeticTask final : public Task {
   std::string default_verifier() const override { return "numeric_answer"; }
 };
 
+// TinyZero's countdown: "3 7 5>26=" asks for an expression that uses each
+// number exactly once and equals the target; the reference answer is one
+// ("3*7+5"). Problems are built forwards from a random expression, so every
+// one has a solution.
+class CountdownTask final : public Task {
+ public:
+  static absl::StatusOr<std::unique_ptr<Task>> Make(const TaskConfig& c, uint64_t seed) {
+    const int n = c.numbers() != 0 ? c.numbers() : 3;
+    if (n < 2 || n > 6) return absl::InvalidArgumentError("task.numbers: must be in [2, 6]");
+    const int64_t lo = c.min_number() != 0 ? c.min_number() : 1;
+    const int64_t hi = c.max_number() != 0 ? c.max_number() : 20;
+    if (lo < 1) return absl::InvalidArgumentError("task.min_number: must be >= 1");
+    if (hi < lo || hi > 9999) {
+      return absl::InvalidArgumentError(absl::StrCat("task.max_number: must be in [min_number=", lo, ", 9999]"));
+    }
+    const int64_t max_target = c.max_target() != 0 ? c.max_target() : 999;
+    if (max_target < 1 || max_target > 1'000'000'000) {
+      return absl::InvalidArgumentError("task.max_target: must be in [1, 1e9]");
+    }
+    const std::string ops = c.ops().empty() ? "+-*/" : c.ops();
+    for (char op : ops) {
+      if (op != '+' && op != '-' && op != '*' && op != '/') {
+        return absl::InvalidArgumentError(
+            absl::StrCat("task.ops: '", std::string(1, op), "' is not one of + - * /"));
+      }
+    }
+    const int64_t n_train = c.train() > 0 ? c.train() : 20000;
+    const int64_t n_eval = c.eval() > 0 ? c.eval() : 500;
+    // Distinct problems are (multiset of numbers, target); an upper bound
+    // catches impossible requests early, a draw budget the rest.
+    double bound = static_cast<double>(max_target + 1);
+    for (int k = 0; k < n; ++k) bound *= static_cast<double>(hi - lo + 1 + k) / (k + 1);
+    if (static_cast<double>(n_eval) >= bound) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task.eval: ", n_eval, " >= the at most ", bound, " distinct problems"));
+    }
+
+    auto task = std::unique_ptr<CountdownTask>(new CountdownTask());
+    std::mt19937_64 rng(seed ^ 0x5bd1e9955bd1e995ULL);
+    // Own draws rather than std distributions: their use of the engine is
+    // implementation-defined, and the data must not change with the library.
+    auto uniform = [&](int64_t a, int64_t b) { return a + static_cast<int64_t>(rng() % static_cast<uint64_t>(b - a + 1)); };
+    auto make = [&](const Problem& p, const std::string& id) {
+      Example e;
+      e.id = id;
+      std::string text;
+      for (int64_t v : p.numbers) absl::StrAppend(&text, text.empty() ? "" : " ", v);
+      e.prompt = ApplyTemplate(c.prompt_template(), absl::StrCat(text, ">", p.target, "="));
+      e.answer = p.solution;
+      return e;
+    };
+    const int64_t budget = 100 * (n_train + n_eval) + 100'000;
+    int64_t draws = 0;
+    std::set<std::pair<std::vector<int64_t>, int64_t>> held_out;
+    while (static_cast<int64_t>(held_out.size()) < n_eval) {
+      if (++draws > budget) {
+        return absl::InvalidArgumentError(absl::StrCat("task.eval: found only ", held_out.size(), " distinct problems in ",
+                                                       budget, " draws; widen the ranges or ask for fewer"));
+      }
+      auto p = Draw(n, lo, hi, max_target, ops, uniform);
+      if (p && held_out.insert(p->Key()).second) {
+        task->eval_.push_back(make(*p, absl::StrCat("eval/", held_out.size() - 1)));
+      }
+    }
+    // As in arithmetic: train never holds a held-out problem (in any order of
+    // its numbers) and may repeat problems when the space is small.
+    draws = 0;
+    while (static_cast<int64_t>(task->train_.size()) < n_train) {
+      if (++draws > budget) {
+        return absl::InvalidArgumentError(absl::StrCat("task.train: found only ", task->train_.size(),
+                                                       " problems outside the held-out split in ", budget, " draws"));
+      }
+      auto p = Draw(n, lo, hi, max_target, ops, uniform);
+      if (!p || held_out.count(p->Key())) continue;
+      task->train_.push_back(make(*p, absl::StrCat("train/", task->train_.size())));
+    }
+    return std::unique_ptr<Task>(std::move(task));
+  }
+  std::string default_verifier() const override { return "countdown"; }
+
+ private:
+  struct Problem {
+    // In draw order, as the prompt lists them.
+    std::vector<int64_t> numbers;
+    int64_t target = 0;
+    std::string solution;
+    std::pair<std::vector<int64_t>, int64_t> Key() const {
+      std::vector<int64_t> sorted = numbers;
+      std::sort(sorted.begin(), sorted.end());
+      return {sorted, target};
+    }
+  };
+  // A subexpression: its value, text, and the precedence of its top
+  // operator (1: + -, 2: * /, 3: a number).
+  struct Node {
+    int64_t value;
+    std::string text;
+    int prec;
+  };
+
+  // Combines two random nodes with a random operator until one is left; a
+  // combination must stay an integer in [0, max_target]. Empty when a step
+  // finds no valid combination (the caller draws again).
+  template <typename Uniform>
+  static std::optional<Problem> Draw(int n, int64_t lo, int64_t hi, int64_t max_target, const std::string& ops,
+                                     Uniform& uniform) {
+    Problem p;
+    std::vector<Node> pool;
+    for (int k = 0; k < n; ++k) {
+      p.numbers.push_back(uniform(lo, hi));
+      pool.push_back({p.numbers.back(), absl::StrCat(p.numbers.back()), 3});
+    }
+    while (pool.size() > 1) {
+      bool combined = false;
+      for (int attempt = 0; attempt < 16 && !combined; ++attempt) {
+        const size_t i = static_cast<size_t>(uniform(0, static_cast<int64_t>(pool.size()) - 1));
+        size_t j = static_cast<size_t>(uniform(0, static_cast<int64_t>(pool.size()) - 2));
+        if (j >= i) ++j;
+        const char op = ops[static_cast<size_t>(uniform(0, static_cast<int64_t>(ops.size()) - 1))];
+        const Node& a = pool[i];
+        const Node& b = pool[j];
+        int64_t v;
+        if (op == '+') {
+          v = a.value + b.value;
+        } else if (op == '-') {
+          v = a.value - b.value;
+        } else if (op == '*') {
+          v = a.value * b.value;  // both <= max_target <= 1e9: no overflow
+        } else {
+          if (b.value == 0 || a.value % b.value != 0) continue;
+          v = a.value / b.value;
+        }
+        if (v < 0 || v > max_target) continue;
+        const int prec = op == '+' || op == '-' ? 1 : 2;
+        // Minimal parentheses: a lower-precedence operand, or an equal one on
+        // the right of - or / (a-(b+c), a/(b*c)).
+        auto wrap = [&](const Node& x, bool right) {
+          const bool paren = x.prec < prec || (right && x.prec == prec && (op == '-' || op == '/'));
+          return paren ? absl::StrCat("(", x.text, ")") : x.text;
+        };
+        Node merged{v, absl::StrCat(wrap(a, false), std::string(1, op), wrap(b, true)), prec};
+        pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(std::max(i, j)));
+        pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(std::min(i, j)));
+        pool.push_back(std::move(merged));
+        combined = true;
+      }
+      if (!combined) return std::nullopt;
+    }
+    p.target = pool[0].value;
+    p.solution = pool[0].text;
+    return p;
+  }
+};
+
 class JsonlTask final : public Task {
  public:
   static absl::StatusOr<std::unique_ptr<Task>> Make(const TaskConfig& c) {
@@ -100,8 +256,10 @@ class JsonlTask final : public Task {
 absl::StatusOr<std::unique_ptr<Task>> MakeTask(const TaskConfig& config, uint64_t seed) {
   const std::string kind = config.kind().empty() ? "arithmetic" : config.kind();
   if (kind == "arithmetic") return ArithmeticTask::Make(config, seed);
+  if (kind == "countdown") return CountdownTask::Make(config, seed);
   if (kind == "jsonl") return JsonlTask::Make(config);
-  return absl::InvalidArgumentError(absl::StrCat("task.kind: unknown task '", kind, "' (arithmetic, jsonl)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("task.kind: unknown task '", kind, "' (arithmetic, countdown, jsonl)"));
 }
 
 absl::StatusOr<std::vector<Example>> ReadJsonlExamples(const std::string& path,

@@ -1,10 +1,13 @@
 #include "tasks/task.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
+#include "reward_server/verifiers.h"
 
 namespace rlmesh {
 namespace {
@@ -42,6 +45,108 @@ TEST_CASE("arithmetic: answers are right and the splits are disjoint") {
   CHECK(same < 5);
 }
 
+// "3 7 5>26=" -> ({3, 7, 5}, 26).
+std::pair<std::vector<int64_t>, int64_t> ParseCountdownPrompt(const std::string& prompt) {
+  std::vector<int64_t> numbers;
+  const size_t gt = prompt.find('>');
+  std::istringstream in(prompt.substr(0, gt));
+  int64_t v;
+  while (in >> v) numbers.push_back(v);
+  return {numbers, std::stoll(prompt.substr(gt + 1))};
+}
+
+TEST_CASE("countdown: every problem is solved by its answer; seeded; disjoint splits") {
+  TaskConfig c;
+  c.set_kind("countdown");
+  c.set_train(2000);
+  c.set_eval(300);
+  auto task = MakeTask(c, 11);
+  REQUIRE(task.ok());
+  CHECK((*task)->default_verifier() == "countdown");
+  REQUIRE((*task)->train().size() == 2000);
+  REQUIRE((*task)->eval().size() == 300);
+  std::set<char> ops_seen;
+  bool parens_seen = false;
+  for (const auto* split : {&(*task)->train(), &(*task)->eval()}) {
+    for (const auto& e : *split) {
+      INFO(e.prompt << " " << e.answer);
+      REQUIRE(e.prompt.back() == '=');
+      auto [numbers, target] = ParseCountdownPrompt(e.prompt);
+      REQUIRE(numbers.size() == 3);
+      for (int64_t n : numbers) CHECK((n >= 1 && n <= 20));
+      CHECK((target >= 0 && target <= 999));
+      // The verifier's own parser re-evaluates the answer text: the value
+      // must be the target and the literals exactly the prompt's numbers.
+      auto solution = ParseCountdownExpression(e.answer);
+      REQUIRE(solution.ok());
+      CHECK(solution->denominator == 1);
+      CHECK(solution->numerator == target);
+      std::vector<int64_t> used = solution->numbers;
+      std::sort(used.begin(), used.end());
+      std::sort(numbers.begin(), numbers.end());
+      CHECK(used == numbers);
+      for (char ch : e.answer) {
+        if (std::string("+-*/").find(ch) != std::string::npos) ops_seen.insert(ch);
+        parens_seen |= ch == '(';
+      }
+      // Short enough for a char model with a 32-position window.
+      CHECK(e.prompt.size() + e.answer.size() + 2 <= 32);
+    }
+  }
+  CHECK(ops_seen.size() == 4);
+  CHECK(parens_seen);
+
+  // Held-out problems are distinct and never in train, whatever the order
+  // of their numbers.
+  auto key = [](const Example& e) {
+    auto k = ParseCountdownPrompt(e.prompt);
+    std::sort(k.first.begin(), k.first.end());
+    return k;
+  };
+  std::set<std::pair<std::vector<int64_t>, int64_t>> held_out;
+  for (const auto& e : (*task)->eval()) held_out.insert(key(e));
+  CHECK(held_out.size() == 300);
+  for (const auto& e : (*task)->train()) CHECK(held_out.count(key(e)) == 0);
+
+  auto again = MakeTask(c, 11);
+  for (int i : {0, 5, 299}) {
+    CHECK((*again)->eval()[i].prompt == (*task)->eval()[i].prompt);
+    CHECK((*again)->eval()[i].answer == (*task)->eval()[i].answer);
+  }
+  CHECK((*again)->train()[1999].prompt == (*task)->train()[1999].prompt);
+  auto other = MakeTask(c, 12);
+  int same = 0;
+  for (int i = 0; i < 50; ++i) same += (*other)->eval()[i].prompt == (*task)->eval()[i].prompt;
+  CHECK(same < 5);
+}
+
+TEST_CASE("countdown: numbers, ranges and operators follow the config") {
+  TaskConfig c;
+  c.set_kind("countdown");
+  c.set_numbers(4);
+  c.set_min_number(5);
+  c.set_max_number(9);
+  c.set_max_target(50);
+  c.set_ops("+-");
+  c.set_train(200);
+  c.set_eval(50);
+  c.set_prompt_template("Q{prompt}");
+  auto task = MakeTask(c, 3);
+  REQUIRE(task.ok());
+  for (const auto& e : (*task)->train()) {
+    INFO(e.prompt << " " << e.answer);
+    REQUIRE(e.prompt.substr(0, 1) == "Q");
+    auto [numbers, target] = ParseCountdownPrompt(e.prompt.substr(1));
+    REQUIRE(numbers.size() == 4);
+    for (int64_t n : numbers) CHECK((n >= 5 && n <= 9));
+    CHECK(target <= 50);
+    CHECK(e.answer.find_first_of("*/") == std::string::npos);
+    auto solution = ParseCountdownExpression(e.answer);
+    REQUIRE(solution.ok());
+    CHECK(solution->numerator == target);
+  }
+}
+
 TEST_CASE("bad task configs name the field") {
   TaskConfig c;
   c.set_kind("poetry");
@@ -53,6 +158,42 @@ TEST_CASE("bad task configs name the field") {
   c.set_digits(1);
   c.set_eval(100);
   CHECK(MakeTask(c, 1).status().message().find("task.eval") != absl::string_view::npos);
+
+  TaskConfig cd;
+  cd.set_kind("countdown");
+  cd.set_train(10);
+  cd.set_eval(10);
+  auto field_of = [&](const TaskConfig& bad) { return std::string(MakeTask(bad, 1).status().message()); };
+  TaskConfig bad = cd;
+  bad.set_numbers(1);
+  CHECK(field_of(bad).find("task.numbers") != std::string::npos);
+  bad = cd;
+  bad.set_numbers(7);
+  CHECK(field_of(bad).find("task.numbers") != std::string::npos);
+  bad = cd;
+  bad.set_min_number(-1);
+  CHECK(field_of(bad).find("task.min_number") != std::string::npos);
+  bad = cd;
+  bad.set_min_number(10);
+  bad.set_max_number(5);
+  CHECK(field_of(bad).find("task.max_number") != std::string::npos);
+  bad = cd;
+  bad.set_max_target(-3);
+  CHECK(field_of(bad).find("task.max_target") != std::string::npos);
+  bad = cd;
+  bad.set_ops("+%");
+  CHECK(field_of(bad).find("task.ops") != std::string::npos);
+  bad = cd;  // two numbers in [1, 2], targets in [0, 3]: at most 12 problems
+  bad.set_numbers(2);
+  bad.set_max_number(2);
+  bad.set_max_target(3);
+  bad.set_eval(12);
+  CHECK(MakeTask(bad, 1).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(field_of(bad).find("task.eval") != std::string::npos);
+  bad.set_eval(6);  // under the bound, but only 1+1, 1*1, 2-1, 2/1, 2+1, ... reach few targets
+  bad.set_ops("-");
+  CHECK(field_of(bad).find("task.eval") != std::string::npos);
+  CHECK(MakeTask(cd, 1).ok());
 }
 
 TEST_CASE("the loader is seeded, covers each epoch once and resumes from its cursor") {
