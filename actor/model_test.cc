@@ -76,6 +76,24 @@ TEST_CASE("Padding mask: padded rows give the unpadded outputs") {
   CHECK_FALSE(out.isnan().any().item<bool>());
 }
 
+TEST_CASE("Packing: segment ids keep packed sequences apart (each equals its own unpacked forward)") {
+  auto m = MakeModel(Tiny());
+  torch::NoGradGuard g;
+  auto a = torch::randint(0, 50, {1, 5}), b = torch::randint(0, 50, {1, 4});
+  auto ref_a = m->Forward(a, Positions(1, 5)), ref_b = m->Forward(b, Positions(1, 4));
+  // One row: a, b, then 2 pad; positions restart at b.
+  auto ids = torch::cat({a, b, torch::zeros({1, 2}, torch::kLong)}, 1);
+  auto pos = torch::cat({torch::arange(5), torch::arange(4), torch::zeros({2}, torch::kLong)}).unsqueeze(0);
+  auto seg = torch::tensor({1, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0}, torch::kLong).unsqueeze(0);
+  auto out = m->Logits(m->ForwardHidden(ids, pos, seg));
+  CHECK((out.narrow(1, 0, 5) - ref_a).abs().max().item<float>() < 1e-5);
+  CHECK((out.narrow(1, 5, 4) - ref_b).abs().max().item<float>() < 1e-5);
+  CHECK_FALSE(out.isnan().any().item<bool>());
+  // Without the segment ids b would attend to a.
+  auto leaky = m->Logits(m->ForwardHidden(ids, pos, (seg > 0).to(torch::kFloat)));
+  CHECK((leaky.narrow(1, 5, 4) - ref_b).abs().max().item<float>() > 1e-3);
+}
+
 TEST_CASE("Value head gives one scalar per position") {
   auto c = Tiny();
   c.value_head = true;

@@ -170,9 +170,17 @@ torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, con
   if (attention_mask.defined()) {
     const int64_t T = input_ids.size(1);
     auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(h.device())).tril();
-    auto keys = attention_mask.to(torch::kBool).view({-1, 1, 1, T});
     auto eye = torch::eye(T, torch::TensorOptions().dtype(torch::kBool).device(h.device()));
-    mask = causal.logical_and(keys.logical_or(eye));  // [B,1,T,T]
+    if (attention_mask.is_floating_point() || attention_mask.scalar_type() == torch::kBool) {
+      auto keys = attention_mask.to(torch::kBool).view({-1, 1, 1, T});
+      mask = causal.logical_and(keys.logical_or(eye));  // [B,1,T,T]
+    } else {
+      // Segment ids (packing): a query sees earlier keys of its own segment.
+      auto seg = attention_mask.to(torch::kLong);
+      auto same = seg.view({-1, 1, T, 1}).eq(seg.view({-1, 1, 1, T}));
+      auto keys = seg.view({-1, 1, 1, T}).gt(0);
+      mask = causal.logical_and(same.logical_and(keys).logical_or(eye));
+    }
   }
   for (const auto& m : *model->layers) {
     auto* layer = m->as<DecoderLayerImpl>();

@@ -108,9 +108,12 @@ class TransformerImpl : public torch::nn::Module {
     return Forward(input_ids, position_ids);
   }
   // Final-norm hidden states [B,T,H]. `attention_mask` [B,T] (1/true = real
-  // token) hides padding keys; undefined means every token is real. Causal
-  // either way; a padded query still sees itself (its output is garbage the
-  // caller ignores, never NaN).
+  // token) hides padding keys; undefined means every token is real. An
+  // integer mask holds segment ids instead (packing several sequences in a
+  // row): a query attends only to keys of its own segment, 0 = padding;
+  // position_ids then restart at each segment. Causal either way; a padded
+  // query still sees itself (its output is garbage the caller ignores, never
+  // NaN).
   torch::Tensor ForwardHidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
                               const torch::Tensor& attention_mask = {});
   // Hidden states -> logits (lm_head, or the embedding when tied).

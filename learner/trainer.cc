@@ -118,8 +118,62 @@ struct Seq {
 // A padded batch of sequences: [B, T] tensors (T = longest sequence).
 struct Batch {
   at::Tensor input_ids, positions, targets, mask, behaviour;
+  // Packed batches only: segment id per position (1, 2, ... per sequence in
+  // the row; 0 = padding), the attention mask that keeps them apart.
+  at::Tensor segments;
   int64_t tokens = 0;  // real tokens (sum of lengths)
 };
+
+// SFT packing: the sequences, in order, first-fit into rows of at most
+// `row_len` tokens; positions restart and targets stop at each sequence's
+// end, so every sequence sees and predicts exactly what it would alone.
+// `row_lengths` gets each row's used length.
+Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector<int64_t>* row_lengths) {
+  std::vector<std::vector<const Seq*>> rows;
+  row_lengths->clear();
+  for (const Seq& s : seqs) {
+    const int64_t L = s.ids.size();
+    size_t r = 0;
+    while (r < rows.size() && (*row_lengths)[r] + L > row_len) ++r;
+    if (r == rows.size()) {
+      rows.emplace_back();
+      row_lengths->push_back(0);
+    }
+    rows[r].push_back(&s);
+    (*row_lengths)[r] += L;
+  }
+  int64_t T = 1;
+  for (int64_t l : *row_lengths) T = std::max(T, l);
+  const int64_t B = rows.size();
+  Batch b;
+  b.input_ids = at::zeros({B, T}, at::kLong);
+  b.positions = at::zeros({B, T}, at::kLong);
+  b.targets = at::full({B, T}, -1, at::kLong);
+  b.mask = at::zeros({B, T}, at::kFloat);
+  b.segments = at::zeros({B, T}, at::kLong);
+  auto ids = b.input_ids.accessor<int64_t, 2>();
+  auto pos = b.positions.accessor<int64_t, 2>();
+  auto tg = b.targets.accessor<int64_t, 2>();
+  auto m = b.mask.accessor<float, 2>();
+  auto seg = b.segments.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < B; ++r) {
+    int64_t at = 0, id = 0;
+    for (const Seq* s : rows[r]) {
+      ++id;
+      const int64_t L = s->ids.size();
+      b.tokens += L;
+      for (int64_t t = 0; t < L; ++t) {
+        ids[r][at + t] = s->ids[t];
+        pos[r][at + t] = t;
+        seg[r][at + t] = id;
+        if (t + 1 < L) tg[r][at + t] = s->ids[t + 1];
+        if (t < static_cast<int64_t>(s->mask.size())) m[r][at + t] = s->mask[t];
+      }
+      at += L;
+    }
+  }
+  return b;
+}
 
 Batch MakeBatch(const std::vector<Seq>& seqs, bool with_behaviour) {
   int64_t T = 1;
@@ -247,10 +301,11 @@ struct Trainer::State {
   bool autocast_bf16 = false;
   c10::DeviceType device_type = c10::DeviceType::CPU;
 
-  absl::StatusOr<actor::TokenLogProbsOutput> LogProbs(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos,
-                                                const at::Tensor& targets, int64_t chunk, double temperature) {
+  absl::StatusOr<actor::TokenLogProbsOutput> LogProbs(actor::Transformer& m, const at::Tensor& ids,
+                                                      const at::Tensor& pos, const at::Tensor& targets, int64_t chunk,
+                                                      double temperature, const at::Tensor& attention_mask = {}) {
     AutocastScope ac(autocast_bf16, device_type);
-    return actor::TokenLogProbs(m, ids, pos, targets, chunk, temperature);
+    return actor::TokenLogProbs(m, ids, pos, targets, chunk, temperature, attention_mask);
   }
   at::Tensor Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
     AutocastScope ac(autocast_bf16, device_type);
@@ -277,6 +332,7 @@ struct Trainer::State {
   // SFT.
   int sft_batch = 0;
   bool train_on_prompt = false;
+  bool packing = false;
 
   // Reward model and DPO: the pairs, and one Example per pair (id = index)
   // for the loader.
@@ -402,9 +458,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
         return absl::InvalidArgumentError(
             absl::StrCat(sp, ".sft.batch: must be >= the learner world size (", s.world, ")"));
       }
-      if (sft.packing()) {
-        return absl::UnimplementedError(sp + ".sft.packing: not implemented yet");
-      }
+      s.packing = sft.packing();
       s.sft_batch = sft.batch();
       s.train_on_prompt = sft.train_on_prompt();
       RLMESH_ASSIGN_OR_RETURN(s.optim, MakeOptim(sft.optimizer(), sp + ".sft.optimizer", sft.steps()));
@@ -845,22 +899,27 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
   auto& m = *resp.mutable_metrics()->mutable_values();
   double fb_seconds = 0, opt_seconds = 0;
   absl::Status st = CatchAll("sft step", [&]() -> absl::Status {
-    Batch b = MakeBatch(seqs, false);
     std::vector<int64_t> lengths;
-    for (const Seq& q : seqs) lengths.push_back(q.ids.size());
+    Batch b;
+    if (s.packing) {
+      b = MakePackedBatch(seqs, max_len, &lengths);
+    } else {
+      b = MakeBatch(seqs, false);
+      for (const Seq& q : seqs) lengths.push_back(q.ids.size());
+    }
     const double local_tokens = seqs.empty() ? 0.0 : b.mask.sum().item<double>();
     s.dp->ZeroGrad();
     MetricMeans means;
     const auto t0 = Clock::now();
-    for (auto [a, e] : MicroBatches(lengths, 0, seqs.size(), s.micro_tokens)) {
+    for (auto [a, e] : MicroBatches(lengths, 0, static_cast<int64_t>(lengths.size()), s.micro_tokens)) {
       const int64_t T = *std::max_element(lengths.begin() + a, lengths.begin() + e);
       at::Tensor mask = Rows(b.mask, a, e, T);
       const double w = mask.sum().item<double>();
       if (w == 0) continue;
       RLMESH_ASSIGN_OR_RETURN(auto lp, s.LogProbs(s.policy, Rows(b.input_ids, a, e, T),
-                                                            Rows(b.positions, a, e, T),
-                                                            Rows(b.targets, a, e, T),
-                                                            options_.logprob_chunk, 1.0));
+                                                  Rows(b.positions, a, e, T), Rows(b.targets, a, e, T),
+                                                  options_.logprob_chunk, 1.0,
+                                                  b.segments.defined() ? Rows(b.segments, a, e, T) : at::Tensor()));
       RLMESH_ASSIGN_OR_RETURN(LossOutput out, SftLoss(lp.logprobs, mask, LossAgg::kTokenMean));
       (out.loss * (w / local_tokens)).backward();
       means.Add(out.metrics, w);
@@ -878,6 +937,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
     m["lr"] = lr;
     m["skipped"] = stats.skipped ? 1.0 : 0.0;
     m["tokens"] = static_cast<double>(b.tokens);
+    m["rows"] = static_cast<double>(lengths.size());
     m["loss_tokens"] = local_tokens;
     m["seconds_allreduce"] = stats.reduce_seconds + stats.gather_seconds;
     return absl::OkStatus();

@@ -257,6 +257,31 @@ TEST_CASE("bf16 autocast: the loss tracks fp32 within bf16 precision, SFT still 
   CHECK(s.message().find("experiment.learner.autocast") != std::string::npos);
 }
 
+TEST_CASE("SFT packing: fewer rows, the same loss and the same update as unpacked") {
+  actor::ConfigureThreads(1);
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(2, 8, 1e-2);
+  ExperimentConfig p = e;
+  p.mutable_stages(0)->mutable_sft()->set_packing(true);
+  Trainer plain, packed;
+  REQUIRE(plain.Configure(Request(e)).ok());
+  REQUIRE(packed.Configure(Request(p)).ok());
+  for (int step = 0; step < 2; ++step) {
+    auto a = plain.TrainStep(SftStep(step));
+    auto b = packed.TrainStep(SftStep(step));
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    const auto& ma = a->metrics().values();
+    const auto& mb = b->metrics().values();
+    CHECK(ma.at("rows") == 8);
+    // 1-digit sums are ~8 tokens: several fit in a row of 32.
+    CHECK(mb.at("rows") < 4);
+    CHECK(mb.at("tokens") == ma.at("tokens"));
+    CHECK(std::abs(mb.at("loss") - ma.at("loss")) < 1e-5);
+  }
+  CHECK(MaxAbsDiff(plain, packed) < 1e-5);
+}
+
 TEST_CASE("GRPO raises a toy reward (first token is a digit)") {
   actor::ConfigureThreads(2);
   ExperimentConfig e = Tiny(3);
