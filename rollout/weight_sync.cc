@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "learner/data_parallel.h"
+#include "rollout/cuda_api.h"
 
 namespace rlmesh::rollout {
 namespace {
@@ -497,18 +499,49 @@ class ShmReceiver final : public WeightReceiver {
 };
 
 // ---------------------------------------------------------------------------
-// GLOO: header {version, layout bytes} -> layout -> buckets, all broadcast
-// from rank 0. A receiver drains every bucket even when the version is not
-// the one it expected, so the group stays aligned for the next round.
+// GLOO and NCCL: header {version, layout bytes} -> layout -> buckets, all
+// broadcast from rank 0 through a BroadcastGroup. A receiver drains every
+// bucket even when the version is not the one it expected, so the group
+// stays aligned for the next round.
 
-class GlooGroup {
+// One collective channel from rank 0 to every other rank. A failed
+// broadcast leaves the group unusable (FAILED_PRECONDITION afterwards).
+class BroadcastGroup {
+ public:
+  virtual ~BroadcastGroup() = default;
+  // Rank 0 sends `bytes` bytes of host memory at `data`; every other rank
+  // receives them into `data`. Bounded by spec.timeout_ms.
+  virtual absl::Status Broadcast(void* data, int64_t bytes) = 0;
+  // "gloo" / "nccl", for messages.
+  virtual const char* name() const = 0;
+};
+
+// The TCPStore at spec.store_host:store_port under
+// "weight_sync/<group_name><suffix>", the rendezvous of one group.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> GroupStore(const WeightSyncSpec& spec, const std::string& suffix) {
+  RLMESH_ASSIGN_OR_RETURN(auto store, learner::MakeTcpStore(spec.store_host(), spec.store_port(), /*is_server=*/false,
+                                                            spec.world_size(), TimeoutMs(spec)));
+  try {
+    return c10::intrusive_ptr<c10d::Store>(
+        c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("weight_sync/", spec.group_name(), suffix), store));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("weight sync store: ", e.what()));
+  }
+}
+
+absl::Status BrokenGroup(const char* backend, const WeightSyncSpec& spec) {
+  return absl::FailedPreconditionError(absl::StrCat("weight sync (", backend, " ", spec.group_name(),
+                                                    "): the group failed earlier; configure a new group"));
+}
+
+class GlooGroup final : public BroadcastGroup {
  public:
   explicit GlooGroup(const WeightSyncSpec& spec) : spec_(spec) {}
 
-  absl::Status Broadcast(at::Tensor& t) {
+  absl::Status Broadcast(void* data, int64_t bytes) override {
     RLMESH_RETURN_IF_ERROR(Connect());
     try {
-      std::vector<at::Tensor> v{t};
+      std::vector<at::Tensor> v{at::from_blob(data, {bytes}, at::TensorOptions().dtype(at::kByte))};
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
       opts.timeout = std::chrono::milliseconds(TimeoutMs(spec_));
@@ -520,26 +553,16 @@ class GlooGroup {
                                              "): broadcast failed: ", e.what()));
     }
   }
+  const char* name() const override { return "gloo"; }
 
  private:
   absl::Status Connect() {
-    if (broken_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "weight sync (gloo ", spec_.group_name(), "): the group failed earlier; configure a new group"));
-    }
+    if (broken_) return BrokenGroup("gloo", spec_);
     if (group_) return absl::OkStatus();
-    auto store = learner::MakeTcpStore(spec_.store_host(), spec_.store_port(), /*is_server=*/false,
-                                       spec_.world_size(), TimeoutMs(spec_));
-    if (!store.ok()) {
+    auto prefixed = GroupStore(spec_, "");
+    if (!prefixed.ok()) {
       broken_ = true;
-      return store.status();
-    }
-    c10::intrusive_ptr<c10d::Store> prefixed;
-    try {
-      prefixed = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("weight_sync/", spec_.group_name()), *store);
-    } catch (const std::exception& e) {
-      broken_ = true;
-      return absl::UnavailableError(absl::StrCat("weight sync store: ", e.what()));
+      return prefixed.status();
     }
     learner::GlooGroupOptions opts;
     opts.timeout_ms = TimeoutMs(spec_);
@@ -549,7 +572,7 @@ class GlooGroup {
       char host[256] = {0};
       if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != 0) opts.hostname = host;
     }
-    auto group = learner::CreateGlooGroup(prefixed, spec_.rank(), spec_.world_size(), opts);
+    auto group = learner::CreateGlooGroup(*prefixed, spec_.rank(), spec_.world_size(), opts);
     if (!group.ok()) {
       broken_ = true;
       return group.status();
@@ -563,9 +586,197 @@ class GlooGroup {
   bool broken_ = false;
 };
 
-class GlooPublisher final : public WeightPublisher {
+// Waits for the work queued on `stream` with a deadline, polling (a CUDA
+// stream has no timed wait). `poll`, called between queries, may fail the
+// wait (NCCL's asynchronous error). DEADLINE_EXCEEDED names `what`.
+template <typename Poll>
+absl::Status SyncStream(const CudaRuntimeApi& cuda, cudaStream_t stream, absl::Time deadline, const std::string& what,
+                        Poll poll) {
+  for (int spins = 0;; ++spins) {
+    const cudaError_t q = cuda.StreamQuery(stream);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) return absl::AbortedError(absl::StrCat(what, ": ", cuda.Error("cudaStreamQuery", q)));
+    RLMESH_RETURN_IF_ERROR(poll());
+    if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat(what, ": not done by the deadline"));
+    // Spin briefly (a bucket copy takes microseconds), then back off.
+    if (spins > 100) absl::SleepFor(absl::Microseconds(spins > 1000 ? 200 : 20));
+  }
+}
+
+// NCCL: rank r uses CUDA device r % device_count (launch one rank per GPU,
+// e.g. with CUDA_VISIBLE_DEVICES). Rank 0's ncclUniqueId travels through the
+// group's TCPStore (key "nccl_id" under "weight_sync/<group>/nccl"). The
+// communicator is non-blocking, so forming it and every broadcast can be
+// waited on with a deadline: at the deadline, or on an asynchronous NCCL
+// error, the communicator is aborted (ncclCommAbort) and the call returns
+// DEADLINE_EXCEEDED / ABORTED. Each broadcast stages its host bytes through
+// one device buffer (grown to the largest bucket and kept): H2D on rank 0,
+// ncclBroadcast, D2H on the others, all on one stream.
+class NcclGroup final : public BroadcastGroup {
  public:
-  explicit GlooPublisher(const WeightSyncSpec& spec) : spec_(spec), group_(spec) {}
+  NcclGroup(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda, const NcclApi* nccl, int device)
+      : spec_(spec), cuda_(cuda), nccl_(nccl), device_(device) {}
+  ~NcclGroup() override {
+    if (cuda_->SetDevice(device_) != cudaSuccess) return;
+    // Abort, not destroy: it never waits for the peers.
+    if (comm_ != nullptr) nccl_->CommAbort(comm_);
+    if (staging_ != nullptr) cuda_->Free(staging_);
+    if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
+  }
+
+  absl::Status Broadcast(void* data, int64_t bytes) override {
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
+    RLMESH_RETURN_IF_ERROR(Connect(deadline));
+    if (bytes == 0) return absl::OkStatus();  // every rank knows the size: skipped alike
+    absl::Status s = BroadcastOnce(data, bytes, deadline);
+    if (!s.ok()) Fail();
+    return s;
+  }
+  const char* name() const override { return "nccl"; }
+
+ private:
+  std::string What() const {
+    return absl::StrCat("weight sync (nccl ", spec_.group_name(), " rank ", spec_.rank(), " device ", device_, ")");
+  }
+
+  absl::Status CudaCall(const char* call, cudaError_t e) const {
+    if (e == cudaSuccess) return absl::OkStatus();
+    return absl::AbortedError(absl::StrCat(What(), ": ", cuda_->Error(call, e)));
+  }
+
+  // ABORTED on an asynchronous NCCL error; OK while in progress.
+  absl::Status PollComm(const char* call) const {
+    ncclResult_t r = ncclSuccess;
+    const ncclResult_t q = nccl_->CommGetAsyncError(comm_, &r);
+    if (q != ncclSuccess) return absl::AbortedError(absl::StrCat(What(), ": ", nccl_->Error("ncclCommGetAsyncError", q, comm_)));
+    if (r != ncclSuccess && r != ncclInProgress) {
+      return absl::AbortedError(absl::StrCat(What(), ": ", nccl_->Error(call, r, comm_)));
+    }
+    return absl::OkStatus();
+  }
+
+  // A non-blocking communicator may answer ncclInProgress; the next NCCL
+  // call must wait until its state is ncclSuccess.
+  absl::Status WaitComm(const char* call, ncclResult_t r, absl::Time deadline) const {
+    if (r != ncclSuccess && r != ncclInProgress) {
+      return absl::AbortedError(absl::StrCat(What(), ": ", nccl_->Error(call, r, comm_)));
+    }
+    for (int spins = 0;; ++spins) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t q = nccl_->CommGetAsyncError(comm_, &state);
+      if (q != ncclSuccess) {
+        return absl::AbortedError(absl::StrCat(What(), ": ", nccl_->Error("ncclCommGetAsyncError", q, comm_)));
+      }
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (state != ncclInProgress) return absl::AbortedError(absl::StrCat(What(), ": ", nccl_->Error(call, state, comm_)));
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(What(), ": ", call, " not done within ", TimeoutMs(spec_), " ms (a rank missing?)"));
+      }
+      if (spins > 100) absl::SleepFor(absl::Microseconds(200));
+    }
+  }
+
+  absl::Status Connect(absl::Time deadline) {
+    if (broken_) return BrokenGroup("nccl", spec_);
+    if (comm_ != nullptr) return absl::OkStatus();
+    absl::Status s = ConnectOnce(deadline);
+    if (!s.ok()) Fail();
+    return s;
+  }
+
+  absl::Status ConnectOnce(absl::Time deadline) {
+    RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device_)));
+    if (stream_ == nullptr) {
+      RLMESH_RETURN_IF_ERROR(
+          CudaCall("cudaStreamCreateWithFlags", cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
+    }
+    RLMESH_ASSIGN_OR_RETURN(auto store, GroupStore(spec_, "/nccl"));
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    try {
+      if (spec_.rank() == 0) {
+        const ncclResult_t r = nccl_->GetUniqueId(&id);
+        if (r != ncclSuccess) return absl::AbortedError(absl::StrCat(What(), ": ", nccl_->Error("ncclGetUniqueId", r, nullptr)));
+        const auto* p = reinterpret_cast<const uint8_t*>(&id);
+        store->set("nccl_id", std::vector<uint8_t>(p, p + sizeof(id)));
+      } else {
+        // Blocks up to the store's timeout (spec.timeout_ms).
+        const std::vector<uint8_t> got = store->get("nccl_id");
+        if (got.size() != sizeof(id)) {
+          return absl::DataLossError(absl::StrCat(What(), ": rank 0's NCCL id has ", got.size(), " bytes, want ",
+                                                  sizeof(id)));
+        }
+        std::memcpy(&id, got.data(), sizeof(id));
+      }
+    } catch (const std::exception& e) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(What(), ": exchanging the NCCL id through the store failed (rank 0 not there within ",
+                       TimeoutMs(spec_), " ms?): ", e.what()));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r = nccl_->CommInitRankConfig(&comm_, spec_.world_size(), id, spec_.rank(), &config);
+    if (comm_ == nullptr) return absl::AbortedError(absl::StrCat(What(), ": ", nccl_->Error("ncclCommInitRankConfig", r, nullptr)));
+    return WaitComm("ncclCommInitRankConfig", r, deadline);
+  }
+
+  absl::Status BroadcastOnce(void* data, int64_t bytes, absl::Time deadline) {
+    RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device_)));
+    if (bytes > staging_bytes_) {
+      if (staging_ != nullptr) cuda_->Free(staging_);
+      staging_ = nullptr;
+      staging_bytes_ = 0;
+      const cudaError_t e = cuda_->Malloc(&staging_, static_cast<size_t>(bytes));
+      if (e != cudaSuccess) {
+        staging_ = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat(What(), ": ", cuda_->Error("cudaMalloc", e), " for ", bytes, " bytes"));
+      }
+      staging_bytes_ = bytes;
+    }
+    const size_t n = static_cast<size_t>(bytes);
+    if (spec_.rank() == 0) {
+      RLMESH_RETURN_IF_ERROR(
+          CudaCall("cudaMemcpyAsync", cuda_->MemcpyAsync(staging_, data, n, cudaMemcpyHostToDevice, stream_)));
+    }
+    RLMESH_RETURN_IF_ERROR(
+        WaitComm("ncclBroadcast", nccl_->Broadcast(staging_, staging_, n, ncclUint8, 0, comm_, stream_), deadline));
+    if (spec_.rank() != 0) {
+      RLMESH_RETURN_IF_ERROR(
+          CudaCall("cudaMemcpyAsync", cuda_->MemcpyAsync(data, staging_, n, cudaMemcpyDeviceToHost, stream_)));
+    }
+    absl::Status s = SyncStream(*cuda_, stream_, deadline, absl::StrCat(What(), ": broadcast of ", bytes, " bytes"),
+                                [&] { return PollComm("ncclBroadcast"); });
+    if (absl::IsDeadlineExceeded(s)) {
+      return absl::DeadlineExceededError(absl::StrCat(s.message(), " (", TimeoutMs(spec_), " ms; a rank missing?)"));
+    }
+    return s;
+  }
+
+  // Aborting the communicator unblocks the stream (and tells the peers).
+  void Fail() {
+    broken_ = true;
+    if (comm_ != nullptr && cuda_->SetDevice(device_) == cudaSuccess) {
+      nccl_->CommAbort(comm_);
+      comm_ = nullptr;
+    }
+  }
+
+  const WeightSyncSpec spec_;
+  const CudaRuntimeApi* const cuda_;
+  const NcclApi* const nccl_;
+  const int device_;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  void* staging_ = nullptr;
+  int64_t staging_bytes_ = 0;
+  bool broken_ = false;
+};
+
+class CollectivePublisher final : public WeightPublisher {
+ public:
+  CollectivePublisher(const WeightSyncSpec& spec, WeightSyncBackend backend, std::unique_ptr<BroadcastGroup> group)
+      : spec_(spec), backend_(backend), group_(std::move(group)) {}
   absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) override {
     RLMESH_RETURN_IF_ERROR(CheckVersionForward(version, last_));
     RLMESH_ASSIGN_OR_RETURN(WeightLayout layout, BuildLayout(tensors, version, BucketBytes(spec_)));
@@ -575,70 +786,493 @@ class GlooPublisher final : public WeightPublisher {
       for (int64_t b : layout.bucket_bytes()) buckets.push_back(at::empty({b}, at::kByte));
       PackInto(tensors, layout, [&](int i) { return buckets[i].data_ptr(); });
     } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("weight sync (gloo): copying tensors: ", e.what()));
+      return absl::InternalError(absl::StrCat("weight sync (", group_->name(), "): copying tensors: ", e.what()));
     }
-    const std::string bytes = layout.SerializeAsString();
-    at::Tensor header = at::empty({2}, at::kLong);
-    header[0] = version;
-    header[1] = static_cast<int64_t>(bytes.size());
-    RLMESH_RETURN_IF_ERROR(group_.Broadcast(header));
-    at::Tensor layout_t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-    std::memcpy(layout_t.data_ptr(), bytes.data(), bytes.size());
-    RLMESH_RETURN_IF_ERROR(group_.Broadcast(layout_t));
-    for (auto& b : buckets) RLMESH_RETURN_IF_ERROR(group_.Broadcast(b));
+    std::string bytes = layout.SerializeAsString();
+    int64_t header[2] = {version, static_cast<int64_t>(bytes.size())};
+    RLMESH_RETURN_IF_ERROR(group_->Broadcast(header, sizeof(header)));
+    RLMESH_RETURN_IF_ERROR(group_->Broadcast(bytes.data(), static_cast<int64_t>(bytes.size())));
+    for (auto& b : buckets) RLMESH_RETURN_IF_ERROR(group_->Broadcast(b.data_ptr(), b.numel()));
     last_ = version;
     return layout;
   }
-  WeightSyncBackend backend() const override { return WEIGHT_SYNC_GLOO; }
+  WeightSyncBackend backend() const override { return backend_; }
 
  private:
   const WeightSyncSpec spec_;
-  GlooGroup group_;
+  const WeightSyncBackend backend_;
+  std::unique_ptr<BroadcastGroup> group_;
   int64_t last_ = 0;
 };
 
-class GlooReceiver final : public WeightReceiver {
+class CollectiveReceiver final : public WeightReceiver {
  public:
-  explicit GlooReceiver(const WeightSyncSpec& spec) : spec_(spec), group_(spec) {}
+  CollectiveReceiver(const WeightSyncSpec& spec, WeightSyncBackend backend, std::unique_ptr<BroadcastGroup> group)
+      : spec_(spec), backend_(backend), group_(std::move(group)) {}
   absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected, WeightLayout* received) override {
     if (expected.version() <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("layout.version: must be > 0, got ", expected.version()));
     }
-    at::Tensor header = at::zeros({2}, at::kLong);
-    RLMESH_RETURN_IF_ERROR(group_.Broadcast(header));
-    const int64_t n = header[1].item<int64_t>();
+    int64_t header[2] = {0, 0};
+    RLMESH_RETURN_IF_ERROR(group_->Broadcast(header, sizeof(header)));
+    const int64_t n = header[1];
     if (n <= 0 || n > (int64_t{1} << 30)) {
-      return absl::DataLossError(absl::StrCat("weight sync (gloo): bad layout size ", n));
+      return absl::DataLossError(absl::StrCat("weight sync (", group_->name(), "): bad layout size ", n));
     }
-    at::Tensor layout_t = at::empty({n}, at::kByte);
-    RLMESH_RETURN_IF_ERROR(group_.Broadcast(layout_t));
+    std::string bytes(static_cast<size_t>(n), '\0');
+    RLMESH_RETURN_IF_ERROR(group_->Broadcast(bytes.data(), n));
     WeightLayout layout;
-    if (!layout.ParseFromArray(layout_t.data_ptr(), static_cast<int>(n))) {
-      return absl::DataLossError("weight sync (gloo): corrupt layout");
+    if (!layout.ParseFromString(bytes)) {
+      return absl::DataLossError(absl::StrCat("weight sync (", group_->name(), "): corrupt layout"));
     }
     std::vector<at::Tensor> buckets;
     for (int64_t b : layout.bucket_bytes()) {
-      if (b < 0) return absl::DataLossError("weight sync (gloo): negative bucket size");
+      if (b < 0) return absl::DataLossError(absl::StrCat("weight sync (", group_->name(), "): negative bucket size"));
       buckets.push_back(at::empty({b}, at::kByte));
     }
-    for (auto& b : buckets) RLMESH_RETURN_IF_ERROR(group_.Broadcast(b));
+    for (auto& b : buckets) RLMESH_RETURN_IF_ERROR(group_->Broadcast(b.data_ptr(), b.numel()));
     RLMESH_RETURN_IF_ERROR(CheckExpected(expected, layout));
     RLMESH_RETURN_IF_ERROR(ValidateLayout(layout));
     if (received) *received = layout;
     return UnpackFrom(layout, [&](int i) { return buckets[i].data_ptr(); });
   }
-  WeightSyncBackend backend() const override { return WEIGHT_SYNC_GLOO; }
+  WeightSyncBackend backend() const override { return backend_; }
 
  private:
   const WeightSyncSpec spec_;
-  GlooGroup group_;
+  const WeightSyncBackend backend_;
+  std::unique_ptr<BroadcastGroup> group_;
 };
 
-absl::Status Unimplemented(WeightSyncBackend b) {
-  return absl::UnimplementedError(absl::StrCat(
-      "weight sync backend ", WeightSyncBackend_Name(b),
-      " is not built in this version (no GPU to test it on); use SHM on one host or GLOO across hosts "
-      "(docs/decisions.md, rollout section)"));
+// ---------------------------------------------------------------------------
+// CUDA_IPC: the publisher keeps two slots of device buffers (one per bucket,
+// version v in slot v % 2, allocated once and reused while the bucket sizes
+// stay), copies each version in with cudaMemcpy and shares them through the
+// SHM backend's host-side channel under spec.shm_prefix: an "ipc-seq" file
+// with one seqlock word per slot and an "ipc-v<N>" manifest per version
+// (written last, atomically) holding the publisher's pid and GPU (PCI bus
+// id), each bucket's cudaIpcMemHandle_t and allocation number, and the
+// layout. A receiver opens each handle once (re-opened only when the
+// allocation number changes) on the GPU with that bus id and copies device
+// -> host; a reader overtaken by the publisher (the slot's word changed
+// during the copy) gets ABORTED, as with SHM. In the publisher's own process
+// (tests) a handle cannot be opened, so the raw device pointer is used.
+
+constexpr char kIpcMagic[8] = {'R', 'L', 'M', 'I', 'P', 'C', '1', '\0'};
+
+struct IpcBucket {
+  int64_t bytes = 0;
+  int64_t allocation = 0;  // publisher-unique number of the device buffer
+  uint64_t pointer = 0;    // the publisher's device address (same process only)
+  cudaIpcMemHandle_t handle;
+};
+
+struct IpcManifest {
+  int64_t pid = 0;
+  std::string bus_id;
+  std::vector<IpcBucket> buckets;
+  WeightLayout layout;
+};
+
+std::string IpcSeqPath(const std::string& prefix) { return absl::StrCat(prefix, "ipc-seq"); }
+std::string IpcManifestPath(const std::string& prefix, int64_t version) {
+  return absl::StrCat(prefix, "ipc-v", version);
+}
+
+template <typename T>
+void AppendRaw(std::string* out, const T& v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+std::string EncodeIpcManifest(const IpcManifest& m) {
+  std::string out(kIpcMagic, sizeof(kIpcMagic));
+  AppendRaw(&out, m.pid);
+  char bus[32] = {0};
+  std::memcpy(bus, m.bus_id.data(), std::min(m.bus_id.size(), sizeof(bus) - 1));
+  out.append(bus, sizeof(bus));
+  AppendRaw(&out, static_cast<int64_t>(m.buckets.size()));
+  for (const IpcBucket& b : m.buckets) {
+    AppendRaw(&out, b.bytes);
+    AppendRaw(&out, b.allocation);
+    AppendRaw(&out, b.pointer);
+    AppendRaw(&out, b.handle);
+  }
+  out += m.layout.SerializeAsString();
+  return out;
+}
+
+absl::StatusOr<IpcManifest> DecodeIpcManifest(const std::string& text, const std::string& path) {
+  auto corrupt = [&](const char* what) {
+    return absl::DataLossError(absl::StrCat("weight sync (cuda ipc): corrupt manifest ", path, " (", what, ")"));
+  };
+  size_t at = 0;
+  auto take = [&](void* dst, size_t n) {
+    if (text.size() - at < n) return false;
+    std::memcpy(dst, text.data() + at, n);
+    at += n;
+    return true;
+  };
+  char magic[sizeof(kIpcMagic)];
+  if (!take(magic, sizeof(magic)) || std::memcmp(magic, kIpcMagic, sizeof(magic)) != 0) return corrupt("magic");
+  IpcManifest m;
+  char bus[32];
+  int64_t n = 0;
+  if (!take(&m.pid, sizeof(m.pid)) || !take(bus, sizeof(bus)) || !take(&n, sizeof(n))) return corrupt("header");
+  bus[sizeof(bus) - 1] = '\0';
+  m.bus_id = bus;
+  if (n < 0 || n > (int64_t{1} << 20)) return corrupt("bucket count");
+  m.buckets.resize(static_cast<size_t>(n));
+  for (IpcBucket& b : m.buckets) {
+    if (!take(&b.bytes, sizeof(b.bytes)) || !take(&b.allocation, sizeof(b.allocation)) ||
+        !take(&b.pointer, sizeof(b.pointer)) || !take(&b.handle, sizeof(b.handle))) {
+      return corrupt("buckets");
+    }
+  }
+  if (!m.layout.ParseFromArray(text.data() + at, static_cast<int>(text.size() - at))) return corrupt("layout");
+  if (m.layout.bucket_bytes_size() != static_cast<int>(m.buckets.size())) return corrupt("bucket count vs layout");
+  for (int i = 0; i < m.layout.bucket_bytes_size(); ++i) {
+    if (m.layout.bucket_bytes(i) != m.buckets[i].bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket_bytes: bucket ", i, " of ", path, " holds ",
+                                                     m.buckets[i].bytes, " bytes, the layout says ",
+                                                     m.layout.bucket_bytes(i)));
+    }
+  }
+  return m;
+}
+
+// FAILED_PRECONDITION "<backend> backend: <what is missing>" unless the CUDA
+// runtime loads and sees a device.
+absl::StatusOr<const CudaRuntimeApi*> RequireCuda(const char* backend) {
+  auto cuda = LoadCudaRuntime();
+  if (!cuda.ok()) return absl::FailedPreconditionError(absl::StrCat(backend, " backend: ", cuda.status().message()));
+  auto n = CudaDeviceCount();
+  if (!n.ok()) return absl::FailedPreconditionError(absl::StrCat(backend, " backend: ", n.status().message()));
+  return *cuda;
+}
+
+class CudaIpcPublisher final : public WeightPublisher {
+ public:
+  CudaIpcPublisher(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda)
+      : spec_(spec), prefix_(ShmPrefix(spec)), cuda_(cuda) {}
+  ~CudaIpcPublisher() override {
+    for (int64_t v : manifests_) unlink(IpcManifestPath(prefix_, v).c_str());
+    if (seq_.data() != nullptr) unlink(IpcSeqPath(prefix_).c_str());
+    if (stream_ == nullptr || cuda_->SetDevice(device_) != cudaSuccess) return;
+    for (auto& slot : slots_) {
+      for (Buffer& b : slot) {
+        if (b.ptr != nullptr) cuda_->Free(b.ptr);
+      }
+    }
+    cuda_->StreamDestroy(stream_);
+  }
+
+  absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) override {
+    if (broken_) return absl::FailedPreconditionError("weight sync (cuda ipc): a copy failed earlier; create a new publisher");
+    RLMESH_RETURN_IF_ERROR(CheckVersionForward(version, last_));
+    RLMESH_ASSIGN_OR_RETURN(WeightLayout layout, BuildLayout(tensors, version, BucketBytes(spec_)));
+    RLMESH_RETURN_IF_ERROR(Init());
+    const int slot = SlotOf(version);
+    // New readers must not start on the version this slot held.
+    for (auto it = manifests_.begin(); it != manifests_.end();) {
+      if (SlotOf(*it) == slot) {
+        unlink(IpcManifestPath(prefix_, *it).c_str());
+        it = manifests_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    StoreSeq(seq_, slot, -version);
+    absl::Status s = Write(slot, tensors, layout);
+    if (!s.ok()) return s;  // the slot stays marked as being written
+    StoreSeq(seq_, slot, version);
+    IpcManifest m;
+    m.pid = getpid();
+    m.bus_id = bus_id_;
+    for (const Buffer& b : slots_[slot]) {
+      IpcBucket ib;
+      ib.bytes = b.bytes;
+      ib.allocation = b.allocation;
+      ib.pointer = reinterpret_cast<uint64_t>(b.ptr);
+      ib.handle = b.handle;
+      m.buckets.push_back(ib);
+    }
+    m.layout = layout;
+    RLMESH_RETURN_IF_ERROR(WriteFileAtomic(IpcManifestPath(prefix_, version), EncodeIpcManifest(m)));
+    manifests_.push_back(version);
+    last_ = version;
+    return layout;
+  }
+  WeightSyncBackend backend() const override { return WEIGHT_SYNC_CUDA_IPC; }
+
+ private:
+  struct Buffer {
+    void* ptr = nullptr;
+    int64_t bytes = 0;
+    int64_t allocation = 0;
+    cudaIpcMemHandle_t handle;
+  };
+
+  absl::Status CudaCall(const char* call, cudaError_t e) const {
+    if (e == cudaSuccess) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("weight sync (cuda ipc publisher, device ", device_, "): ", cuda_->Error(call, e)));
+  }
+
+  absl::Status Init() {
+    if (seq_.data() == nullptr) RLMESH_RETURN_IF_ERROR(seq_.Create(IpcSeqPath(prefix_), 2 * sizeof(int64_t)));
+    if (stream_ != nullptr) return CudaCall("cudaSetDevice", cuda_->SetDevice(device_));
+    // The learner's rank 0 uses the first visible device.
+    RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device_)));
+    char bus[32] = {0};
+    RLMESH_RETURN_IF_ERROR(CudaCall("cudaDeviceGetPCIBusId", cuda_->DeviceGetPCIBusId(bus, sizeof(bus) - 1, device_)));
+    bus_id_ = bus;
+    return CudaCall("cudaStreamCreateWithFlags", cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+
+  absl::Status Write(int slot, const NamedTensors& tensors, const WeightLayout& layout) {
+    auto& buffers = slots_[slot];
+    const int n = layout.bucket_bytes_size();
+    for (int b = n; b < static_cast<int>(buffers.size()); ++b) cuda_->Free(buffers[b].ptr);
+    buffers.resize(n);
+    for (int b = 0; b < n; ++b) {
+      Buffer& buf = buffers[b];
+      if (buf.ptr != nullptr && buf.bytes == layout.bucket_bytes(b)) continue;
+      if (buf.ptr != nullptr) cuda_->Free(buf.ptr);
+      buf = Buffer();
+      // At least one byte: an IPC handle needs an allocation.
+      const size_t size = static_cast<size_t>(std::max<int64_t>(layout.bucket_bytes(b), 1));
+      const cudaError_t e = cuda_->Malloc(&buf.ptr, size);
+      if (e != cudaSuccess) {
+        buf.ptr = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat("weight sync (cuda ipc publisher): ", cuda_->Error("cudaMalloc", e),
+                                                         " for ", size, " bytes"));
+      }
+      buf.bytes = layout.bucket_bytes(b);
+      buf.allocation = ++allocations_;
+      RLMESH_RETURN_IF_ERROR(CudaCall("cudaIpcGetMemHandle", cuda_->IpcGetMemHandle(&buf.handle, buf.ptr)));
+    }
+    // The host copies stay alive until the stream is done with them.
+    std::vector<at::Tensor> host;
+    try {
+      for (int i = 0; i < layout.tensors_size(); ++i) {
+        const TensorSlot& s = layout.tensors(i);
+        host.push_back(HostContiguous(tensors[i].second));
+        if (host.back().nbytes() == 0) continue;
+        RLMESH_RETURN_IF_ERROR(CudaCall("cudaMemcpyAsync",
+                                        cuda_->MemcpyAsync(static_cast<char*>(buffers[s.bucket()].ptr) + s.byte_offset(),
+                                                           host.back().data_ptr(), host.back().nbytes(),
+                                                           cudaMemcpyHostToDevice, stream_)));
+      }
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("weight sync (cuda ipc): copying tensors: ", e.what()));
+    }
+    absl::Status s = SyncStream(*cuda_, stream_, absl::Now() + absl::Milliseconds(TimeoutMs(spec_)),
+                                "weight sync (cuda ipc publisher): host -> device copy", [] { return absl::OkStatus(); });
+    if (!s.ok()) broken_ = true;  // the stream may still be writing
+    return s;
+  }
+
+  const WeightSyncSpec spec_;
+  const std::string prefix_;
+  const CudaRuntimeApi* const cuda_;
+  const int device_ = 0;
+  std::string bus_id_;
+  cudaStream_t stream_ = nullptr;
+  int64_t last_ = 0;
+  int64_t allocations_ = 0;
+  bool broken_ = false;
+  Mapping seq_;
+  std::vector<Buffer> slots_[2];
+  std::vector<int64_t> manifests_;  // versions with a manifest
+};
+
+class CudaIpcReceiver final : public WeightReceiver {
+ public:
+  CudaIpcReceiver(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda)
+      : spec_(spec), prefix_(ShmPrefix(spec)), cuda_(cuda) {}
+  ~CudaIpcReceiver() override { Reset(); }
+
+  absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected, WeightLayout* received) override {
+    RLMESH_ASSIGN_OR_RETURN(IpcManifest m, ReadManifest(expected));
+    NamedTensors out;
+    try {
+      for (const TensorSlot& slot : m.layout.tensors()) {
+        std::vector<int64_t> shape(slot.shape().begin(), slot.shape().end());
+        out.emplace_back(slot.name(), at::empty(shape, at::TensorOptions().dtype(*DtypeFromName(slot.dtype()))));
+      }
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(absl::StrCat("weight sync (cuda ipc): allocating: ", e.what()));
+    }
+    RLMESH_RETURN_IF_ERROR(CopyOut(m, out));
+    if (received) *received = m.layout;
+    return out;
+  }
+
+  absl::Status ReceiveInto(const WeightLayout& expected, const NamedTensors& destinations,
+                           WeightLayout* received) override {
+    RLMESH_ASSIGN_OR_RETURN(IpcManifest m, ReadManifest(expected));
+    RLMESH_ASSIGN_OR_RETURN(NamedTensors ordered, OrderDestinations(m.layout, destinations));
+    RLMESH_RETURN_IF_ERROR(CopyOut(m, ordered));
+    if (received) *received = m.layout;
+    return absl::OkStatus();
+  }
+  WeightSyncBackend backend() const override { return WEIGHT_SYNC_CUDA_IPC; }
+
+ private:
+  struct Opened {
+    int64_t pid = 0;
+    int64_t allocation = 0;
+    void* ptr = nullptr;
+    bool imported = false;  // through cudaIpcOpenMemHandle (closed on reset)
+  };
+
+  absl::Status CudaCall(const char* call, cudaError_t e) const {
+    if (e == cudaSuccess) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("weight sync (cuda ipc receiver): ", cuda_->Error(call, e)));
+  }
+
+  void CloseAll() {
+    for (auto& slot : opened_) {
+      for (Opened& o : slot) {
+        if (o.imported && o.ptr != nullptr) cuda_->IpcCloseMemHandle(o.ptr);
+      }
+      slot.clear();
+    }
+  }
+
+  void Reset() {
+    if (device_ < 0 || cuda_->SetDevice(device_) != cudaSuccess) return;
+    CloseAll();
+    if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
+    stream_ = nullptr;
+    device_ = -1;
+    bus_id_.clear();
+  }
+
+  absl::StatusOr<IpcManifest> ReadManifest(const WeightLayout& expected) {
+    if (expected.version() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("layout.version: must be > 0, got ", expected.version()));
+    }
+    const std::string path = IpcManifestPath(prefix_, expected.version());
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
+    absl::StatusOr<std::string> text = ReadFile(path);
+    while (!text.ok() && absl::IsNotFound(text.status()) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Microseconds(500));
+      text = ReadFile(path);
+    }
+    if (!text.ok()) {
+      if (absl::IsNotFound(text.status())) {
+        return absl::DeadlineExceededError(absl::StrCat("weight sync (cuda ipc): version ", expected.version(),
+                                                        " not published within ", TimeoutMs(spec_), " ms (no ",
+                                                        path, ")"));
+      }
+      return text.status();
+    }
+    RLMESH_ASSIGN_OR_RETURN(IpcManifest m, DecodeIpcManifest(*text, path));
+    RLMESH_RETURN_IF_ERROR(CheckExpected(expected, m.layout));
+    RLMESH_RETURN_IF_ERROR(ValidateLayout(m.layout));
+    return m;
+  }
+
+  // The publisher's GPU, its stream and every bucket of the version's slot
+  // opened here.
+  absl::Status Open(const IpcManifest& m, int slot) {
+    if (m.bus_id != bus_id_) {
+      Reset();
+      int device = -1;
+      const cudaError_t e = cuda_->DeviceGetByPCIBusId(&device, m.bus_id.c_str());
+      if (e != cudaSuccess) {
+        return absl::FailedPreconditionError(absl::StrCat("weight sync (cuda ipc): the publisher's GPU ", m.bus_id,
+                                                          " is not visible here (", cuda_->Error("cudaDeviceGetByPCIBusId", e),
+                                                          ")"));
+      }
+      RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device)));
+      RLMESH_RETURN_IF_ERROR(
+          CudaCall("cudaStreamCreateWithFlags", cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
+      device_ = device;
+      bus_id_ = m.bus_id;
+    }
+    RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device_)));
+    auto& opened = opened_[slot];
+    for (size_t b = m.buckets.size(); b < opened.size(); ++b) {
+      if (opened[b].imported) cuda_->IpcCloseMemHandle(opened[b].ptr);
+    }
+    opened.resize(m.buckets.size());
+    const int64_t self = getpid();
+    for (size_t b = 0; b < m.buckets.size(); ++b) {
+      Opened& o = opened[b];
+      const IpcBucket& ib = m.buckets[b];
+      if (o.ptr != nullptr && o.pid == m.pid && o.allocation == ib.allocation) continue;
+      if (o.imported) cuda_->IpcCloseMemHandle(o.ptr);
+      o = Opened();
+      if (m.pid == self) {
+        o.ptr = reinterpret_cast<void*>(ib.pointer);
+      } else {
+        const cudaError_t e = cuda_->IpcOpenMemHandle(&o.ptr, ib.handle, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess) {
+          o = Opened();
+          cuda_->GetLastError();
+          // The publisher may have replaced the buffer since the manifest.
+          if (LoadSeq(seq_, slot) != m.layout.version()) return Torn(m.layout.version());
+          return absl::UnavailableError(absl::StrCat("weight sync (cuda ipc): opening bucket ", b, " of version ",
+                                                     m.layout.version(), ": ", cuda_->Error("cudaIpcOpenMemHandle", e)));
+        }
+        o.imported = true;
+      }
+      o.pid = m.pid;
+      o.allocation = ib.allocation;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Torn(int64_t version) const {
+    return absl::AbortedError(absl::StrCat("weight sync (cuda ipc): version ", version,
+                                           " was overwritten while being read (the publisher is two versions "
+                                           "ahead); receive a newer version"));
+  }
+
+  // Copies every slot into `out` (layout order), then checks that the
+  // publisher did not overwrite the slot meanwhile.
+  absl::Status CopyOut(const IpcManifest& m, const NamedTensors& out) {
+    if (seq_.data() == nullptr) RLMESH_RETURN_IF_ERROR(seq_.Open(IpcSeqPath(prefix_), 2 * sizeof(int64_t)));
+    const WeightLayout& layout = m.layout;
+    const int slot = SlotOf(layout.version());
+    if (LoadSeq(seq_, slot) != layout.version()) return Torn(layout.version());
+    RLMESH_RETURN_IF_ERROR(Open(m, slot));
+    const auto& opened = opened_[slot];
+    for (int i = 0; i < layout.tensors_size(); ++i) {
+      const TensorSlot& s = layout.tensors(i);
+      const at::Tensor& dst = out[i].second;
+      if (dst.nbytes() == 0) continue;
+      RLMESH_RETURN_IF_ERROR(CudaCall(
+          "cudaMemcpyAsync", cuda_->MemcpyAsync(dst.data_ptr(), static_cast<const char*>(opened[s.bucket()].ptr) + s.byte_offset(),
+                                                dst.nbytes(), cudaMemcpyDeviceToHost, stream_)));
+    }
+    RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, stream_, absl::Now() + absl::Milliseconds(TimeoutMs(spec_)),
+                                      "weight sync (cuda ipc receiver): device -> host copy",
+                                      [] { return absl::OkStatus(); }));
+    if (LoadSeq(seq_, slot) != layout.version()) return Torn(layout.version());
+    return absl::OkStatus();
+  }
+
+  const WeightSyncSpec spec_;
+  const std::string prefix_;
+  const CudaRuntimeApi* const cuda_;
+  int device_ = -1;
+  std::string bus_id_;
+  cudaStream_t stream_ = nullptr;
+  Mapping seq_;
+  std::vector<Opened> opened_[2];
+};
+
+// The GLOO or NCCL group of `spec`. NCCL: FAILED_PRECONDITION naming the
+// missing library or device; nothing connects yet (groups form lazily).
+absl::StatusOr<std::unique_ptr<BroadcastGroup>> MakeBroadcastGroup(const WeightSyncSpec& spec) {
+  if (ResolveBackend(spec) == WEIGHT_SYNC_GLOO) return std::unique_ptr<BroadcastGroup>(new GlooGroup(spec));
+  auto nccl = LoadNccl();
+  if (!nccl.ok()) return absl::FailedPreconditionError(absl::StrCat("NCCL backend: ", nccl.status().message()));
+  RLMESH_ASSIGN_OR_RETURN(const CudaRuntimeApi* cuda, RequireCuda("NCCL"));
+  RLMESH_ASSIGN_OR_RETURN(int devices, CudaDeviceCount());
+  return std::unique_ptr<BroadcastGroup>(new NcclGroup(spec, cuda, *nccl, spec.rank() % devices));
 }
 
 }  // namespace
@@ -657,8 +1291,12 @@ absl::Status ValidateSpec(const WeightSyncSpec& spec) {
   if (spec.timeout_ms() < 0) return absl::InvalidArgumentError("spec.timeout_ms: must be >= 0");
   if (spec.bucket_mb() < 0) return absl::InvalidArgumentError("spec.bucket_mb: must be >= 0");
   if (!WeightSyncBackend_IsValid(spec.backend())) return absl::InvalidArgumentError("spec.backend: unknown value");
-  if (ResolveBackend(spec) == WEIGHT_SYNC_GLOO) {
-    if (spec.store_host().empty()) return absl::InvalidArgumentError("spec.store_host: required for GLOO");
+  const WeightSyncBackend backend = ResolveBackend(spec);
+  if (backend == WEIGHT_SYNC_GLOO || backend == WEIGHT_SYNC_NCCL) {
+    if (spec.store_host().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.store_host: required for ", WeightSyncBackend_Name(backend)));
+    }
     if (spec.store_port() <= 0 || spec.store_port() > 65535) {
       return absl::InvalidArgumentError(absl::StrCat("spec.store_port: invalid ", spec.store_port()));
     }
@@ -763,11 +1401,20 @@ absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const Wei
     case WEIGHT_SYNC_SHM: return std::unique_ptr<WeightPublisher>(new ShmPublisher(spec));
     case WEIGHT_SYNC_IN_PROCESS: return std::unique_ptr<WeightPublisher>(new InProcessPublisher(spec));
     case WEIGHT_SYNC_GLOO:
+    case WEIGHT_SYNC_NCCL: {
       if (spec.rank() != 0) {
         return absl::InvalidArgumentError(absl::StrCat("spec.rank: the publisher is rank 0, got ", spec.rank()));
       }
-      return std::unique_ptr<WeightPublisher>(new GlooPublisher(spec));
-    default: return Unimplemented(ResolveBackend(spec));
+      RLMESH_ASSIGN_OR_RETURN(auto group, MakeBroadcastGroup(spec));
+      return std::unique_ptr<WeightPublisher>(new CollectivePublisher(spec, ResolveBackend(spec), std::move(group)));
+    }
+    case WEIGHT_SYNC_CUDA_IPC: {
+      RLMESH_ASSIGN_OR_RETURN(const CudaRuntimeApi* cuda, RequireCuda("CUDA_IPC"));
+      return std::unique_ptr<WeightPublisher>(new CudaIpcPublisher(spec, cuda));
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.backend: ", WeightSyncBackend_Name(ResolveBackend(spec)), " has no publisher"));
   }
 }
 
@@ -777,12 +1424,21 @@ absl::StatusOr<std::unique_ptr<WeightReceiver>> CreateWeightReceiver(const Weigh
     case WEIGHT_SYNC_SHM: return std::unique_ptr<WeightReceiver>(new ShmReceiver(spec));
     case WEIGHT_SYNC_IN_PROCESS: return std::unique_ptr<WeightReceiver>(new InProcessReceiver(spec));
     case WEIGHT_SYNC_GLOO:
+    case WEIGHT_SYNC_NCCL: {
       if (spec.rank() < 1) {
         return absl::InvalidArgumentError(
             absl::StrCat("spec.rank: receivers are ranks 1..", spec.world_size() - 1, ", got ", spec.rank()));
       }
-      return std::unique_ptr<WeightReceiver>(new GlooReceiver(spec));
-    default: return Unimplemented(ResolveBackend(spec));
+      RLMESH_ASSIGN_OR_RETURN(auto group, MakeBroadcastGroup(spec));
+      return std::unique_ptr<WeightReceiver>(new CollectiveReceiver(spec, ResolveBackend(spec), std::move(group)));
+    }
+    case WEIGHT_SYNC_CUDA_IPC: {
+      RLMESH_ASSIGN_OR_RETURN(const CudaRuntimeApi* cuda, RequireCuda("CUDA_IPC"));
+      return std::unique_ptr<WeightReceiver>(new CudaIpcReceiver(spec, cuda));
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.backend: ", WeightSyncBackend_Name(ResolveBackend(spec)), " has no receiver"));
   }
 }
 

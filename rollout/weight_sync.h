@@ -19,9 +19,24 @@
 //               by WeightSyncStore below). The layout travels in-band first.
 //               Publish and Receive are collectives: every rank must call
 //               them for the same version at the same time.
+//   NCCL        ncclBroadcast from rank 0, one rank per GPU (rank r uses
+//               device r % device count), same wire order and same
+//               collective contract as GLOO; rank 0's ncclUniqueId goes
+//               through the same TCPStore. Tensors stay CPU tensors: each
+//               bucket is staged through one device buffer (cudaMemcpy).
+//   CUDA_IPC    learner and worker on one host (typically one GPU, where
+//               NCCL refuses two ranks): the publisher keeps two slots of
+//               device buckets and shares cudaIpcMemHandle_t's through a
+//               manifest under spec.shm_prefix ("ipc-seq", "ipc-v<N>");
+//               receivers open them once and copy device -> host. Same
+//               publish-first, newest-two-versions and ABORTED-when-
+//               overtaken semantics as SHM.
 //   IN_PROCESS  a process-wide table keyed by spec.group_name (tests).
-//   NCCL, CUDA_IPC  UNIMPLEMENTED in this build (no GPU to test on); see
-//               docs/decisions.md.
+//   The GPU backends load libcudart/libnccl with dlopen: every binary builds
+//   and starts without them, and creating an NCCL or CUDA_IPC publisher or
+//   receiver where a library or a device is missing returns
+//   FAILED_PRECONDITION naming it ("NCCL backend: libnccl.so.2 not found
+//   (dlopen: ...)", "CUDA_IPC backend: no CUDA device (...)").
 //   AUTO        SHM when spec.store_host is loopback (one host), else GLOO.
 //
 // How a caller uses it, whatever the backend: the learner calls
@@ -33,7 +48,8 @@
 // checks every bucket size and every tensor's dtype, shape and bounds
 // against the layout before returning anything.
 //
-// Errors: bad spec or tensors -> INVALID_ARGUMENT naming the field;
+// Errors: bad spec or tensors -> INVALID_ARGUMENT naming the field; a GPU
+// backend without its library or a device -> FAILED_PRECONDITION;
 // version not newer -> INVALID_ARGUMENT ("version"); nothing arrived within
 // timeout_ms -> DEADLINE_EXCEEDED; a failed collective -> ABORTED, after
 // which the object is unusable (FAILED_PRECONDITION) and must be recreated
@@ -64,8 +80,8 @@ inline constexpr int kDefaultBucketMb = 64;
 inline constexpr int64_t kSlotAlignment = 64;
 
 // INVALID_ARGUMENT naming the field for a spec that cannot work
-// (world_size/rank out of range for GLOO, negative timeout or bucket size,
-// GLOO without store host/port).
+// (world_size/rank out of range for GLOO/NCCL, negative timeout or bucket
+// size, GLOO/NCCL without store host/port).
 absl::Status ValidateSpec(const WeightSyncSpec& spec);
 
 // The backend AUTO resolves to for `spec` (SHM for a loopback or empty
@@ -116,11 +132,12 @@ class WeightReceiver {
   virtual WeightSyncBackend backend() const = 0;
 };
 
-// REQUIRES for GLOO: spec.rank == 0. Fails fast on a bad spec; a GLOO group
-// is formed lazily by the first Publish (which waits for every receiver).
+// REQUIRES for GLOO/NCCL: spec.rank == 0. Fails fast on a bad spec or a
+// missing GPU library/device; a GLOO or NCCL group is formed lazily by the
+// first Publish (which waits for every receiver).
 absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const WeightSyncSpec& spec);
 
-// REQUIRES for GLOO: 1 <= spec.rank < spec.world_size.
+// REQUIRES for GLOO/NCCL: 1 <= spec.rank < spec.world_size.
 absl::StatusOr<std::unique_ptr<WeightReceiver>> CreateWeightReceiver(const WeightSyncSpec& spec);
 
 // A c10d TCPStore server for a GLOO group (what the coordinator hosts; tests
