@@ -361,9 +361,15 @@ class ExperimentRunner::Impl {
       absl::Status s = SyncThroughGroup();
       if (s.ok()) {
         last_sync_seconds_ = Seconds(start);
+        group_sync_worked_ = true;
         return s;
       }
-      if (s.code() != absl::StatusCode::kUnimplemented) return s;
+      // A backend this build or host cannot run (UNIMPLEMENTED; NCCL or
+      // CUDA_IPC without a GPU or library: FAILED_PRECONDITION on the first
+      // try) falls back to checkpoint folders; later failures are errors.
+      const bool unavailable = s.code() == absl::StatusCode::kUnimplemented ||
+                               (s.code() == absl::StatusCode::kFailedPrecondition && !group_sync_worked_);
+      if (!unavailable) return s;
       RLMESH_LOG(WARNING) << "weight-sync group unavailable (" << s.message() << "); syncing through checkpoint folders";
       sync_unavailable_ = true;
     }
@@ -997,6 +1003,7 @@ class ExperimentRunner::Impl {
   // Weights the current stage started from (for re-configuring after a crash).
   std::string stage_init_;
   bool sync_unavailable_ = false;
+  bool group_sync_worked_ = false;
   bool sync_configured_ = false;
   int sync_generation_ = 0;
   double last_sync_seconds_ = 0;
