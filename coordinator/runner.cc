@@ -23,6 +23,7 @@
 #include "proto/replay_buffer.grpc.pb.h"
 #include "proto/reward.grpc.pb.h"
 #include "proto/rollout.grpc.pb.h"
+#include "rollout/weight_sync.h"
 #include "tasks/encoding.h"
 #include "tasks/task.h"
 
@@ -392,6 +393,17 @@ class ExperimentRunner::Impl {
     spec.set_group_name(absl::StrCat(o_.experiment_id, "-g", sync_generation_));
     spec.set_timeout_ms(cfg().weight_sync().timeout_ms() > 0 ? cfg().weight_sync().timeout_ms() : 60000);
     spec.set_shm_prefix(absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id, "-g", sync_generation_));
+    if (spec.backend() == WEIGHT_SYNC_GLOO || spec.backend() == WEIGHT_SYNC_NCCL) {
+      // The coordinator hosts the group's c10d TCPStore; a rebuilt group
+      // (after a failure) reuses it under a new group name.
+      if (sync_store_ == nullptr) {
+        RLMESH_ASSIGN_OR_RETURN(sync_store_,
+                                rollout::WeightSyncStore::Host(o_.sync_store_host, 0, n + 1, spec.timeout_ms()));
+        RLMESH_LOG(INFO) << "weight-sync store on " << o_.sync_store_host << ":" << sync_store_->port();
+      }
+      spec.set_store_host(o_.sync_store_host);
+      spec.set_store_port(sync_store_->port());
+    }
     if (!sync_configured_) {
       RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
         ConfigureWeightSyncRequest req;
@@ -1002,6 +1014,7 @@ class ExperimentRunner::Impl {
   int64_t global_step_ = 0;
   // Weights the current stage started from (for re-configuring after a crash).
   std::string stage_init_;
+  std::unique_ptr<rollout::WeightSyncStore> sync_store_;
   bool sync_unavailable_ = false;
   bool group_sync_worked_ = false;
   bool sync_configured_ = false;

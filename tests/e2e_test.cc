@@ -81,7 +81,7 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
   CHECK(events);
 }
 
-TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards learns") {
+TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards, Gloo weight sync, learns") {
   testing::TempDir dir;
   auto run = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run",
                                 testing::Runfile("configs/grpo_arith_e2e.yaml"), "--run_dir=" + dir.File("runs"),
@@ -89,7 +89,8 @@ TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards l
                                 // Two shards train a different (chaotic) SFT trajectory: 320 steps
                                 // measured 40.7% -> 76.3%; 340 gave a 71.7% base.
                                 "--set=stages[0].sft.steps=320", "--set=stages[1].grpo.rl.max_staleness=1",
-                                "--set=logging.tensorboard=false"},
+                                // Weights go through a Gloo group on the coordinator's c10d store.
+                                "--set=weight_sync.backend=gloo", "--set=logging.tensorboard=false"},
                                dir.File("out"));
   REQUIRE(run.ok());
   auto st = run->Wait(absl::Minutes(12));
@@ -97,6 +98,8 @@ TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards l
   INFO(out);
   REQUIRE(st.ok());
   REQUIRE(*st == 0);
+  CHECK(out.find("weight-sync store on 127.0.0.1:") != std::string::npos);
+  CHECK(out.find("syncing through checkpoint folders") == std::string::npos);
   const std::string run_dir = RunDir(dir.File("runs"));
   REQUIRE(!run_dir.empty());
   std::map<std::string, double> final_acc;
