@@ -122,8 +122,9 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(s->top_k() >= 0, "rollout.sampling.top_k", "must be >= 0");
   c.Require(s->max_new_tokens() > 0 && s->max_new_tokens() < m->max_positions(), "rollout.sampling.max_new_tokens",
             "must be in [1, model.max_positions)");
-  c.Require(r->on_update().empty() || r->on_update() == "finish" || r->on_update() == "abort", "rollout.on_update",
-            "must be finish or abort");
+  c.Require(r->on_update().empty() || r->on_update() == "finish" || r->on_update() == "abort" ||
+                r->on_update() == "partial",
+            "rollout.on_update", "must be finish, abort or partial");
 
   RewardConfig* rw = config->mutable_reward();
   if (rw->servers() == 0) rw->set_servers(1);

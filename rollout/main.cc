@@ -21,7 +21,8 @@ ABSL_FLAG(std::string, name, "rollout-0", "Worker name recorded in every traject
 ABSL_FLAG(int64_t, max_queue, 64, "Requests waiting before Generate answers RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_batch, 64, "Sequences decoded at once.");
 ABSL_FLAG(std::string, on_update, "finish",
-          "Weight update during generation: 'finish' in-flight sequences on the old weights, or 'abort' them.");
+          "Weight update during generation: 'finish' in-flight sequences on the old weights, 'abort' them and "
+          "regenerate on the new ones, or 'partial': continue them from their tokens on the new ones.");
 ABSL_FLAG(std::string, dtype, "fp32", "Parameter dtype of loaded checkpoints: fp32, bf16 or fp16.");
 ABSL_FLAG(std::string, checkpoint, "", "Hugging Face folder to load at start (version 1); optional.");
 ABSL_FLAG(double, client_timeout_seconds, 30.0, "Deadline of one reward/replay attempt.");

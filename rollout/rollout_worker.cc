@@ -119,7 +119,8 @@ absl::Status RolloutWorkerOptions::Validate() const {
 absl::StatusOr<RolloutWorkerOptions::OnUpdate> ParseOnUpdate(const std::string& text) {
   if (text.empty() || text == "finish") return RolloutWorkerOptions::OnUpdate::kFinish;
   if (text == "abort") return RolloutWorkerOptions::OnUpdate::kAbort;
-  return absl::InvalidArgumentError(absl::StrCat("on_update: \"", text, "\" is not finish or abort"));
+  if (text == "partial") return RolloutWorkerOptions::OnUpdate::kPartial;
+  return absl::InvalidArgumentError(absl::StrCat("on_update: \"", text, "\" is not finish, abort or partial"));
 }
 
 struct RolloutWorker::Impl {
@@ -462,8 +463,9 @@ struct RolloutWorker::Impl {
             this));
         if (stop) break;
         if (update) {
-          // kAbort: interrupt what runs now (partial rollout), swap, resume.
-          interrupt = !inflight.empty() && options.on_update == RolloutWorkerOptions::OnUpdate::kAbort;
+          // kAbort/kPartial: interrupt what runs now, swap, then regenerate
+          // or continue it.
+          interrupt = !inflight.empty() && options.on_update != RolloutWorkerOptions::OnUpdate::kFinish;
           if (inflight.empty() || interrupt) apply = update;
         } else {
           while (!pending.empty()) {
@@ -500,6 +502,14 @@ struct RolloutWorker::Impl {
           g.sampling = r.sampling;
           g.prompt_index = it->second.prompt;
           g.resume = std::move(p.samples);
+          if (options.on_update == RolloutWorkerOptions::OnUpdate::kAbort) {
+            // Start the unfinished samples over: no sequence mixes versions.
+            for (auto& c : g.resume) {
+              if (c.finish_reason != actor::FinishReason::kAborted) continue;
+              c.tokens.clear();
+              c.logprobs.clear();
+            }
+          }
           parked.push_back(std::move(g));
         }
       }

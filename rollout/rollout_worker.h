@@ -13,10 +13,10 @@
 // recorded in each trajectory. A weight update (LoadCheckpoint / LoadFromSync)
 // first receives the new tensors (while generation goes on), then waits for
 // the fence: no new request is admitted, in-flight groups either finish on
-// the old weights (on_update = kFinish), or are interrupted (kAbort: partial
-// rollout) and, once the weights are swapped, resumed from the tokens they
-// had, with the version switch recorded in each trajectory
-// (Trajectory.version_switches; policy_version stays the oldest); then
+// the old weights (on_update = kFinish), or are interrupted and, once the
+// weights are swapped, regenerated from their prompt (kAbort) or continued
+// from the tokens they had (kPartial: partial rollout, the version switch
+// recorded in Trajectory.version_switches, policy_version the oldest); then
 // admission resumes.
 //
 // Back-pressure: at most max_queue requests wait for admission; Submit
@@ -51,7 +51,12 @@ struct RolloutWorkerOptions {
   // Prompt tokens prefilled in one step. Default 8192.
   int64_t max_prefill_tokens = 8192;
   // What a weight update does to in-flight sequences. Default kFinish.
-  enum class OnUpdate { kFinish, kAbort };
+  //   kFinish:  they end on the old weights (recorded with that version).
+  //   kAbort:   interrupted and regenerated from the prompt on the new
+  //             weights (a sequence never mixes versions).
+  //   kPartial: interrupted and continued from their tokens on the new
+  //             weights (partial rollout; Trajectory.version_switches).
+  enum class OnUpdate { kFinish, kAbort, kPartial };
   OnUpdate on_update = OnUpdate::kFinish;
   // Parameter dtype and device of a loaded checkpoint ("fp32"/"bf16"/"fp16",
   // "cpu"/"cuda[:i]"). Defaults "fp32", "cpu".
@@ -65,7 +70,7 @@ struct RolloutWorkerOptions {
   absl::Status Validate() const;
 };
 
-// "finish" / "abort" (RolloutConfig.on_update); empty = finish.
+// "finish" / "abort" / "partial" (RolloutConfig.on_update); empty = finish.
 absl::StatusOr<RolloutWorkerOptions::OnUpdate> ParseOnUpdate(const std::string& text);
 
 struct LoadResult {

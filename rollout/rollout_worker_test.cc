@@ -314,12 +314,12 @@ TEST_CASE("version fencing (finish): in-flight sequences finish on the old weigh
   CHECK(worker->policy_version() == 2);
 }
 
-TEST_CASE("version fencing (abort): in-flight sequences are interrupted and resumed on the new weights") {
+TEST_CASE("version fencing (partial): in-flight sequences are interrupted and continued on the new weights") {
   ::rlmesh::testing::TempDir dir;
   REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
   REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
   RolloutWorkerOptions o;
-  o.on_update = RolloutWorkerOptions::OnUpdate::kAbort;
+  o.on_update = RolloutWorkerOptions::OnUpdate::kPartial;
   auto worker = MakeWorker(o);
   REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
   GenerateRequest req_b = MakeRequest({"long one"}, 2, 40, 9);
@@ -363,6 +363,33 @@ TEST_CASE("version fencing (abort): in-flight sequences are interrupted and resu
   REQUIRE(ref2.ok());
   ExpectMatches(*c, (*ref2)[0]);
   for (const auto& t : c->samples()) CHECK(t.policy_version() == 2);
+}
+
+TEST_CASE("version fencing (abort): in-flight sequences are regenerated on the new weights, never mixed") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
+  RolloutWorkerOptions o;
+  o.on_update = RolloutWorkerOptions::OnUpdate::kAbort;
+  auto worker = MakeWorker(o);
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  GenerateRequest req_b = MakeRequest({"long one"}, 2, 40, 9);
+  GenerateRequest req_c = MakeRequest({"long one"}, 2, 40, 9);
+  FenceRun run;
+  RunFence(*worker, dir.File("v2"), req_b, req_c, &run);
+  const TrajectoryGroup* b = run.b.Find("q0");
+  REQUIRE(b != nullptr);
+  // B was cut on v1 and started over on v2: exactly v2's own tokens.
+  auto ref2 = ReferenceGenerate(dir.File("v2"), req_b);
+  REQUIRE(ref2.ok());
+  ExpectMatches(*b, (*ref2)[0]);
+  for (const auto& t : b->samples()) {
+    CHECK(t.policy_version() == 2);
+    CHECK(t.version_switches_size() == 0);
+    CHECK(t.response_token_ids_size() == 40);
+  }
+  CHECK(ParseOnUpdate("partial").value() == RolloutWorkerOptions::OnUpdate::kPartial);
+  CHECK(ParseOnUpdate("sometimes").status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("weights through the in-process sync change the output and bump the version") {
