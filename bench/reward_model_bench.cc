@@ -136,8 +136,8 @@ int Main() {
   }
   const Stats B = Summarize(tb), S = Summarize(ts), R = Summarize(ratio);
   std::printf("\n%s items, model hidden=%d layers=%d, %d clients, %d items/repeat, threads=%d, max_batch=%d max_wait=%.1fms\n",
-              absl::GetFlag(FLAGS_short_items) ? "short (3-10 token)" : "long (24-96 token)", c.hidden_size,
-              c.num_layers, clients, n, absl::GetFlag(FLAGS_threads), batched.max_batch,
+              absl::GetFlag(FLAGS_short_items) ? "short (3-10 token)" : "long (24-96 token)", static_cast<int>(c.hidden_size),
+              static_cast<int>(c.num_layers), clients, n, absl::GetFlag(FLAGS_threads), batched.max_batch,
               absl::GetFlag(FLAGS_max_wait_ms));
   std::printf("| side | items/s median | min | max |\n|---|---|---|---|\n");
   std::printf("| dynamic batching | %.1f | %.1f | %.1f |\n", B.median, B.min, B.max);

@@ -184,8 +184,10 @@ absl::StatusOr<PagePos> DecodePageToken(const std::string& token, const Trajecto
   }
   Reader r(absl::string_view(raw).substr(2));
   PagePos p;
-  uint32_t sample;
-  uint64_t filter_fp, check;
+  // The size was checked above, so every read succeeds; the zeros only keep
+  // the compiler from warning.
+  uint32_t sample = 0;
+  uint64_t filter_fp = 0, check = 0;
   r.I64(&p.step);
   r.I64(&p.seq);
   r.Be32(&sample);
@@ -227,7 +229,7 @@ absl::StatusOr<AckRange> DecodeAckToken(const std::string& exp, const std::strin
   }
   Reader r(absl::string_view(raw).substr(2));
   AckRange a;
-  uint64_t check;
+  uint64_t check = 0;
   r.I64(&a.from);
   r.I64(&a.to);
   r.I64(&a.groups);

@@ -32,6 +32,7 @@ FinishReason ToProto(actor::FinishReason r) {
     case actor::FinishReason::kStop: return FINISH_REASON_STOP;
     case actor::FinishReason::kLength: return FINISH_REASON_LENGTH;
     case actor::FinishReason::kContext: return FINISH_REASON_CONTEXT;
+    case actor::FinishReason::kAborted: return FINISH_REASON_ABORTED;
   }
   return FINISH_REASON_UNSPECIFIED;
 }
