@@ -51,8 +51,10 @@ absl::Status AdamWUpdate(at::Tensor& param, const at::Tensor& grad, at::Tensor& 
     // Contiguous (the flat buffers of DataParallel): the same element-wise
     // ops over cache-sized chunks. Each pass then reads memory that the
     // previous one left in cache; over a whole 50 MiB buffer every op
-    // streams from DRAM and the update was ~3x slower (bench/learner.md).
-    constexpr int64_t kChunk = 1 << 16;  // elements
+    // streams from DRAM and the update was ~2x slower (bench/learner.md).
+    // 1 MiB chunks: 2^16 was as fast on 1 thread but 2x slower on 2 (each
+    // op is an OpenMP region; more of them cost more wake-ups).
+    constexpr int64_t kChunk = 1 << 18;  // elements (1 MiB of fp32)
     at::Tensor p = param.view({-1}), m = exp_avg.view({-1}), v = exp_avg_sq.view({-1});
     const at::Tensor g = grad.view({-1});
     const int64_t n = p.numel();

@@ -71,7 +71,7 @@ TEST_CASE("the global norm of a large fp32 gradient is accurate (float64 referen
 
 TEST_CASE("AdamW over a large contiguous buffer (chunked) equals the whole-tensor ops bit for bit") {
   at::manual_seed(4);
-  const int64_t n = 3 * (1 << 16) + 123;
+  const int64_t n = 3 * (1 << 18) + 123;  // several chunks and a partial one
   at::Tensor p = at::randn({n}), g = at::randn({n}), m = at::randn({n}) * 0.1, v = at::rand({n}) * 0.01;
   at::Tensor p2 = p.clone(), m2 = m.clone(), v2 = v.clone();
   AdamWOptions o;
