@@ -211,11 +211,15 @@ class InProcessReceiver final : public WeightReceiver {
 // goes to slot v % 2), so publishing copies into pages that already exist
 // instead of allocating fresh tmpfs pages (which ran at a third of memcpy
 // speed). A "seq" file holds one word per slot: -v while version v is being
-// written, v once complete (a seqlock). The manifest v<N>.layout is written
-// after the data and names the slot; the manifest of the version a slot is
-// about to lose is removed first. A reader copies out and then re-checks the
-// slot's word: if the publisher overwrote it meanwhile (it ran two versions
-// ahead), the read is refused with ABORTED rather than returning torn data.
+// written, v once complete (a seqlock), and one progress word per slot:
+// (v << 24) | tensors of v written so far. The manifest v<N>.layout is
+// written *before* the data (the slot is derived from the version); the
+// manifest of the version a slot is about to lose is removed first. A reader
+// copies each tensor as soon as the progress word covers it, so the
+// publisher's copy in and the reader's copy out overlap (a hand-off costs
+// about one copy, not two), and re-checks the slot's word at the end: if the
+// publisher overwrote it meanwhile (it ran two versions ahead), the read is
+// refused with ABORTED rather than returning torn data.
 
 std::string ShmPrefix(const WeightSyncSpec& spec) {
   if (spec.shm_prefix().empty()) {
@@ -309,6 +313,15 @@ void StoreSeq(const Mapping& seq, int slot, int64_t value) {
   __atomic_store_n(static_cast<int64_t*>(seq.data()) + slot, value, __ATOMIC_RELEASE);
 }
 
+// SHM progress words follow the two seq words: (version << 24) | tensors
+// written. Layouts hold fewer than 2^24 tensors (checked on publish).
+constexpr int kShmSeqWords = 4;
+constexpr int kProgressShift = 24;
+int64_t LoadProgress(const Mapping& seq, int slot) { return LoadSeq(seq, 2 + slot); }
+void StoreProgress(const Mapping& seq, int slot, int64_t version, int64_t tensors) {
+  StoreSeq(seq, 2 + slot, (version << kProgressShift) | tensors);
+}
+
 absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -335,7 +348,10 @@ class ShmPublisher final : public WeightPublisher {
     RLMESH_RETURN_IF_ERROR(CheckVersionForward(version, last_));
     RLMESH_ASSIGN_OR_RETURN(WeightLayout layout, BuildLayout(tensors, version, BucketBytes(spec_)));
     if (seq_.data() == nullptr) {
-      RLMESH_RETURN_IF_ERROR(seq_.Create(SeqPath(prefix_), 2 * sizeof(int64_t)));
+      RLMESH_RETURN_IF_ERROR(seq_.Create(SeqPath(prefix_), kShmSeqWords * sizeof(int64_t)));
+    }
+    if (layout.tensors_size() >= (1 << kProgressShift)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensors: ", layout.tensors_size(), " exceed the shm limit"));
     }
     const int slot = SlotOf(version);
     // New readers must not start on the version this slot held.
@@ -348,19 +364,24 @@ class ShmPublisher final : public WeightPublisher {
       }
     }
     StoreSeq(seq_, slot, -version);
-    absl::Status s = Write(slot, tensors, layout);
+    StoreProgress(seq_, slot, version, 0);
+    absl::Status s = MapSlot(slot, layout);
     if (!s.ok()) return s;  // the slot stays marked as being written
-    StoreSeq(seq_, slot, version);
-    // Readers derive the slot from the version.
+    // The manifest goes first: readers follow the progress word.
     RLMESH_RETURN_IF_ERROR(WriteFileAtomic(ManifestPath(prefix_, version), layout.SerializeAsString()));
     manifests_.push_back(version);
+    s = Write(slot, tensors, layout);
+    if (!s.ok()) return s;  // readers of this version time out
+    StoreSeq(seq_, slot, version);
     last_ = version;
     return layout;
   }
   WeightSyncBackend backend() const override { return WEIGHT_SYNC_SHM; }
 
  private:
-  absl::Status Write(int slot, const NamedTensors& tensors, const WeightLayout& layout) {
+  // Sizes the slot's bucket files for `layout` (kept from version to
+  // version when the sizes match).
+  absl::Status MapSlot(int slot, const WeightLayout& layout) {
     auto& maps = slots_[slot];
     const int n = layout.bucket_bytes_size();
     for (int b = n; b < static_cast<int>(maps.size()); ++b) unlink(BucketPath(prefix_, slot, b).c_str());
@@ -371,8 +392,19 @@ class ShmPublisher final : public WeightPublisher {
         RLMESH_RETURN_IF_ERROR(maps[b]->Create(BucketPath(prefix_, slot, b), layout.bucket_bytes(b)));
       }
     }
+    return absl::OkStatus();
+  }
+
+  // Copies the tensors in layout order, publishing progress after each.
+  absl::Status Write(int slot, const NamedTensors& tensors, const WeightLayout& layout) {
+    auto& maps = slots_[slot];
     try {
-      PackInto(tensors, layout, [&](int i) { return maps[i]->data(); });
+      for (int i = 0; i < layout.tensors_size(); ++i) {
+        const TensorSlot& ts = layout.tensors(i);
+        at::Tensor h = HostContiguous(tensors[i].second);
+        std::memcpy(static_cast<char*>(maps[ts.bucket()]->data()) + ts.byte_offset(), h.data_ptr(), h.nbytes());
+        StoreProgress(seq_, slot, layout.version(), i + 1);
+      }
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("weight sync (shm): copying tensors: ", e.what()));
     }
@@ -461,14 +493,20 @@ class ShmReceiver final : public WeightReceiver {
   // Copies every slot into `out` (same order as the layout), then checks
   // that the publisher did not overwrite the slot meanwhile.
   absl::Status CopyOut(const WeightLayout& layout, const NamedTensors& out) {
-    if (seq_.data() == nullptr) RLMESH_RETURN_IF_ERROR(seq_.Open(SeqPath(prefix_), 2 * sizeof(int64_t)));
-    const int slot = SlotOf(layout.version());
+    if (seq_.data() == nullptr) RLMESH_RETURN_IF_ERROR(seq_.Open(SeqPath(prefix_), kShmSeqWords * sizeof(int64_t)));
+    const int64_t v = layout.version();
+    const int slot = SlotOf(v);
     auto torn = [&] {
-      return absl::AbortedError(absl::StrCat("weight sync (shm): version ", layout.version(),
+      return absl::AbortedError(absl::StrCat("weight sync (shm): version ", v,
                                              " was overwritten while being read (the publisher is two versions "
                                              "ahead); receive a newer version"));
     };
-    if (LoadSeq(seq_, slot) != layout.version()) return torn();
+    // The slot holds v, complete or being written; anything else is newer.
+    auto holds_v = [&] {
+      const int64_t s = LoadSeq(seq_, slot);
+      return s == v || s == -v;
+    };
+    if (!holds_v()) return torn();
     // The publisher reuses its files, so mappings are kept from one version
     // to the next and re-opened only when the file changed.
     auto& maps = maps_[slot];
@@ -483,12 +521,30 @@ class ShmReceiver final : public WeightReceiver {
         return st;
       }
     }
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
+    int64_t written = 0;  // tensors of v the progress word covers
     for (int i = 0; i < layout.tensors_size(); ++i) {
+      // Wait (spinning briefly, then sleeping) until the publisher wrote i.
+      for (int spins = 0; written <= i; ++spins) {
+        const int64_t p = LoadProgress(seq_, slot);
+        if ((p >> kProgressShift) == v) {
+          written = p & ((int64_t{1} << kProgressShift) - 1);
+          if (written > i) break;
+        } else if (!holds_v()) {
+          return torn();
+        }
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(absl::StrCat("weight sync (shm): version ", v, " stalled at tensor ", i,
+                                                          " of ", layout.tensors_size(), " for ", TimeoutMs(spec_),
+                                                          " ms"));
+        }
+        if (spins > 64) absl::SleepFor(absl::Microseconds(50));
+      }
       const TensorSlot& s = layout.tensors(i);
       const at::Tensor& dst = out[i].second;
       std::memcpy(dst.data_ptr(), static_cast<const char*>(maps[s.bucket()]->data()) + s.byte_offset(), dst.nbytes());
     }
-    if (LoadSeq(seq_, slot) != layout.version()) return torn();
+    if (!holds_v()) return torn();
     return absl::OkStatus();
   }
 
