@@ -685,6 +685,19 @@ class ExperimentRunner::Impl {
     return SyncWeights(/*through_checkpoint=*/true);
   }
 
+  // One learner step on the stage's next groups from the buffer (FIFO per
+  // stage), none older than max_staleness versions.
+  absl::StatusOr<StepMetrics> TrainFromBuffer(const Stage& stage, const RlStage& rl) {
+    const int64_t min_version = RolloutVersion() - rl.max_staleness();
+    return TrainStep([&](TrainStepRequest* r) {
+      BufferSource* b = r->mutable_buffer();
+      b->set_experiment_id(o_.experiment_id);
+      b->set_consumer_id(absl::StrCat("learner-", StageName(stage)));
+      b->set_num_groups(rl.prompts_per_step());
+      b->set_min_policy_version(min_version);
+    });
+  }
+
   absl::Status RunRl(const Stage& stage) {
     const RlStage& rl = *RlSettings(stage);
     if (rl.max_staleness() > 0) return RunRlAsync(stage);
@@ -720,14 +733,7 @@ class ExperimentRunner::Impl {
       }
       SetPhase("train");
       const absl::Time t1 = absl::Now();
-      const int64_t min_version = RolloutVersion() - rl.max_staleness();
-      RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainStep([&](TrainStepRequest* r) {
-                                BufferSource* b = r->mutable_buffer();
-                                b->set_experiment_id(o_.experiment_id);
-                                b->set_consumer_id(absl::StrCat("learner-", StageName(stage)));
-                                b->set_num_groups(rl.prompts_per_step());
-                                b->set_min_policy_version(min_version);
-                              }));
+      RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl));
       nlohmann::json j = StepRecord(stage, m);
       const double mean = count ? sum / count : 0;
       j["rollout_reward_mean"] = mean;
@@ -864,14 +870,7 @@ class ExperimentRunner::Impl {
       const double wait_seconds = Seconds(t0);
       SetPhase("train");
       const absl::Time t1 = absl::Now();
-      const int64_t min_version = RolloutVersion() - k;
-      RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainStep([&](TrainStepRequest* r) {
-                                BufferSource* b = r->mutable_buffer();
-                                b->set_experiment_id(o_.experiment_id);
-                                b->set_consumer_id(absl::StrCat("learner-", StageName(stage)));
-                                b->set_num_groups(rl.prompts_per_step());
-                                b->set_min_policy_version(min_version);
-                              }));
+      RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl));
       nlohmann::json j = StepRecord(stage, m);
       const double mean = gen.count ? gen.reward_sum / gen.count : 0;
       j["rollout_reward_mean"] = mean;
