@@ -533,26 +533,63 @@ class ExperimentRunner::Impl {
       prompts.push_back(MakePrompt(eval[i]));
       by_id[eval[i].id] = &eval[i];
     }
+    const std::string& first = cfg().reward().verifiers(0).label().empty() ? cfg().reward().verifiers(0).name()
+                                                                            : cfg().reward().verifiers(0).label();
+    // Whether each scored item is right by the first verifier, in order.
+    auto right = [&](const ScoreResponse& scores) {
+      std::vector<bool> out;
+      for (const auto& r : scores.results()) {
+        auto it = r.components().find(first);
+        out.push_back(it != r.components().end() && it->second >= 1.0 - 1e-9);
+      }
+      return out;
+    };
     RLMESH_ASSIGN_OR_RETURN(auto groups, Generate(prompts, 1, Sampling(true, cfg().seed()), false, step));
     RLMESH_ASSIGN_OR_RETURN(auto scores, Score(groups));
     double correct = 0;
-    for (const auto& r : scores.results()) {
-      auto it = r.components().find(cfg().reward().verifiers(0).label().empty() ? cfg().reward().verifiers(0).name()
-                                                                                 : cfg().reward().verifiers(0).label());
-      if (it != r.components().end() && it->second >= 1.0 - 1e-9) correct += 1;
-    }
+    for (bool r : right(scores)) correct += r ? 1 : 0;
     const double acc = groups.empty() ? 0 : correct / groups.size();
     nlohmann::json j = {{"event", "eval"}, {"stage", label}, {"step", step}, {"policy_version", version_},
-                        {"accuracy", acc}, {"prompts", groups.size()}, {"seconds_eval", Seconds(start)},
+                        {"accuracy", acc}, {"prompts", groups.size()},
                         {"time", absl::ToUnixMicros(absl::Now()) / 1e6}};
+    // pass@k: n = the largest k samples per prompt at the rollout
+    // temperature; per prompt with c right, the unbiased estimator
+    // 1 - C(n-c, k) / C(n, k), averaged over prompts.
+    int n = 0;
+    for (int k : cfg().eval().pass_at()) n = std::max(n, k);
+    std::string pass_line;
+    if (n > 0 && !prompts.empty()) {
+      RLMESH_ASSIGN_OR_RETURN(auto sampled,
+                              Generate(prompts, n, Sampling(false, cfg().seed() * 7919ULL + step), false, step));
+      RLMESH_ASSIGN_OR_RETURN(auto sampled_scores, Score(sampled));
+      const std::vector<bool> ok = right(sampled_scores);
+      for (int k : cfg().eval().pass_at()) {
+        double sum = 0;
+        size_t at = 0;
+        for (const auto& g : sampled) {
+          int c = 0;
+          for (int s = 0; s < g.samples_size(); ++s) c += ok[at++] ? 1 : 0;
+          // C(n-c, k) / C(n, k) = prod_{i=n-c+1..n} (1 - k / i); 0 when n-c < k.
+          double none = n - c < k ? 0.0 : 1.0;
+          for (int i = n - c + 1; i <= n && none > 0; ++i) none *= 1.0 - static_cast<double>(k) / i;
+          sum += 1.0 - none;
+        }
+        const double pk = sum / sampled.size();
+        j[absl::StrCat("pass@", k)] = pk;
+        absl::StrAppendFormat(&pass_line, ", pass@%d %.1f%%", k, 100 * pk);
+        absl::MutexLock lock(&mu_);
+        (*status_.mutable_metrics())[absl::StrCat("pass@", k)] = pk;
+      }
+    }
+    j["seconds_eval"] = Seconds(start);
     Record(j);
     {
       absl::MutexLock lock(&mu_);
       (*status_.mutable_metrics())["accuracy"] = acc;
     }
     if (o_.progress && final) {
-      std::printf("eval  %-6s held-out greedy accuracy %.1f%% (%d prompts)\n", label.c_str(), 100 * acc,
-                  static_cast<int>(groups.size()));
+      std::printf("eval  %-6s held-out greedy accuracy %.1f%% (%d prompts)%s\n", label.c_str(), 100 * acc,
+                  static_cast<int>(groups.size()), pass_line.c_str());
       std::fflush(stdout);
     }
     return acc;

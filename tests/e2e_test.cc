@@ -57,7 +57,15 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
   std::string line;
   while (std::getline(metrics, line)) {
     auto j = nlohmann::json::parse(line);
-    if (j["event"] == "eval") final_acc[j["stage"].get<std::string>()] = j["accuracy"].get<double>();
+    if (j["event"] == "eval") {
+      final_acc[j["stage"].get<std::string>()] = j["accuracy"].get<double>();
+      // eval.pass_at [1, 4]: sampled pass@k next to greedy accuracy.
+      REQUIRE(j.contains("pass@1"));
+      REQUIRE(j.contains("pass@4"));
+      CHECK(j["pass@1"].get<double>() >= 0.0);
+      CHECK(j["pass@4"].get<double>() >= j["pass@1"].get<double>());
+      CHECK(j["pass@4"].get<double>() <= 1.0);
+    }
     if (j["event"] == "step" && j["stage"] == "grpo") {
       ++grpo_steps;
       CHECK(j.contains("rollout_reward_mean"));
