@@ -137,7 +137,7 @@ int Run() {
         "{\"seconds\": %.6f, \"tokens\": %.0f, \"seconds_forward_backward\": %.6f, \"seconds_optimizer\": %.6f, "
         "\"loss\": %.6g, \"grad_norm\": %.6g, \"threads\": %d, \"interop_threads\": %d}\n",
         secs, m.at("tokens"), m.at("seconds_forward_backward"), m.at("seconds_optimizer"), m.at("loss"),
-        m.at("grad_norm"), at::get_num_threads(), at::get_num_interop_threads());
+        m.at("grad_norm"), static_cast<int>(at::get_num_threads()), static_cast<int>(at::get_num_interop_threads()));
     if (absl::GetFlag(FLAGS_grad_norms)) {
       // DataParallel clips a packed copy; the parameters' .grad() keep the raw gradient.
       std::string line = "{\"grad_norms\": {";

@@ -173,6 +173,7 @@ int Serve(Cluster* cluster, int port_override) {
     WriteFileAtomically(cluster->options().run_dir + "/coordinator.address", server.address() + "\n")
         .IgnoreError();
     std::printf("rlmesh: cluster up (coordinator %s)\n", server.address().c_str());
+    std::fflush(stdout);  // before the health table, which waits on every role
     const auto roles = cluster->Roles();
     PrintRoles(roles);
     if (absl::GetFlag(FLAGS_exit_after_health)) {

@@ -233,6 +233,14 @@ TEST_CASE("coordinator launch starts the cluster, reports health, restarts a kil
     CHECK(before[name].health() == "SERVING");
     CHECK(before[name].restarts() == 0);
   }
+  // The port file is written when the server starts, just before this line.
+  {
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (ReadAll(dir.File("coordinator.log")).find("rlmesh: cluster up") == std::string::npos &&
+           absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
   CHECK(ReadAll(dir.File("coordinator.log")).find("rlmesh: cluster up") != std::string::npos);
   for (const char* log : {"replay_buffer", "reward-0", "rollout-0", "rollout-1", "learner-0"}) {
     CHECK(ReadAll(dir.File(std::string("run/logs/") + log + ".log")).find("listening") != std::string::npos);
