@@ -18,28 +18,14 @@
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "learner/checkpoint.h"
+#include "learner/testing/tiny_experiment.h"
 #include "tasks/encoding.h"
 #include "tasks/task.h"
 
 namespace rlmesh::learner {
 namespace {
 
-ExperimentConfig Tiny(uint64_t seed = 7) {
-  ExperimentConfig e;
-  e.set_name("tiny");
-  e.set_seed(seed);
-  auto* m = e.mutable_model();
-  m->set_hidden(32);
-  m->set_layers(2);
-  m->set_heads(2);
-  m->set_max_positions(32);
-  auto* t = e.mutable_task();
-  t->set_kind("arithmetic");
-  t->set_digits(1);
-  t->set_train(8);
-  t->set_eval(4);
-  return e;
-}
+ExperimentConfig Tiny(uint64_t seed = 7) { return testing::TinyExperiment(seed, 8); }
 
 Stage SftStageOf(int steps, int batch, double lr) {
   Stage s;
