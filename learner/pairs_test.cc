@@ -8,7 +8,6 @@
 #include <fstream>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "actor/checkpoint.h"
@@ -313,29 +312,7 @@ TEST_CASE("K=2 DPO shards (threads, FileStore) equal K=1 on the same global batc
   ExperimentConfig e2 = e;
   e2.mutable_learner()->set_micro_batch_tokens(24);  // accumulation on every rank
   Trainer ranks[2];
-  absl::Status results[2];
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      ConfigureRequest req = Request(e2);
-      req.set_rank(r);
-      req.set_world_size(2);
-      req.set_store_address("file:" + dir.File("store"));
-      auto c = ranks[r].Configure(req);
-      if (!c.ok()) {
-        results[r] = c.status();
-        return;
-      }
-      for (int s = 0; s < 3; ++s) {
-        auto st = ranks[r].TrainStep(Step(s));
-        if (!st.ok()) {
-          results[r] = st.status();
-          return;
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
+  auto results = testing::TrainShards(ranks, 2, Request(e2), dir.File("store"), 3, Step);
   REQUIRE(results[0].ok());
   REQUIRE(results[1].ok());
   CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "actor/checkpoint.h"
@@ -310,33 +309,13 @@ TEST_CASE("K=2 shards (threads, FileStore, ZeRO-1) equal K=1 on the same global 
   // Small micro-batches: gradient accumulation on every rank.
   e2.mutable_learner()->set_micro_batch_tokens(24);
   Trainer ranks[2];
-  absl::Status results[2];
   std::string saved[2];
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      ConfigureRequest req = Request(e2, dir.File("ckpt"));
-      req.set_rank(r);
-      req.set_world_size(2);
-      req.set_store_address("file:" + dir.File("store"));
-      auto c = ranks[r].Configure(req);
-      if (!c.ok()) {
-        results[r] = c.status();
-        return;
-      }
-      for (int step = 0; step < 3; ++step) {
-        auto s = ranks[r].TrainStep(SftStep(step));
-        if (!s.ok()) {
-          results[r] = s.status();
-          return;
-        }
-      }
-      auto sv = ranks[r].Save();
-      results[r] = sv.status();
-      if (sv.ok()) saved[r] = sv->path();
-    });
-  }
-  for (auto& th : threads) th.join();
+  auto results = testing::TrainShards(ranks, 2, Request(e2, dir.File("ckpt")), dir.File("store"), 3, SftStep,
+                                      [&](int r, Trainer& t) -> absl::Status {
+                                        auto sv = t.Save();
+                                        if (sv.ok()) saved[r] = sv->path();
+                                        return sv.status();
+                                      });
   REQUIRE(results[0].ok());
   REQUIRE(results[1].ok());
   CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
@@ -362,31 +341,11 @@ double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const s
     REQUIRE(single.TrainStep(req).ok());
   }
   Trainer ranks[2];
-  absl::Status results[2];
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      ConfigureRequest c = Request(e);
-      c.set_rank(r);
-      c.set_world_size(2);
-      c.set_store_address("file:" + store_dir);
-      auto st = ranks[r].Configure(c);
-      if (!st.ok()) {
-        results[r] = st.status();
-        return;
-      }
-      TrainStepRequest q = req;
-      for (int step = 0; step < 2; ++step) {
-        q.set_step(step);
-        auto t = ranks[r].TrainStep(q);
-        if (!t.ok()) {
-          results[r] = t.status();
-          return;
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
+  auto results = testing::TrainShards(ranks, 2, Request(e), store_dir, 2, [&](int step) {
+    TrainStepRequest q = req;
+    q.set_step(step);
+    return q;
+  });
   INFO(results[0].ToString() << " / " << results[1].ToString());
   REQUIRE(results[0].ok());
   REQUIRE(results[1].ok());

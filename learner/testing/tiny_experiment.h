@@ -1,12 +1,18 @@
 #pragma once
 
-// The tiny experiment the trainer tests train: a 2-layer, hidden-32 model
-// with the char tokenizer on 1-digit arithmetic (`train` examples, 4
-// held-out). Small enough that a test trains it for dozens of steps in
-// seconds.
+// Helpers for the trainer tests: the tiny experiment they train (a 2-layer,
+// hidden-32 model with the char tokenizer on 1-digit arithmetic, `train`
+// examples, 4 held out; dozens of steps take seconds), and K trainers run
+// as the ranks of one data-parallel group.
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "learner/trainer.h"
 #include "proto/config.pb.h"
 
 namespace rlmesh::learner::testing {
@@ -26,6 +32,42 @@ inline ExperimentConfig TinyExperiment(uint64_t seed, int64_t train) {
   t->set_train(train);
   t->set_eval(4);
   return e;
+}
+
+// Runs ranks[0..world) as one group over a FileStore at `store_path`, a
+// thread each: Configure(`base` with rank, world size and store), `steps`
+// TrainSteps from `step(i)`, then `after(rank, trainer)` when given (calls
+// such as Save that need every rank at once). Returns each rank's first
+// error, or OK.
+inline std::vector<absl::Status> TrainShards(Trainer* ranks, int world, const ConfigureRequest& base,
+                                             const std::string& store_path, int steps,
+                                             const std::function<TrainStepRequest(int)>& step,
+                                             const std::function<absl::Status(int, Trainer&)>& after = nullptr) {
+  std::vector<absl::Status> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      ConfigureRequest req = base;
+      req.set_rank(r);
+      req.set_world_size(world);
+      req.set_store_address("file:" + store_path);
+      auto c = ranks[r].Configure(req);
+      if (!c.ok()) {
+        results[r] = c.status();
+        return;
+      }
+      for (int i = 0; i < steps; ++i) {
+        auto s = ranks[r].TrainStep(step(i));
+        if (!s.ok()) {
+          results[r] = s.status();
+          return;
+        }
+      }
+      if (after) results[r] = after(r, ranks[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
 }
 
 }  // namespace rlmesh::learner::testing
