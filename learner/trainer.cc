@@ -449,15 +449,20 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   // The stage.
   const RlStage* rl = nullptr;
   int64_t opt_steps = 0;
+  // Steps and the global batch of an SFT/RM/DPO stage at `fp`.
+  auto check_steps_batch = [&](const std::string& fp, int64_t steps, int64_t batch) -> absl::Status {
+    if (steps <= 0) return absl::InvalidArgumentError(fp + ".steps: must be > 0");
+    if (batch < s.world) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fp, ".batch: must be >= the learner world size (", s.world, ")"));
+    }
+    return absl::OkStatus();
+  };
   switch (stage.kind_case()) {
     case Stage::kSft: {
       s.kind = "sft";
       const SftStage& sft = stage.sft();
-      if (sft.steps() <= 0) return absl::InvalidArgumentError(sp + ".sft.steps: must be > 0");
-      if (sft.batch() < s.world) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(sp, ".sft.batch: must be >= the learner world size (", s.world, ")"));
-      }
+      RLMESH_RETURN_IF_ERROR(check_steps_batch(sp + ".sft", sft.steps(), sft.batch()));
       s.packing = sft.packing();
       s.sft_batch = sft.batch();
       s.train_on_prompt = sft.train_on_prompt();
@@ -495,11 +500,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
       s.kind = "reward_model";
       const RewardModelStage& rm = stage.reward_model();
       const std::string fp = sp + ".reward_model";
-      if (rm.steps() <= 0) return absl::InvalidArgumentError(fp + ".steps: must be > 0");
-      if (rm.batch() < s.world) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(fp, ".batch: must be >= the learner world size (", s.world, ")"));
-      }
+      RLMESH_RETURN_IF_ERROR(check_steps_batch(fp, rm.steps(), rm.batch()));
       s.pair_batch = rm.batch();
       s.stage_steps = rm.steps();
       s.rm_output = rm.output();
@@ -510,11 +511,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
       s.kind = "dpo";
       const DpoStage& dpo = stage.dpo();
       const std::string fp = sp + ".dpo";
-      if (dpo.steps() <= 0) return absl::InvalidArgumentError(fp + ".steps: must be > 0");
-      if (dpo.batch() < s.world) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(fp, ".batch: must be >= the learner world size (", s.world, ")"));
-      }
+      RLMESH_RETURN_IF_ERROR(check_steps_batch(fp, dpo.steps(), dpo.batch()));
       if (dpo.beta() < 0 || !std::isfinite(dpo.beta())) {
         return absl::InvalidArgumentError(fp + ".beta: must be > 0 (0 = the default 0.1)");
       }
