@@ -14,46 +14,10 @@
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "rollout/cuda_api.h"
+#include "rollout/testing/weight_sync_testing.h"
 
 namespace rlmesh::rollout {
 namespace {
-
-// Mixed dtypes and sizes; one tensor (big) is larger than a 1 MiB bucket.
-NamedTensors MakeTensors(int seed) {
-  at::manual_seed(seed);
-  return {
-      {"model.embed_tokens.weight", at::randn({64, 32})},
-      {"model.layers.0.self_attn.q_proj.weight", at::randn({32, 32}).to(at::kBFloat16)},
-      {"model.norm.weight", at::randn({7}).to(at::kHalf)},
-      {"big", at::randn({300, 1024})},  // 1.2 MB
-      {"lm_head.weight", at::randn({64, 32}).t()},  // non-contiguous
-      {"scalar", at::randn({})},
-  };
-}
-
-void ExpectBitExact(const NamedTensors& sent, const NamedTensors& got) {
-  REQUIRE(got.size() == sent.size());
-  for (size_t i = 0; i < sent.size(); ++i) {
-    INFO(sent[i].first);
-    CHECK(got[i].first == sent[i].first);
-    CHECK(got[i].second.scalar_type() == sent[i].second.scalar_type());
-    CHECK(got[i].second.sizes() == sent[i].second.sizes());
-    // Bit-exact: compare the raw bytes, not values with a tolerance.
-    at::Tensor a = sent[i].second.contiguous();
-    at::Tensor b = got[i].second.contiguous();
-    REQUIRE(a.nbytes() == b.nbytes());
-    CHECK(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0);
-  }
-}
-
-WeightSyncSpec ShmSpec(const testing::TempDir& dir) {
-  WeightSyncSpec spec;
-  spec.set_backend(WEIGHT_SYNC_SHM);
-  spec.set_shm_prefix(dir.File("w-"));
-  spec.set_bucket_mb(1);
-  spec.set_timeout_ms(2000);
-  return spec;
-}
 
 TEST_CASE("BuildLayout packs in order, aligns and splits buckets") {
   auto tensors = MakeTensors(1);
@@ -379,34 +343,6 @@ TEST_CASE("Specs are validated") {
   CHECK(absl::StrContains(CreateWeightPublisher(nccl).status().message(), "spec.rank"));
 }
 
-// --- GPU backends ----------------------------------------------------------
-// Here (no GPU) they must refuse to start, naming what is missing; where a
-// CUDA device is present the same tests run real round trips instead.
-
-WeightSyncSpec NcclSpec(int port, int rank) {
-  WeightSyncSpec spec;
-  spec.set_backend(WEIGHT_SYNC_NCCL);
-  spec.set_store_host("127.0.0.1");
-  spec.set_store_port(port);
-  spec.set_world_size(2);
-  spec.set_rank(rank);
-  spec.set_group_name("ws-test-nccl");
-  spec.set_timeout_ms(30000);
-  spec.set_bucket_mb(1);
-  return spec;
-}
-
-WeightSyncSpec IpcSpec(const testing::TempDir& dir) {
-  WeightSyncSpec spec = ShmSpec(dir);
-  spec.set_backend(WEIGHT_SYNC_CUDA_IPC);
-  spec.set_timeout_ms(10000);
-  return spec;
-}
-
-bool NamesWhatIsMissing(const absl::Status& s) {
-  return absl::StrContains(s.message(), " not found (dlopen: ") || absl::StrContains(s.message(), "no CUDA device");
-}
-
 TEST_CASE("A missing CUDA or NCCL library is FAILED_PRECONDITION naming it") {
   auto nccl = OpenNccl({"libnccl-rlmesh-missing.so.2"});
   CHECK(nccl.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -444,126 +380,6 @@ TEST_CASE("NCCL and CUDA_IPC without a GPU refuse to start, naming what is missi
   }
   // Nothing was left behind under the prefix.
   CHECK(access(dir.File("w-ipc-seq").c_str(), F_OK) != 0);
-}
-
-TEST_CASE("CUDA_IPC round trip on one GPU is bit-exact; an overtaken reader gets ABORTED") {
-  auto devices = CudaDeviceCount();
-  if (!devices.ok()) return;  // checked by the test above
-  testing::TempDir dir;
-  auto spec = IpcSpec(dir);
-  auto pub = CreateWeightPublisher(spec);
-  auto recv = CreateWeightReceiver(spec);
-  REQUIRE(pub.ok());
-  REQUIRE(recv.ok());
-  CHECK((*pub)->backend() == WEIGHT_SYNC_CUDA_IPC);
-  CHECK((*recv)->backend() == WEIGHT_SYNC_CUDA_IPC);
-
-  // The receiver asks first and waits; publisher and receiver in two threads.
-  auto first = MakeTensors(21);
-  absl::StatusOr<NamedTensors> got;
-  WeightLayout received;
-  std::thread t([&] {
-    WeightLayout want;
-    want.set_version(1);
-    got = (*recv)->Receive(want, &received);
-  });
-  absl::SleepFor(absl::Milliseconds(50));
-  auto l1 = (*pub)->Publish(first, 1);
-  t.join();
-  REQUIRE(l1.ok());
-  REQUIRE(got.ok());
-  CHECK(received.SerializeAsString() == l1->SerializeAsString());
-  ExpectBitExact(first, *got);
-
-  // Caller-owned destinations, reused across versions (both slots).
-  NamedTensors buffers = *got;
-  for (int v = 2; v <= 3; ++v) {
-    auto tensors = MakeTensors(20 + v);
-    REQUIRE((*pub)->Publish(tensors, v).ok());
-    WeightLayout want;
-    want.set_version(v);
-    REQUIRE((*recv)->ReceiveInto(want, buffers).ok());
-    ExpectBitExact(tensors, buffers);
-  }
-  CHECK(access(dir.File("w-ipc-v1").c_str(), F_OK) != 0);
-  CHECK(access(dir.File("w-ipc-v3").c_str(), F_OK) == 0);
-
-  // Version 3's manifest put back after the publisher reused its slot for 5.
-  std::string manifest3;
-  {
-    FILE* f = fopen(dir.File("w-ipc-v3").c_str(), "rb");
-    REQUIRE(f != nullptr);
-    char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof(buf), f);
-    fclose(f);
-    manifest3.assign(buf, n);
-  }
-  REQUIRE((*pub)->Publish(MakeTensors(24), 4).ok());
-  REQUIRE((*pub)->Publish(MakeTensors(25), 5).ok());
-  {
-    FILE* f = fopen(dir.File("w-ipc-v3").c_str(), "wb");
-    REQUIRE(f != nullptr);
-    fwrite(manifest3.data(), 1, manifest3.size(), f);
-    fclose(f);
-  }
-  WeightLayout v3;
-  v3.set_version(3);
-  CHECK((*recv)->Receive(v3).status().code() == absl::StatusCode::kAborted);
-  WeightLayout v5;
-  v5.set_version(5);
-  auto latest = (*recv)->Receive(v5);
-  REQUIRE(latest.ok());
-  ExpectBitExact(MakeTensors(25), *latest);
-
-  // A version nobody publishes times out.
-  spec.set_timeout_ms(100);
-  auto late = CreateWeightReceiver(spec);
-  REQUIRE(late.ok());
-  WeightLayout v9;
-  v9.set_version(9);
-  CHECK((*late)->Receive(v9).status().code() == absl::StatusCode::kDeadlineExceeded);
-
-  pub->reset();
-  CHECK(access(dir.File("w-ipc-v5").c_str(), F_OK) != 0);
-  CHECK(access(dir.File("w-ipc-seq").c_str(), F_OK) != 0);
-}
-
-TEST_CASE("NCCL broadcast between two GPUs is bit-exact") {
-  auto devices = CudaDeviceCount();
-  if (!devices.ok()) return;
-  if (*devices < 2) {
-    WARN("NCCL round trip skipped: " << *devices << " CUDA device(s); NCCL needs one GPU per rank");
-    return;
-  }
-  auto store = WeightSyncStore::Host("127.0.0.1", 0, 2, 30000);
-  REQUIRE(store.ok());
-  auto v1 = MakeTensors(31);
-  auto v2 = MakeTensors(32);
-  absl::StatusOr<NamedTensors> got[2];
-  std::thread receiver([&] {
-    auto recv = CreateWeightReceiver(NcclSpec((*store)->port(), 1));
-    if (!recv.ok()) {
-      got[0] = recv.status();
-      return;
-    }
-    for (int v = 1; v <= 2; ++v) {
-      WeightLayout want;
-      want.set_version(v);
-      got[v - 1] = (*recv)->Receive(want);
-    }
-  });
-  auto pub = CreateWeightPublisher(NcclSpec((*store)->port(), 0));
-  REQUIRE(pub.ok());
-  CHECK((*pub)->backend() == WEIGHT_SYNC_NCCL);
-  auto l1 = (*pub)->Publish(v1, 1);
-  auto l2 = (*pub)->Publish(v2, 2);
-  receiver.join();
-  REQUIRE(l1.ok());
-  REQUIRE(l2.ok());
-  REQUIRE(got[0].ok());
-  REQUIRE(got[1].ok());
-  ExpectBitExact(v1, *got[0]);
-  ExpectBitExact(v2, *got[1]);
 }
 
 }  // namespace
