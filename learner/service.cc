@@ -28,10 +28,12 @@ absl::StatusOr<GroupSource::Sampled> ReplayBufferGroupSource::Sample(const Buffe
   SampleGroupsRequest req;
   req.set_experiment_id(source.experiment_id());
   req.set_consumer_id(source.consumer_id());
-  req.set_mode(SAMPLE_FIFO);
+  const bool fifo = source.mode().empty() || source.mode() == "fifo";
+  req.set_mode(fifo ? SAMPLE_FIFO : source.mode() == "uniform" ? SAMPLE_UNIFORM : SAMPLE_PRIORITIZED);
   req.set_num_groups(num_groups);
   req.set_min_policy_version(source.min_policy_version());
-  req.set_require_ack(true);
+  req.set_seed(source.seed());
+  req.set_require_ack(fifo);
   SampleGroupsResponse resp;
   auto ctx = client_.NewContext(timeout);
   absl::Status st = FromGrpcStatus(stub_->SampleGroups(ctx.get(), req, &resp));

@@ -856,13 +856,36 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req
     if (source_ == nullptr) {
       return absl::FailedPreconditionError("no replay buffer (Configure with replay_buffer_address)");
     }
+    if (!src.mode().empty() && src.mode() != "fifo" && src.mode() != "uniform" && src.mode() != "prioritized") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer.mode: \"", src.mode(), "\" is not fifo, uniform or prioritized"));
+    }
+    // Every shard draws the whole global batch (FIFO through a cursor of its
+    // own), orders it by group id and trains on its slice. The batch, its
+    // order and the split over shards then depend only on what is in the
+    // buffer, not on which worker's groups landed first or which shard asked
+    // first: the same run gives the same gradients (docs/decisions.md).
+    BufferSource mine = src;
+    if (s_->world > 1) mine.set_consumer_id(absl::StrCat(src.consumer_id(), "/r", s_->rank));
     const auto t0 = Clock::now();
-    auto sampled = source_->Sample(src, src.num_groups() / s_->world, options_.sample_timeout);
+    auto sampled = source_->Sample(mine, src.num_groups(), options_.sample_timeout);
     if (!sampled.ok()) return sampled.status();
-    auto resp = TrainRl(std::move(sampled->groups), Since(t0));
+    if (static_cast<int>(sampled->groups.size()) != src.num_groups()) {
+      return absl::DataLossError(absl::StrCat("replay buffer returned ", sampled->groups.size(), " groups for ",
+                                              src.num_groups()));
+    }
+    std::vector<TrajectoryGroup>& all = sampled->groups;
+    std::stable_sort(all.begin(), all.end(), [](const TrajectoryGroup& a, const TrajectoryGroup& b) {
+      return a.group_id() < b.group_id();
+    });
+    const int64_t G = static_cast<int64_t>(all.size());
+    const int64_t lo = s_->rank * G / s_->world, hi = (s_->rank + 1) * G / s_->world;
+    std::vector<TrajectoryGroup> slice(std::make_move_iterator(all.begin() + lo),
+                                       std::make_move_iterator(all.begin() + hi));
+    auto resp = TrainRl(std::move(slice), Since(t0));
     if (!resp.ok()) return resp;
     if (!sampled->ack_token.empty()) {
-      absl::Status acked = source_->Ack(src, sampled->ack_token);
+      absl::Status acked = source_->Ack(mine, sampled->ack_token);
       // The step is applied; a lost ack only means redelivery later.
       if (!acked.ok()) RLMESH_LOG(WARNING) << "ack failed step=" << req.step() << ": " << acked;
     }

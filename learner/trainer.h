@@ -57,8 +57,8 @@ class GroupSource {
     // Pass to Ack once trained on (empty = nothing to acknowledge).
     std::string ack_token;
   };
-  // FIFO sample of exactly `num_groups` groups for `source`, with
-  // require_ack; waits at most `timeout`.
+  // Exactly `num_groups` groups for `source` (FIFO with require_ack, or
+  // drawn as source.mode says); waits at most `timeout`.
   virtual absl::StatusOr<Sampled> Sample(const BufferSource& source, int num_groups,
                                          absl::Duration timeout) = 0;
   virtual absl::Status Ack(const BufferSource& source, const std::string& ack_token) = 0;

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -387,6 +388,89 @@ TEST_CASE("K=2 whitens over the global batch: REINFORCE++ and PPO equal K=1") {
     *p.add_stages() = s;
     CHECK(ShardedRlDiff(p, groups, dir.File("store_ppo")) <= 1e-5);
   }
+}
+
+// Hands out a fixed set of groups in an order of its own, as the replay
+// buffer does when workers' groups land in a different order.
+class OrderedSource : public GroupSource {
+ public:
+  OrderedSource(GroupList groups, bool reversed) : groups_(std::move(groups)), reversed_(reversed) {}
+  absl::StatusOr<Sampled> Sample(const BufferSource& source, int num_groups, absl::Duration) override {
+    consumers.push_back(source.consumer_id());
+    asked.push_back(num_groups);
+    Sampled s;
+    s.groups.assign(groups_.groups().begin(), groups_.groups().end());
+    if (reversed_) std::reverse(s.groups.begin(), s.groups.end());
+    s.groups.resize(std::min<size_t>(s.groups.size(), num_groups));
+    s.ack_token = "t";
+    return s;
+  }
+  absl::Status Ack(const BufferSource&, const std::string&) override { return absl::OkStatus(); }
+  std::vector<std::string> consumers;
+  std::vector<int> asked;
+
+ private:
+  GroupList groups_;
+  bool reversed_;
+};
+
+TEST_CASE("K=2 from the buffer: each shard draws the whole batch, orders it by group id and trains its slice") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny(13);
+  *e.add_stages() = GrpoStageOf(2, 1e-2);
+  GroupList groups;
+  {
+    Trainer t;
+    REQUIRE(t.Configure(Request(e)).ok());
+    // Rewards 0..3 in every group: each group carries a gradient of its own.
+    int i = 0;
+    groups = Rollout(t, Prompts(e, 4), 4, 1.0f, 5, [&](const std::vector<int64_t>&) {
+      return static_cast<double>(i++ % 4);
+    });
+  }
+  // Ids that sort differently from the rollout order.
+  const char* ids[] = {"exp/1/p-c", "exp/1/p-a", "exp/1/p-d", "exp/1/p-b"};
+  for (int g = 0; g < groups.groups_size(); ++g) groups.mutable_groups(g)->set_group_id(ids[g]);
+  GroupList sorted = groups;
+  std::sort(sorted.mutable_groups()->begin(), sorted.mutable_groups()->end(),
+            [](const TrajectoryGroup& a, const TrajectoryGroup& b) { return a.group_id() < b.group_id(); });
+
+  // Reference: the sorted batch given inline (rank r trains slice r).
+  Trainer inline_ranks[2];
+  auto ref = testing::TrainShards(inline_ranks, 2, Request(e), dir.File("store_inline"), 1, [&](int step) {
+    TrainStepRequest q;
+    q.set_step(step);
+    *q.mutable_groups() = sorted;
+    return q;
+  });
+  REQUIRE(ref[0].ok());
+  REQUIRE(ref[1].ok());
+
+  // From the "buffer": rank 0 sees the groups in rollout order, rank 1 in
+  // reverse, as two samplers racing two workers' puts would.
+  OrderedSource sources[2] = {OrderedSource(groups, false), OrderedSource(groups, true)};
+  Trainer ranks[2];
+  for (int r = 0; r < 2; ++r) ranks[r].set_group_source(&sources[r]);
+  auto res = testing::TrainShards(ranks, 2, Request(e), dir.File("store_buffer"), 1, [&](int step) {
+    TrainStepRequest q;
+    q.set_step(step);
+    BufferSource* b = q.mutable_buffer();
+    b->set_experiment_id("exp");
+    b->set_consumer_id("learner-grpo");
+    b->set_num_groups(4);
+    return q;
+  });
+  INFO(res[0].ToString() << " / " << res[1].ToString());
+  REQUIRE(res[0].ok());
+  REQUIRE(res[1].ok());
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(sources[r].asked.size() == 1);
+    CHECK(sources[r].asked[0] == 4);  // the whole global batch
+    CHECK(sources[r].consumers[0] == "learner-grpo/r" + std::to_string(r));  // a cursor per shard
+  }
+  CHECK(BitEqual(ranks[0], inline_ranks[0]));
+  CHECK(BitEqual(ranks[1], inline_ranks[1]));
 }
 
 TEST_CASE("exact resume: N steps straight == N/2, Save, fresh trainer, N/2 (bit-identical)") {

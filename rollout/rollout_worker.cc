@@ -237,6 +237,9 @@ struct RolloutWorker::Impl {
             absl::StrCat("sampling.max_new_tokens: prompts[", i, "] has ", p.token_ids_size(), " tokens; + ",
                          sp.max_new_tokens(), " exceeds the model's context of ", config->max_positions));
       }
+      if (p.has_stream_key() && p.stream_key() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("prompts[", i, "].stream_key: must be >= 0"));
+      }
       if (!ids.insert(PromptId(r, i)).second) {
         return absl::InvalidArgumentError(absl::StrCat("prompts[", i, "].prompt_id: duplicate \"", PromptId(r, i), "\""));
       }
@@ -258,6 +261,11 @@ struct RolloutWorker::Impl {
     sampling->seed = sp.seed();
     sampling->n = r.n();
     return sampling->Validate();
+  }
+
+  // Key of prompt i's random streams: its stream_key, else its position.
+  static int64_t StreamKey(const GenerateRequest& r, int i) {
+    return r.prompts(i).has_stream_key() ? r.prompts(i).stream_key() : i;
   }
 
   static std::string PromptId(const GenerateRequest& r, int i) {
@@ -480,7 +488,7 @@ struct RolloutWorker::Impl {
               g.id = next_gen_id++;
               g.prompt.assign(req->request.prompts(i).token_ids().begin(), req->request.prompts(i).token_ids().end());
               g.sampling = req->sampling;
-              g.prompt_index = i;
+              g.prompt_index = StreamKey(req->request, i);
               inflight[g.id] = Inflight{req, i};
               admit.emplace_back(g.id, std::move(g));
             }
@@ -501,7 +509,7 @@ struct RolloutWorker::Impl {
           const auto& ids = r.request.prompts(it->second.prompt).token_ids();
           g.prompt.assign(ids.begin(), ids.end());
           g.sampling = r.sampling;
-          g.prompt_index = it->second.prompt;
+          g.prompt_index = StreamKey(r.request, it->second.prompt);
           g.resume = std::move(p.samples);
           if (options.on_update == RolloutWorkerOptions::OnUpdate::kAbort) {
             // Start the unfinished samples over: no sequence mixes versions.

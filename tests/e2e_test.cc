@@ -16,24 +16,14 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "common/testing/test_util.h"
 #include "nlohmann/json.hpp"
+#include "tests/run_util.h"
 
 namespace rlmesh {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The one experiment folder under `root`.
-std::string RunDir(const std::string& root) {
-  for (const auto& e : std::filesystem::directory_iterator(root)) {
-    if (e.is_directory()) return e.path().string();
-  }
-  return "";
-}
+using testing::LastStep;
+using testing::ReadAll;
+using testing::RunDir;
 
 TEST_CASE("SFT then GRPO across real processes learns the task") {
   testing::TempDir dir;
@@ -129,19 +119,6 @@ TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards, 
   CHECK(lagged >= 15);
   INFO("sft " << final_acc["sft"] << " grpo " << final_acc["grpo"]);
   CHECK(final_acc["grpo"] >= final_acc["sft"] + 0.1);
-}
-
-// Highest step of `stage` in a run's metrics.jsonl (0 if none).
-int LastStep(const std::string& run_dir, const std::string& stage) {
-  std::istringstream metrics(ReadAll(run_dir + "/metrics.jsonl"));
-  int last = 0;
-  for (std::string line; std::getline(metrics, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("event", "") == "step" && j.value("stage", "") == stage) {
-      last = std::max(last, j.value("step", 0));
-    }
-  }
-  return last;
 }
 
 TEST_CASE("a run cancelled mid-stage resumes from its checkpoint and finishes") {
