@@ -117,6 +117,11 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   if (s->temperature() == 0) s->set_temperature(1.0f);
   if (s->max_new_tokens() == 0) s->set_max_new_tokens(16);
   if (s->top_p() == 0) s->set_top_p(1.0f);
+  // Training rollouts sample, with streams keyed by the experiment seed,
+  // the stage and the step: a seed or greedy here would not be used.
+  c.Require(s->seed() == 0, "rollout.sampling.seed", "not used: every stream derives from the experiment's `seed`");
+  c.Require(!s->greedy(), "rollout.sampling.greedy",
+            "not used: training rollouts sample (held-out evaluation is greedy anyway)");
   c.Require(s->temperature() > 0, "rollout.sampling.temperature", "must be > 0");
   c.Require(s->top_p() > 0 && s->top_p() <= 1, "rollout.sampling.top_p", "must be in (0, 1]");
   c.Require(s->top_k() >= 0, "rollout.sampling.top_k", "must be >= 0");
@@ -140,6 +145,16 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);
   c.Require(l->micro_batch_tokens() > 0, "learner.micro_batch_tokens", "must be > 0");
 
+  const BufferConfig& b = config->buffer();
+  c.Require(b.sample_mode().empty() || b.sample_mode() == "fifo" || b.sample_mode() == "uniform" ||
+                b.sample_mode() == "prioritized",
+            "buffer.sample_mode", "must be fifo, uniform or prioritized");
+  c.Require(b.keep_steps() >= 0, "buffer.keep_steps", "must be >= 0");
+  c.Require(b.max_bytes() >= 0, "buffer.max_bytes", "must be >= 0");
+  c.Require(config->weight_sync().bucket_mb() >= 0 && config->weight_sync().bucket_mb() <= 4096,
+            "weight_sync.bucket_mb", "must be in [0, 4096] (0 = 64)");
+  c.Require(config->weight_sync().timeout_ms() >= 0, "weight_sync.timeout_ms", "must be >= 0");
+
   if (config->checkpoint().keep() == 0) config->mutable_checkpoint()->set_keep(3);
   c.Require(config->checkpoint().every() >= 0, "checkpoint.every", "must be >= 0");
   c.Require(config->eval().every() >= 0, "eval.every", "must be >= 0");
@@ -158,6 +173,10 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
         c.Require(st->sft().steps() > 0, p + ".sft.steps", "must be > 0");
         c.Require(st->sft().batch() > 0, p + ".sft.batch", "must be > 0");
         CheckOptimizer(c, st->sft().optimizer(), p + ".sft.optimizer");
+        c.Require(st->sft().until().eval_accuracy() >= 0 && st->sft().until().eval_accuracy() <= 1,
+                  p + ".sft.until.eval_accuracy", "must be in [0, 1] (0 = no stop rule)");
+        c.Require(st->sft().until().every() >= 0, p + ".sft.until.every", "must be >= 0");
+        c.Require(st->sft().until().after() >= 0, p + ".sft.until.after", "must be >= 0");
         break;
       case Stage::kGrpo: {
         const std::string& adv = st->grpo().advantage();

@@ -25,6 +25,25 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
         " learners; the experiment wants rollout.workers=", config.rollout().workers(),
         " learner.shards=", config.learner().shards(), " (use --set or launch a matching cluster)"));
   }
+  // What the roles of a running cluster were started with cannot change per
+  // experiment: a submitted config that sets it is refused, naming it, rather
+  // than silently run without it (`coordinator run` honours all of them).
+  const std::pair<bool, const char*> launch_only[] = {
+      {config.model().threads() != 0, "model.threads"},
+      {config.rollout().max_batch() != 0, "rollout.max_batch"},
+      {config.rollout().max_queue() != 0, "rollout.max_queue"},
+      {!config.rollout().on_update().empty() && config.rollout().on_update() != "finish", "rollout.on_update"},
+      {!config.reward().reward_model().empty(), "reward.reward_model"},
+      {config.reward().reward_model_weight() != 0, "reward.reward_model_weight"},
+      {config.reward().servers() != static_cast<int>(cluster_.reward_servers.size()), "reward.servers"},
+  };
+  for (const auto& [set, field] : launch_only) {
+    if (set) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ": set when the cluster's roles start; a running cluster cannot change it for one experiment "
+                 "(leave it unset, or use `coordinator run`)"));
+    }
+  }
   // The workers decode (and the reward servers read) text with the cluster's
   // tokenizer: an experiment tokenized otherwise would be scored on garbage.
   auto same_tokenizer = [](const std::string& a, const std::string& b) {

@@ -342,7 +342,10 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   const std::string tokenizer = cfg->model().tokenizer() == "char" ? "char" : UserPath(cfg->model().tokenizer());
   co.tokenizer = tokenizer;
   // The experiment's rollout settings become the workers' flags.
-  co.rollout_args = {"--tokenizer=" + tokenizer, absl::StrCat("--threads=", std::max(1, cores / co.rollout_workers))};
+  // model.threads, else the cores shared out over the roles that compute.
+  const int threads = cfg->model().threads();
+  co.rollout_args = {"--tokenizer=" + tokenizer,
+                     absl::StrCat("--threads=", threads > 0 ? threads : std::max(1, cores / co.rollout_workers))};
   if (cfg->rollout().max_batch() > 0) co.rollout_args.push_back(absl::StrCat("--max_batch=", cfg->rollout().max_batch()));
   if (cfg->rollout().max_queue() > 0) co.rollout_args.push_back(absl::StrCat("--max_queue=", cfg->rollout().max_queue()));
   if (!cfg->rollout().on_update().empty()) co.rollout_args.push_back("--on_update=" + cfg->rollout().on_update());
@@ -350,7 +353,10 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   if (!cfg->reward().reward_model().empty()) {
     co.reward_args.push_back("--reward_model=" + UserPath(cfg->reward().reward_model()));
   }
-  co.learner_args = {absl::StrCat("--threads=", std::max(1, cores / co.learners))};
+  if (cfg->reward().reward_model_weight() != 0) {
+    co.reward_args.push_back(absl::StrCat("--reward_model_weight=", cfg->reward().reward_model_weight()));
+  }
+  co.learner_args = {absl::StrCat("--threads=", threads > 0 ? threads : std::max(1, cores / co.learners))};
   std::printf("rlmesh: starting %d rollout worker(s), %d reward server(s), %d learner(s), replay buffer; run dir %s\n",
               co.rollout_workers, co.reward_servers, co.learners, run_dir.c_str());
   std::fflush(stdout);

@@ -57,6 +57,14 @@ absl::Status ParallelFor(int n, const std::function<absl::Status(int)>& fn) {
 
 double Seconds(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
+// splitmix64 over (seed, salt): independent seeds from one experiment seed.
+uint64_t MixSeed(uint64_t seed, uint64_t salt) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (salt + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 std::string Bar(double frac, int width = 20) {
   const int full = static_cast<int>(std::round(std::max(0.0, std::min(1.0, frac)) * width));
   std::string s;
@@ -148,8 +156,10 @@ class ExperimentRunner::Impl {
     std::error_code ec;
     std::filesystem::create_directories(o_.run_dir + "/weights", ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", o_.run_dir, ": ", ec.message()));
-    metrics_.open(o_.run_dir + "/metrics.jsonl", std::ios::app);
-    if (!metrics_) return absl::PermissionDeniedError(absl::StrCat("cannot write ", o_.run_dir, "/metrics.jsonl"));
+    if (!cfg().logging().no_jsonl()) {
+      metrics_.open(o_.run_dir + "/metrics.jsonl", std::ios::app);
+      if (!metrics_) return absl::PermissionDeniedError(absl::StrCat("cannot write ", o_.run_dir, "/metrics.jsonl"));
+    }
     if (cfg().logging().tensorboard()) {
       RLMESH_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Create(o_.run_dir + "/tensorboard"));
     }
@@ -188,6 +198,7 @@ class ExperimentRunner::Impl {
         status_.set_step(0);
       }
       stage_init_ = init;
+      until_reached_ = false;
       RLMESH_RETURN_IF_ERROR(ConfigureLearners(i, init));
       // A reward model is not a policy: the rollout workers keep the policy
       // they hold, and the next stage starts from the same policy folder.
@@ -225,7 +236,7 @@ class ExperimentRunner::Impl {
         continue;
       }
       RLMESH_ASSIGN_OR_RETURN(init, SaveAll());
-      RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), StageSteps(stage), /*final=*/true));
+      RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), stage_step_, /*final=*/true));
       nlohmann::json marker = {{"checkpoint", init}, {"accuracy", acc}};
       if (init_accuracy >= 0) marker["init_accuracy"] = init_accuracy;
       RLMESH_RETURN_IF_ERROR(WriteJsonFile(StageMarker(i), marker));
@@ -392,6 +403,7 @@ class ExperimentRunner::Impl {
     spec.set_world_size(n + 1);
     spec.set_group_name(absl::StrCat(o_.experiment_id, "-g", sync_generation_));
     spec.set_timeout_ms(cfg().weight_sync().timeout_ms() > 0 ? cfg().weight_sync().timeout_ms() : 60000);
+    spec.set_bucket_mb(cfg().weight_sync().bucket_mb());
     spec.set_shm_prefix(absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id, "-g", sync_generation_));
     if (spec.backend() == WEIGHT_SYNC_GLOO || spec.backend() == WEIGHT_SYNC_NCCL) {
       // The coordinator hosts the group's c10d TCPStore; a rebuilt group
@@ -465,6 +477,13 @@ class ExperimentRunner::Impl {
     return p;
   }
 
+  // Seed of the rollouts of stage step `step` (1-based): keyed by the stage
+  // and the step, not by the rollout round, so a resumed run that redoes a
+  // step samples exactly what the uninterrupted run sampled.
+  uint64_t RolloutSeed(int stage_index, int64_t step) const {
+    return MixSeed(MixSeed(cfg().seed(), 0x5a3d + static_cast<uint64_t>(stage_index)), static_cast<uint64_t>(step));
+  }
+
   SamplingParams Sampling(bool greedy, uint64_t seed) const {
     SamplingParams s = cfg().rollout().sampling();
     s.set_greedy(greedy);
@@ -485,7 +504,13 @@ class ExperimentRunner::Impl {
       GenerateRequest req;
       req.set_experiment_id(o_.experiment_id);
       req.set_step(step);
-      for (size_t i = w; i < prompts.size(); i += workers) *req.add_prompts() = prompts[i];
+      for (size_t i = w; i < prompts.size(); i += workers) {
+        Prompt* p = req.add_prompts();
+        *p = prompts[i];
+        // Keyed by the prompt's place in the whole call: the same samples
+        // whatever the number of workers.
+        if (!p->has_stream_key()) p->set_stream_key(static_cast<int64_t>(i));
+      }
       if (req.prompts_size() == 0) return absl::OkStatus();
       *req.mutable_sampling() = sampling;
       req.set_n(n);
@@ -521,8 +546,9 @@ class ExperimentRunner::Impl {
     return all;
   }
 
-  // Held-out accuracy: greedy, one sample, scored by the first verifier.
-  absl::StatusOr<double> Evaluate(const std::string& label, int64_t step, bool final) {
+  // Held-out accuracy: greedy, one sample, scored by the first verifier;
+  // with `pass_at`, also the sampled pass@k of eval.pass_at.
+  absl::StatusOr<double> Evaluate(const std::string& label, int64_t step, bool final, bool pass_at = true) {
     SetPhase("eval");
     const absl::Time start = absl::Now();
     const auto& eval = task_->eval();
@@ -558,7 +584,7 @@ class ExperimentRunner::Impl {
     int n = 0;
     for (int k : cfg().eval().pass_at()) n = std::max(n, k);
     std::string pass_line;
-    if (n > 0 && !prompts.empty()) {
+    if (pass_at && n > 0 && !prompts.empty()) {
       RLMESH_ASSIGN_OR_RETURN(auto sampled,
                               Generate(prompts, n, Sampling(false, cfg().seed() * 7919ULL + step), false, step));
       RLMESH_ASSIGN_OR_RETURN(auto sampled_scores, Score(sampled));
@@ -623,6 +649,31 @@ class ExperimentRunner::Impl {
     const int every = cfg().eval().every();
     return every > 0 && step % every == 0 && step != total;
   }
+  // Whether an SFT stage's stop rule checks after `step`.
+  static bool UntilDue(const SftUntil& u, int64_t step, int64_t total) {
+    const int every = u.every() > 0 ? u.every() : 5;
+    return u.eval_accuracy() > 0 && step >= u.after() && step % every == 0 && step != total;
+  }
+
+  // buffer.keep_steps / buffer.max_bytes: trims the experiment's oldest
+  // rollout steps after each RL step.
+  absl::Status TrimBuffer() {
+    const BufferConfig& b = cfg().buffer();
+    if (b.keep_steps() <= 0 && b.max_bytes() <= 0) return absl::OkStatus();
+    TrimRequest req;
+    req.set_experiment_id(o_.experiment_id);
+    req.set_keep_steps(b.keep_steps());
+    req.set_max_bytes(b.max_bytes());
+    TrimResponse resp;
+    auto stub = ReplayBuffer::NewStub(replay_->channel());
+    auto ctx = replay_->NewContext(absl::Seconds(60));
+    absl::Status s = FromGrpcStatus(stub->Trim(ctx.get(), req, &resp));
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("replay buffer Trim: ", s.message()));
+    absl::MutexLock lock(&mu_);
+    (*status_.mutable_metrics())["buffer_trimmed_groups"] += static_cast<double>(resp.groups_removed());
+    return absl::OkStatus();
+  }
+
   bool ShouldCheckpoint(int64_t step, int64_t total) const {
     const int every = cfg().checkpoint().every();
     return every > 0 && step % every == 0 && step != total;
@@ -668,7 +719,7 @@ class ExperimentRunner::Impl {
                         const std::function<void()>& rewind = nullptr) {
     constexpr int kMaxRecoveries = 3;
     int failures = 0;
-    while (stage_step_ < total) {
+    while (stage_step_ < total && !until_reached_) {
       RLMESH_RETURN_IF_ERROR(CheckCancelled());
       absl::Status s = step();
       if (s.ok()) {
@@ -732,6 +783,8 @@ class ExperimentRunner::Impl {
       b->set_consumer_id(absl::StrCat("learner-", StageName(stage)));
       b->set_num_groups(rl.prompts_per_step());
       b->set_min_policy_version(min_version);
+      b->set_mode(cfg().buffer().sample_mode());
+      b->set_seed(MixSeed(RolloutSeed(status().stage_index(), stage_step_ + 1), 0xb0f));
     });
   }
 
@@ -754,9 +807,9 @@ class ExperimentRunner::Impl {
       const absl::Time t0 = absl::Now();
       std::vector<Prompt> prompts;
       for (const Example* e : loader.Next(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
-      RLMESH_ASSIGN_OR_RETURN(auto groups,
-                              Generate(prompts, rl.samples_per_prompt(),
-                                       Sampling(false, cfg().seed() * 1000003ULL + global_step_), true, global_step_));
+      RLMESH_ASSIGN_OR_RETURN(auto groups, Generate(prompts, rl.samples_per_prompt(),
+                                                    Sampling(false, RolloutSeed(stage_index, stage_step_ + 1)), true,
+                                                    global_step_));
       const double gen_seconds = Seconds(t0);
       double sum = 0, sq = 0, len = 0;
       int count = 0;
@@ -863,9 +916,8 @@ class ExperimentRunner::Impl {
           std::vector<Prompt> prompts;
           for (const Example* e : loader.Next(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
           const absl::Time t0 = absl::Now();
-          auto groups = Generate(prompts, rl.samples_per_prompt(),
-                                 Sampling(false, cfg().seed() * 1000003ULL + global_base + i), true,
-                                 global_base + i, min_version);
+          auto groups = Generate(prompts, rl.samples_per_prompt(), Sampling(false, RolloutSeed(stage_index, i)),
+                                 true, global_base + i, min_version);
           absl::MutexLock lock(&a.mu);
           if (!groups.ok()) {
             a.error = groups.status();
@@ -971,6 +1023,26 @@ class ExperimentRunner::Impl {
       (*j)["accuracy"] = acc;
       (*j)["seconds_eval"] = Seconds(t);
     }
+    if (stage.has_sft() && UntilDue(stage.sft().until(), stage_step_, total)) {
+      // The stop rule of an SFT stage: reuse the periodic eval if there was one.
+      if (!j->contains("accuracy")) {
+        const absl::Time t = absl::Now();
+        RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), stage_step_, false, /*pass_at=*/false));
+        (*j)["accuracy"] = acc;
+        (*j)["seconds_eval"] = Seconds(t);
+      }
+      if ((*j)["accuracy"].get<double>() >= stage.sft().until().eval_accuracy()) {
+        until_reached_ = true;
+        (*j)["until_reached"] = true;
+        if (o_.progress) {
+          std::printf("%s: held-out accuracy %.1f%% >= %.1f%% at step %lld: stage done (until.eval_accuracy)\n",
+                      StageName(stage).c_str(), 100 * (*j)["accuracy"].get<double>(),
+                      100 * stage.sft().until().eval_accuracy(), static_cast<long long>(stage_step_));
+          std::fflush(stdout);
+        }
+      }
+    }
+    if (RlSettings(stage) != nullptr) RLMESH_RETURN_IF_ERROR(TrimBuffer());
     if (ShouldCheckpoint(stage_step_, total)) RLMESH_RETURN_IF_ERROR(SaveAll().status());
     ++tb_step_;
     Record(*j);
@@ -981,8 +1053,10 @@ class ExperimentRunner::Impl {
   // One metrics line, and every number in it as a TensorBoard scalar
   // "<stage>/<key>" at the cumulative learner step.
   void Record(const nlohmann::json& j) {
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    if (metrics_.is_open()) {
+      metrics_ << j.dump() << "\n";
+      metrics_.flush();
+    }
     if (!tensorboard_) return;
     const std::string stage = j.value("stage", std::string("run"));
     const double wall = j.value("time", 0.0);
@@ -994,6 +1068,7 @@ class ExperimentRunner::Impl {
   }
 
   void PrintProgress(const Stage& stage, int64_t total, const nlohmann::json& j) {
+    if (cfg().logging().quiet()) return;
     const int64_t every = std::max<int64_t>(1, total / 20);
     if (stage_step_ % every != 0 && stage_step_ != total && !j.contains("accuracy")) return;
     auto get = [&](const char* k) { return j.contains(k) ? j[k].get<double>() : 0.0; };
@@ -1050,6 +1125,8 @@ class ExperimentRunner::Impl {
   int64_t global_step_ = 0;
   // Weights the current stage started from (for re-configuring after a crash).
   std::string stage_init_;
+  // The current SFT stage met its stop rule (sft.until).
+  bool until_reached_ = false;
   std::unique_ptr<rollout::WeightSyncStore> sync_store_;
   bool sync_unavailable_ = false;
   bool group_sync_worked_ = false;

@@ -28,6 +28,8 @@ ABSL_FLAG(int, rm_max_batch, 32, "Reward model: most items in one forward pass."
 ABSL_FLAG(double, rm_max_wait_ms, 5.0, "Reward model: longest wait for a fuller batch, milliseconds.");
 ABSL_FLAG(int64_t, rm_cache_size, 65536, "Reward model: results kept in the LRU cache; 0 disables it.");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = all hardware threads.");
+ABSL_FLAG(double, reward_model_weight, 0,
+          "Weight of the reward model's score in the summed reward; 0 = the experiment's, else 1.");
 
 int main(int argc, char** argv) {
   rlmesh::InitServerProcess(argc, argv, "reward_server",
@@ -54,6 +56,9 @@ int main(int argc, char** argv) {
     if (experiment.reward().reward_model_weight() != 0) {
       scorer_options.reward_model_weight = experiment.reward().reward_model_weight();
     }
+  }
+  if (absl::GetFlag(FLAGS_reward_model_weight) != 0) {
+    scorer_options.reward_model_weight = absl::GetFlag(FLAGS_reward_model_weight);
   }
   std::unique_ptr<rlmesh::RewardModel> reward_model;
   if (!rm_dir.empty()) {

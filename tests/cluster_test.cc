@@ -265,6 +265,15 @@ TEST_CASE("coordinator launch starts the cluster, reports health, restarts a kil
     INFO(s.error_message());
     CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
     CHECK(s.error_message().find("model.tokenizer") != std::string::npos);
+    // A setting the workers only read at start is refused by name, not run
+    // without it.
+    e->mutable_model()->set_tokenizer("char");
+    e->mutable_rollout()->set_max_batch(256);
+    auto ctx2 = client->NewContext(absl::Seconds(10));
+    s = stub->Submit(ctx2.get(), req, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(s.error_message().find("rollout.max_batch") != std::string::npos);
   }
 
   // SIGKILL one worker: the coordinator restarts it on the same address.

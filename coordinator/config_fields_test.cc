@@ -1,0 +1,223 @@
+// Every field of ExperimentConfig is honoured or refused: this test walks
+// the schema (proto/config.proto, through its descriptor) and fails for a
+// field that has no entry below naming the file that reads it, and for an
+// entry whose file does not read it (no `.field(`, `->field(` or
+// `.field_size(` there). Adding a field to the schema without code that reads
+// it therefore fails here. A field that is refused rather than honoured
+// points at coordinator/experiment_config.cc, where the refusal is.
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "catch2/catch.hpp"
+#include "common/testing/test_util.h"
+#include "google/protobuf/descriptor.h"
+#include "proto/config.pb.h"
+
+namespace rlmesh {
+namespace {
+
+// Field (full name) -> a source file that reads it.
+const std::map<std::string, std::string>& Readers() {
+  static const auto* readers = new std::map<std::string, std::string>{
+    {"rlmesh.ExperimentConfig.name", "coordinator/main.cc"},
+    {"rlmesh.ExperimentConfig.seed", "coordinator/runner.cc"},
+    {"rlmesh.ExperimentConfig.model", "coordinator/runner.cc"},
+    {"rlmesh.ModelConfig.init", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.path", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.arch", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.hidden", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.intermediate", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.layers", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.heads", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.kv_heads", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.max_positions", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.rope_theta", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.rms_norm_eps", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.tie_embeddings", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.tokenizer", "coordinator/runner.cc"},
+    {"rlmesh.ModelConfig.dtype", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.device", "learner/trainer.cc"},
+    {"rlmesh.ModelConfig.threads", "coordinator/main.cc"},
+    {"rlmesh.ExperimentConfig.task", "coordinator/runner.cc"},
+    {"rlmesh.TaskConfig.kind", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.digits", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.ops", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.train", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.eval", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.train_path", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.eval_path", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.prompt_field", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.answer_field", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.prompt_template", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.numbers", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.min_number", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.max_number", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.max_target", "tasks/task.cc"},
+    {"rlmesh.ExperimentConfig.stages", "coordinator/runner.cc"},
+    {"rlmesh.Stage.name", "coordinator/experiment_config.cc"},
+    {"rlmesh.Stage.sft", "learner/trainer.cc"},
+    {"rlmesh.SftStage.steps", "coordinator/runner.cc"},
+    {"rlmesh.SftStage.batch", "learner/trainer.cc"},
+    {"rlmesh.SftStage.optimizer", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.lr", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.weight_decay", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.beta1", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.beta2", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.eps", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.warmup_steps", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.schedule", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.min_lr_ratio", "learner/trainer.cc"},
+    {"rlmesh.OptimizerConfig.grad_clip", "learner/trainer.cc"},
+    {"rlmesh.SftStage.packing", "learner/trainer.cc"},
+    {"rlmesh.SftStage.train_on_prompt", "learner/trainer.cc"},
+    {"rlmesh.SftStage.until", "coordinator/runner.cc"},
+    {"rlmesh.SftUntil.eval_accuracy", "coordinator/runner.cc"},
+    {"rlmesh.SftUntil.every", "coordinator/runner.cc"},
+    {"rlmesh.SftUntil.after", "coordinator/runner.cc"},
+    {"rlmesh.Stage.reward_model", "learner/trainer.cc"},
+    {"rlmesh.RewardModelStage.steps", "learner/trainer.cc"},
+    {"rlmesh.RewardModelStage.batch", "learner/trainer.cc"},
+    {"rlmesh.RewardModelStage.optimizer", "learner/trainer.cc"},
+    {"rlmesh.RewardModelStage.pairs_path", "learner/trainer.cc"},
+    {"rlmesh.RewardModelStage.output", "learner/trainer.cc"},
+    {"rlmesh.Stage.dpo", "learner/trainer.cc"},
+    {"rlmesh.DpoStage.steps", "learner/trainer.cc"},
+    {"rlmesh.DpoStage.batch", "learner/trainer.cc"},
+    {"rlmesh.DpoStage.optimizer", "learner/trainer.cc"},
+    {"rlmesh.DpoStage.beta", "learner/trainer.cc"},
+    {"rlmesh.DpoStage.pairs_path", "learner/trainer.cc"},
+    {"rlmesh.Stage.ppo", "learner/trainer.cc"},
+    {"rlmesh.PpoStage.rl", "learner/trainer.cc"},
+    {"rlmesh.RlStage.steps", "coordinator/runner.cc"},
+    {"rlmesh.RlStage.prompts_per_step", "coordinator/runner.cc"},
+    {"rlmesh.RlStage.samples_per_prompt", "coordinator/runner.cc"},
+    {"rlmesh.RlStage.optimizer", "learner/trainer.cc"},
+    {"rlmesh.RlStage.clip_low", "learner/trainer.cc"},
+    {"rlmesh.RlStage.clip_high", "learner/trainer.cc"},
+    {"rlmesh.RlStage.dual_clip", "learner/trainer.cc"},
+    {"rlmesh.RlStage.kl", "learner/trainer.cc"},
+    {"rlmesh.KlConfig.coef", "learner/trainer.cc"},
+    {"rlmesh.KlConfig.estimator", "learner/trainer.cc"},
+    {"rlmesh.KlConfig.in_reward", "learner/trainer.cc"},
+    {"rlmesh.RlStage.entropy_coef", "learner/trainer.cc"},
+    {"rlmesh.RlStage.loss_agg", "learner/trainer.cc"},
+    {"rlmesh.RlStage.max_staleness", "coordinator/runner.cc"},
+    {"rlmesh.RlStage.importance_cap", "learner/trainer.cc"},
+    {"rlmesh.RlStage.epochs", "learner/trainer.cc"},
+    {"rlmesh.RlStage.mini_batches", "learner/trainer.cc"},
+    {"rlmesh.RlStage.drop_zero_variance", "learner/trainer.cc"},
+    {"rlmesh.RlStage.overlong_buffer", "learner/trainer.cc"},
+    {"rlmesh.RlStage.overlong_penalty", "learner/trainer.cc"},
+    {"rlmesh.PpoStage.gamma", "learner/trainer.cc"},
+    {"rlmesh.PpoStage.lam", "learner/trainer.cc"},
+    {"rlmesh.PpoStage.value_clip", "learner/trainer.cc"},
+    {"rlmesh.PpoStage.vf_coef", "learner/trainer.cc"},
+    {"rlmesh.PpoStage.critic_optimizer", "learner/trainer.cc"},
+    {"rlmesh.PpoStage.no_whiten", "learner/trainer.cc"},
+    {"rlmesh.Stage.grpo", "learner/trainer.cc"},
+    {"rlmesh.GrpoStage.rl", "learner/trainer.cc"},
+    {"rlmesh.GrpoStage.advantage", "learner/trainer.cc"},
+    {"rlmesh.ExperimentConfig.rollout", "coordinator/runner.cc"},
+    {"rlmesh.RolloutConfig.workers", "coordinator/main.cc"},
+    {"rlmesh.RolloutConfig.sampling", "learner/trainer.cc"},
+    {"rlmesh.SamplingParams.temperature", "rollout/rollout_worker.cc"},
+    {"rlmesh.SamplingParams.top_k", "rollout/rollout_worker.cc"},
+    {"rlmesh.SamplingParams.top_p", "rollout/rollout_worker.cc"},
+    {"rlmesh.SamplingParams.max_new_tokens", "coordinator/runner.cc"},
+    {"rlmesh.SamplingParams.stop_token_ids", "coordinator/runner.cc"},
+    {"rlmesh.SamplingParams.seed", "coordinator/experiment_config.cc"},
+    {"rlmesh.SamplingParams.greedy", "coordinator/experiment_config.cc"},
+    {"rlmesh.RolloutConfig.max_batch", "coordinator/main.cc"},
+    {"rlmesh.RolloutConfig.on_update", "coordinator/main.cc"},
+    {"rlmesh.RolloutConfig.max_queue", "coordinator/main.cc"},
+    {"rlmesh.ExperimentConfig.reward", "coordinator/runner.cc"},
+    {"rlmesh.RewardConfig.servers", "coordinator/main.cc"},
+    {"rlmesh.RewardConfig.verifiers", "coordinator/runner.cc"},
+    {"rlmesh.VerifierConfig.name", "reward_server/verifiers.cc"},
+    {"rlmesh.VerifierConfig.weight", "reward_server/scorer.cc"},
+    {"rlmesh.VerifierConfig.tolerance", "reward_server/verifiers.cc"},
+    {"rlmesh.VerifierConfig.pattern", "reward_server/verifiers.cc"},
+    {"rlmesh.VerifierConfig.max_tokens", "reward_server/verifiers.cc"},
+    {"rlmesh.VerifierConfig.penalty_per_token", "reward_server/verifiers.cc"},
+    {"rlmesh.VerifierConfig.command", "reward_server/verifiers.cc"},
+    {"rlmesh.VerifierConfig.label", "coordinator/runner.cc"},
+    {"rlmesh.RewardConfig.reward_model", "coordinator/main.cc"},
+    {"rlmesh.RewardConfig.reward_model_weight", "coordinator/main.cc"},
+    {"rlmesh.RewardConfig.verifier_timeout_ms", "coordinator/runner.cc"},
+    {"rlmesh.ExperimentConfig.buffer", "coordinator/runner.cc"},
+    {"rlmesh.BufferConfig.sample_mode", "coordinator/runner.cc"},
+    {"rlmesh.BufferConfig.keep_steps", "coordinator/runner.cc"},
+    {"rlmesh.BufferConfig.max_bytes", "coordinator/runner.cc"},
+    {"rlmesh.ExperimentConfig.learner", "coordinator/runner.cc"},
+    {"rlmesh.LearnerConfig.shards", "coordinator/runner.cc"},
+    {"rlmesh.LearnerConfig.zero", "learner/trainer.cc"},
+    {"rlmesh.LearnerConfig.micro_batch_tokens", "learner/trainer.cc"},
+    {"rlmesh.LearnerConfig.autocast", "learner/trainer.cc"},
+    {"rlmesh.ExperimentConfig.weight_sync", "coordinator/runner.cc"},
+    {"rlmesh.WeightSyncConfig.backend", "coordinator/runner.cc"},
+    {"rlmesh.WeightSyncConfig.bucket_mb", "coordinator/runner.cc"},
+    {"rlmesh.WeightSyncConfig.timeout_ms", "coordinator/runner.cc"},
+    {"rlmesh.ExperimentConfig.checkpoint", "coordinator/runner.cc"},
+    {"rlmesh.CheckpointConfig.every", "coordinator/runner.cc"},
+    {"rlmesh.CheckpointConfig.keep", "learner/trainer.cc"},
+    {"rlmesh.ExperimentConfig.eval", "coordinator/runner.cc"},
+    {"rlmesh.EvalConfig.every", "coordinator/runner.cc"},
+    {"rlmesh.EvalConfig.prompts", "coordinator/runner.cc"},
+    {"rlmesh.EvalConfig.pass_at", "coordinator/runner.cc"},
+    {"rlmesh.ExperimentConfig.logging", "coordinator/runner.cc"},
+    {"rlmesh.LoggingConfig.no_jsonl", "coordinator/runner.cc"},
+    {"rlmesh.LoggingConfig.tensorboard", "coordinator/runner.cc"},
+    {"rlmesh.LoggingConfig.prometheus_port", "coordinator/main.cc"},
+    {"rlmesh.LoggingConfig.quiet", "coordinator/runner.cc"},
+    {"rlmesh.ExperimentConfig.run_dir", "coordinator/main.cc"},
+  };
+  return *readers;
+}
+
+void Walk(const google::protobuf::Descriptor* m, std::set<std::string>* seen, std::set<std::string>* fields) {
+  if (!seen->insert(m->full_name()).second) return;
+  for (int i = 0; i < m->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = m->field(i);
+    fields->insert(f->full_name());
+    if (f->message_type() != nullptr) Walk(f->message_type(), seen, fields);
+  }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST_CASE("every ExperimentConfig field has code that reads it") {
+  std::set<std::string> seen, fields;
+  Walk(ExperimentConfig::descriptor(), &seen, &fields);
+  REQUIRE(fields.size() > 100);
+  std::map<std::string, std::string> sources;
+  for (const std::string& f : fields) {
+    INFO("field " << f);
+    auto it = Readers().find(f);
+    // A new field: honour it (and name the file here) or refuse it.
+    REQUIRE(it != Readers().end());
+    std::string& text = sources[it->second];
+    if (text.empty()) text = ReadFile(testing::Runfile(it->second));
+    REQUIRE(!text.empty());
+    const std::string name = f.substr(f.rfind('.') + 1);
+    const std::regex read("[.>]" + name + "(_size)?\\(");
+    INFO("file " << it->second);
+    CHECK(std::regex_search(text, read));
+  }
+  // No entry for a field that no longer exists.
+  for (const auto& [f, file] : Readers()) {
+    INFO("entry " << f);
+    CHECK(fields.count(f) == 1);
+  }
+}
+
+}  // namespace
+}  // namespace rlmesh
