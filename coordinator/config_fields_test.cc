@@ -57,6 +57,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.TaskConfig.min_number", "tasks/task.cc"},
     {"rlmesh.TaskConfig.max_number", "tasks/task.cc"},
     {"rlmesh.TaskConfig.max_target", "tasks/task.cc"},
+    {"rlmesh.TaskConfig.sft_carry_errors", "tasks/task.cc"},
     {"rlmesh.ExperimentConfig.stages", "coordinator/runner.cc"},
     {"rlmesh.Stage.name", "coordinator/experiment_config.cc"},
     {"rlmesh.Stage.sft", "learner/trainer.cc"},

@@ -904,7 +904,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
   std::vector<Seq> seqs;
   for (int64_t i = lo; i < hi; ++i) {
     std::vector<int> p = EncodePrompt(*s.tokenizer, global[i]->prompt);
-    std::vector<int> r = EncodeResponse(*s.tokenizer, global[i]->answer);
+    const Example& e = *global[i];
+    std::vector<int> r = EncodeResponse(*s.tokenizer, e.sft_target.empty() ? e.answer : e.sft_target);
     Seq q;
     q.ids.assign(p.begin(), p.end());
     q.ids.insert(q.ids.end(), r.begin(), r.end());

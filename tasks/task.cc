@@ -59,6 +59,34 @@ class ArithmeticTask final : public Task {
       e.answer = absl::StrCat(r);
       return e;
     };
+    if (!(c.sft_carry_errors() >= 0 && c.sft_carry_errors() <= 1)) {
+      return absl::InvalidArgumentError("task.sft_carry_errors: must be in [0, 1]");
+    }
+    if (c.sft_carry_errors() > 0 && ops != "+") {
+      return absl::InvalidArgumentError("task.sft_carry_errors: only for ops \"+\"");
+    }
+
+    // Whether train example i gets a carry-dropped SFT target: drawn per
+    // example from the seed, so the policy sees the right and the wrong
+    // habit on the same kinds of problems and cannot learn which is which.
+    auto corrupted = [&](size_t i) {
+      uint64_t z = (seed ^ 0xc0ffee) + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(i) + 1);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+      z ^= z >> 31;
+      return static_cast<double>(z >> 11) * 0x1.0p-53 < c.sft_carry_errors();
+    };
+    // The digit-wise sum without carries (operands are >= 0 for '+').
+    auto without_carries = [](int64_t a, int64_t b) {
+      int64_t out = 0, place = 1;
+      while (a > 0 || b > 0) {
+        out += ((a % 10 + b % 10) % 10) * place;
+        a /= 10;
+        b /= 10;
+        place *= 10;
+      }
+      return out;
+    };
     std::set<std::tuple<int64_t, int64_t, char>> held_out;
     while (static_cast<int64_t>(held_out.size()) < n_eval) {
       auto p = draw();
@@ -69,7 +97,12 @@ class ArithmeticTask final : public Task {
     while (static_cast<int64_t>(task->train_.size()) < n_train) {
       auto p = draw();
       if (held_out.count(p)) continue;
-      task->train_.push_back(make(p, absl::StrCat("train/", task->train_.size())));
+      Example e = make(p, absl::StrCat("train/", task->train_.size()));
+      const auto [a, b, op] = p;
+      if (c.sft_carry_errors() > 0 && corrupted(task->train_.size())) {
+        e.sft_target = absl::StrCat(without_carries(a, b));
+      }
+      task->train_.push_back(std::move(e));
     }
     return std::unique_ptr<Task>(std::move(task));
   }

@@ -22,6 +22,10 @@ struct Example {
   std::string prompt;
   // Reference answer text.
   std::string answer;
+  // What an SFT stage trains on for this prompt; empty = `answer`. Differs
+  // only where the task was asked for imperfect SFT data
+  // (task.sft_carry_errors): verifiers and evaluation always use `answer`.
+  std::string sft_target;
 };
 
 // Immutable after construction; safe for concurrent use.

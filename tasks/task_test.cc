@@ -1,10 +1,12 @@
 #include "tasks/task.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "reward_server/verifiers.h"
@@ -43,6 +45,48 @@ TEST_CASE("arithmetic: answers are right and the splits are disjoint") {
   int same = 0;
   for (int i = 0; i < 50; ++i) same += (*other)->eval()[i].prompt == (*task)->eval()[i].prompt;
   CHECK(same < 5);
+}
+
+TEST_CASE("arithmetic: sft_carry_errors drops the carries of that share of SFT targets, nothing else") {
+  TaskConfig c;
+  c.set_kind("arithmetic");
+  c.set_digits(2);
+  c.set_train(4000);
+  c.set_eval(100);
+  c.set_sft_carry_errors(0.5);
+  auto task = MakeTask(c, 11);
+  REQUIRE(task.ok());
+  int carry = 0, dropped = 0;
+  for (const auto& e : (*task)->train()) {
+    const size_t op = e.prompt.find('+');
+    const long a = std::stol(e.prompt.substr(0, op));
+    const long b = std::stol(e.prompt.substr(op + 1, e.prompt.size() - op - 2));
+    CHECK(e.answer == std::to_string(a + b));  // the reference is always right
+    const long no_carry = (a % 10 + b % 10) % 10 + 10 * ((a / 10 + b / 10) % 10);
+    if (no_carry == a + b) {
+      // Nothing to drop: the SFT target is the answer.
+      CHECK((e.sft_target.empty() || e.sft_target == e.answer));
+      continue;
+    }
+    ++carry;
+    if (!e.sft_target.empty()) {
+      CHECK(e.sft_target == std::to_string(no_carry));
+      ++dropped;
+    }
+  }
+  INFO(dropped << " of " << carry << " problems with a carry");
+  CHECK(carry > 1000);
+  CHECK(std::abs(static_cast<double>(dropped) / carry - 0.5) < 0.05);
+  for (const auto& e : (*task)->eval()) CHECK(e.sft_target.empty());
+  // Same seed, same targets.
+  auto again = MakeTask(c, 11);
+  for (size_t i = 0; i < 200; ++i) CHECK((*again)->train()[i].sft_target == (*task)->train()[i].sft_target);
+  // Refused by name: out of range, or with an operator that has no carries.
+  c.set_sft_carry_errors(1.5);
+  CHECK(absl::StrContains(MakeTask(c, 1).status().message(), "task.sft_carry_errors"));
+  c.set_sft_carry_errors(0.5);
+  c.set_ops("+-");
+  CHECK(absl::StrContains(MakeTask(c, 1).status().message(), "task.sft_carry_errors"));
 }
 
 // "3 7 5>26=" -> ({3, 7, 5}, 26).
