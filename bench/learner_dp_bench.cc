@@ -32,6 +32,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "dist/gloo.h"
+#include "dist/store.h"
 #include "learner/data_parallel.h"
 
 ABSL_FLAG(std::string, elements, "1000000,4000000,16000000", "parameter counts to try");
@@ -123,7 +125,7 @@ Summary RunK2(int64_t n, DataParallelOptions options, const std::string& mode) {
   std::vector<std::future<RankTimes>> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.push_back(std::async(std::launch::async, [=] {
-      auto group = CreateGlooGroup(store, rank, 2);
+      auto group = dist::CreateGlooGroup(store, rank, 2);
       if (!group.ok()) {
         std::fprintf(stderr, "group: %s\n", group.status().ToString().c_str());
         std::exit(1);

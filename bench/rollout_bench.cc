@@ -32,7 +32,7 @@
 #include "proto/rollout.grpc.pb.h"
 #include "rollout/rollout_worker.h"
 #include "rollout/service.h"
-#include "rollout/weight_sync.h"
+#include "weight_sync/weight_sync.h"
 
 ABSL_FLAG(int, repeats, 5, "Repeats of each measurement.");
 ABSL_FLAG(int, threads, 2, "LibTorch intra-op threads.");
@@ -50,6 +50,12 @@ ABSL_FLAG(int, rounds, 0, "internal: rounds to receive.");
 
 namespace rlmesh::rollout {
 namespace {
+
+using weight_sync::CreateWeightPublisher;
+using weight_sync::CreateWeightReceiver;
+using weight_sync::NamedTensors;
+using weight_sync::WeightReceiver;
+using weight_sync::WeightSyncStore;
 
 struct Stats {
   double median, min, max;

@@ -23,7 +23,7 @@
 #include "proto/replay_buffer.grpc.pb.h"
 #include "proto/reward.grpc.pb.h"
 #include "proto/rollout.grpc.pb.h"
-#include "rollout/weight_sync.h"
+#include "weight_sync/segments.h"
 #include "tasks/encoding.h"
 #include "tasks/task.h"
 
@@ -104,13 +104,9 @@ class ExperimentRunner::Impl {
 
   // Weight-sync segments of this run (every sync generation) outlive a
   // killed publisher; the run removes them when it ends.
-  void RemoveSharedMemory() {
-    const std::string prefix = absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id);
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-      if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
-    }
-  }
+  void RemoveSharedMemory() { weight_sync::RemoveSegments(ShmPrefixBase()); }
+  // Every sync generation's spec.shm_prefix starts with this.
+  std::string ShmPrefixBase() const { return absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id); }
   RunSummary summary() const {
     absl::MutexLock lock(&mu_);
     return summary_;
@@ -404,17 +400,25 @@ class ExperimentRunner::Impl {
     spec.set_group_name(absl::StrCat(o_.experiment_id, "-g", sync_generation_));
     spec.set_timeout_ms(cfg().weight_sync().timeout_ms() > 0 ? cfg().weight_sync().timeout_ms() : 60000);
     spec.set_bucket_mb(cfg().weight_sync().bucket_mb());
-    spec.set_shm_prefix(absl::StrCat("rlmesh-", ::getpid(), "-", o_.experiment_id, "-g", sync_generation_));
+    spec.set_shm_prefix(absl::StrCat(ShmPrefixBase(), "-g", sync_generation_));
     if (spec.backend() == WEIGHT_SYNC_GLOO || spec.backend() == WEIGHT_SYNC_NCCL) {
-      // The coordinator hosts the group's c10d TCPStore; a rebuilt group
-      // (after a failure) reuses it under a new group name.
-      if (sync_store_ == nullptr) {
-        RLMESH_ASSIGN_OR_RETURN(sync_store_,
-                                rollout::WeightSyncStore::Host(o_.sync_store_host, 0, n + 1, spec.timeout_ms()));
-        RLMESH_LOG(INFO) << "weight-sync store on " << o_.sync_store_host << ":" << sync_store_->port();
+      // The learner's rank 0 hosts the group's c10d TCPStore; a rebuilt
+      // group (after a failure) reuses it under a new group name, and a
+      // restarted learner hosts a new one (Recover forgets the port).
+      if (sync_store_port_ == 0) {
+        HostWeightSyncStoreRequest req;
+        req.set_world_size(n + 1);
+        req.set_timeout_ms(spec.timeout_ms());
+        HostWeightSyncStoreResponse resp;
+        auto stub = Learner::NewStub(learners_[0]->channel());
+        auto ctx = learners_[0]->NewContext(absl::Seconds(30));
+        absl::Status s = FromGrpcStatus(stub->HostWeightSyncStore(ctx.get(), req, &resp));
+        if (!s.ok()) return absl::Status(s.code(), absl::StrCat("learner 0 HostWeightSyncStore: ", s.message()));
+        sync_store_port_ = resp.port();
+        RLMESH_LOG(INFO) << "weight-sync store on " << o_.sync_store_host << ":" << sync_store_port_;
       }
       spec.set_store_host(o_.sync_store_host);
-      spec.set_store_port(sync_store_->port());
+      spec.set_store_port(sync_store_port_);
     }
     if (!sync_configured_) {
       RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
@@ -766,6 +770,7 @@ class ExperimentRunner::Impl {
     // sync group keeps it clear of what the dead one published.
     ++sync_generation_;
     sync_configured_ = false;
+    sync_store_port_ = 0;
     const int stage_index = status().stage_index();
     RLMESH_RETURN_IF_ERROR(ConfigureLearners(stage_index, stage_init_));
     // The workers keep their policy while a reward model trains.
@@ -1127,7 +1132,8 @@ class ExperimentRunner::Impl {
   std::string stage_init_;
   // The current SFT stage met its stop rule (sft.until).
   bool until_reached_ = false;
-  std::unique_ptr<rollout::WeightSyncStore> sync_store_;
+  // Port of the weight-sync store learner 0 hosts (0 = not asked yet).
+  int sync_store_port_ = 0;
   bool sync_unavailable_ = false;
   bool group_sync_worked_ = false;
   bool sync_configured_ = false;

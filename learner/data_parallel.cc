@@ -2,10 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
-#include <stdlib.h>
 
 #include <chrono>
 #include <mutex>
@@ -15,24 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "dist/collective.h"
 #include "learner/tensor_checks.h"
 
 namespace rlmesh::learner {
 namespace {
 
-double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+using dist::Collective;
 
-// A collective that throws (timeout, peer closed the connection) leaves the
-// group unusable: ABORTED tells the caller to rebuild at a higher level.
-template <typename F>
-absl::Status Collective(const char* what, F&& f) {
-  try {
-    std::forward<F>(f)();
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    return absl::AbortedError(absl::StrCat(what, " failed: ", e.what()));
-  }
-}
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
 void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
   // Work::wait throws on failure or on the group's timeout.
@@ -40,77 +27,6 @@ void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
 }
 
 }  // namespace
-
-absl::Status GlooGroupOptions::Validate() const {
-  if (hostname.empty()) return absl::InvalidArgumentError("hostname: must not be empty");
-  if (timeout_ms <= 0) return absl::InvalidArgumentError("timeout_ms: must be > 0");
-  if (threads <= 0) return absl::InvalidArgumentError("threads: must be > 0");
-  return absl::OkStatus();
-}
-
-absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-    const GlooGroupOptions& options) {
-  RLMESH_RETURN_IF_ERROR(options.Validate());
-  if (!store) return absl::InvalidArgumentError("store: must not be null");
-  if (world_size < 1) return absl::InvalidArgumentError("world_size: must be >= 1");
-  if (rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank: must be in [0, ", world_size, "), got ", rank));
-  }
-  // torch 2.11's c10d flight recorder (on by default, process-wide) crashed
-  // in recordWithResetEnabled when two Gloo groups of one process enqueued
-  // collectives from two threads (a std::map insert race; seen 1 run in ~10
-  // of data_parallel_test). Off unless the user asked for it.
-  static std::once_flag fr_once;
-  std::call_once(fr_once, [] { ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0); });
-  c10::intrusive_ptr<c10d::Backend> group;
-  RLMESH_RETURN_IF_ERROR(Collective("gloo rendezvous", [&] {
-    auto opts = c10d::ProcessGroupGloo::Options::create(
-        std::chrono::milliseconds(options.timeout_ms));
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
-    opts->threads = options.threads;
-    group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
-  }));
-  return group;
-}
-
-absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> MakeTcpStore(const std::string& host,
-                                                                 int port, bool is_server,
-                                                                 int world_size,
-                                                                 int64_t timeout_ms) {
-  if (port < 0 || port > 65535 || (!is_server && port == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("port: invalid ", port));
-  }
-  if (world_size < 1) return absl::InvalidArgumentError("world_size: must be >= 1");
-  if (timeout_ms <= 0) return absl::InvalidArgumentError("timeout_ms: must be > 0");
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  try {
-    c10d::TCPStoreOptions opts;
-    opts.port = static_cast<uint16_t>(port);
-    opts.isServer = is_server;
-    opts.numWorkers = world_size;
-    opts.waitWorkers = false;
-    opts.timeout = std::chrono::milliseconds(timeout_ms);
-    store = c10::make_intrusive<c10d::TCPStore>(host, opts);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("tcp store ", host, ":", port, (is_server ? " (server)" : ""), ": ",
-                     e.what()));
-  }
-  return store;
-}
-
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeFileStore(const std::string& path,
-                                                              int world_size) {
-  if (path.empty()) return absl::InvalidArgumentError("path: must not be empty");
-  if (world_size < 1) return absl::InvalidArgumentError("world_size: must be >= 1");
-  try {
-    return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::FileStore>(path, world_size));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("file store ", path, ": ", e.what()));
-  }
-}
 
 absl::Status DataParallelOptions::Validate() const {
   if (bucket_bytes < 1024) return absl::InvalidArgumentError("bucket_bytes: must be >= 1024");

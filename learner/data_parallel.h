@@ -33,8 +33,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -46,38 +44,6 @@
 #include "learner/schedule.h"
 
 namespace rlmesh::learner {
-
-struct GlooGroupOptions {
-  // Address the Gloo transport binds and advertises. Default loopback.
-  std::string hostname = "127.0.0.1";
-  // Collective and rendezvous timeout, milliseconds. Default 300000.
-  int64_t timeout_ms = 300'000;
-  // Gloo worker threads. Default 2.
-  int threads = 2;
-
-  absl::Status Validate() const;
-};
-
-// Creates a Gloo process group; blocks until all `world_size` ranks have
-// joined through `store` (or the timeout passes: ABORTED). The first call
-// sets TORCH_FR_BUFFER_SIZE=0 unless the environment already sets it: c10d's
-// flight recorder races when several groups of one process run collectives
-// from different threads (docs/decisions.md).
-absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-    const GlooGroupOptions& options = {});
-
-// A TCPStore. The server (rank 0) binds `port` on `host` (0 = a free port;
-// read it back with getPort()) and does not wait for workers; clients
-// connect to host:port. timeout_ms bounds connects and waits.
-absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> MakeTcpStore(const std::string& host,
-                                                                 int port, bool is_server,
-                                                                 int world_size,
-                                                                 int64_t timeout_ms);
-
-// A FileStore at `path` (a shared file system path, e.g. in TEST_TMPDIR).
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeFileStore(const std::string& path,
-                                                              int world_size);
 
 struct DataParallelOptions {
   // Largest all-reduce / broadcast bucket, in bytes. Default 25 MiB.

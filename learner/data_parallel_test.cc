@@ -2,6 +2,8 @@
 // processes over a TCPStore) must produce the parameters of one process
 // trained on the whole batch with torch::optim::AdamW, within 1e-5, for plain
 // DP and for ZeRO-1 (native and emulated reduce-scatter).
+#include "dist/gloo.h"
+#include "dist/store.h"
 #include "learner/data_parallel.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -67,9 +69,9 @@ std::vector<at::Tensor> TrainOnThreads(int world, const ToyTrainOptions& options
   for (int rank = 0; rank < world; ++rank) {
     futures.push_back(std::async(std::launch::async, [=]() {
       Result r;
-      GlooGroupOptions gloo;
+      dist::GlooGroupOptions gloo;
       gloo.timeout_ms = 60'000;
-      auto group = CreateGlooGroup(store, rank, world, gloo);
+      auto group = dist::CreateGlooGroup(store, rank, world, gloo);
       if (!group.ok()) {
         r.flat = group.status();
         return r;
@@ -184,7 +186,7 @@ TEST_CASE("ZeRO-1 shards the optimizer state") {
     // No Catch2 assertions off the main thread: results come back instead.
     futures.push_back(std::async(std::launch::async, [=] {
       Shard s;
-      auto group = CreateGlooGroup(store, rank, 2);
+      auto group = dist::CreateGlooGroup(store, rank, 2);
       if (!group.ok()) return Shard{group.status()};
       DataParallelOptions o;
       o.zero1 = true;

@@ -8,7 +8,7 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/rpc_handler.h"
-#include "rollout/weight_sync.h"
+#include "weight_sync/weight_sync.h"
 
 namespace rlmesh::learner {
 
@@ -196,7 +196,7 @@ grpc::ServerUnaryReactor* LearnerService::PublishWeights(grpc::CallbackServerCon
     const std::string key = req->spec().SerializeAsString();
     if (!publisher_ || key != publisher_spec_) {
       publisher_.reset();
-      auto pub = rollout::CreateWeightPublisher(req->spec());
+      auto pub = weight_sync::CreateWeightPublisher(req->spec());
       if (!pub.ok()) return pub.status();
       publisher_ = *std::move(pub);
       publisher_spec_ = key;
@@ -209,6 +209,33 @@ grpc::ServerUnaryReactor* LearnerService::PublishWeights(grpc::CallbackServerCon
     }
     *resp->mutable_layout() = *std::move(layout);
     resp->set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* LearnerService::HostWeightSyncStore(grpc::CallbackServerContext* ctx,
+                                                              const HostWeightSyncStoreRequest* req,
+                                                              HostWeightSyncStoreResponse* resp) {
+  return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
+    if (req->world_size() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("world_size: must be >= 2 (learner + workers), got ", req->world_size()));
+    }
+    if (req->timeout_ms() < 0) return absl::InvalidArgumentError("timeout_ms: must be >= 0");
+    // Status() is a snapshot under the trainer's own lock; no training waits.
+    if (trainer_->Status().rank() != 0) {
+      return absl::FailedPreconditionError("only rank 0 hosts the weight-sync store");
+    }
+    absl::MutexLock lock(&store_mu_);
+    if (!sync_store_) {
+      // Binding a listening socket: no wait on any peer (workers connect later).
+      auto store = weight_sync::WeightSyncStore::Host("127.0.0.1", 0, req->world_size(),
+                                                      req->timeout_ms() > 0 ? req->timeout_ms() : 60000);
+      if (!store.ok()) return store.status();
+      sync_store_ = *std::move(store);
+      RLMESH_LOG(INFO) << "weight-sync store port=" << sync_store_->port();
+    }
+    resp->set_port(sync_store_->port());
     return absl::OkStatus();
   });
 }

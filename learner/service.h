@@ -4,7 +4,8 @@
 // Save, Load and PublishWeights run one at a time, in arrival order, on the
 // service's own worker thread (a TrainStep can take minutes; gRPC's callback
 // threads are never blocked); GetStatus answers inline from the trainer's
-// snapshot. Every call checks auth first and is finished exactly once.
+// snapshot, HostWeightSyncStore inline under its own lock. Every call checks
+// auth first and is finished exactly once.
 //
 // The replay buffer is reached through ReplayBufferGroupSource (a real gRPC
 // client) created from ConfigureRequest.replay_buffer_address, or through a
@@ -24,8 +25,9 @@
 #include "proto/learner.grpc.pb.h"
 #include "proto/replay_buffer.grpc.pb.h"
 
-namespace rlmesh::rollout {
+namespace rlmesh::weight_sync {
 class WeightPublisher;
+class WeightSyncStore;
 }
 
 namespace rlmesh::learner {
@@ -70,6 +72,9 @@ class LearnerService final : public Learner::CallbackService {
   grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* ctx,
                                            const PublishWeightsRequest* req,
                                            PublishWeightsResponse* resp) override;
+  grpc::ServerUnaryReactor* HostWeightSyncStore(grpc::CallbackServerContext* ctx,
+                                                const HostWeightSyncStoreRequest* req,
+                                                HostWeightSyncStoreResponse* resp) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const LearnerStatusRequest* req,
                                       LearnerStatus* resp) override;
 
@@ -85,8 +90,12 @@ class LearnerService final : public Learner::CallbackService {
   // Used only on the worker thread.
   std::unique_ptr<ReplayBufferGroupSource> source_;
   GroupSource* test_source_ = nullptr;
-  std::unique_ptr<rollout::WeightPublisher> publisher_;
+  std::unique_ptr<weight_sync::WeightPublisher> publisher_;
   std::string publisher_spec_;
+
+  // The weight-sync group's store (rank 0), for the life of the process.
+  absl::Mutex store_mu_;
+  std::unique_ptr<weight_sync::WeightSyncStore> sync_store_ ABSL_GUARDED_BY(store_mu_);
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);

@@ -736,7 +736,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   if (s.world > 1) {
     const std::string& addr = req.store_address();
     if (absl::StartsWith(addr, "file:")) {
-      auto store = MakeFileStore(addr.substr(5), s.world);
+      auto store = dist::MakeFileStore(addr.substr(5), s.world);
       if (!store.ok()) return Prefix("store_address", store.status());
       s.store = *store;
     } else {
@@ -746,12 +746,12 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
         return absl::InvalidArgumentError(
             absl::StrCat("store_address: \"", addr, "\" is not file:/path or host:port"));
       }
-      auto store = MakeTcpStore(addr.substr(0, colon), port, s.rank == 0, s.world,
+      auto store = dist::MakeTcpStore(addr.substr(0, colon), port, s.rank == 0, s.world,
                                 options_.store_timeout_ms);
       if (!store.ok()) return Prefix("store_address", store.status());
       s.store = *store;
     }
-    auto group = CreateGlooGroup(s.store, s.rank, s.world, options_.gloo);
+    auto group = dist::CreateGlooGroup(s.store, s.rank, s.world, options_.gloo);
     if (!group.ok()) return group.status();
     s.group = *group;
   }

@@ -38,6 +38,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "dist/gloo.h"
+#include "dist/store.h"
 #include "learner/data_parallel.h"
 #include "proto/learner.pb.h"
 
@@ -71,7 +73,7 @@ struct TrainerOptions {
   // Longest a GroupSource::Sample may wait. Default 120 s.
   absl::Duration sample_timeout = absl::Seconds(120);
   // Gloo group settings for world_size > 1 (timeout, threads).
-  GlooGroupOptions gloo;
+  dist::GlooGroupOptions gloo;
   // Timeout of the c10d store connect/rendezvous, milliseconds. Default
   // 300000.
   int64_t store_timeout_ms = 300'000;

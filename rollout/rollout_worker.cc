@@ -20,9 +20,15 @@
 #include "actor/generate.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "rollout/weight_sync.h"
+#include "weight_sync/weight_sync.h"
 
 namespace rlmesh::rollout {
+
+using weight_sync::CreateWeightPublisher;
+using weight_sync::CreateWeightReceiver;
+using weight_sync::NamedTensors;
+using weight_sync::WeightReceiver;
+using weight_sync::WeightSyncStore;
 namespace {
 
 int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }

@@ -13,10 +13,14 @@
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "rollout/testing/tiny_model.h"
-#include "rollout/weight_sync.h"
+#include "weight_sync/weight_sync.h"
 
 namespace rlmesh::rollout {
 namespace {
+
+using weight_sync::CreateWeightPublisher;
+using weight_sync::NamedTensors;
+using weight_sync::WeightSyncStore;
 
 using testing::MakeRequest;
 using testing::ReferenceGenerate;

@@ -22,10 +22,14 @@
 #include "proto/replay_buffer.grpc.pb.h"
 #include "proto/rollout.grpc.pb.h"
 #include "rollout/testing/tiny_model.h"
-#include "rollout/weight_sync.h"
+#include "weight_sync/weight_sync.h"
 
 namespace rlmesh::rollout {
 namespace {
+
+using weight_sync::CreateWeightPublisher;
+using weight_sync::NamedTensors;
+using weight_sync::WeightSyncStore;
 
 using ::rlmesh::testing::Runfile;
 using ::rlmesh::testing::TempDir;

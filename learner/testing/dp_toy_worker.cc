@@ -8,6 +8,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "dist/gloo.h"
+#include "dist/store.h"
 #include "learner/data_parallel.h"
 #include "learner/testing/dp_toy.h"
 
@@ -32,7 +34,7 @@ int main(int argc, char** argv) {
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world);
   constexpr int64_t kTimeoutMs = 60'000;
-  auto store = rlmesh::learner::MakeTcpStore("127.0.0.1", absl::GetFlag(FLAGS_port), rank == 0,
+  auto store = rlmesh::dist::MakeTcpStore("127.0.0.1", absl::GetFlag(FLAGS_port), rank == 0,
                                              world, kTimeoutMs);
   if (!store.ok()) return Fail(store.status().ToString());
   if (rank == 0) {
@@ -41,9 +43,9 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << (*store)->getPort() << "\n";
     if (std::rename(tmp.c_str(), port_file.c_str()) != 0) return Fail("cannot write port file");
   }
-  rlmesh::learner::GlooGroupOptions gloo;
+  rlmesh::dist::GlooGroupOptions gloo;
   gloo.timeout_ms = kTimeoutMs;
-  auto group = rlmesh::learner::CreateGlooGroup(*store, rank, world, gloo);
+  auto group = rlmesh::dist::CreateGlooGroup(*store, rank, world, gloo);
   if (!group.ok()) return Fail(group.status().ToString());
   rlmesh::learner::testing::ToyTrainOptions options;
   options.dp.zero1 = absl::GetFlag(FLAGS_zero1);

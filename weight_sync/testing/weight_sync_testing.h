@@ -11,9 +11,9 @@
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
-#include "rollout/weight_sync.h"
+#include "weight_sync/weight_sync.h"
 
-namespace rlmesh::rollout {
+namespace rlmesh::weight_sync {
 
 // Mixed dtypes and sizes; one tensor (big) is larger than a 1 MiB bucket.
 inline NamedTensors MakeTensors(int seed) {
@@ -78,4 +78,4 @@ inline bool NamesWhatIsMissing(const absl::Status& s) {
   return absl::StrContains(s.message(), " not found (dlopen: ") || absl::StrContains(s.message(), "no CUDA device");
 }
 
-}  // namespace rlmesh::rollout
+}  // namespace rlmesh::weight_sync

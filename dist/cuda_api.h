@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace rlmesh::rollout {
+namespace rlmesh::dist {
 
 struct CudaRuntimeApi {
   // The library that was opened (the name or path dlopen succeeded with).
@@ -83,4 +83,4 @@ absl::StatusOr<const NcclApi*> LoadNccl();
 // (...)" or "no CUDA device (cudaGetDeviceCount: ...)".
 absl::StatusOr<int> CudaDeviceCount();
 
-}  // namespace rlmesh::rollout
+}  // namespace rlmesh::dist

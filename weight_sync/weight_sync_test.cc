@@ -1,4 +1,4 @@
-#include "rollout/weight_sync.h"
+#include "weight_sync/weight_sync.h"
 
 #include <ATen/ATen.h>
 #include <unistd.h>
@@ -13,11 +13,15 @@
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
-#include "rollout/cuda_api.h"
-#include "rollout/testing/weight_sync_testing.h"
+#include "dist/cuda_api.h"
+#include "weight_sync/testing/weight_sync_testing.h"
 
-namespace rlmesh::rollout {
+namespace rlmesh::weight_sync {
 namespace {
+
+using dist::CudaDeviceCount;
+using dist::OpenCudaRuntime;
+using dist::OpenNccl;
 
 TEST_CASE("BuildLayout packs in order, aligns and splits buckets") {
   auto tensors = MakeTensors(1);
@@ -383,4 +387,4 @@ TEST_CASE("NCCL and CUDA_IPC without a GPU refuse to start, naming what is missi
 }
 
 }  // namespace
-}  // namespace rlmesh::rollout
+}  // namespace rlmesh::weight_sync

@@ -10,12 +10,16 @@
 
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
-#include "rollout/cuda_api.h"
-#include "rollout/testing/weight_sync_testing.h"
-#include "rollout/weight_sync.h"
+#include "dist/cuda_api.h"
+#include "weight_sync/testing/weight_sync_testing.h"
+#include "weight_sync/weight_sync.h"
 
-namespace rlmesh::rollout {
+namespace rlmesh::weight_sync {
 namespace {
+
+using dist::CudaDeviceCount;
+using dist::OpenCudaRuntime;
+using dist::OpenNccl;
 
 TEST_CASE("CUDA_IPC round trip on one GPU is bit-exact; an overtaken reader gets ABORTED", "[gpu]") {
   auto devices = CudaDeviceCount();
@@ -140,4 +144,4 @@ TEST_CASE("NCCL broadcast between two GPUs is bit-exact", "[gpu][multi_gpu]") {
 }
 
 }  // namespace
-}  // namespace rlmesh::rollout
+}  // namespace rlmesh::weight_sync

@@ -1,4 +1,4 @@
-#include "rollout/cuda_api.h"
+#include "dist/cuda_api.h"
 
 #include <dlfcn.h>
 
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace rlmesh::rollout {
+namespace rlmesh::dist {
 namespace {
 
 // dlopen of the first name that opens; the first failure's reason is kept
@@ -144,4 +144,4 @@ absl::StatusOr<int> CudaDeviceCount() {
   return n;
 }
 
-}  // namespace rlmesh::rollout
+}  // namespace rlmesh::dist

@@ -69,7 +69,7 @@
 #include "absl/status/statusor.h"
 #include "proto/common.pb.h"
 
-namespace rlmesh::rollout {
+namespace rlmesh::weight_sync {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
@@ -158,4 +158,4 @@ class WeightSyncStore {
   int port_;
 };
 
-}  // namespace rlmesh::rollout
+}  // namespace rlmesh::weight_sync

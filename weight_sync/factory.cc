@@ -1,0 +1,99 @@
+#include "weight_sync/internal.h"
+
+namespace rlmesh::weight_sync {
+
+using internal::MakeBroadcastGroup;
+using internal::OrderDestinations;
+using internal::RequireCuda;
+using namespace internal;  // the backends' constructors
+
+absl::Status WeightReceiver::ReceiveInto(const WeightLayout& expected, const NamedTensors& destinations,
+                                         WeightLayout* received) {
+  WeightLayout layout;
+  RLMESH_ASSIGN_OR_RETURN(NamedTensors got, Receive(expected, &layout));
+  RLMESH_ASSIGN_OR_RETURN(NamedTensors ordered, OrderDestinations(layout, destinations));
+  for (size_t i = 0; i < got.size(); ++i) ordered[i].second.copy_(got[i].second);
+  if (received) *received = layout;
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSpec(const WeightSyncSpec& spec) {
+  if (spec.timeout_ms() < 0) return absl::InvalidArgumentError("spec.timeout_ms: must be >= 0");
+  if (spec.bucket_mb() < 0) return absl::InvalidArgumentError("spec.bucket_mb: must be >= 0");
+  if (!WeightSyncBackend_IsValid(spec.backend())) return absl::InvalidArgumentError("spec.backend: unknown value");
+  const WeightSyncBackend backend = ResolveBackend(spec);
+  if (backend == WEIGHT_SYNC_GLOO || backend == WEIGHT_SYNC_NCCL) {
+    if (spec.store_host().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.store_host: required for ", WeightSyncBackend_Name(backend)));
+    }
+    if (spec.store_port() <= 0 || spec.store_port() > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.store_port: invalid ", spec.store_port()));
+    }
+    if (spec.world_size() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.world_size: must be >= 2 (publisher + receivers), got ", spec.world_size()));
+    }
+    if (spec.rank() < 0 || spec.rank() >= spec.world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.rank: must be in [0, ", spec.world_size(), "), got ", spec.rank()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+WeightSyncBackend ResolveBackend(const WeightSyncSpec& spec) {
+  if (spec.backend() != WEIGHT_SYNC_AUTO) return spec.backend();
+  const std::string& h = spec.store_host();
+  const bool one_host = h.empty() || h == "127.0.0.1" || h == "localhost" || h == "::1";
+  return one_host ? WEIGHT_SYNC_SHM : WEIGHT_SYNC_GLOO;
+}
+
+absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const WeightSyncSpec& spec) {
+  RLMESH_RETURN_IF_ERROR(ValidateSpec(spec));
+  switch (ResolveBackend(spec)) {
+    case WEIGHT_SYNC_SHM: return std::unique_ptr<WeightPublisher>(NewShmPublisher(spec).release());
+    case WEIGHT_SYNC_IN_PROCESS: return std::unique_ptr<WeightPublisher>(NewInProcessPublisher(spec).release());
+    case WEIGHT_SYNC_GLOO:
+    case WEIGHT_SYNC_NCCL: {
+      if (spec.rank() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("spec.rank: the publisher is rank 0, got ", spec.rank()));
+      }
+      RLMESH_ASSIGN_OR_RETURN(auto group, MakeBroadcastGroup(spec));
+      return std::unique_ptr<WeightPublisher>(NewCollectivePublisher(spec, ResolveBackend(spec), std::move(group)).release());
+    }
+    case WEIGHT_SYNC_CUDA_IPC: {
+      RLMESH_ASSIGN_OR_RETURN(const CudaRuntimeApi* cuda, RequireCuda("CUDA_IPC"));
+      return std::unique_ptr<WeightPublisher>(NewCudaIpcPublisher(spec, cuda).release());
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.backend: ", WeightSyncBackend_Name(ResolveBackend(spec)), " has no publisher"));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<WeightReceiver>> CreateWeightReceiver(const WeightSyncSpec& spec) {
+  RLMESH_RETURN_IF_ERROR(ValidateSpec(spec));
+  switch (ResolveBackend(spec)) {
+    case WEIGHT_SYNC_SHM: return std::unique_ptr<WeightReceiver>(NewShmReceiver(spec).release());
+    case WEIGHT_SYNC_IN_PROCESS: return std::unique_ptr<WeightReceiver>(NewInProcessReceiver(spec).release());
+    case WEIGHT_SYNC_GLOO:
+    case WEIGHT_SYNC_NCCL: {
+      if (spec.rank() < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.rank: receivers are ranks 1..", spec.world_size() - 1, ", got ", spec.rank()));
+      }
+      RLMESH_ASSIGN_OR_RETURN(auto group, MakeBroadcastGroup(spec));
+      return std::unique_ptr<WeightReceiver>(NewCollectiveReceiver(spec, ResolveBackend(spec), std::move(group)).release());
+    }
+    case WEIGHT_SYNC_CUDA_IPC: {
+      RLMESH_ASSIGN_OR_RETURN(const CudaRuntimeApi* cuda, RequireCuda("CUDA_IPC"));
+      return std::unique_ptr<WeightReceiver>(NewCudaIpcReceiver(spec, cuda).release());
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.backend: ", WeightSyncBackend_Name(ResolveBackend(spec)), " has no receiver"));
+  }
+}
+
+}  // namespace rlmesh::weight_sync

@@ -1,0 +1,207 @@
+#pragma once
+
+// Pieces the weight-sync backends share (not part of the API): layout
+// packing and checks, the deadline wait on a CUDA stream, the collective
+// channel GLOO and NCCL implement, and one constructor per backend for
+// factory.cc. Everything here is in namespace weight_sync::internal.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "dist/cuda_api.h"
+#include "weight_sync/weight_sync.h"
+
+namespace rlmesh::weight_sync::internal {
+
+using dist::CudaDeviceCount;
+using dist::CudaRuntimeApi;
+using dist::LoadCudaRuntime;
+using dist::LoadNccl;
+using dist::NcclApi;
+
+inline int64_t TimeoutMs(const WeightSyncSpec& spec) {
+  return spec.timeout_ms() > 0 ? spec.timeout_ms() : kDefaultWeightSyncTimeoutMs;
+}
+
+inline int64_t BucketBytes(const WeightSyncSpec& spec) {
+  return static_cast<int64_t>(spec.bucket_mb() > 0 ? spec.bucket_mb() : kDefaultBucketMb) << 20;
+}
+
+inline int64_t AlignUp(int64_t x) { return (x + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment; }
+
+inline absl::StatusOr<at::ScalarType> DtypeFromName(const std::string& name) {
+  if (name == "f32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "f16") return at::kHalf;
+  return absl::InvalidArgumentError(absl::StrCat("dtype: unsupported \"", name, "\" (f32, bf16, f16)"));
+}
+
+inline int64_t SlotBytes(const TensorSlot& slot, at::ScalarType dtype) {
+  int64_t n = 1;
+  for (int64_t d : slot.shape()) n *= d;
+  return n * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+// A tensor ready to be copied byte-wise: contiguous, on the CPU.
+inline at::Tensor HostContiguous(const at::Tensor& t) { return t.detach().to(at::kCPU).contiguous(); }
+
+// Copies every tensor into its slot; `bucket_ptr(i)` gives bucket i's memory.
+template <typename BucketPtr>
+inline void PackInto(const NamedTensors& tensors, const WeightLayout& layout, BucketPtr bucket_ptr) {
+  for (int i = 0; i < layout.tensors_size(); ++i) {
+    const TensorSlot& slot = layout.tensors(i);
+    at::Tensor h = HostContiguous(tensors[i].second);
+    std::memcpy(static_cast<char*>(bucket_ptr(slot.bucket())) + slot.byte_offset(), h.data_ptr(), h.nbytes());
+  }
+}
+
+// Copies every slot out into a fresh CPU tensor. REQUIRES: ValidateLayout ok.
+template <typename BucketPtr>
+inline NamedTensors UnpackFrom(const WeightLayout& layout, BucketPtr bucket_ptr) {
+  NamedTensors out;
+  out.reserve(layout.tensors_size());
+  for (const TensorSlot& slot : layout.tensors()) {
+    at::ScalarType dtype = *DtypeFromName(slot.dtype());
+    std::vector<int64_t> shape(slot.shape().begin(), slot.shape().end());
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+    std::memcpy(t.data_ptr(), static_cast<const char*>(bucket_ptr(slot.bucket())) + slot.byte_offset(), t.nbytes());
+    out.emplace_back(slot.name(), std::move(t));
+  }
+  return out;
+}
+
+// Same version, same buckets, same slots.
+inline absl::Status CheckExpected(const WeightLayout& expected, const WeightLayout& got) {
+  if (got.version() != expected.version()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("weight sync: expected version ", expected.version(), ", received ", got.version()));
+  }
+  if (expected.tensors_size() == 0) return absl::OkStatus();
+  if (expected.SerializeAsString() != got.SerializeAsString()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: the received layout of version ", got.version(),
+                     " differs from the expected one (buckets ", got.bucket_bytes_size(), " vs ",
+                     expected.bucket_bytes_size(), ", tensors ", got.tensors_size(), " vs ",
+                     expected.tensors_size(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckVersionForward(int64_t version, int64_t last) {
+  if (version <= 0) return absl::InvalidArgumentError(absl::StrCat("version: must be > 0, got ", version));
+  if (version <= last) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version: ", version, " does not exceed the last published ", last));
+  }
+  return absl::OkStatus();
+}
+
+// `destinations` reordered as the layout's tensors; each must be a
+// contiguous CPU tensor of the slot's dtype and shape, and every slot needs
+// one. INVALID_ARGUMENT names the tensor.
+inline absl::StatusOr<NamedTensors> OrderDestinations(const WeightLayout& layout, const NamedTensors& destinations) {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : destinations) by_name[name] = &t;
+  NamedTensors out;
+  for (const TensorSlot& slot : layout.tensors()) {
+    auto it = by_name.find(slot.name());
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("destinations: no tensor named ", slot.name()));
+    }
+    const at::Tensor& t = *it->second;
+    auto dtype = DtypeName(t);
+    std::vector<int64_t> shape(slot.shape().begin(), slot.shape().end());
+    if (!dtype.ok() || *dtype != slot.dtype() || t.sizes().vec() != shape || !t.is_contiguous() ||
+        !t.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat("destinations[", slot.name(),
+                                                     "]: must be a contiguous CPU tensor of ", slot.dtype(),
+                                                     " with the layout's shape"));
+    }
+    out.emplace_back(slot.name(), t);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("destinations[", by_name.begin()->first, "]: not in the layout of version ", layout.version()));
+  }
+  return out;
+}
+
+
+// Waits for the work queued on `stream` with a deadline, polling (a CUDA
+// stream has no timed wait). `poll`, called between queries, may fail the
+// wait (NCCL's asynchronous error). DEADLINE_EXCEEDED names `what`.
+template <typename Poll>
+absl::Status SyncStream(const CudaRuntimeApi& cuda, cudaStream_t stream, absl::Time deadline, const std::string& what,
+                        Poll poll) {
+  for (int spins = 0;; ++spins) {
+    const cudaError_t q = cuda.StreamQuery(stream);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) return absl::AbortedError(absl::StrCat(what, ": ", cuda.Error("cudaStreamQuery", q)));
+    RLMESH_RETURN_IF_ERROR(poll());
+    if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat(what, ": not done by the deadline"));
+    // Spin briefly (a bucket copy takes microseconds), then back off.
+    if (spins > 100) absl::SleepFor(absl::Microseconds(spins > 1000 ? 200 : 20));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// GLOO and NCCL: header {version, layout bytes} -> layout -> buckets, all
+// broadcast from rank 0 through a BroadcastGroup. A receiver drains every
+// bucket even when the version is not the one it expected, so the group
+// stays aligned for the next round.
+
+// One collective channel from rank 0 to every other rank. A failed
+// broadcast leaves the group unusable (FAILED_PRECONDITION afterwards).
+class BroadcastGroup {
+ public:
+  virtual ~BroadcastGroup() = default;
+  // Rank 0 sends `bytes` bytes of host memory at `data`; every other rank
+  // receives them into `data`. Bounded by spec.timeout_ms.
+  virtual absl::Status Broadcast(void* data, int64_t bytes) = 0;
+  // "gloo" / "nccl", for messages.
+  virtual const char* name() const = 0;
+};
+
+// The TCPStore at spec.store_host:store_port under
+// "weight_sync/<group_name><suffix>", the rendezvous of one group.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> GroupStore(const WeightSyncSpec& spec, const std::string& suffix);
+
+// FAILED_PRECONDITION for a group used after it failed.
+absl::Status BrokenGroup(const char* backend, const WeightSyncSpec& spec);
+
+// FAILED_PRECONDITION "<backend> backend: <what is missing>" unless the CUDA
+// runtime loads and sees a device.
+absl::StatusOr<const CudaRuntimeApi*> RequireCuda(const char* backend);
+
+// One constructor per backend (each defined in its own file).
+std::unique_ptr<WeightPublisher> NewInProcessPublisher(const WeightSyncSpec& spec);
+std::unique_ptr<WeightReceiver> NewInProcessReceiver(const WeightSyncSpec& spec);
+std::unique_ptr<WeightPublisher> NewShmPublisher(const WeightSyncSpec& spec);
+std::unique_ptr<WeightReceiver> NewShmReceiver(const WeightSyncSpec& spec);
+std::unique_ptr<WeightPublisher> NewCudaIpcPublisher(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda);
+std::unique_ptr<WeightReceiver> NewCudaIpcReceiver(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda);
+// GLOO and NCCL: the publisher (rank 0) and receivers over `group`.
+std::unique_ptr<WeightPublisher> NewCollectivePublisher(const WeightSyncSpec& spec, WeightSyncBackend backend,
+                                                        std::unique_ptr<BroadcastGroup> group);
+std::unique_ptr<WeightReceiver> NewCollectiveReceiver(const WeightSyncSpec& spec, WeightSyncBackend backend,
+                                                      std::unique_ptr<BroadcastGroup> group);
+// The group of a GLOO or NCCL spec; nothing connects until the first
+// Broadcast. NCCL: FAILED_PRECONDITION naming a missing library or device.
+absl::StatusOr<std::unique_ptr<BroadcastGroup>> MakeBroadcastGroup(const WeightSyncSpec& spec);
+std::unique_ptr<BroadcastGroup> NewGlooGroup(const WeightSyncSpec& spec);
+std::unique_ptr<BroadcastGroup> NewNcclGroup(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda,
+                                             const NcclApi* nccl, int device);
+
+}  // namespace rlmesh::weight_sync::internal
