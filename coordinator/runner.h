@@ -34,8 +34,9 @@ struct RunnerOptions {
   std::vector<std::string> learners;
   // Token every RPC carries (empty = none).
   std::string auth_token;
-  // Address the weight-sync group's c10d store binds (Gloo/NCCL backends),
-  // reachable by the learner and every rollout worker.
+  // Host of learner 0 as the rollout workers reach it: the weight-sync
+  // group's c10d store (Gloo/NCCL backends) runs there
+  // (Learner.HostWeightSyncStore).
   std::string sync_store_host = "127.0.0.1";
   // Print a progress line and the final summary to stdout.
   bool progress = true;

@@ -42,20 +42,20 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
   const std::string run_dir = RunDir(dir.File("runs"));
   REQUIRE(!run_dir.empty());
   std::map<std::string, double> final_acc;
-  int grpo_steps = 0;
+  // The last eval of each stage (the stage's final one).
+  std::map<std::string, nlohmann::json> final_eval;
+  int grpo_steps = 0, until_checks = 0;
   std::istringstream metrics(ReadAll(run_dir + "/metrics.jsonl"));
   std::string line;
   while (std::getline(metrics, line)) {
     auto j = nlohmann::json::parse(line);
     if (j["event"] == "eval") {
       final_acc[j["stage"].get<std::string>()] = j["accuracy"].get<double>();
-      // eval.pass_at [1, 4]: sampled pass@k next to greedy accuracy.
-      REQUIRE(j.contains("pass@1"));
-      REQUIRE(j.contains("pass@4"));
-      CHECK(j["pass@1"].get<double>() >= 0.0);
-      CHECK(j["pass@4"].get<double>() >= j["pass@1"].get<double>());
-      CHECK(j["pass@4"].get<double>() <= 1.0);
+      final_eval[j["stage"].get<std::string>()] = j;
     }
+    // The SFT stop rule's checks (greedy only) ride on the step lines.
+    if (j["event"] == "step" && j["stage"] == "sft" && j.contains("accuracy")) ++until_checks;
+    if (j["event"] == "step" && j["stage"] == "sft" && j.contains("until_reached")) CHECK(j["accuracy"] >= 0.4);
     if (j["event"] == "step" && j["stage"] == "grpo") {
       ++grpo_steps;
       CHECK(j.contains("rollout_reward_mean"));
@@ -64,13 +64,30 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
     }
   }
   CHECK(grpo_steps == 20);
+  CHECK(until_checks >= 1);
+  // eval.pass_at [1, 4]: every stage's final eval samples pass@k next to
+  // greedy accuracy.
+  for (const auto& [stage, j] : final_eval) {
+    INFO("stage " << stage);
+    REQUIRE(j.contains("pass@1"));
+    REQUIRE(j.contains("pass@4"));
+    CHECK(j["pass@1"].get<double>() >= 0.0);
+    CHECK(j["pass@4"].get<double>() >= j["pass@1"].get<double>());
+    CHECK(j["pass@4"].get<double>() <= 1.0);
+  }
   REQUIRE(final_acc.count("init"));
   REQUIRE(final_acc.count("sft"));
   REQUIRE(final_acc.count("grpo"));
   INFO("init " << final_acc["init"] << " sft " << final_acc["sft"] << " grpo " << final_acc["grpo"]);
-  // Measured: init 0%, sft 45.7%, grpo after 20 steps 70.3%.
+  // Margins that held for every seed tried (bench/learning.md; this config
+  // with seed = 1, 2, 3, 4, 5, 1234): SFT stops at its first check >= 40%
+  // (measured 43.7-46.7%); 20 GRPO steps then gained +2.7 to +14.0 points
+  // (1234: 45.7% -> 50.0%) and ended at 48.3-57.7%. With the GRPO learning
+  // rate at 1e-12 (learning broken) the gain was 0 and the second check
+  // failed.
+  CHECK(final_acc["sft"] >= 0.4);
   CHECK(final_acc["grpo"] >= final_acc["init"] + 0.3);
-  CHECK(final_acc["grpo"] >= final_acc["sft"] + 0.1);
+  CHECK(final_acc["grpo"] >= final_acc["sft"] + 0.02);
   // TensorBoard event files were written.
   bool events = false;
   for (const auto& e : std::filesystem::directory_iterator(run_dir + "/tensorboard")) {
@@ -84,9 +101,7 @@ TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards, 
   auto run = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run",
                                 testing::Runfile("configs/grpo_arith_e2e.yaml"), "--run_dir=" + dir.File("runs"),
                                 "--bin_dir=" + testing::Runfile(""), "--set=learner.shards=2",
-                                // Two shards train a different (chaotic) SFT trajectory: 320 steps
-                                // measured 40.7% -> 76.3%; 340 gave a 71.7% base.
-                                "--set=stages[0].sft.steps=320", "--set=stages[1].grpo.rl.max_staleness=1",
+                                "--set=stages[1].grpo.rl.max_staleness=1",
                                 // Weights go through a Gloo group on the coordinator's c10d store.
                                 "--set=weight_sync.backend=gloo", "--set=logging.tensorboard=false"},
                                dir.File("out"));
@@ -118,7 +133,14 @@ TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards, 
   CHECK(grpo_steps == 20);
   CHECK(lagged >= 15);
   INFO("sft " << final_acc["sft"] << " grpo " << final_acc["grpo"]);
-  CHECK(final_acc["grpo"] >= final_acc["sft"] + 0.1);
+  // What held for every seed tried (1-5 and 1234, one run each: async runs
+  // are not deterministic): SFT reached 40.7-47.0%, and after 20 async steps
+  // accuracy was 32.3-54.7%, from -10.3 to +9.0 points against the base. So
+  // this case checks the machinery (the lag bound, the Gloo group, a run
+  // that ends with a working policy), not a gain: 20 staleness-1 steps on
+  // two shards do not reliably improve this policy (bench/learning.md).
+  CHECK(final_acc["sft"] >= 0.4);
+  CHECK(final_acc["grpo"] >= 0.2);
 }
 
 TEST_CASE("a run cancelled mid-stage resumes from its checkpoint and finishes") {
