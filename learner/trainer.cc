@@ -63,6 +63,14 @@ absl::Status Prefix(const std::string& prefix, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(prefix, ".", s.message()));
 }
 
+// Rank r's contiguous share of a global batch of groups: [r*G/K, (r+1)*G/K).
+std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int rank, int world) {
+  const int64_t G = static_cast<int64_t>(all.size());
+  const int64_t lo = rank * G / world, hi = (rank + 1) * G / world;
+  return std::vector<TrajectoryGroup>(std::make_move_iterator(all.begin() + lo),
+                                      std::make_move_iterator(all.begin() + hi));
+}
+
 // splitmix64: derives independent seeds from (seed, salt).
 uint64_t Mix(uint64_t seed, uint64_t salt) {
   uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (salt + 1);
@@ -841,10 +849,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req
       return absl::InvalidArgumentError(
           absl::StrCat("groups: ", G, " groups for ", s_->world, " shards"));
     }
-    const int64_t lo = s_->rank * G / s_->world, hi = (s_->rank + 1) * G / s_->world;
-    std::vector<TrajectoryGroup> mine(req.groups().groups().begin() + lo,
-                                      req.groups().groups().begin() + hi);
-    return TrainRl(std::move(mine), 0.0);
+    std::vector<TrajectoryGroup> all(req.groups().groups().begin(), req.groups().groups().end());
+    return TrainRl(RankSlice(std::move(all), s_->rank, s_->world), 0.0);
   }
   if (req.data_case() == TrainStepRequest::kBuffer) {
     const BufferSource& src = req.buffer();
@@ -878,11 +884,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req
     std::stable_sort(all.begin(), all.end(), [](const TrajectoryGroup& a, const TrajectoryGroup& b) {
       return a.group_id() < b.group_id();
     });
-    const int64_t G = static_cast<int64_t>(all.size());
-    const int64_t lo = s_->rank * G / s_->world, hi = (s_->rank + 1) * G / s_->world;
-    std::vector<TrajectoryGroup> slice(std::make_move_iterator(all.begin() + lo),
-                                       std::make_move_iterator(all.begin() + hi));
-    auto resp = TrainRl(std::move(slice), Since(t0));
+    auto resp = TrainRl(RankSlice(std::move(all), s_->rank, s_->world), Since(t0));
     if (!resp.ok()) return resp;
     if (!sampled->ack_token.empty()) {
       absl::Status acked = source_->Ack(mine, sampled->ack_token);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -167,10 +168,9 @@ TEST_CASE("on-policy first step: recomputed log-probs, ratio 1, clip 0, KL 0") {
   CHECK(m.at("ratio_mean") != 1.0);
 }
 
-TEST_CASE("SFT memorises a small set; greedy generation reproduces the answers") {
-  actor::ConfigureThreads(2);
-  ExperimentConfig e = Tiny();
-  *e.add_stages() = SftStageOf(120, 8, 1e-2);
+// Trains `e` (one SFT stage) to memorise its 8 train problems; returns how
+// many of them greedy generation then answers with `target(example)`.
+int MemorisedAnswers(const ExperimentConfig& e, const std::function<std::string(const Example&)>& target) {
   Trainer t;
   REQUIRE(t.Configure(Request(e)).ok());
   double first = 0, last = 0;
@@ -201,11 +201,33 @@ TEST_CASE("SFT memorises a small set; greedy generation reproduces the answers")
   REQUIRE(out.ok());
   int correct = 0;
   for (int i = 0; i < 8; ++i) {
-    auto want = EncodeResponse(tok, (*task)->train()[i].answer);
+    auto want = EncodeResponse(tok, target((*task)->train()[i]));
     std::vector<int64_t> w(want.begin(), want.end());
     correct += (*out)[i].samples[0].tokens == w;
   }
-  CHECK(correct >= 7);
+  return correct;
+}
+
+TEST_CASE("SFT memorises a small set; greedy generation reproduces the answers") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(120, 8, 1e-2);
+  CHECK(MemorisedAnswers(e, [](const Example& x) { return x.answer; }) >= 7);
+}
+
+TEST_CASE("SFT trains on the task's SFT targets (task.sft_carry_errors), not the references") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny();
+  e.mutable_task()->set_sft_carry_errors(1.0);
+  *e.add_stages() = SftStageOf(120, 8, 1e-2);
+  // Some of the 8 problems must have a carry, or the targets equal the answers.
+  auto task = MakeTask(e.task(), e.seed());
+  REQUIRE(task.ok());
+  int differ = 0;
+  for (int i = 0; i < 8; ++i) differ += !(*task)->train()[i].sft_target.empty() &&
+                                        (*task)->train()[i].sft_target != (*task)->train()[i].answer;
+  REQUIRE(differ >= 2);
+  CHECK(MemorisedAnswers(e, [](const Example& x) { return x.sft_target.empty() ? x.answer : x.sft_target; }) >= 7);
 }
 
 TEST_CASE("bf16 autocast: the loss tracks fp32 within bf16 precision, SFT still learns, weights stay fp32") {
