@@ -197,7 +197,21 @@ absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveO
   }
   static const char* kNames[] = {"float32", "bfloat16", "float16"};
   const char* hf_dtype = dtype == at::kFloat ? kNames[0] : dtype == at::kBFloat16 ? kNames[1] : kNames[2];
-  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", model->config().ToHfConfigJson(hf_dtype)));
+  const ModelConfig& cfg = model->config();
+  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", cfg.ToHfConfigJson(hf_dtype)));
+  // generate() reads its special ids from here, not from config.json.
+  json gen = {{"_from_model_config", true}};
+  for (auto [key, id] : {std::pair<const char*, int64_t>{"bos_token_id", cfg.bos_token_id},
+                         {"eos_token_id", cfg.eos_token_id},
+                         {"pad_token_id", cfg.pad_token_id}}) {
+    if (id >= 0) gen[key] = id;
+  }
+  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/generation_config.json", gen.dump(2) + "\n"));
+  if (options.tokenizer != nullptr) {
+    for (const auto& [file, text] : HfTokenizerFiles(*options.tokenizer, cfg.max_positions)) {
+      RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + file, text));
+    }
+  }
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   if (options.max_shard_bytes == 0) {
     RLMESH_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + kSingle, shards[0], meta));

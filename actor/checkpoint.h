@@ -1,16 +1,18 @@
 #pragma once
 
 // Hugging Face model folders: config.json + model.safetensors, or sharded
-// model-0000i-of-0000n.safetensors with model.safetensors.index.json. Tensor
-// names are Hugging Face's, so a folder written here opens with
-// AutoModelForCausalLM.from_pretrained and a public Llama/Qwen2 folder opens
-// here.
+// model-0000i-of-0000n.safetensors with model.safetensors.index.json, plus
+// generation_config.json and (given the tokenizer) tokenizer.json and
+// tokenizer_config.json. Tensor names are Hugging Face's, so a folder written
+// here opens with AutoModelForCausalLM / AutoTokenizer.from_pretrained and a
+// public Llama/Qwen2/Qwen3 folder opens here.
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "actor/tokenizer.h"
 #include "actor/transformer.h"
 
 namespace rlmesh::actor {
@@ -40,6 +42,10 @@ struct SaveOptions {
   // Split into shards of at most this many bytes (plus one tensor); 0 = one
   // model.safetensors. Default 0.
   int64_t max_shard_bytes = 0;
+  // The model's tokenizer, written as tokenizer.json + tokenizer_config.json
+  // so the folder is complete for Hugging Face tools; null writes none.
+  // Not owned. Default null.
+  const Tokenizer* tokenizer = nullptr;
 
   absl::Status Validate() const;
 };
@@ -51,8 +57,8 @@ absl::StatusOr<Transformer> LoadHfModel(const std::string& dir, const LoadOption
 // Copies the weights of `dir` into an existing model (shapes must match).
 absl::Status LoadHfWeights(const std::string& dir, Transformer& model, const LoadOptions& options = {});
 
-// Writes config.json and safetensors (each file atomically) into `dir`,
-// creating it. Stale files of the other layout (single vs. sharded) are
+// Writes config.json, generation_config.json, the tokenizer files when given
+// and safetensors (each file atomically) into `dir`, creating it. Stale files of the other layout (single vs. sharded) are
 // removed so the folder has one meaning.
 absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveOptions& options = {});
 

@@ -11,6 +11,7 @@
 #include "actor/checkpoint.h"
 #include "actor/generate.h"
 #include "actor/safetensors.h"
+#include "actor/tokenizer.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "nlohmann/json.hpp"
@@ -29,7 +30,10 @@ bool Contains(const absl::Status& s, const std::string& part) {
   return std::string(s.message()).find(part) != std::string::npos;
 }
 
-const char* kModels[] = {"llama_gqa_untied", "llama_mha_tied", "qwen2_gqa_tied", "qwen2_untied"};
+// Every family and RoPE scaling type make_golden.py builds.
+const char* kModels[] = {"llama_gqa_untied",     "llama_mha_tied",       "qwen2_gqa_tied",    "qwen2_untied",
+                         "llama_attention_bias", "qwen3_headdim_untied", "qwen3_bias_tied",   "llama_rope_linear",
+                         "llama_rope_dynamic",   "llama_rope_llama3",    "qwen3_rope_yarn",   "llama_rope_yarn_mscale"};
 
 torch::Tensor Positions(const torch::Tensor& ids) {
   return torch::arange(ids.size(1)).unsqueeze(0).expand_as(ids).contiguous();
@@ -38,6 +42,7 @@ torch::Tensor Positions(const torch::Tensor& ids) {
 TEST_CASE("Parity with transformers: logits, greedy tokens, and our writer read back") {
   testing::TempDir dir;
   REQUIRE(std::system((Python() + " " + Script() + " models " + dir.path()).c_str()) == 0);
+  std::string check_args;  // folders we wrote, for transformers to read back
   for (const std::string name : kModels) {
     INFO("model " << name);
     const std::string folder = dir.File(name);
@@ -56,6 +61,20 @@ TEST_CASE("Parity with transformers: logits, greedy tokens, and our writer read 
     INFO("max |logit diff| " << diff << " (logit scale " << want.abs().max().item<float>() << ")");
     CHECK(diff <= 1e-4f);
     CHECK(want.abs().max().item<float>() > 1.0f);  // the comparison is not of near-zero logits
+    if (name.find("rope_") != std::string::npos) {
+      // The golden lengths reach where the scaling matters: the same weights
+      // with plain RoPE would not pass.
+      ModelConfig plain = (*model)->config();
+      REQUIRE(plain.rope.type != "default");
+      plain.rope = RopeScaling();
+      Transformer unscaled(plain);
+      torch::NoGradGuard g;
+      auto src = (*model)->NamedParameters();
+      auto dst = unscaled->NamedParameters();
+      REQUIRE(src.size() == dst.size());
+      for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+      CHECK((unscaled->Forward(ids, Positions(ids)) - want).abs().max().item<float>() > 1e-2f);
+    }
 
     std::ifstream in(folder + "/golden_greedy.json");
     auto j = nlohmann::json::parse(in);
@@ -80,14 +99,15 @@ TEST_CASE("Parity with transformers: logits, greedy tokens, and our writer read 
       REQUIRE(SaveHfModel(*model, out, {.dtype = "fp32", .max_shard_bytes = shard}).ok());
       CHECK(std::filesystem::exists(out + (shard ? "/model.safetensors.index.json" : "/model.safetensors")));
       REQUIRE(WriteSafetensors(out + "/ours.safetensors", {{"input_ids", ids}, {"logits", got}}).ok());
-      const std::string cmd = Python() + " " + Script() + " check " + out + " " + out + "/ours.safetensors";
-      CHECK(std::system(cmd.c_str()) == 0);
+      check_args += " " + out + " " + out + "/ours.safetensors";
       auto back = LoadHfModel(out);
       REQUIRE(back.ok());
       torch::NoGradGuard g;
       CHECK(torch::equal((*back)->Forward(ids, Positions(ids)), got));
     }
   }
+  // One Python process reads every folder (the log names each one's diff).
+  CHECK(std::system((Python() + " " + Script() + " check" + check_args).c_str()) == 0);
 }
 
 TEST_CASE("bf16 and fp16 round trips store exactly the rounded weights") {
@@ -125,6 +145,75 @@ TEST_CASE("bf16 and fp16 round trips store exactly the rounded weights") {
     std::ifstream cfg(dir.File(dtype) + "/config.json");
     auto j = nlohmann::json::parse(cfg);
     CHECK(j["torch_dtype"] == (dtype == "bf16" ? "bfloat16" : "float16"));
+  }
+}
+
+TEST_CASE("A folder we write opens in transformers with its tokenizer: same ids, decodings and logits") {
+  testing::TempDir dir;
+  // The BPE tokenizer comes from PyPI tokenizers (trained by make_golden.py).
+  REQUIRE(std::system((Python() + " " + Script() + " tokenizers " + dir.path() + " > /dev/null").c_str()) == 0);
+  auto bpe = LoadTokenizer(dir.File("qwen2_tokenizer.json"));
+  REQUIRE(bpe.ok());
+  auto chr = LoadTokenizer("char");
+  REQUIRE(chr.ok());
+  const std::vector<std::string> texts = {"12+34=46", "Tom has 3 apples. He eats 1!", "a  b\n\nc", "x*(y-2)/7 ?",
+                                          "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac", ""};
+  for (const auto* tok : {chr->get(), bpe->get()}) {
+    const bool is_char = tok == chr->get();
+    INFO((is_char ? "char" : "bpe") << " tokenizer");
+    ModelConfig c;
+    c.arch = is_char ? "llama" : "qwen3";
+    c.vocab_size = tok->vocab_size();
+    c.hidden_size = 32;
+    c.intermediate_size = 64;
+    c.num_layers = 1;
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.max_positions = 64;
+    c.bos_token_id = tok->bos_id();
+    c.eos_token_id = tok->eos_id() >= 0 ? tok->eos_id() : tok->TokenId("<|endoftext|>");
+    c.pad_token_id = tok->pad_id() >= 0 ? tok->pad_id() : c.eos_token_id;
+    torch::manual_seed(11);
+    Transformer m(c);
+    {
+      torch::NoGradGuard g;
+      for (auto& p : m->parameters()) p.normal_(0, 0.3);
+    }
+    const std::string out = dir.File(is_char ? "char_model" : "bpe_model");
+    REQUIRE(SaveHfModel(m, out, {.tokenizer = tok}).ok());
+    CHECK(std::filesystem::exists(out + "/tokenizer.json"));
+    CHECK(std::filesystem::exists(out + "/tokenizer_config.json"));
+    CHECK(std::filesystem::exists(out + "/generation_config.json"));
+    // The folder is also a tokenizer spec for us, giving the same tokenizer.
+    auto again = LoadTokenizer(out);
+    REQUIRE(again.ok());
+    CHECK((*again)->Hash() == tok->Hash());
+    CHECK((dynamic_cast<const CharTokenizer*>(again->get()) != nullptr) == is_char);
+
+    nlohmann::json ours;
+    ours["texts"] = texts;
+    for (const auto& t : texts) {
+      auto ids = tok->Encode(t);
+      ours["ids"].push_back(ids);
+      ours["decoded"].push_back(tok->Decode(ids, /*skip_special=*/true));
+    }
+    auto opt = [](int64_t id) { return id >= 0 ? nlohmann::json(id) : nlohmann::json(nullptr); };
+    ours["eos_token_id"] = opt(c.eos_token_id);
+    ours["pad_token_id"] = opt(c.pad_token_id);
+    ours["bos_token_id"] = opt(c.bos_token_id);
+    auto ids = torch::tensor(tok->Encode(texts[1]), torch::kLong).unsqueeze(0);
+    torch::Tensor logits;
+    {
+      torch::NoGradGuard g;
+      logits = m->Forward(ids, Positions(ids));
+    }
+    ours["logits"] = out + "/ours_logits.safetensors";
+    REQUIRE(WriteSafetensors(out + "/ours_logits.safetensors", {{"input_ids", ids}, {"logits", logits}}).ok());
+    {
+      std::ofstream f(out + "/ours.json");
+      f << ours.dump();
+    }
+    CHECK(std::system((Python() + " " + Script() + " hfload " + out + " " + out + "/ours.json").c_str()) == 0);
   }
 }
 

@@ -61,6 +61,110 @@ absl::Status GetTokenId(const json& j, const char* key, int64_t* out) {
   return absl::OkStatus();
 }
 
+// Reads transformers' RoPE scaling: the 5.x `rope_parameters` object (which
+// also carries rope_theta), else the 4.x `rope_scaling` object. Keys that
+// change the computation but are not implemented are refused by name.
+absl::Status ParseRope(const json& j, ModelConfig* c) {
+  const json* r = nullptr;
+  const char* where = "rope_parameters";
+  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) {
+    r = &*it;
+  } else if (auto it2 = j.find("rope_scaling"); it2 != j.end() && !it2->is_null()) {
+    if (!it2->is_object()) return absl::InvalidArgumentError("config.json: \"rope_scaling\" must be an object");
+    r = &*it2;
+    where = "rope_scaling";
+  }
+  if (r == nullptr) return absl::OkStatus();
+  for (auto it = r->begin(); it != r->end(); ++it) {
+    if (it->is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: ", where, " per layer type (\"", it.key(),
+                                                     "\") is not supported"));
+    }
+  }
+  std::string type = "default";
+  for (const char* key : {"type", "rope_type"}) {
+    if (auto it = r->find(key); it != r->end()) {
+      if (!it->is_string()) return absl::InvalidArgumentError(absl::StrCat("config.json: ", where, ".", key, " must be a string"));
+      type = it->get<std::string>();
+    }
+  }
+  RopeScaling& rope = c->rope;
+  rope.type = type;
+  if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn") {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", where, " rope_type \"", type,
+                                                   "\" is not supported (default, linear, dynamic, llama3, yarn)"));
+  }
+  absl::Status s;
+  if (!(s = GetDouble(*r, "rope_theta", &c->rope_theta)).ok()) return s;
+  double partial = 1.0;
+  if (!(s = GetDouble(*r, "partial_rotary_factor", &partial)).ok()) return s;
+  if (!(s = GetDouble(j, "partial_rotary_factor", &partial)).ok()) return s;
+  if (partial != 1.0) return absl::InvalidArgumentError("config.json: partial_rotary_factor != 1 is not supported");
+  if (type == "default") return absl::OkStatus();
+  auto require = [&](const char* key) -> absl::Status {
+    auto it = r->find(key);
+    if (it == r->end() || it->is_null()) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: ", where, " (", type, ") needs \"", key, "\""));
+    }
+    return absl::OkStatus();
+  };
+  if (type != "yarn" && !(s = require("factor")).ok()) return s;
+  if (!(s = GetDouble(*r, "factor", &rope.factor)).ok()) return s;
+  if (type == "llama3") {
+    for (const char* key : {"low_freq_factor", "high_freq_factor"}) {
+      if (!(s = require(key)).ok()) return s;
+    }
+    if (!(s = GetDouble(*r, "low_freq_factor", &rope.low_freq_factor)).ok()) return s;
+    if (!(s = GetDouble(*r, "high_freq_factor", &rope.high_freq_factor)).ok()) return s;
+  }
+  if (type == "llama3" || type == "yarn") {
+    // As transformers: a top-level original_max_position_embeddings wins,
+    // then the dictionary's, then max_position_embeddings.
+    if (!(s = GetInt(*r, "original_max_position_embeddings", &rope.original_max_positions)).ok()) return s;
+    if (!(s = GetInt(j, "original_max_position_embeddings", &rope.original_max_positions)).ok()) return s;
+  }
+  if (type == "yarn") {
+    if (!(s = GetDouble(*r, "attention_factor", &rope.attention_factor)).ok()) return s;
+    if (!(s = GetDouble(*r, "beta_fast", &rope.beta_fast)).ok()) return s;
+    if (!(s = GetDouble(*r, "beta_slow", &rope.beta_slow)).ok()) return s;
+    if (!(s = GetDouble(*r, "mscale", &rope.mscale)).ok()) return s;
+    if (!(s = GetDouble(*r, "mscale_all_dim", &rope.mscale_all_dim)).ok()) return s;
+    if (!(s = GetBool(*r, "truncate", &rope.truncate)).ok()) return s;
+    // A yarn config without a factor stretches max/original (transformers).
+    auto f = r->find("factor");
+    if (f == r->end() || f->is_null()) {
+      int64_t orig = rope.original_max_positions;
+      int64_t max_pos = 0;
+      if (!(s = GetInt(j, "max_position_embeddings", &max_pos)).ok()) return s;
+      if (orig <= 0) return absl::InvalidArgumentError("config.json: rope (yarn) needs \"factor\"");
+      rope.factor = static_cast<double>(max_pos) / static_cast<double>(orig);
+    }
+  }
+  return absl::OkStatus();
+}
+
+json RopeJson(const ModelConfig& c) {
+  const RopeScaling& r = c.rope;
+  json j = {{"rope_type", r.type}, {"rope_theta", c.rope_theta}};
+  if (r.type == "default") return j;
+  j["factor"] = r.factor;
+  const int64_t orig = r.original_max_positions > 0 ? r.original_max_positions : c.max_positions;
+  if (r.type == "llama3") {
+    j["low_freq_factor"] = r.low_freq_factor;
+    j["high_freq_factor"] = r.high_freq_factor;
+    j["original_max_position_embeddings"] = orig;
+  } else if (r.type == "yarn") {
+    j["original_max_position_embeddings"] = orig;
+    j["beta_fast"] = r.beta_fast;
+    j["beta_slow"] = r.beta_slow;
+    j["truncate"] = r.truncate;
+    if (r.attention_factor > 0) j["attention_factor"] = r.attention_factor;
+    if (r.mscale != 0) j["mscale"] = r.mscale;
+    if (r.mscale_all_dim != 0) j["mscale_all_dim"] = r.mscale_all_dim;
+  }
+  return j;
+}
+
 }  // namespace
 
 int64_t DefaultIntermediateSize(int64_t hidden_size) {
@@ -69,7 +173,9 @@ int64_t DefaultIntermediateSize(int64_t hidden_size) {
 }
 
 absl::Status ModelConfig::Validate() const {
-  if (arch != "llama" && arch != "qwen2") return Invalid("arch", "must be \"llama\" or \"qwen2\", got \"" + arch + "\"");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
+    return Invalid("arch", "must be \"llama\", \"qwen2\" or \"qwen3\", got \"" + arch + "\"");
+  }
   if (vocab_size <= 0) return Invalid("vocab_size", "must be > 0");
   if (hidden_size <= 0) return Invalid("hidden_size", "must be > 0");
   if (intermediate_size <= 0) return Invalid("intermediate_size", "must be > 0");
@@ -87,6 +193,17 @@ absl::Status ModelConfig::Validate() const {
   if (max_positions <= 0) return Invalid("max_positions", "must be > 0");
   if (!(rope_theta > 0)) return Invalid("rope_theta", "must be > 0");
   if (!(rms_norm_eps > 0)) return Invalid("rms_norm_eps", "must be > 0");
+  const std::string& t = rope.type;
+  if (t != "default" && t != "linear" && t != "dynamic" && t != "llama3" && t != "yarn") {
+    return Invalid("rope.type", "\"" + t + "\" is not supported (default, linear, dynamic, llama3, yarn)");
+  }
+  if (t != "default" && !(rope.factor >= 1.0)) return Invalid("rope.factor", absl::StrCat("must be >= 1, got ", rope.factor));
+  if (rope.original_max_positions < 0) return Invalid("rope.original_max_positions", "must be >= 0");
+  if (t == "llama3" && !(rope.high_freq_factor > rope.low_freq_factor && rope.low_freq_factor > 0)) {
+    return Invalid("rope.high_freq_factor", "must be > low_freq_factor > 0");
+  }
+  if (t == "yarn" && !(rope.beta_fast > 0 && rope.beta_slow > 0)) return Invalid("rope.beta_fast", "beta_fast and beta_slow must be > 0");
+  if (rope.attention_factor < 0) return Invalid("rope.attention_factor", "must be >= 0");
   for (auto [name, id] : {std::pair<const char*, int64_t>{"bos_token_id", bos_token_id},
                           {"eos_token_id", eos_token_id},
                           {"pad_token_id", pad_token_id}}) {
@@ -126,6 +243,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
   if (model_type == "qwen2") {
     c.arch = "qwen2";
     c.qkv_bias = true;
+  } else if (model_type == "qwen3") {
+    c.arch = "qwen3";
+    c.qkv_bias = false;
+    c.head_dim = 128;  // Qwen3Config's default when config.json has none
   } else if (model_type == "llama" || model_type == "mistral") {
     c.arch = "llama";
     c.qkv_bias = false;
@@ -148,23 +269,28 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
   if (!(s = GetInt(j, "head_dim", &c.head_dim)).ok()) return s;
   if (c.num_heads > 0 && c.head_dim * c.num_heads == c.hidden_size) c.head_dim = 0;
   if (!(s = GetDouble(j, "rope_theta", &c.rope_theta)).ok()) return s;
-  if (auto it = j.find("rope_parameters"); it != j.end() && it->is_object()) {
-    std::string type = it->value("rope_type", std::string("default"));
-    if (type != "default") return absl::InvalidArgumentError("config.json: rope_type \"" + type + "\" is not supported");
-    if (!(s = GetDouble(*it, "rope_theta", &c.rope_theta)).ok()) return s;
-  }
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    std::string type = it->is_object() ? it->value("rope_type", it->value("type", std::string("default"))) : "?";
-    if (type != "default") return absl::InvalidArgumentError("config.json: rope_scaling \"" + type + "\" is not supported");
-  }
+  if (!(s = ParseRope(j, &c)).ok()) return s;
   if (!(s = GetDouble(j, "rms_norm_eps", &c.rms_norm_eps)).ok()) return s;
   c.tie_embeddings = false;
   if (!(s = GetBool(j, "tie_word_embeddings", &c.tie_embeddings)).ok()) return s;
-  if (c.arch == "llama") {
+  if (c.arch != "qwen2") {
     if (!(s = GetBool(j, "attention_bias", &c.qkv_bias)).ok()) return s;
     bool mlp_bias = false;
     if (!(s = GetBool(j, "mlp_bias", &mlp_bias)).ok()) return s;
     if (mlp_bias) return absl::InvalidArgumentError("config.json: mlp_bias=true is not supported");
+  }
+  if (c.arch != "llama") {
+    bool sliding = false;
+    if (!(s = GetBool(j, "use_sliding_window", &sliding)).ok()) return s;
+    if (sliding) return absl::InvalidArgumentError("config.json: use_sliding_window=true is not supported");
+  }
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+    for (const auto& t : *it) {
+      if (!t.is_string() || t.get<std::string>() != "full_attention") {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types entry ", t.dump(),
+                                                       " is not supported (only \"full_attention\")"));
+      }
+    }
   }
   if (j.value("hidden_act", std::string("silu")) != "silu") {
     return absl::InvalidArgumentError("config.json: only hidden_act \"silu\" is supported");
@@ -186,7 +312,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
 std::string ModelConfig::ToHfConfigJson(const std::string& dtype) const {
   json j;
   const bool qwen = arch == "qwen2";
-  std::string base = qwen ? "Qwen2" : "Llama";
+  std::string base = qwen ? "Qwen2" : arch == "qwen3" ? "Qwen3" : "Llama";
   j["architectures"] = {base + (value_head ? "ForSequenceClassification" : "ForCausalLM")};
   j["model_type"] = arch;
   j["vocab_size"] = vocab_size;
@@ -198,18 +324,19 @@ std::string ModelConfig::ToHfConfigJson(const std::string& dtype) const {
   j["head_dim"] = HeadDim();
   j["max_position_embeddings"] = max_positions;
   j["rope_theta"] = rope_theta;
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", rope_theta}};
+  j["rope_parameters"] = RopeJson(*this);
   j["rms_norm_eps"] = rms_norm_eps;
   j["tie_word_embeddings"] = tie_embeddings;
   j["hidden_act"] = "silu";
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
-  if (qwen) {
-    // Qwen2 always has q/k/v bias; the flag is implied by the model type.
+  if (arch != "llama") {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
-  } else {
+  }
+  if (!qwen) {
+    // Qwen2 always has q/k/v bias; the flag is implied by the model type.
     j["attention_bias"] = qkv_bias;
     j["mlp_bias"] = false;
   }

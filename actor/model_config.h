@@ -1,7 +1,7 @@
 #pragma once
 
 // The shape of a decoder-only transformer, in the vocabulary of Hugging Face's
-// LlamaConfig / Qwen2Config. Loads from and saves to a config.json so that a
+// LlamaConfig / Qwen2Config / Qwen3Config. Loads from and saves to a config.json so that a
 // folder we write opens in `transformers` and a public folder opens here.
 
 #include <cstdint>
@@ -12,9 +12,39 @@
 
 namespace rlmesh::actor {
 
+// How RoPE's inverse frequencies are scaled for contexts longer than the
+// pretraining one: transformers' `rope_parameters` (5.x) / `rope_scaling`
+// (4.x). Each type computes the same fp32 frequencies and attention scaling
+// as transformers' ROPE_INIT_FUNCTIONS; other types are refused by name.
+struct RopeScaling {
+  // "default" (none), "linear", "dynamic" (NTK, recomputed from the sequence
+  // length when it exceeds max_positions), "llama3" or "yarn". Default
+  // "default".
+  std::string type = "default";
+  // Context stretch; linear, dynamic, llama3, yarn. Default 1.
+  double factor = 1.0;
+  // llama3, yarn: the pretraining context; 0 = max_positions. Default 0.
+  int64_t original_max_positions = 0;
+  // llama3: wavelength band edges as fractions of the original context.
+  // Defaults 1 and 4 (Llama 3.1's values).
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  // yarn: the ramp between extrapolated and interpolated dimensions, in
+  // rotations. Defaults 32 and 1.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  // yarn: multiplier on cos/sin; 0 = derived from factor (and mscale,
+  // mscale_all_dim when both are set). Default 0.
+  double attention_factor = 0.0;
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  // yarn: round the ramp's ends to whole dimensions. Default true.
+  bool truncate = true;
+};
+
 struct ModelConfig {
-  // "llama" or "qwen2". Only the config.json spelling differs; qwen2 implies
-  // qkv_bias. Default "llama".
+  // "llama", "qwen2" or "qwen3". qwen2 implies q/k/v bias (never o); qwen3
+  // implies per-head RMSNorm on q and k (QK-norm). Default "llama".
   std::string arch = "llama";
   // Tokens in the vocabulary (rows of the embedding). Default 64.
   int64_t vocab_size = 64;
@@ -35,11 +65,14 @@ struct ModelConfig {
   int64_t max_positions = 256;
   // RoPE base frequency. Default 10000.
   double rope_theta = 10000.0;
+  // RoPE scaling for long contexts. Default none.
+  RopeScaling rope;
   // RMSNorm epsilon. Default 1e-6.
   double rms_norm_eps = 1e-6;
   // lm_head shares the input embedding's weight. Default false.
   bool tie_embeddings = false;
-  // Bias on q/k/v projections (Qwen2 has it; Llama's "attention_bias").
+  // Bias on the attention projections: config.json's "attention_bias" (Llama,
+  // Qwen3: q/k/v and o). Qwen2 always has q/k/v bias and never o bias.
   // Default false.
   bool qkv_bias = false;
   // Adds a scalar head ("score.weight", [1, hidden], as in HF's
@@ -55,12 +88,17 @@ struct ModelConfig {
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
   // Whether q/k/v carry a bias (always for qwen2).
   bool HasQkvBias() const { return qkv_bias || arch == "qwen2"; }
+  // Whether o_proj carries a bias (attention_bias outside qwen2).
+  bool HasOBias() const { return qkv_bias && arch != "qwen2"; }
+  // Per-head RMSNorm on q and k before RoPE (qwen3).
+  bool HasQkNorm() const { return arch == "qwen3"; }
 
   // INVALID_ARGUMENT naming the field when a value is out of range.
   absl::Status Validate() const;
 
-  // Parses a Hugging Face config.json (LlamaConfig / Qwen2Config, both the
-  // transformers 4.x "rope_theta" and 5.x "rope_parameters" spellings).
+  // Parses a Hugging Face config.json (LlamaConfig / Qwen2Config /
+  // Qwen3Config, both the transformers 4.x "rope_theta"/"rope_scaling" and
+  // 5.x "rope_parameters" spellings).
   static absl::StatusOr<ModelConfig> FromHfConfigJson(const std::string& path);
   static absl::StatusOr<ModelConfig> FromHfConfigJsonString(const std::string& text);
 

@@ -166,7 +166,20 @@ GenerationRequest Req(std::vector<int64_t> prompt, SamplingOptions s, int64_t pr
 }
 
 TEST_CASE("KV-cache generation equals full recompute (tokens and behaviour log-probs)") {
-  auto m = MakeModel(Tiny("qwen2"));
+  // Qwen2 (q/k/v bias), Qwen3 (QK-norm, head_dim != hidden / heads, o bias)
+  // and a YaRN-scaled Llama whose sequences outgrow the original context.
+  const std::string variant = GENERATE(as<std::string>{}, "qwen2", "qwen3", "llama_yarn");
+  INFO("variant " << variant);
+  ModelConfig c = Tiny(variant == "llama_yarn" ? "llama" : variant);
+  if (variant == "qwen3") {
+    c.head_dim = 12;
+    c.qkv_bias = true;
+  } else if (variant == "llama_yarn") {
+    c.rope.type = "yarn";
+    c.rope.factor = 4;
+    c.rope.original_max_positions = 8;
+  }
+  auto m = MakeModel(c);
   Generator gen(m, {.max_batch = 8});
   SamplingOptions greedy;
   greedy.greedy = true;

@@ -78,6 +78,38 @@ int CharTokenizer::TokenId(const std::string& token) const {
   return -1;
 }
 
+std::string CharTokenizer::HfTokenizerJson() const {
+  json vocab = json::object();
+  json added = json::array();
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    vocab[tokens_[i]] = i;
+    if (i < 4) {
+      added.push_back({{"id", i}, {"content", tokens_[i]}, {"single_word", false}, {"lstrip", false},
+                       {"rstrip", false}, {"normalized", false}, {"special", true}});
+    }
+  }
+  json j = {{"version", "1.0"},
+            {"truncation", nullptr},
+            {"padding", nullptr},
+            {"added_tokens", added},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", nullptr},
+            {"post_processor", nullptr},
+            {"decoder", {{"type", "Fuse"}}},
+            {"model",
+             {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", "<unk>"},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"ignore_merges", false},
+              {"vocab", vocab},
+              {"merges", json::array()}}}};
+  return j.dump(2) + "\n";
+}
+
 std::string CharTokenizer::Hash() const {
   std::string def = "rlmesh-char-v1\n";
   for (const auto& t : tokens_) def += t + '\x1f';
@@ -333,6 +365,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJsonInternal(con
   Impl& im = *t->impl_;
   im.InitByteMap();
   t->hash_ = Sha256Hex(text);
+  t->json_ = text;
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
     return absl::InvalidArgumentError("tokenizer.json: no \"model\" object");
   }
@@ -552,9 +585,33 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec
   if (spec.empty() || spec == "char") return std::unique_ptr<Tokenizer>(new CharTokenizer());
   std::string path = spec;
   if (std::filesystem::is_directory(path)) path += "/tokenizer.json";
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    if (in) ss << in.rdbuf();
+    static const std::string* char_json = new std::string(CharTokenizer().HfTokenizerJson());
+    if (in && ss.str() == *char_json) return std::unique_ptr<Tokenizer>(new CharTokenizer());
+  }
   auto t = BpeTokenizer::FromFile(path);
   if (!t.ok()) return t.status();
   return std::unique_ptr<Tokenizer>(std::move(*t));
+}
+
+std::vector<std::pair<std::string, std::string>> HfTokenizerFiles(const Tokenizer& tokenizer,
+                                                                  int64_t model_max_length) {
+  auto token = [&](int id) -> json {
+    if (id < 0) return nullptr;
+    return tokenizer.Decode({id});
+  };
+  json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+              {"model_max_length", model_max_length},
+              {"bos_token", token(tokenizer.bos_id())},
+              {"eos_token", token(tokenizer.eos_id())},
+              {"pad_token", token(tokenizer.pad_id())},
+              {"clean_up_tokenization_spaces", false}};
+  const int unk = tokenizer.TokenId("<unk>");
+  if (unk >= 0) cfg["unk_token"] = "<unk>";
+  return {{"tokenizer.json", tokenizer.HfTokenizerJson()}, {"tokenizer_config.json", cfg.dump(2) + "\n"}};
 }
 
 std::string ApplyChatTemplate(const std::vector<ChatMessage>& messages, ChatFormat format,

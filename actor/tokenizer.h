@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +35,9 @@ class Tokenizer {
   virtual int TokenId(const std::string& token) const = 0;
   // SHA-256 hex of the tokenizer's definition: equal hashes, equal behaviour.
   virtual std::string Hash() const = 0;
+  // A Hugging Face tokenizer.json that encodes and decodes as this one does,
+  // so PyPI `tokenizers` and transformers' AutoTokenizer open our folders.
+  virtual std::string HfTokenizerJson() const = 0;
 };
 
 // Characters of the synthetic tasks. Ids: 0 <pad>, 1 <bos>, 2 <eos>, 3 <unk>,
@@ -51,6 +55,11 @@ class CharTokenizer : public Tokenizer {
   int unk_id() const { return 3; }
   int TokenId(const std::string& token) const override;
   std::string Hash() const override;
+  // A BPE with one token per character and no merges, <unk> for anything
+  // else, the four specials as added tokens and a Fuse decoder. Same ids for
+  // any text that does not spell a special token ("<eos>" is one token
+  // there, five characters here).
+  std::string HfTokenizerJson() const override;
 
  private:
   std::vector<std::string> tokens_;
@@ -76,6 +85,8 @@ class BpeTokenizer : public Tokenizer {
   int pad_id() const override { return pad_; }
   int TokenId(const std::string& token) const override;
   std::string Hash() const override { return hash_; }
+  // The file it was read from, unchanged.
+  std::string HfTokenizerJson() const override { return json_; }
 
   struct Impl;
 
@@ -86,11 +97,19 @@ class BpeTokenizer : public Tokenizer {
   int vocab_size_ = 0;
   int bos_ = -1, eos_ = -1, pad_ = -1;
   std::string hash_;
+  std::string json_;
 };
 
 // "char" -> CharTokenizer, anything else is a tokenizer.json path (or a
-// folder holding one).
+// folder holding one). A file that is CharTokenizer's own export (a folder
+// we wrote for a char-tokenizer run) gives the CharTokenizer back.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec);
+
+// The files that make a model folder open with transformers' AutoTokenizer,
+// as (file name, contents): tokenizer.json and tokenizer_config.json (the
+// bos/eos/pad tokens by name, `model_max_length`).
+std::vector<std::pair<std::string, std::string>> HfTokenizerFiles(const Tokenizer& tokenizer,
+                                                                  int64_t model_max_length);
 
 // SHA-256 of bytes, lower-case hex.
 std::string Sha256Hex(const std::string& bytes);

@@ -8,6 +8,8 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
 
+#include "actor/rope.h"
+
 namespace rlmesh::actor {
 
 namespace idx = torch::indexing;
@@ -56,14 +58,30 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
   v_proj = register_module(
       "v_proj", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(bias)));
   o_proj = register_module(
-      "o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads_ * head_dim_, c.hidden_size).bias(false)));
+      "o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads_ * head_dim_, c.hidden_size).bias(c.HasOBias())));
+  if (c.HasQkNorm()) {
+    q_norm = register_module("q_norm", RmsNorm(head_dim_, c.rms_norm_eps));
+    k_norm = register_module("k_norm", RmsNorm(head_dim_, c.rms_norm_eps));
+  }
+}
+
+torch::Tensor AttentionImpl::Queries(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  auto q = q_proj(x).view({x.size(0), x.size(1), heads_, head_dim_});
+  if (q_norm) q = q_norm(q);
+  return ApplyRope(q, cos, sin);
+}
+
+torch::Tensor AttentionImpl::Keys(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  auto k = k_proj(x).view({x.size(0), x.size(1), kv_heads_, head_dim_});
+  if (k_norm) k = k_norm(k);
+  return ApplyRope(k, cos, sin);
 }
 
 torch::Tensor AttentionImpl::Full(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                   const torch::Tensor& mask, torch::Tensor* k_out, torch::Tensor* v_out) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = ApplyRope(q_proj(x).view({B, T, heads_, head_dim_}), cos, sin).transpose(1, 2);
-  auto k = ApplyRope(k_proj(x).view({B, T, kv_heads_, head_dim_}), cos, sin).transpose(1, 2);
+  auto q = Queries(x, cos, sin).transpose(1, 2);
+  auto k = Keys(x, cos, sin).transpose(1, 2);
   auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
   if (k_out != nullptr) *k_out = k;
   if (v_out != nullptr) *v_out = v;
@@ -82,8 +100,8 @@ torch::Tensor AttentionImpl::Decode(const torch::Tensor& x, const torch::Tensor&
                                     const torch::Tensor& key_mask, int64_t used) {
   const int64_t N = x.size(0);
   const int64_t groups = heads_ / kv_heads_;
-  auto q = ApplyRope(q_proj(x).view({N, 1, heads_, head_dim_}), cos, sin);       // [N,1,H,D]
-  auto k = ApplyRope(k_proj(x).view({N, 1, kv_heads_, head_dim_}), cos, sin);    // [N,1,kv,D]
+  auto q = Queries(x, cos, sin);  // [N,1,H,D]
+  auto k = Keys(x, cos, sin);     // [N,1,kv,D]
   auto v = v_proj(x).view({N, 1, kv_heads_, head_dim_});
   auto rows = torch::arange(N, lens.options());
   // Non-adjacent advanced indices put the indexed dim first: value [N,kv,D].
@@ -136,10 +154,10 @@ TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
     score = register_module("score",
                             torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, 1).bias(false)));
   }
-  // Same expression as transformers' default RoPE so the fp32 bits agree.
-  const int64_t d = config.HeadDim();
-  inv_freq_ = 1.0 / torch::pow(config.rope_theta, torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) / d);
   // Kept out of the buffers so that model->to(bf16) leaves it fp32.
+  RopeFrequencies rope = ComputeRope(config);
+  inv_freq_ = rope.inv_freq;
+  rope_scaling_ = rope.scaling;
 
   torch::NoGradGuard no_grad;
   for (auto& p : named_parameters()) {
@@ -156,10 +174,23 @@ TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
 
 std::pair<torch::Tensor, torch::Tensor> TransformerImpl::Rope(const torch::Tensor& positions,
                                                               c10::ScalarType dtype) {
-  auto inv = inv_freq_.to(positions.device());
+  torch::Tensor inv = inv_freq_;
+  if (config_.rope.type == "dynamic" && positions.numel() > 0) {
+    // As transformers: the longest position in the batch picks the base.
+    // Generation never gets here past max_positions (it stops there), so
+    // this only changes scoring of sequences longer than the context.
+    const int64_t seq_len = positions.max().item<int64_t>() + 1;
+    if (seq_len > config_.max_positions) inv = ComputeRope(config_, seq_len).inv_freq;
+  }
+  inv = inv.to(positions.device());
   auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv;  // [..., D/2]
   auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  auto cos = emb.cos(), sin = emb.sin();
+  if (rope_scaling_ != 1.0) {
+    cos = cos * rope_scaling_;
+    sin = sin * rope_scaling_;
+  }
+  return {cos.to(dtype), sin.to(dtype)};
 }
 
 torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,

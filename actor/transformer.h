@@ -1,7 +1,7 @@
 #pragma once
 
-// The policy model: a Llama / Qwen2-architecture decoder-only transformer in
-// LibTorch. Parameter names are Hugging Face's (named_parameters() yields
+// The policy model: a Llama / Qwen2 / Qwen3-architecture decoder-only
+// transformer in LibTorch. Parameter names are Hugging Face's (named_parameters() yields
 // "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", ...,
 // "lm_head.weight", "score.weight"), so checkpoints map 1:1.
 //
@@ -62,8 +62,14 @@ class AttentionImpl : public torch::nn::Module {
                        const torch::Tensor& key_mask, int64_t used);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // Qwen3's per-head RMSNorm on q and k (null elsewhere).
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};
 
  private:
+  // [.., T, heads, D] projections, QK-normed where the model has it, RoPE'd.
+  torch::Tensor Queries(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::Tensor Keys(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
   int64_t heads_, kv_heads_, head_dim_;
 };
 TORCH_MODULE(Attention);
@@ -151,7 +157,8 @@ class TransformerImpl : public torch::nn::Module {
   std::pair<torch::Tensor, torch::Tensor> Rope(const torch::Tensor& positions, c10::ScalarType dtype);
 
   ModelConfig config_;
-  torch::Tensor inv_freq_;  // [D/2] fp32, not a parameter.
+  torch::Tensor inv_freq_;     // [D/2] fp32, not a parameter (see rope.h).
+  double rope_scaling_ = 1.0;  // on cos/sin (yarn)
 };
 TORCH_MODULE(Transformer);
 

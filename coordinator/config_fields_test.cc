@@ -42,6 +42,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.ModelConfig.dtype", "learner/trainer.cc"},
     {"rlmesh.ModelConfig.device", "learner/trainer.cc"},
     {"rlmesh.ModelConfig.threads", "coordinator/main.cc"},
+    {"rlmesh.ModelConfig.head_dim", "learner/trainer.cc"},
     {"rlmesh.ExperimentConfig.task", "coordinator/runner.cc"},
     {"rlmesh.TaskConfig.kind", "tasks/task.cc"},
     {"rlmesh.TaskConfig.digits", "tasks/task.cc"},

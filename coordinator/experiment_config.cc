@@ -95,7 +95,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(m->init() == "scratch" || m->init() == "checkpoint", "model.init", "must be scratch or checkpoint");
   c.Require(m->init() != "checkpoint" || !m->path().empty(), "model.path", "required when init is checkpoint");
   if (m->arch().empty()) m->set_arch("llama");
-  c.Require(m->arch() == "llama" || m->arch() == "qwen2", "model.arch", "must be llama or qwen2");
+  c.Require(m->arch() == "llama" || m->arch() == "qwen2" || m->arch() == "qwen3", "model.arch",
+            "must be llama, qwen2 or qwen3");
   if (m->hidden() == 0) m->set_hidden(256);
   if (m->layers() == 0) m->set_layers(4);
   if (m->heads() == 0) m->set_heads(4);
@@ -103,7 +104,10 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   if (m->max_positions() == 0) m->set_max_positions(256);
   c.Require(m->hidden() > 0 && m->hidden() <= 16384, "model.hidden", "must be in [1, 16384]");
   c.Require(m->layers() > 0 && m->layers() <= 256, "model.layers", "must be in [1, 256]");
-  c.Require(m->heads() > 0 && m->hidden() % m->heads() == 0, "model.heads", "must divide model.hidden");
+  c.Require(m->heads() > 0 && (m->head_dim() > 0 || m->hidden() % m->heads() == 0), "model.heads",
+            "must divide model.hidden (or set model.head_dim)");
+  c.Require(m->head_dim() >= 0 && m->head_dim() % 2 == 0 && m->head_dim() <= 1024, "model.head_dim",
+            "must be even, in [0, 1024]");
   c.Require(m->kv_heads() > 0 && m->heads() % m->kv_heads() == 0, "model.kv_heads", "must divide model.heads");
   c.Require(m->max_positions() > 1, "model.max_positions", "must be > 1");
   if (m->tokenizer().empty()) m->set_tokenizer("char");

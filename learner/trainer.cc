@@ -677,6 +677,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     cfg.num_layers = mc.layers() == 0 ? 4 : mc.layers();
     cfg.num_heads = mc.heads() == 0 ? 4 : mc.heads();
     cfg.num_kv_heads = mc.kv_heads() == 0 ? cfg.num_heads : mc.kv_heads();
+    cfg.head_dim = mc.head_dim();
     cfg.max_positions = mc.max_positions() == 0 ? 256 : mc.max_positions();
     cfg.rope_theta = mc.rope_theta() == 0 ? 10000.0 : mc.rope_theta();
     cfg.rms_norm_eps = mc.rms_norm_eps() == 0 ? 1e-6 : mc.rms_norm_eps();
@@ -1485,8 +1486,9 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       RLMESH_RETURN_IF_ERROR(actor::WriteSafetensors(absl::StrCat(staging, "/", opt_file), t));
     }
     if (s.rank == 0) {
-      RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.policy, staging));
-      if (s.critic) RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.critic, staging + "/critic"));
+      const actor::SaveOptions so{.tokenizer = s.tokenizer.get()};
+      RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.policy, staging, so));
+      if (s.critic) RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.critic, staging + "/critic", so));
     }
     RLMESH_RETURN_IF_ERROR(barrier());
     if (s.rank == 0) {
@@ -1531,7 +1533,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       std::error_code ec;
       fs::create_directories(s.rm_output, ec);
       if (ec) return absl::InternalError(absl::StrCat("create ", s.rm_output, ": ", ec.message()));
-      return actor::SaveHfModel(s.policy, s.rm_output);
+      return actor::SaveHfModel(s.policy, s.rm_output, {.tokenizer = s.tokenizer.get()});
     });
     if (!out.ok()) return Prefix(absl::StrCat("experiment.stages[", s.request.stage_index(), "].reward_model.output"), out);
     RLMESH_LOG(INFO) << "reward model written path=" << s.rm_output;

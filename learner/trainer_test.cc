@@ -534,9 +534,14 @@ TEST_CASE("exact resume: N steps straight == N/2, Save, fresh trainer, N/2 (bit-
   for (int step = N / 2; step < N; ++step) REQUIRE(second.TrainStep(SftStep(step)).ok());
   CHECK(BitEqual(straight, second));
 
-  // The saved HF folder loads as a model for rollout / the next stage.
+  // The saved HF folder loads as a model for rollout / the next stage, and
+  // carries its tokenizer (the folder is a tokenizer spec too; transformers
+  // opens it: actor/checkpoint_test).
   auto model = actor::LoadHfModel(ckpt + "/" + CheckpointName(N / 2));
   REQUIRE(model.ok());
+  auto tok = actor::LoadTokenizer(ckpt + "/" + CheckpointName(N / 2));
+  REQUIRE(tok.ok());
+  CHECK((*tok)->Hash() == actor::CharTokenizer().Hash());
 
   // Corrupt the newest: truncating its weights makes Load fall back.
   const std::string newest = ckpt + "/" + CheckpointName(N / 2);

@@ -1,11 +1,17 @@
 """Reference data for actor/ parity tests, produced with PyPI transformers,
 tokenizers and safetensors (implementations no one in this project wrote).
 
-  make_golden.py models OUT      tiny random Llama/Qwen2 folders + logits + greedy tokens
+  make_golden.py models OUT      tiny random Llama/Qwen2/Qwen3 folders (every RoPE scaling type)
+                                 + logits + greedy tokens
   make_golden.py tokenizers OUT  two trained byte-level BPE tokenizer.json + held-out encodings
-  make_golden.py check DIR IN    load a folder *we* wrote with transformers and compare
+  make_golden.py hfload DIR IN   transformers' AutoTokenizer and AutoModelForCausalLM open a
+                                 folder we wrote (model + tokenizer files); IN (json) holds
+                                 texts with our ids and decodings and a safetensors of our
+                                 logits; exits 1 on any difference.
+  make_golden.py check DIR IN [DIR IN ...]
+                                 load each folder *we* wrote with transformers and compare
                                  its logits with ours (IN: safetensors with input_ids, logits);
-                                 exits 1 on a mismatch.
+                                 exits 1 on any mismatch.
 """
 import json
 import os
@@ -29,13 +35,73 @@ MODELS = {
     "qwen2_untied": ("qwen2", dict(vocab_size=90, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=40,
                                    rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    # Llama's attention_bias puts a bias on o_proj too.
+    "llama_attention_bias": ("llama", dict(vocab_size=71, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40,
+                                           rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                           attention_bias=True)),
+    # Qwen3: QK-norm, head_dim != hidden / heads, attention_bias either way.
+    "qwen3_headdim_untied": ("qwen3", dict(vocab_size=89, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=20,
+                                           max_position_embeddings=64, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                           tie_word_embeddings=False, attention_bias=False)),
+    "qwen3_bias_tied": ("qwen3", dict(vocab_size=77, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                      max_position_embeddings=48, rope_theta=10000.0, rms_norm_eps=1e-6,
+                                      tie_word_embeddings=True, attention_bias=True)),
+    # RoPE scaling: logits at lengths beyond the original context (SEQ below).
+    "llama_rope_linear": ("llama", dict(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0))),
+    "llama_rope_dynamic": ("llama", dict(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                         rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))),
+    "llama_rope_llama3": ("llama", dict(vocab_size=61, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                                             low_freq_factor=1.0, high_freq_factor=4.0,
+                                                             original_max_position_embeddings=16))),
+    "qwen3_rope_yarn": ("qwen3", dict(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                      max_position_embeddings=64,
+                                      rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                           original_max_position_embeddings=16))),
+    "llama_rope_yarn_mscale": ("llama", dict(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=60,
+                                             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=3.0,
+                                                                  original_max_position_embeddings=20, beta_fast=16.0,
+                                                                  beta_slow=2.0, mscale=0.8, mscale_all_dim=0.5,
+                                                                  truncate=False))),
+    # Qwen3-MoE: top-k routing with and without renormalisation, dense layers
+    # by mlp_only_layers and decoder_sparse_step.
+    "qwen3_moe_norm": ("qwen3_moe", dict(vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                                         max_position_embeddings=64, moe_intermediate_size=16, num_experts=6,
+                                         num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+                                         decoder_sparse_step=1, tie_word_embeddings=False)),
+    "qwen3_moe_sparse_step": ("qwen3_moe", dict(vocab_size=59, hidden_size=24, intermediate_size=40,
+                                                num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                                                max_position_embeddings=48, moe_intermediate_size=12, num_experts=5,
+                                                num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2,
+                                                tie_word_embeddings=True)),
 }
+
+# Sequence length of the golden logits (default 17): past the original
+# context (and past max_position_embeddings for dynamic, where it starts).
+SEQ = {"llama_rope_linear": 60, "llama_rope_dynamic": 50, "llama_rope_llama3": 60, "qwen3_rope_yarn": 60,
+       "llama_rope_yarn_mscale": 60}
 
 
 def build(kind, kw):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(**kw))
+    if kind == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**kw))
+    if kind == "qwen3_moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**kw))
     return Qwen2ForCausalLM(Qwen2Config(**kw))
 
 
@@ -62,8 +128,9 @@ def models(out):
         d = os.path.join(out, name)
         model.save_pretrained(d)
         g = torch.Generator().manual_seed(7 + i)
-        ids = torch.randint(0, kw["vocab_size"], (3, 17), generator=g)
-        pos = torch.arange(17).unsqueeze(0).expand(3, 17).contiguous()
+        seq = SEQ.get(name, 17)
+        ids = torch.randint(0, kw["vocab_size"], (3, seq), generator=g)
+        pos = torch.arange(seq).unsqueeze(0).expand(3, seq).contiguous()
         with torch.no_grad():
             logits = model(input_ids=ids, position_ids=pos).logits.float()
         save_file({"input_ids": ids, "logits": logits.contiguous()}, os.path.join(d, "golden_logits.safetensors"))
@@ -156,23 +223,63 @@ def tokenizers_(out):
     print("tokenizers:", result)
 
 
-def check(folder, ours_path):
+def check(pairs):
+    """Each (folder, ours) pair: transformers loads the folder and must give
+    the logits in ours. One process for all pairs (importing is the cost)."""
     from transformers import AutoModelForCausalLM
+    bad = 0
+    for folder, ours_path in pairs:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        data = load_file(ours_path)
+        ids = data["input_ids"]
+        pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids).contiguous()
+        with torch.no_grad():
+            ref = model(input_ids=ids, position_ids=pos).logits.float()
+        diff = (ref - data["logits"]).abs().max().item()
+        print(f"check {folder}: max |logit diff| = {diff:.3g}")
+        bad += diff > 1e-4
+    sys.exit(1 if bad else 0)
+
+
+def hfload(folder, ours_json):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    with open(ours_json) as f:
+        ours = json.load(f)
+    tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    data = load_file(ours_path)
+    gen = GenerationConfig.from_pretrained(folder)
+    bad = []
+    for text, ids, decoded in zip(ours["texts"], ours["ids"], ours["decoded"]):
+        got = tok.encode(text, add_special_tokens=False)
+        if got != ids:
+            bad.append(f"ids of {text!r}: transformers {got}, ours {ids}")
+        back = tok.decode(ids, skip_special_tokens=True)
+        if back != decoded:
+            bad.append(f"decode of {text!r}: transformers {back!r}, ours {decoded!r}")
+    for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        if getattr(tok, key) != ours[key] or getattr(gen, key) != ours[key]:
+            bad.append(f"{key}: tokenizer {getattr(tok, key)}, generation_config {getattr(gen, key)}, ours {ours[key]}")
+    data = load_file(ours["logits"])
     ids = data["input_ids"]
     pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids).contiguous()
     with torch.no_grad():
         ref = model(input_ids=ids, position_ids=pos).logits.float()
     diff = (ref - data["logits"]).abs().max().item()
-    print(f"check {folder}: max |logit diff| = {diff:.3g}")
-    sys.exit(0 if diff <= 1e-4 else 1)
+    if diff > 1e-4:
+        bad.append(f"max |logit diff| = {diff:.3g}")
+    print(f"hfload {folder}: {len(ours['texts'])} texts, max |logit diff| = {diff:.3g}")
+    for b in bad:
+        print("MISMATCH", b)
+    sys.exit(1 if bad else 0)
 
 
 if __name__ == "__main__":
     cmd, out = sys.argv[1], sys.argv[2]
     if cmd == "check":
-        check(out, sys.argv[3])
+        args = sys.argv[2:]
+        check(list(zip(args[0::2], args[1::2])))
+    if cmd == "hfload":
+        hfload(out, sys.argv[3])
     os.makedirs(out, exist_ok=True)
     if cmd == "models":
         models(out)
