@@ -33,7 +33,8 @@ bool Contains(const absl::Status& s, const std::string& part) {
 // Every family and RoPE scaling type make_golden.py builds.
 const char* kModels[] = {"llama_gqa_untied",     "llama_mha_tied",       "qwen2_gqa_tied",    "qwen2_untied",
                          "llama_attention_bias", "qwen3_headdim_untied", "qwen3_bias_tied",   "llama_rope_linear",
-                         "llama_rope_dynamic",   "llama_rope_llama3",    "qwen3_rope_yarn",   "llama_rope_yarn_mscale"};
+                         "llama_rope_dynamic",   "llama_rope_llama3",    "qwen3_rope_yarn",   "llama_rope_yarn_mscale",
+                         "qwen3_moe_norm",       "qwen3_moe_sparse_step"};
 
 torch::Tensor Positions(const torch::Tensor& ids) {
   return torch::arange(ids.size(1)).unsqueeze(0).expand_as(ids).contiguous();
@@ -47,6 +48,7 @@ TEST_CASE("Parity with transformers: logits, greedy tokens, and our writer read 
     INFO("model " << name);
     const std::string folder = dir.File(name);
     auto model = LoadHfModel(folder);
+    INFO("load: " << model.status().message());
     REQUIRE(model.ok());
     auto golden = SafetensorsFile::Open(folder + "/golden_logits.safetensors");
     REQUIRE(golden.ok());
@@ -61,6 +63,21 @@ TEST_CASE("Parity with transformers: logits, greedy tokens, and our writer read 
     INFO("max |logit diff| " << diff << " (logit scale " << want.abs().max().item<float>() << ")");
     CHECK(diff <= 1e-4f);
     CHECK(want.abs().max().item<float>() > 1.0f);  // the comparison is not of near-zero logits
+    if ((*model)->config().arch == "qwen3_moe") {
+      // The router's load-balancing loss over the same tokens.
+      MoeRouting routing;
+      routing.record = true;
+      (*model)->set_routing(&routing);
+      torch::NoGradGuard g;
+      (*model)->Forward(ids, Positions(ids));
+      (*model)->set_routing(nullptr);
+      const ModelConfig& mc = (*model)->config();
+      REQUIRE(static_cast<int64_t>(routing.router_logits.size()) == mc.NumMoeLayers());
+      auto aux = LoadBalancingLoss(routing.router_logits, mc.num_experts, mc.num_experts_per_tok);
+      auto want_aux = *(*golden)->Read("aux_loss");
+      INFO("aux loss " << aux.item<float>() << " vs " << want_aux.item<float>());
+      CHECK(std::abs(aux.item<float>() - want_aux.item<float>()) < 1e-5f);
+    }
     if (name.find("rope_") != std::string::npos) {
       // The golden lengths reach where the scaling matters: the same weights
       // with plain RoPE would not pass.

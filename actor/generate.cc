@@ -212,6 +212,14 @@ struct Generator::State {
   int64_t submitted = 0;
   torch::Device device{torch::kCPU};
 
+  bool Recording() const { return options.record_routing && model->config().NumMoeLayers() > 0; }
+  int64_t RoutesPerPosition() const { return model->config().NumMoeLayers() * model->config().num_experts_per_tok; }
+  // The recorded expert ids as [tokens, layers, k] int32, flattened.
+  static std::vector<int32_t> RoutesOf(const MoeRouting& routing) {
+    auto t = torch::stack(routing.chosen, 1).to(torch::kCPU, torch::kInt32).contiguous();
+    return std::vector<int32_t>(t.data_ptr<int32_t>(), t.data_ptr<int32_t>() + t.numel());
+  }
+
   // Appends the sampled token to a row; true when the row is finished.
   bool Accept(Row& row, int64_t token, float logprob) {
     row.out.tokens.push_back(token);
@@ -343,7 +351,15 @@ struct Generator::State {
     auto ids_t = torch::from_blob(ids.data(), {P, T}, torch::kInt64).to(device);
     auto lens_t = torch::from_blob(lens.data(), {P}, torch::kInt64).to(device);
     KvCache fresh;
+    MoeRouting routing;
+    routing.record = Recording();
+    if (routing.record) model->set_routing(&routing);
     auto hidden = model->Prefill(ids_t, lens_t, cap, &fresh);
+    model->set_routing(nullptr);
+    // [P, T, layers, k] expert ids of every prefilled position.
+    std::vector<int32_t> routes;
+    const int64_t per_pos = routing.record ? RoutesPerPosition() : 0;
+    if (routing.record) routes = RoutesOf(routing);
     // Fan each unit out to its sample rows.
     std::vector<int64_t> src;
     const size_t first = rows.size();
@@ -360,6 +376,10 @@ struct Generator::State {
           r.out.tokens = req.resume[i].tokens;
           r.out.logprobs = req.resume[i].logprobs;
           for (size_t k = 0; k < r.out.tokens.size(); ++k) r.rng.Uniform();
+        }
+        if (routing.record) {
+          const auto begin = routes.begin() + p * T * per_pos;
+          r.out.routes.assign(begin, begin + lens[p] * per_pos);
         }
         r.len = lens[p];
         r.capacity = std::min(static_cast<int64_t>(req.prompt.size()) + req.sampling.max_new_tokens, max_pos);
@@ -445,8 +465,20 @@ struct Generator::State {
       max_len = std::max(max_len, lens[i]);
     }
     PadCapacity(&cache, max_len + 1);
+    MoeRouting routing;
+    routing.record = Recording();
+    if (routing.record) model->set_routing(&routing);
     auto hidden = model->DecodeStep(torch::from_blob(ids.data(), {N}, torch::kInt64).to(device),
                                     torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &cache);
+    model->set_routing(nullptr);
+    if (routing.record) {
+      const std::vector<int32_t> routes = RoutesOf(routing);  // [N, layers, k]
+      const int64_t per_pos = RoutesPerPosition();
+      for (int64_t i = 0; i < N; ++i) {
+        rows[i].out.routes.insert(rows[i].out.routes.end(), routes.begin() + i * per_pos,
+                                  routes.begin() + (i + 1) * per_pos);
+      }
+    }
     for (auto& r : rows) ++r.len;
     auto logits = model->Logits(hidden).to(torch::kFloat32);
     finished->assign(N, false);

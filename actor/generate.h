@@ -60,6 +60,12 @@ struct Completion {
   // Behaviour log-prob of each token (see SamplingOptions.temperature).
   std::vector<float> logprobs;
   FinishReason finish_reason = FinishReason::kLength;
+  // With GeneratorOptions.record_routing on an MoE model: the experts each
+  // position chose, [position][moe layer][k] flattened, for the positions the
+  // model ran: the prompt and every token but the last (a resumed sample's
+  // earlier positions as its re-prefill routed them). The learner replays
+  // them (MoeRouting.replay) to score on the rollout's experts. Else empty.
+  std::vector<int32_t> routes;
 };
 
 struct GenerationRequest {
@@ -97,6 +103,9 @@ struct GeneratorOptions {
   // Most prompt tokens prefilled in one step (bounds the join burst); at least
   // one request is always admitted. Default 8192.
   int64_t max_prefill_tokens = 8192;
+  // Record each sample's MoE routing in Completion.routes (no effect on a
+  // dense model). Default false.
+  bool record_routing = false;
 
   absl::Status Validate() const;
 };

@@ -167,14 +167,39 @@ json RopeJson(const ModelConfig& c) {
 
 }  // namespace
 
+bool ModelConfig::IsMoeLayer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  for (int64_t l : mlp_only_layers) {
+    if (l == layer) return false;
+  }
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::NumMoeLayers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_layers; ++i) n += IsMoeLayer(i) ? 1 : 0;
+  return n;
+}
+
 int64_t DefaultIntermediateSize(int64_t hidden_size) {
   int64_t v = (8 * hidden_size + 2) / 3;
   return (v + 31) / 32 * 32;
 }
 
 absl::Status ModelConfig::Validate() const {
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
-    return Invalid("arch", "must be \"llama\", \"qwen2\" or \"qwen3\", got \"" + arch + "\"");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3_moe") {
+    return Invalid("arch", "must be \"llama\", \"qwen2\", \"qwen3\" or \"qwen3_moe\", got \"" + arch + "\"");
+  }
+  if (arch != "qwen3_moe" && num_experts != 0) return Invalid("num_experts", "only qwen3_moe has experts");
+  if (arch == "qwen3_moe") {
+    if (num_experts <= 0) return Invalid("num_experts", "must be > 0 for qwen3_moe");
+    if (num_experts_per_tok <= 0 || num_experts_per_tok > num_experts) {
+      return Invalid("num_experts_per_tok", absl::StrCat("must be in [1, num_experts=", num_experts, "], got ",
+                                                         num_experts_per_tok));
+    }
+    if (moe_intermediate_size <= 0) return Invalid("moe_intermediate_size", "must be > 0");
+    if (decoder_sparse_step <= 0) return Invalid("decoder_sparse_step", "must be > 0");
+    if (!(router_aux_loss_coef >= 0)) return Invalid("router_aux_loss_coef", "must be >= 0");
   }
   if (vocab_size <= 0) return Invalid("vocab_size", "must be > 0");
   if (hidden_size <= 0) return Invalid("hidden_size", "must be > 0");
@@ -247,6 +272,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
     c.arch = "qwen3";
     c.qkv_bias = false;
     c.head_dim = 128;  // Qwen3Config's default when config.json has none
+  } else if (model_type == "qwen3_moe") {
+    c.arch = "qwen3_moe";
+    c.qkv_bias = false;
   } else if (model_type == "llama" || model_type == "mistral") {
     c.arch = "llama";
     c.qkv_bias = false;
@@ -278,6 +306,30 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
     bool mlp_bias = false;
     if (!(s = GetBool(j, "mlp_bias", &mlp_bias)).ok()) return s;
     if (mlp_bias) return absl::InvalidArgumentError("config.json: mlp_bias=true is not supported");
+  }
+  if (c.arch == "qwen3_moe") {
+    // Qwen3MoeConfig's defaults for what config.json leaves out.
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = 768;
+    // The Hub's configs say num_experts; transformers 5 writes num_local_experts.
+    if (!(s = GetInt(j, "num_experts", &c.num_experts)).ok()) return s;
+    if (!(s = GetInt(j, "num_local_experts", &c.num_experts)).ok()) return s;
+    if (!(s = GetInt(j, "num_experts_per_tok", &c.num_experts_per_tok)).ok()) return s;
+    if (!(s = GetInt(j, "moe_intermediate_size", &c.moe_intermediate_size)).ok()) return s;
+    if (!(s = GetInt(j, "decoder_sparse_step", &c.decoder_sparse_step)).ok()) return s;
+    if (!(s = GetBool(j, "norm_topk_prob", &c.norm_topk_prob)).ok()) return s;
+    if (!(s = GetDouble(j, "router_aux_loss_coef", &c.router_aux_loss_coef)).ok()) return s;
+    if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+      if (!it->is_array()) return absl::InvalidArgumentError("config.json: \"mlp_only_layers\" must be a list");
+      for (const auto& l : *it) {
+        if (!l.is_number_integer()) return absl::InvalidArgumentError("config.json: \"mlp_only_layers\" must hold integers");
+        c.mlp_only_layers.push_back(l.get<int64_t>());
+      }
+    }
+  }
+  if (j.contains("shared_expert_intermediate_size")) {
+    return absl::InvalidArgumentError("config.json: shared experts (shared_expert_intermediate_size) are not supported");
   }
   if (c.arch != "llama") {
     bool sliding = false;
@@ -312,7 +364,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
 std::string ModelConfig::ToHfConfigJson(const std::string& dtype) const {
   json j;
   const bool qwen = arch == "qwen2";
-  std::string base = qwen ? "Qwen2" : arch == "qwen3" ? "Qwen3" : "Llama";
+  std::string base = qwen ? "Qwen2" : arch == "qwen3" ? "Qwen3" : arch == "qwen3_moe" ? "Qwen3Moe" : "Llama";
   j["architectures"] = {base + (value_head ? "ForSequenceClassification" : "ForCausalLM")};
   j["model_type"] = arch;
   j["vocab_size"] = vocab_size;
@@ -339,6 +391,16 @@ std::string ModelConfig::ToHfConfigJson(const std::string& dtype) const {
     // Qwen2 always has q/k/v bias; the flag is implied by the model type.
     j["attention_bias"] = qkv_bias;
     j["mlp_bias"] = false;
+  }
+  if (arch == "qwen3_moe") {
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["output_router_logits"] = false;
   }
   if (value_head) j["num_labels"] = 1;
   j["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,8 +44,10 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  // "llama", "qwen2" or "qwen3". qwen2 implies q/k/v bias (never o); qwen3
-  // implies per-head RMSNorm on q and k (QK-norm). Default "llama".
+  // "llama", "qwen2", "qwen3" or "qwen3_moe". qwen2 implies q/k/v bias (never
+  // o); qwen3 and qwen3_moe imply per-head RMSNorm on q and k (QK-norm);
+  // qwen3_moe replaces the MLP of its MoE layers by routed experts.
+  // Default "llama".
   std::string arch = "llama";
   // Tokens in the vocabulary (rows of the embedding). Default 64.
   int64_t vocab_size = 64;
@@ -79,6 +82,19 @@ struct ModelConfig {
   // *ForSequenceClassification with num_labels=1): critic / reward model.
   // Default false.
   bool value_head = false;
+  // Mixture of experts (qwen3_moe only): experts per MoE layer, experts per
+  // token (top-k), each expert's MLP width, whether the top-k weights are
+  // renormalised to sum to 1, every how many layers a layer is MoE (layer i
+  // when (i+1) % decoder_sparse_step == 0), layers kept dense, and the
+  // load-balancing loss weight. Defaults: 0 (dense), 0, 0, false, 1, none,
+  // 0.001.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  double router_aux_loss_coef = 0.001;
   // Special token ids written to config.json; -1 = none. Default -1.
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
@@ -90,8 +106,12 @@ struct ModelConfig {
   bool HasQkvBias() const { return qkv_bias || arch == "qwen2"; }
   // Whether o_proj carries a bias (attention_bias outside qwen2).
   bool HasOBias() const { return qkv_bias && arch != "qwen2"; }
-  // Per-head RMSNorm on q and k before RoPE (qwen3).
-  bool HasQkNorm() const { return arch == "qwen3"; }
+  // Per-head RMSNorm on q and k before RoPE (qwen3, qwen3_moe).
+  bool HasQkNorm() const { return arch == "qwen3" || arch == "qwen3_moe"; }
+  // Whether decoder layer `layer` routes its MLP through experts.
+  bool IsMoeLayer(int64_t layer) const;
+  // How many layers are MoE layers.
+  int64_t NumMoeLayers() const;
 
   // INVALID_ARGUMENT naming the field when a value is out of range.
   absl::Status Validate() const;

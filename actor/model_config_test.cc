@@ -114,6 +114,47 @@ TEST_CASE("ModelConfig reads Qwen3: QK-norm, explicit head_dim, attention_bias o
   CHECK(std::string(lt.status().message()).find("sliding_attention") != std::string::npos);
 }
 
+TEST_CASE("ModelConfig reads Qwen3-MoE: experts, top-k, sparse layers; refuses shared experts by name") {
+  const std::string moe = R"({"model_type": "qwen3_moe", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+    "num_hidden_layers": 4, "num_attention_heads": 2, "max_position_embeddings": 8, "num_experts": 6,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 8, "norm_topk_prob": true, "decoder_sparse_step": 2,
+    "mlp_only_layers": [3], "router_aux_loss_coef": 0.01})";
+  auto c = ModelConfig::FromHfConfigJsonString(moe);
+  REQUIRE(c.ok());
+  CHECK(c->arch == "qwen3_moe");
+  CHECK(c->HasQkNorm());
+  CHECK(c->HeadDim() == 8);  // hidden / heads: Qwen3MoeConfig has no 128 default
+  CHECK(c->num_experts == 6);
+  CHECK(c->num_experts_per_tok == 2);
+  CHECK(c->norm_topk_prob);
+  CHECK(c->router_aux_loss_coef == 0.01);
+  // Layer i is MoE when (i+1) % 2 == 0 and i is not in mlp_only_layers.
+  CHECK_FALSE(c->IsMoeLayer(0));
+  CHECK(c->IsMoeLayer(1));
+  CHECK_FALSE(c->IsMoeLayer(2));
+  CHECK_FALSE(c->IsMoeLayer(3));
+  CHECK(c->NumMoeLayers() == 1);
+  auto back = ModelConfig::FromHfConfigJsonString(c->ToHfConfigJson());
+  REQUIRE(back.ok());
+  CHECK(back->num_experts == 6);
+  CHECK(back->moe_intermediate_size == 8);
+  CHECK(back->decoder_sparse_step == 2);
+  CHECK(back->mlp_only_layers == std::vector<int64_t>{3});
+  std::string shared = moe;
+  shared.insert(shared.size() - 1, R"(, "shared_expert_intermediate_size": 8)");
+  auto s = ModelConfig::FromHfConfigJsonString(shared);
+  REQUIRE_FALSE(s.ok());
+  CHECK(std::string(s.status().message()).find("shared_expert") != std::string::npos);
+  std::string topk = moe;
+  topk.replace(topk.find(R"("num_experts_per_tok": 2)"), 24, R"("num_experts_per_tok": 7)");
+  auto t = ModelConfig::FromHfConfigJsonString(topk);
+  REQUIRE_FALSE(t.ok());
+  CHECK(std::string(t.status().message()).find("num_experts_per_tok") != std::string::npos);
+  ModelConfig dense;
+  dense.num_experts = 4;
+  CHECK(std::string(dense.Validate().message()).find("num_experts") != std::string::npos);
+}
+
 TEST_CASE("ModelConfig reads every RoPE scaling type in both spellings and refuses the rest by name") {
   const std::string head = R"({"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
     "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64, "rope_theta": 500000.0, )";

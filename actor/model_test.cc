@@ -228,6 +228,97 @@ TEST_CASE("KV-cache generation equals full recompute (tokens and behaviour log-p
   CHECK((*res)[4].samples[0].tokens != (*res)[4].samples[1].tokens);
 }
 
+TEST_CASE("MoE routing replay: the rollout's recorded experts give its log-probs back") {
+  ModelConfig c = Tiny("qwen3_moe");
+  c.num_experts = 6;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  auto m = MakeModel(c, 4);
+  {
+    torch::NoGradGuard g;
+    // Router logits large enough that routes are decisive yet not trivial.
+    for (auto& p : m->named_parameters()) {
+      if (p.key().find("mlp.gate.") != std::string::npos) p.value().normal_(0, 1.0);
+    }
+  }
+  Generator gen(m, {.max_batch = 8, .record_routing = true});
+  SamplingOptions sample;
+  sample.temperature = 1.0f;
+  sample.max_new_tokens = 10;
+  sample.seed = 9;
+  sample.n = 3;
+  auto res = gen.Generate({Req({3, 14, 15, 9}, sample), Req({26, 5}, sample)});
+  REQUIRE(res.ok());
+  const int64_t per_pos = c.NumMoeLayers() * c.num_experts_per_tok;
+  REQUIRE(per_pos == c.num_layers * 2);  // every layer is MoE (decoder_sparse_step 1)
+  // The rollout's weights moved a little (as after an update, or another
+  // precision): free routing now differs somewhere; replay does not.
+  auto moved = MakeModel(c, 4);
+  {
+    torch::NoGradGuard g;
+    auto src = m->NamedParameters();
+    auto dst = moved->NamedParameters();
+    torch::manual_seed(77);
+    for (size_t i = 0; i < src.size(); ++i) {
+      dst[i].second.copy_(src[i].second);
+      if (dst[i].first.find("mlp.gate.") != std::string::npos) dst[i].second.add_(torch::randn_like(dst[i].second) * 0.2);
+    }
+  }
+  int flips = 0;
+  for (size_t q = 0; q < res->size(); ++q) {
+    for (const auto& s : (*res)[q].samples) {
+      const std::vector<int64_t>& prompt = q == 0 ? std::vector<int64_t>{3, 14, 15, 9} : std::vector<int64_t>{26, 5};
+      std::vector<int64_t> seq = prompt;
+      seq.insert(seq.end(), s.tokens.begin(), s.tokens.end());
+      const int64_t T = static_cast<int64_t>(seq.size());
+      INFO("request " << q << " sample " << s.sample_index);
+      // Every position the model ran: the prompt and all tokens but the last.
+      REQUIRE(static_cast<int64_t>(s.routes.size()) == (T - 1) * per_pos);
+      auto ids = torch::tensor(seq).unsqueeze(0);
+      auto targets = torch::full({1, T}, -1, torch::kLong);
+      const int64_t P = static_cast<int64_t>(prompt.size());
+      for (int64_t t = P - 1; t < T - 1; ++t) targets[0][t] = seq[t + 1];
+      MoeRouting replay;
+      replay.replay = RoutesToReplay({s.routes}, T, c);
+      replay.record = true;
+      for (Transformer* model : {&m, &moved}) {
+        (*model)->set_routing(&replay);
+        auto lp = TokenLogProbs(*model, ids, Positions(1, T), targets, 4, 1.0);
+        (*model)->set_routing(nullptr);
+        REQUIRE(lp.ok());
+        // The replayed forward used exactly the rollout's experts.
+        auto used = torch::stack(replay.chosen, 1).reshape({T, -1}).narrow(0, 0, T - 1).to(torch::kInt32).contiguous();
+        CHECK(std::vector<int32_t>(used.data_ptr<int32_t>(), used.data_ptr<int32_t>() + used.numel()) == s.routes);
+        if (model == &m) {
+          // On the rollout's own weights: the rollout's log-probs.
+          for (size_t t = 0; t < s.tokens.size(); ++t) {
+            CHECK(std::abs(lp->logprobs[0][P - 1 + t].item<float>() - s.logprobs[t]) < 1e-5);
+          }
+        }
+      }
+      // Free routing on the moved weights picks other experts somewhere.
+      MoeRouting free;
+      free.record = true;
+      moved->set_routing(&free);
+      {
+        torch::NoGradGuard g;
+        moved->Forward(ids, Positions(1, T));
+      }
+      moved->set_routing(nullptr);
+      auto chosen = torch::stack(free.chosen, 1).reshape({T, -1}).narrow(0, 0, T - 1).to(torch::kInt32).contiguous();
+      flips += std::vector<int32_t>(chosen.data_ptr<int32_t>(), chosen.data_ptr<int32_t>() + chosen.numel()) != s.routes;
+    }
+  }
+  CHECK(flips > 0);
+  // Malformed replays are refused, not crashed on.
+  MoeRouting bad;
+  bad.replay = {torch::full({2, 2}, 7, torch::kLong)};
+  m->set_routing(&bad);
+  CHECK_THROWS(m->Forward(torch::zeros({1, 2}, torch::kLong), Positions(1, 2)));
+  m->set_routing(nullptr);
+}
+
 TEST_CASE("A seeded sample does not depend on the batch around it") {
   auto m = MakeModel(Tiny());
   SamplingOptions s;

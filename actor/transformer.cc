@@ -119,28 +119,139 @@ torch::Tensor AttentionImpl::Decode(const torch::Tensor& x, const torch::Tensor&
   return o_proj(out.reshape({N, 1, heads_ * head_dim_}));
 }
 
-MlpImpl::MlpImpl(const ModelConfig& c) {
+MlpImpl::MlpImpl(const ModelConfig& c, int64_t width) {
+  if (width <= 0) width = c.intermediate_size;
   auto lin = [](int64_t i, int64_t o) { return torch::nn::Linear(torch::nn::LinearOptions(i, o).bias(false)); };
-  gate_proj = register_module("gate_proj", lin(c.hidden_size, c.intermediate_size));
-  up_proj = register_module("up_proj", lin(c.hidden_size, c.intermediate_size));
-  down_proj = register_module("down_proj", lin(c.intermediate_size, c.hidden_size));
+  gate_proj = register_module("gate_proj", lin(c.hidden_size, width));
+  up_proj = register_module("up_proj", lin(c.hidden_size, width));
+  down_proj = register_module("down_proj", lin(width, c.hidden_size));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
+MoeImpl::MoeImpl(const ModelConfig& c) : top_k_(c.num_experts_per_tok), norm_topk_(c.norm_topk_prob) {
+  gate = register_module("gate",
+                         torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.num_experts).bias(false)));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < c.num_experts; ++e) experts->push_back(Mlp(c, c.moe_intermediate_size));
+}
+
+torch::Tensor MoeImpl::forward(const torch::Tensor& x, const torch::Tensor& replay, torch::Tensor* chosen,
+                               torch::Tensor* logits_out) {
+  auto flat = x.reshape({-1, x.size(-1)});
+  auto logits = gate(flat);  // [N,E]
+  auto probs = torch::softmax(logits, -1, torch::kFloat32);
+  torch::Tensor weights, idx;
+  if (replay.defined()) {
+    TORCH_CHECK(replay.dim() == 2 && replay.size(0) == flat.size(0) && replay.size(1) == top_k_,
+                "MoE routing replay: expected [", flat.size(0), ", ", top_k_, "] expert ids, got ", replay.sizes());
+    auto given = replay.to(flat.device(), torch::kLong);
+    TORCH_CHECK(given.numel() == 0 || (given.min().item<int64_t>() >= -1 &&
+                                       given.max().item<int64_t>() < static_cast<int64_t>(experts->size())),
+                "MoE routing replay: expert id out of range [-1, ", experts->size(), ")");
+    auto free = given.lt(0).any(-1, /*keepdim=*/true);  // [N,1]: the router chooses
+    idx = torch::where(free, std::get<1>(probs.topk(top_k_, -1)), given);
+    weights = probs.gather(1, idx);
+  } else {
+    std::tie(weights, idx) = probs.topk(top_k_, -1);
+  }
+  if (norm_topk_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(logits.scalar_type());
+  if (chosen != nullptr) *chosen = idx;
+  if (logits_out != nullptr) *logits_out = logits;
+  auto out = torch::zeros_like(flat);
+  // Expert by expert in ascending order, as transformers accumulates.
+  for (int64_t e = 0; e < static_cast<int64_t>(experts->size()); ++e) {
+    auto hits = idx.eq(e).nonzero();  // [M,2]: (token, slot)
+    if (hits.size(0) == 0) continue;
+    auto tokens = hits.select(1, 0);
+    auto slots = hits.select(1, 1);
+    auto y = experts[e]->as<MlpImpl>()->forward(flat.index_select(0, tokens));
+    y = y * weights.index({tokens, slots}).unsqueeze(-1);
+    out.index_add_(0, tokens, y.to(out.scalar_type()));
+  }
+  return out.view(x.sizes());
+}
+
+torch::Tensor LoadBalancingLoss(const std::vector<torch::Tensor>& router_logits, int64_t num_experts, int64_t top_k,
+                                const torch::Tensor& mask) {
+  TORCH_CHECK(!router_logits.empty(), "LoadBalancingLoss: no router logits");
+  const auto device = router_logits[0].device();
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto assignments = torch::zeros({num_experts}, opts);
+  auto prob_sum = torch::zeros({num_experts}, opts);
+  torch::Tensor rows = torch::zeros({}, opts);
+  torch::Tensor m = mask.defined() ? mask.reshape({-1}).to(opts) : torch::Tensor();
+  for (const auto& logits : router_logits) {
+    auto probs = torch::softmax(logits.to(torch::kFloat32), -1);
+    auto selected = std::get<1>(probs.topk(top_k, -1));
+    auto w = m.defined() ? m : torch::ones({probs.size(0)}, opts);
+    assignments = assignments + torch::zeros({num_experts}, opts)
+                                    .scatter_add_(0, selected.reshape({-1}), w.repeat_interleave(top_k));
+    prob_sum = prob_sum + (probs * w.unsqueeze(-1)).sum(0);
+    rows = rows + w.sum();
+  }
+  return (assignments / rows * (prob_sum / rows)).sum() * static_cast<double>(num_experts);
+}
+
+std::vector<torch::Tensor> RoutesToReplay(const std::vector<std::vector<int32_t>>& rows, int64_t T,
+                                          const ModelConfig& c) {
+  const int64_t L = c.NumMoeLayers(), k = c.num_experts_per_tok, B = static_cast<int64_t>(rows.size());
+  auto all = torch::full({B, T, L, k}, -1, torch::kLong);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& r = rows[b];
+    const int64_t n = static_cast<int64_t>(r.size());
+    TORCH_CHECK(L > 0 && n % (L * k) == 0 && n / (L * k) <= T, "RoutesToReplay: row ", b, " has ", n,
+                " expert ids, not a multiple of ", L, " layers x ", k, " within ", T, " positions");
+    if (n == 0) continue;
+    auto src = torch::from_blob(const_cast<int32_t*>(r.data()), {n / (L * k), L, k}, torch::kInt32);
+    all[b].narrow(0, 0, n / (L * k)).copy_(src);
+  }
+  all = all.view({B * T, L, k});
+  std::vector<torch::Tensor> out;
+  for (int64_t l = 0; l < L; ++l) out.push_back(all.select(1, l).contiguous());
+  return out;
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t moe_index) : moe_index_(moe_index) {
   self_attn = register_module("self_attn", Attention(c));
-  mlp = register_module("mlp", Mlp(c));
+  if (moe_index >= 0) {
+    moe = register_module("mlp", Moe(c));
+  } else {
+    mlp = register_module("mlp", Mlp(c));
+  }
   input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor DecoderLayerImpl::Ffn(const torch::Tensor& x, MoeRouting* routing) {
+  if (!moe) return mlp(x);
+  const size_t i = static_cast<size_t>(moe_index_);
+  torch::Tensor replay;
+  if (routing != nullptr && !routing->replay.empty()) {
+    TORCH_CHECK(i < routing->replay.size(), "MoE routing replay: ", routing->replay.size(),
+                " layers given, the model has more");
+    replay = routing->replay[i];
+  }
+  const bool record = routing != nullptr && routing->record;
+  torch::Tensor chosen, logits;
+  auto y = moe(x, replay, record ? &chosen : nullptr, record ? &logits : nullptr);
+  if (record) {
+    if (routing->chosen.size() <= i) routing->chosen.resize(i + 1);
+    if (routing->router_logits.size() <= i) routing->router_logits.resize(i + 1);
+    routing->chosen[i] = chosen;
+    routing->router_logits[i] = logits;
+  }
+  return y;
 }
 
 BackboneImpl::BackboneImpl(const ModelConfig& c) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_layers; ++i) layers->push_back(DecoderLayer(c));
+  int64_t moe_index = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) layers->push_back(DecoderLayer(c, c.IsMoeLayer(i) ? moe_index++ : -1));
   norm = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
 }
 
@@ -216,7 +327,7 @@ torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, con
   for (const auto& m : *model->layers) {
     auto* layer = m->as<DecoderLayerImpl>();
     h = h + layer->self_attn->Full(layer->input_layernorm(h), cos, sin, mask, nullptr, nullptr);
-    h = h + layer->mlp(layer->post_attention_layernorm(h));
+    h = h + layer->Ffn(layer->post_attention_layernorm(h), routing_);
   }
   return model->norm(h);
 }
@@ -259,7 +370,7 @@ torch::Tensor TransformerImpl::Prefill(const torch::Tensor& input_ids, const tor
     // Right padding: real tokens only ever see earlier real tokens under the
     // causal mask, so no padding mask is needed.
     h = h + layer->self_attn->Full(layer->input_layernorm(h), cos, sin, {}, &k, &v);
-    h = h + layer->mlp(layer->post_attention_layernorm(h));
+    h = h + layer->Ffn(layer->post_attention_layernorm(h), routing_);
     auto kc = torch::zeros({B, kvh, capacity, d}, k.options());
     auto vc = torch::zeros({B, kvh, capacity, d}, v.options());
     kc.narrow(2, 0, T).copy_(k);
@@ -286,7 +397,7 @@ torch::Tensor TransformerImpl::DecodeStep(const torch::Tensor& ids, const torch:
     auto* layer = m->as<DecoderLayerImpl>();
     h = h + layer->self_attn->Decode(layer->input_layernorm(h), cos, sin, cache->k[i], cache->v[i], lens, key_mask,
                                      used);
-    h = h + layer->mlp(layer->post_attention_layernorm(h));
+    h = h + layer->Ffn(layer->post_attention_layernorm(h), routing_);
     ++i;
   }
   return model->norm(h).squeeze(1);

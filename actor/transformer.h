@@ -76,20 +76,80 @@ TORCH_MODULE(Attention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const ModelConfig& c);
+  // SwiGLU of width `width` (0 = c.intermediate_size).
+  explicit MlpImpl(const ModelConfig& c, int64_t width = 0);
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(Mlp);
 
+// The routing of a model's MoE layers over one call, for the caller that
+// records or replays it: set it on the model (TransformerImpl::set_routing)
+// around the call. Entry i is the i-th MoE layer; tokens are the call's
+// flattened rows ([B*T] for ForwardHidden and Prefill, [N] for DecodeStep).
+struct MoeRouting {
+  // Expert ids [tokens, k] int64 to use instead of the router's top-k (the
+  // weights still come from the router's probabilities at those experts); a
+  // row of -1 lets the router choose for that token. Empty = route. Either
+  // empty or one tensor per MoE layer.
+  std::vector<torch::Tensor> replay;
+  // When true, `chosen` and `router_logits` receive each MoE layer's expert
+  // ids [tokens, k] and router logits [tokens, E] (with autograd history,
+  // for LoadBalancingLoss).
+  bool record = false;
+  std::vector<torch::Tensor> chosen;
+  std::vector<torch::Tensor> router_logits;
+};
+
+// Qwen3-MoE's sparse block: softmax router (fp32), top-k experts, weights
+// renormalised when norm_topk_prob, each expert a SwiGLU MLP. Hugging Face
+// names: "gate" (the router) and "experts.<e>.{gate,up,down}_proj".
+class MoeImpl : public torch::nn::Module {
+ public:
+  explicit MoeImpl(const ModelConfig& c);
+  // x [.., H] -> [.., H]. `replay` [tokens, k] or undefined; `chosen` and
+  // `logits` receive the routing when non-null.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& replay, torch::Tensor* chosen,
+                        torch::Tensor* logits);
+  torch::nn::Linear gate{nullptr};
+  torch::nn::ModuleList experts{nullptr};
+
+ private:
+  int64_t top_k_;
+  bool norm_topk_;
+};
+TORCH_MODULE(Moe);
+
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const ModelConfig& c);
+  // `moe_index`: this layer's index among the MoE layers, -1 = dense.
+  DecoderLayerImpl(const ModelConfig& c, int64_t moe_index);
+  // The feed-forward part (dense MLP or MoE) under "mlp".
+  torch::Tensor Ffn(const torch::Tensor& x, MoeRouting* routing);
   Attention self_attn{nullptr};
-  Mlp mlp{nullptr};
+  Mlp mlp{nullptr};  // dense layers
+  Moe moe{nullptr};  // MoE layers (registered as "mlp")
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+
+ private:
+  int64_t moe_index_;
 };
 TORCH_MODULE(DecoderLayer);
+
+// MoeRouting.replay for a right-padded batch [rows, T] from each row's
+// recorded routes (Completion.routes: [position][moe layer][k] flattened);
+// positions past a row's routes (its last token, padding) route freely.
+// REQUIRES: each row's routes cover at most T positions of c's MoE layers.
+std::vector<torch::Tensor> RoutesToReplay(const std::vector<std::vector<int32_t>>& rows, int64_t T,
+                                          const ModelConfig& c);
+
+// transformers' load-balancing auxiliary loss (Switch Transformer style) over
+// the router logits of every MoE layer: num_experts * sum_e (fraction of
+// top-k assignments to e) * (mean router probability of e), counted over the
+// tokens where `mask` [tokens] is nonzero (undefined = all). Not scaled by
+// router_aux_loss_coef.
+torch::Tensor LoadBalancingLoss(const std::vector<torch::Tensor>& router_logits, int64_t num_experts, int64_t top_k,
+                                const torch::Tensor& mask = {});
 
 // The "model." prefix of Hugging Face's names.
 class BackboneImpl : public torch::nn::Module {
@@ -148,6 +208,10 @@ class TransformerImpl : public torch::nn::Module {
 
   const ModelConfig& config() const { return config_; }
 
+  // The routing record/replay the MoE layers use on the following calls;
+  // null (the default) routes freely and records nothing. Not owned.
+  void set_routing(MoeRouting* routing) { routing_ = routing; }
+
   Backbone model{nullptr};
   torch::nn::Linear lm_head{nullptr};
   torch::nn::Linear score{nullptr};
@@ -159,6 +223,7 @@ class TransformerImpl : public torch::nn::Module {
   ModelConfig config_;
   torch::Tensor inv_freq_;     // [D/2] fp32, not a parameter (see rope.h).
   double rope_scaling_ = 1.0;  // on cos/sin (yarn)
+  MoeRouting* routing_ = nullptr;
 };
 TORCH_MODULE(Transformer);
 

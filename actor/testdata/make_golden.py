@@ -133,7 +133,13 @@ def models(out):
         pos = torch.arange(seq).unsqueeze(0).expand(3, seq).contiguous()
         with torch.no_grad():
             logits = model(input_ids=ids, position_ids=pos).logits.float()
-        save_file({"input_ids": ids, "logits": logits.contiguous()}, os.path.join(d, "golden_logits.safetensors"))
+        tensors = {"input_ids": ids, "logits": logits.contiguous()}
+        if kind == "qwen3_moe":
+            # The router's load-balancing loss (unscaled), over these tokens.
+            with torch.no_grad():
+                res = model(input_ids=ids, position_ids=pos, output_router_logits=True)
+            tensors["aux_loss"] = res.aux_loss.float().reshape(1)
+        save_file(tensors, os.path.join(d, "golden_logits.safetensors"))
         prompts = [torch.randint(0, kw["vocab_size"], (n,), generator=g).tolist() for n in (1, 5, 11)]
         greedy = []
         for p in prompts:
