@@ -160,7 +160,7 @@ class ExperimentRunner::Impl {
       RLMESH_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Create(o_.run_dir + "/tensorboard"));
     }
     RLMESH_ASSIGN_OR_RETURN(tokenizer_, actor::LoadTokenizer(cfg().model().tokenizer()));
-    RLMESH_ASSIGN_OR_RETURN(task_, MakeTask(cfg().task(), cfg().seed()));
+    RLMESH_ASSIGN_OR_RETURN(task_, MakeTask(cfg().task(), cfg().seed(), cfg().model().tokenizer()));
     RLMESH_RETURN_IF_ERROR(Connect());
     {
       absl::MutexLock lock(&mu_);

@@ -593,7 +593,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     s.tokenizer = *std::move(tok);
   }
   if (s.kind == "sft") {
-    auto task = MakeTask(exp.task(), exp.seed());
+    auto task = MakeTask(exp.task(), exp.seed(), exp.model().tokenizer());
     if (!task.ok()) return Prefix("experiment.task", task.status());
     s.task = *std::move(task);
     if (s.task->train().empty()) return absl::InvalidArgumentError("experiment.task: no train examples");
@@ -610,7 +610,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
       s.pairs = *std::move(pairs);
     } else {
       // Pairs from the task's train split: the answer against a near miss.
-      auto task = MakeTask(exp.task(), exp.seed());
+      auto task = MakeTask(exp.task(), exp.seed(), exp.model().tokenizer());
       if (!task.ok()) return Prefix("experiment.task", task.status());
       TaskPairOptions po;
       po.seed = Mix(exp.seed(), 0x9a125);

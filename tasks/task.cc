@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
+#include "tasks/chat_prompts.h"
 
 namespace rlmesh {
 namespace {
@@ -286,13 +287,27 @@ class JsonlTask final : public Task {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Task>> MakeTask(const TaskConfig& config, uint64_t seed) {
+absl::Status Task::RenderPrompts(const TaskConfig& config, const std::string& tokenizer_spec) {
+  return ApplyChatTemplateToExamples(config, tokenizer_spec, &train_, &eval_);
+}
+
+absl::StatusOr<std::unique_ptr<Task>> MakeTask(const TaskConfig& config, uint64_t seed,
+                                              const std::string& tokenizer_spec) {
   const std::string kind = config.kind().empty() ? "arithmetic" : config.kind();
-  if (kind == "arithmetic") return ArithmeticTask::Make(config, seed);
-  if (kind == "countdown") return CountdownTask::Make(config, seed);
-  if (kind == "jsonl") return JsonlTask::Make(config);
-  return absl::InvalidArgumentError(
-      absl::StrCat("task.kind: unknown task '", kind, "' (arithmetic, countdown, jsonl)"));
+  absl::StatusOr<std::unique_ptr<Task>> task;
+  if (kind == "arithmetic") {
+    task = ArithmeticTask::Make(config, seed);
+  } else if (kind == "countdown") {
+    task = CountdownTask::Make(config, seed);
+  } else if (kind == "jsonl") {
+    task = JsonlTask::Make(config);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task.kind: unknown task '", kind, "' (arithmetic, countdown, jsonl)"));
+  }
+  if (!task.ok()) return task;
+  if (auto s = (*task)->RenderPrompts(config, tokenizer_spec); !s.ok()) return s;
+  return task;
 }
 
 absl::StatusOr<std::vector<Example>> ReadJsonlExamples(const std::string& path,

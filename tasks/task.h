@@ -36,14 +36,19 @@ class Task {
   const std::vector<Example>& eval() const { return eval_; }
   // Verifier the task is scored with by default ("numeric_answer", ...).
   virtual std::string default_verifier() const = 0;
+  // Renders every prompt through task.chat_template (MakeTask calls it).
+  absl::Status RenderPrompts(const TaskConfig& config, const std::string& tokenizer_spec);
 
  protected:
   std::vector<Example> train_;
   std::vector<Example> eval_;
 };
 
-// Builds the task a config describes. Errors name the config field.
-absl::StatusOr<std::unique_ptr<Task>> MakeTask(const TaskConfig& config, uint64_t seed);
+// Builds the task a config describes. `tokenizer_spec` is model.tokenizer
+// (task.chat_template "model" reads the template beside it). Errors name the
+// config field.
+absl::StatusOr<std::unique_ptr<Task>> MakeTask(const TaskConfig& config, uint64_t seed,
+                                              const std::string& tokenizer_spec = "");
 
 // A seeded, resumable pass over examples: each epoch is a fresh permutation
 // derived from (seed, epoch); the cursor (epoch, index) is all the state.

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "nlohmann/json.hpp"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "reward_server/verifiers.h"
@@ -272,6 +274,72 @@ TEST_CASE("JSONL datasets load and bad lines are named") {
   std::ofstream(dir.File("nofield.jsonl")) << R"({"question": "x", "answer": 1})" << "\n";
   auto nofield = ReadJsonlExamples(dir.File("nofield.jsonl"), "prompt", "answer", "train");
   CHECK(nofield.status().message().find("missing field 'prompt'") != absl::string_view::npos);
+}
+
+TEST_CASE("chat_template: prompts become the model's chat turn; errors name the field") {
+  testing::TempDir dir;
+  const std::string folder = dir.File("tok");
+  std::filesystem::create_directories(folder);
+  // A ChatML template of our own, with a default system turn, as the
+  // model's tokenizer_config.json carries it.
+  const std::string tmpl =
+      "{%- if messages[0].role != 'system' %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}{%- endif %}"
+      "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+      "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- if not think %}{{ '<think></think>' }}"
+      "{%- endif %}{%- endif %}";
+  {
+    nlohmann::json cfg = {{"chat_template", tmpl}, {"eos_token", "<|im_end|>"}, {"bos_token", nullptr}};
+    std::ofstream(folder + "/tokenizer_config.json") << cfg.dump();
+    std::ofstream(folder + "/tokenizer.json") << "{}";
+  }
+  TaskConfig c;
+  c.set_kind("arithmetic");
+  c.set_train(20);
+  c.set_eval(5);
+  auto plain = MakeTask(c, 3);
+  REQUIRE(plain.ok());
+  c.set_chat_template("model");
+  auto chat = MakeTask(c, 3, folder + "/tokenizer.json");
+  REQUIRE(chat.ok());
+  for (size_t i = 0; i < 5; ++i) {
+    const std::string& p = (*plain)->eval()[i].prompt;
+    CHECK((*chat)->eval()[i].prompt ==
+          "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n" + p +
+              "<|im_end|>\n<|im_start|>assistant\n<think></think>");
+    CHECK((*chat)->eval()[i].answer == (*plain)->eval()[i].answer);
+  }
+  c.set_system_prompt("Add.");
+  c.set_chat_template_kwargs(R"({"think": true})");
+  auto sys = MakeTask(c, 3, folder);  // the folder itself is a spec too
+  REQUIRE(sys.ok());
+  CHECK((*sys)->train()[0].prompt == "<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n" +
+                                          (*plain)->train()[0].prompt + "<|im_end|>\n<|im_start|>assistant\n");
+  // A template file of the user's.
+  std::ofstream(dir.File("t.jinja")) << "[{{ messages[-1].content }}]{% if add_generation_prompt %}>{% endif %}";
+  TaskConfig f = c;
+  f.set_chat_template(dir.File("t.jinja"));
+  f.clear_system_prompt();
+  auto file = MakeTask(f, 3);
+  REQUIRE(file.ok());
+  CHECK((*file)->eval()[0].prompt == "[" + (*plain)->eval()[0].prompt + "]>");
+
+  auto refused = [&](TaskConfig bad, const std::string& spec, const std::string& part) {
+    auto t = MakeTask(bad, 3, spec);
+    REQUIRE_FALSE(t.ok());
+    INFO(t.status().message());
+    CHECK(absl::StrContains(t.status().message(), part));
+  };
+  refused(c, "char", "task.chat_template");
+  TaskConfig kw = c;
+  kw.set_chat_template_kwargs("[1]");
+  refused(kw, folder, "task.chat_template_kwargs");
+  TaskConfig missing = c;
+  missing.set_chat_template(dir.File("nope.jinja"));
+  refused(missing, folder, "nope.jinja");
+  std::ofstream(dir.File("bad.jinja")) << "{% macro m() %}x{% endmacro %}";
+  TaskConfig unsupported = c;
+  unsupported.set_chat_template(dir.File("bad.jinja"));
+  refused(unsupported, folder, "macro");
 }
 
 }  // namespace
