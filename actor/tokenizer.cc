@@ -551,6 +551,62 @@ std::vector<int> BpeTokenizer::Encode(const std::string& text) const {
   return ids;
 }
 
+namespace {
+
+// Bytes -> valid UTF-8 as Rust's String::from_utf8_lossy (what tokenizers'
+// ByteLevel decoder returns): each maximal invalid subsequence becomes one
+// U+FFFD. Random ids can end mid-character; text fields must stay UTF-8.
+std::string Utf8Lossy(const std::string& in) {
+  static const char kReplacement[] = "\xEF\xBF\xBD";
+  std::string out;
+  out.reserve(in.size());
+  const size_t n = in.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char b = static_cast<unsigned char>(in[i]);
+    if (b < 0x80) {
+      out.push_back(static_cast<char>(b));
+      ++i;
+      continue;
+    }
+    int need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // range of the first continuation byte
+    if (b >= 0xC2 && b <= 0xDF) {
+      need = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      need = 2;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      need = 3;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;
+    } else {
+      out += kReplacement;  // a byte that never starts a character
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    int got = 0;
+    while (got < need && j < n) {
+      const unsigned char c = static_cast<unsigned char>(in[j]);
+      const bool ok = got == 0 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xBF);
+      if (!ok) break;
+      ++got;
+      ++j;
+    }
+    if (got == need) {
+      out.append(in, i, j - i);
+    } else {
+      out += kReplacement;  // the maximal valid prefix of a character, cut short
+    }
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string BpeTokenizer::Decode(const std::vector<int>& ids, bool skip_special) const {
   const Impl& im = *impl_;
   std::string out;
@@ -578,7 +634,7 @@ std::string BpeTokenizer::Decode(const std::vector<int>& ids, bool skip_special)
       i += n;
     }
   }
-  return out;
+  return Utf8Lossy(out);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec) {

@@ -223,8 +223,14 @@ def tokenizers_(out):
         tok.save(path)
         enc = [tok.encode(t, add_special_tokens=False).ids for t in heldout]
         dec = [tok.decode(e, skip_special_tokens=False) for e in enc]
+        # Random id sequences, as an untrained policy samples them: pieces
+        # of multi-byte characters decode to U+FFFD as tokenizers does it.
+        rnd = random.Random(3)
+        rand_ids = [[rnd.randrange(tok.get_vocab_size()) for _ in range(rnd.randint(1, 12))] for _ in range(400)]
+        rand_dec = [tok.decode(e, skip_special_tokens=True) for e in rand_ids]
         with open(os.path.join(out, f"{name}_heldout.json"), "w") as f:
-            json.dump({"texts": heldout, "ids": enc, "decoded": dec, "vocab_size": tok.get_vocab_size()}, f)
+            json.dump({"texts": heldout, "ids": enc, "decoded": dec, "vocab_size": tok.get_vocab_size(),
+                       "random_ids": rand_ids, "random_decoded": rand_dec}, f)
         result[name] = tok.get_vocab_size()
     print("tokenizers:", result)
 
