@@ -37,10 +37,15 @@
 // macro, call, filter blocks, include, import, extends, block, with, do,
 // recursive loops, any other filter/test/method/function, *args/**kwargs,
 // string % formatting, non-string dict keys.
+//  - Python's generators: select/reject/selectattr/rejectattr/map/items/
+//    reverse results are true even when empty, have no length and cannot be
+//    indexed, as in Jinja.
 // Known differences from Python: case mapping covers Latin, Greek, Cyrillic
 // and fullwidth letters only; integers are 64-bit (overflow is OUT_OF_RANGE);
-// range(), dict.items() and filter results are lists, so printing one shows
-// a list where Python shows e.g. `range(0, 3)`.
+// range() and dict.items()/keys()/values() are lists, so printing one shows a
+// list where Python shows `range(0, 3)` or `dict_items([...])`; a generator
+// can be iterated more than once; an unknown filter or test is refused when
+// the template is parsed, where Jinja 3 fails only if that branch runs.
 //
 // Errors: INVALID_ARGUMENT for template syntax and for render-time failures
 // (raise_exception's message, undefined values used, type errors);

@@ -43,7 +43,7 @@ absl::StatusOr<Value> GetAttr(const Value& obj, absl::string_view name);
 // `obj[key]`: an item first, then (for a string key) an attribute. Missing
 // items are Undefined, as in Jinja; only Undefined itself fails.
 absl::StatusOr<Value> GetItem(const Value& obj, const Value& key);
-// `obj[start:stop:step]`, bounds None or Undefined when absent.
+// `obj[start:stop:step]`; absent bounds are None.
 absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value& stop,
                                const Value& step);
 

@@ -133,6 +133,9 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
             "'in <string>' requires string as left operand, not ", TypeName(item)));
       }
       return absl::StrContains(container.str(), item.str());
+    case Value::Kind::kGenerator:
+      CT_RETURN_IF_ERROR(container.generator_error());
+      [[fallthrough]];
     case Value::Kind::kList:
     case Value::Kind::kTuple:
       for (const Value& v : container.items()) {
@@ -299,6 +302,9 @@ class Evaluator {
     auto state = std::make_shared<LoopState>();
     state->items = std::make_shared<const ValueList>(std::move(items));
     const Value loop = Value::Loop(state);
+    // Jinja's else runs unless some iteration reached the end of the body: a
+    // body left by break or continue does not count.
+    bool completed = false;
     for (size_t i = 0; i < state->items->size(); ++i) {
       CT_RETURN_IF_ERROR(CountIteration(s.line));
       state->index0 = static_cast<int64_t>(i);
@@ -312,8 +318,9 @@ class Evaluator {
       scopes_.pop_back();
       CT_RETURN_IF_ERROR(st);
       if (inner == Flow::kBreak) break;
+      completed |= inner == Flow::kNormal;
     }
-    if (!state->items->empty() || s.else_body.empty()) return absl::OkStatus();
+    if (completed || s.else_body.empty()) return absl::OkStatus();
     scopes_.emplace_back();
     absl::Status st = Exec(s.else_body, flow);
     scopes_.pop_back();
@@ -399,7 +406,7 @@ class Evaluator {
       }
       case ExprKind::kSlice: {
         CT_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
-        Value bounds[3];
+        Value bounds[3] = {Value::None(), Value::None(), Value::None()};
         for (int i = 0; i < 3; ++i) {
           if (e.args[i + 1]) {
             CT_ASSIGN_OR_RETURN(bounds[i], Eval(*e.args[i + 1]));

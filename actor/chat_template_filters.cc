@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -181,6 +182,7 @@ absl::StatusOr<Value> ToJsonFilter(const Value& v, const CallArgs& args) {
 // result is `keep`; with no test named, truthiness decides.
 absl::StatusOr<Value> SelectFilter(const Value& v, const CallArgs& args, bool by_attr, bool keep) {
   CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  if (items.empty()) return Value::Generator({});  // Jinja checks arguments per item
   size_t next = 0;
   std::string attr;
   if (by_attr) {
@@ -213,25 +215,26 @@ absl::StatusOr<Value> SelectFilter(const Value& v, const CallArgs& args, bool by
     }
     if (pass == keep) out.push_back(item);
   }
-  return Value::List(std::move(out));
+  return Value::Generator(std::move(out));
 }
 
 absl::StatusOr<Value> MapFilter(const Value& v, const CallArgs& args, const BuiltinEnv& env) {
   CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  if (items.empty()) return Value::Generator({});  // Jinja checks arguments per item
   ValueList out;
-  const Value* attribute = Arg(args, SIZE_MAX, "attribute");
+  const Value* attribute = args.positional.empty() ? Arg(args, SIZE_MAX, "attribute") : nullptr;
   if (attribute != nullptr) {
+    CT_RETURN_IF_ERROR(CheckKeywords(args, "map", {"attribute", "default"}));
     if (!attribute->is_string()) return absl::InvalidArgumentError("map: attribute must be a string");
     const Value* dflt = Arg(args, SIZE_MAX, "default");
     for (const Value& item : items) {
       CT_ASSIGN_OR_RETURN(Value got, AttrPath(item, attribute->str()));
       out.push_back(got.is_undefined() && dflt != nullptr ? *dflt : got);
     }
-    return Value::List(std::move(out));
+    return Value::Generator(std::move(out));
   }
-  if (args.positional.empty() || !args.positional[0].is_string()) {
-    return absl::InvalidArgumentError("map needs a filter name or attribute=");
-  }
+  if (args.positional.empty()) return absl::InvalidArgumentError("map requires a filter argument");
+  if (!args.positional[0].is_string()) return absl::InvalidArgumentError("map: the filter name must be a string");
   const std::string& filter = args.positional[0].str();
   if (!IsKnownFilter(filter)) return absl::UnimplementedError(absl::StrCat("unsupported filter '", filter, "'"));
   CallArgs rest;
@@ -241,7 +244,7 @@ absl::StatusOr<Value> MapFilter(const Value& v, const CallArgs& args, const Buil
     CT_ASSIGN_OR_RETURN(Value mapped, ApplyFilter(filter, item, rest, env));
     out.push_back(std::move(mapped));
   }
-  return Value::List(std::move(out));
+  return Value::Generator(std::move(out));
 }
 
 absl::StatusOr<Value> SortFilter(const Value& v, const CallArgs& args) {
@@ -290,11 +293,43 @@ absl::StatusOr<Value> DictSort(const Value& v, const CallArgs& args) {
 
 }  // namespace
 
+// The arguments each filter takes after its subject (Python rejects others);
+// map and the select family pass theirs on and are not listed.
+struct Signature {
+  const char* name;
+  size_t max_positional;
+  std::initializer_list<absl::string_view> keywords;
+};
+const Signature kSignatures[] = {
+    {"abs", 0, {}}, {"capitalize", 0, {}}, {"count", 0, {}}, {"length", 0, {}},
+    {"d", 2, {"default_value", "boolean"}}, {"default", 2, {"default_value", "boolean"}},
+    {"dictsort", 3, {"case_sensitive", "by", "reverse"}}, {"first", 0, {}}, {"last", 0, {}},
+    {"float", 1, {"default"}}, {"int", 2, {"default", "base"}}, {"items", 0, {}},
+    {"join", 2, {"d", "attribute"}}, {"list", 0, {}}, {"lower", 0, {}}, {"upper", 0, {}},
+    {"replace", 3, {"old", "new", "count"}}, {"reverse", 0, {}}, {"safe", 0, {}},
+    {"sort", 3, {"reverse", "case_sensitive", "attribute"}}, {"string", 0, {}},
+    {"sum", 2, {"attribute", "start"}}, {"title", 0, {}},
+    {"tojson", 4, {"ensure_ascii", "indent", "separators", "sort_keys"}}, {"trim", 1, {"chars"}}};
+
+absl::Status CheckSignature(absl::string_view name, const CallArgs& args) {
+  for (const Signature& sig : kSignatures) {
+    if (name != sig.name) continue;
+    if (args.positional.size() > sig.max_positional) {
+      return absl::InvalidArgumentError(absl::StrCat("filter '", name, "' takes at most ",
+                                                     sig.max_positional, " arguments, got ",
+                                                     args.positional.size()));
+    }
+    return CheckKeywords(args, name, sig.keywords);
+  }
+  return absl::OkStatus();
+}
+
 bool IsKnownFilter(absl::string_view name) { return In(kFilters, name); }
 bool IsKnownTest(absl::string_view name) { return In(kTests, name); }
 
 absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const CallArgs& args,
                                   const BuiltinEnv& env) {
+  CT_RETURN_IF_ERROR(CheckSignature(name, args));
   if (name == "length" || name == "count") return Length(v);
   if (name == "string") return Value::String(Str(v));
   if (name == "safe") return v;
@@ -317,6 +352,9 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
     return v;
   }
   if (name == "first" || name == "last") {
+    if (name == "last" && v.kind() == Value::Kind::kGenerator) {
+      return absl::InvalidArgumentError("'generator' object is not reversible");
+    }
     CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
     if (items.empty()) return Value::Undefined(absl::StrCat("no ", name, " item, sequence was empty"));
     return name == "first" ? items.front() : items.back();
@@ -326,11 +364,14 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
     return Value::List(std::move(items));
   }
   if (name == "items") {
-    if (v.is_undefined()) return Value::List({});
-    if (!v.is_dict()) return absl::InvalidArgumentError("items: can only get item pairs from a mapping");
+    if (v.is_undefined()) return Value::Generator({});
+    if (!v.is_dict()) {  // a generator in Jinja: fails when consumed
+      return Value::FailedGenerator(
+          absl::InvalidArgumentError("items: can only get item pairs from a mapping"));
+    }
     ValueList out;
     for (const auto& [key, value] : v.dict()) out.push_back(Value::Tuple({Value::String(key), value}));
-    return Value::List(std::move(out));
+    return Value::Generator(std::move(out));
   }
   if (name == "join") {
     CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
@@ -384,15 +425,23 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
       std::reverse(u.begin(), u.end());
       return Value::String(EncodeUtf8(u));
     }
+    if (v.kind() == Value::Kind::kGenerator) {
+      return absl::InvalidArgumentError("'generator' object is not reversible");
+    }
     CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
     std::reverse(items.begin(), items.end());
-    return Value::List(std::move(items));
+    return Value::Generator(std::move(items));  // Python's reverse iterator
   }
-  if (name == "select" || name == "reject") return SelectFilter(v, args, false, name == "select");
-  if (name == "selectattr" || name == "rejectattr") {
-    return SelectFilter(v, args, true, name == "selectattr");
+  if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr" ||
+      name == "map") {
+    // Jinja's are generators: nothing runs, and nothing fails, until consumed,
+    // and a false input (None, empty, undefined) yields nothing at all.
+    if (!Truthy(v)) return Value::Generator({});
+    auto out = name == "map" ? MapFilter(v, args, env)
+                             : SelectFilter(v, args, absl::EndsWith(name, "attr"),
+                                            absl::StartsWith(name, "select"));
+    return out.ok() ? *out : Value::FailedGenerator(out.status());
   }
-  if (name == "map") return MapFilter(v, args, env);
   if (name == "sort") return SortFilter(v, args);
   if (name == "dictsort") return DictSort(v, args);
   if (name == "sum") {
@@ -420,6 +469,15 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
 
 absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, const CallArgs& args) {
   using K = Value::Kind;
+  static const char* const kNoArgument[] = {
+      "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number",
+      "string", "mapping", "callable", "iterable", "sequence", "lower", "upper", "even", "odd"};
+  const size_t given = args.positional.size() + args.keyword.size();
+  const size_t wanted = In(kNoArgument, name) ? 0 : 1;
+  if (given != wanted) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("test '", name, "' takes ", wanted, " argument(s), got ", given));
+  }
   if (name == "defined") return !v.is_undefined();
   if (name == "undefined") return v.is_undefined();
   if (name == "none") return v.is_none();
@@ -434,7 +492,7 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, const Cal
   if (name == "callable") return v.kind() == K::kCallable;
   if (name == "iterable" || name == "sequence") {
     return v.is_undefined() || v.is_string() || v.is_sequence() || v.is_dict() ||
-           (name == "iterable" && v.kind() == K::kLoop);
+           (name == "iterable" && (v.kind() == K::kLoop || v.kind() == K::kGenerator));
   }
   if (name == "lower" || name == "upper") {
     const std::string s = Str(v);

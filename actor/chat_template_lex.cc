@@ -24,6 +24,44 @@ bool IsHex(char c) { return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' &&
 bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
 
+// Jinja names may be any Python identifier. Without Unicode tables we take a
+// non-ASCII code point as a letter unless it is whitespace or in a block of
+// punctuation and symbols.
+bool IsNonAsciiNameChar(char32_t c) {
+  if (IsPySpace(c) || (c >= 0xA1 && c <= 0xBF && c != 0xAA && c != 0xB5 && c != 0xBA)) return false;
+  if (c == 0xD7 || c == 0xF7 || (c >= 0x2000 && c <= 0x2BFF) || (c >= 0x3000 && c <= 0x303F)) {
+    return false;
+  }
+  if ((c >= 0xFE30 && c <= 0xFE4F) || (c >= 0xFF00 && c <= 0xFF0F) || (c >= 0xFF1A && c <= 0xFF20)) {
+    return false;
+  }
+  return !(c >= 0x1F000 && c <= 0x1FAFF) && !(c >= 0xE000 && c <= 0xF8FF);
+}
+
+// The code point at `p` and its length in bytes.
+char32_t CodePointAt(absl::string_view s, size_t p, size_t* len) {
+  *len = 1;
+  while (p + *len < s.size() && (static_cast<unsigned char>(s[p + *len]) & 0xC0) == 0x80) ++*len;
+  return DecodeUtf8(s.substr(p, *len))[0];
+}
+
+// The end of the name starting at `p`, or `p` if none starts there.
+size_t NameEnd(absl::string_view s, size_t p) {
+  size_t e = p;
+  while (e < s.size()) {
+    const char c = s[e];
+    if (static_cast<unsigned char>(c) < 0x80) {
+      if (!(e == p ? IsNameStart(c) : IsNameChar(c))) break;
+      ++e;
+    } else {
+      size_t len = 0;
+      if (!IsNonAsciiNameChar(CodePointAt(s, e, &len))) break;
+      e += len;
+    }
+  }
+  return e;
+}
+
 // Python's "unicode-escape" decoding of a string literal's body, which is
 // what Jinja applies to it.
 absl::StatusOr<std::string> DecodeEscapes(absl::string_view body) {
@@ -288,9 +326,7 @@ class Lexer {
         p = skipped;
       } else if (IsDigit(c)) {
         CT_ASSIGN_OR_RETURN(p, LexNumber(p));
-      } else if (IsNameStart(c)) {
-        size_t e = p;
-        while (e < n && IsNameChar(src_[e])) ++e;
+      } else if (const size_t e = NameEnd(src_, p); e != p) {
         Emit(TokenType::kName, src_.substr(p, e - p), p);
         p = e;
       } else if (c == '\'' || c == '"') {
@@ -388,7 +424,9 @@ class Lexer {
     }
     const char c = src_[p];
     if (std::string("+-/*%~[](){}><=.:|,;").find(c) == std::string::npos) {
-      return Error(p, absl::StrCat("unexpected character '", std::string(1, c), "' in tag"));
+      size_t len = 0;
+      CodePointAt(src_, p, &len);
+      return Error(p, absl::StrCat("unexpected character '", src_.substr(p, len), "' in tag"));
     }
     if (c == '(' || c == '[' || c == '{') closers->push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
     if (c == ')' || c == ']' || c == '}') {

@@ -358,6 +358,9 @@ absl::StatusOr<ValueList> Iterate(const Value& v) {
     case Value::Kind::kUndefined: return ValueList();
     case Value::Kind::kList:
     case Value::Kind::kTuple: return v.items();
+    case Value::Kind::kGenerator:
+      CT_RETURN_IF_ERROR(v.generator_error());
+      return v.items();
     case Value::Kind::kDict: {
       ValueList keys;
       for (const auto& kv : v.dict()) keys.push_back(Value::String(kv.first));
@@ -431,9 +434,14 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
 
 absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value& stop,
                                const Value& step) {
+  // Jinja compiles a slice to a plain Python subscript, not to its forgiving
+  // getitem: slicing anything but a sequence or string fails.
   if (obj.is_undefined()) return UndefinedError(obj);
-  if (!obj.is_sequence() && !obj.is_string()) return Value::Undefined("object is not sliceable");
-  auto given = [](const Value& v) { return !v.is_undefined() && !v.is_none(); };
+  if (obj.is_dict()) return absl::InvalidArgumentError("unhashable type: 'slice'");
+  if (!obj.is_sequence() && !obj.is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", TypeName(obj), "' object is not subscriptable"));
+  }
+  auto given = [](const Value& v) { return !v.is_none(); };
   int64_t st = 1;
   if (given(step)) {
     CT_ASSIGN_OR_RETURN(st, SliceBound(step));

@@ -85,6 +85,11 @@ class Parser {
     Advance();
     return absl::OkStatus();
   }
+  // The %} that opens a body; Jinja accepts a ':' before it.
+  absl::Status ExpectBodyStart() {
+    if (IsOp(":")) Advance();
+    return ExpectBlockEnd();
+  }
   absl::Status ExpectBlockEnd() {
     if (Cur().type != TokenType::kBlockEnd) return Expected("'%}'");
     Advance();
@@ -194,7 +199,7 @@ class Parser {
     if (tag == "generation") {  // transformers' assistant-mask tag: renders its body
       s->kind = StmtKind::kBlock;
       Advance();
-      CT_RETURN_IF_ERROR(ExpectBlockEnd());
+      CT_RETURN_IF_ERROR(ExpectBodyStart());
       CT_ASSIGN_OR_RETURN(s->body, Body(tag, s->line, {"endgeneration"}));
       Advance();
       return s;
@@ -225,7 +230,7 @@ class Parser {
       CT_ASSIGN_OR_RETURN(s->filter, ParseExpression(true));
     }
     if (IsName("recursive")) return Unsupported("recursive for loop");
-    CT_RETURN_IF_ERROR(ExpectBlockEnd());
+    CT_RETURN_IF_ERROR(ExpectBodyStart());
     ++loop_depth_;
     auto body = Body("for", s->line, {"endfor", "else"});
     --loop_depth_;
@@ -233,7 +238,7 @@ class Parser {
     s->body = *std::move(body);
     if (IsName("else")) {
       Advance();
-      CT_RETURN_IF_ERROR(ExpectBlockEnd());
+      CT_RETURN_IF_ERROR(ExpectBodyStart());
       // `break` in a for's else belongs to an enclosing loop, if any.
       CT_ASSIGN_OR_RETURN(s->else_body, Body("for", s->line, {"endfor"}));
     }
@@ -245,7 +250,7 @@ class Parser {
     s->kind = StmtKind::kIf;
     Advance();
     CT_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/false, "", false));
-    CT_RETURN_IF_ERROR(ExpectBlockEnd());
+    CT_RETURN_IF_ERROR(ExpectBodyStart());
     CT_ASSIGN_OR_RETURN(s->body, Body("if", s->line, {"elif", "else", "endif"}));
     if (IsName("elif")) {
       // An elif is an if in the else branch; it ends at the same endif.
@@ -263,7 +268,7 @@ class Parser {
     }
     if (IsName("else")) {
       Advance();
-      CT_RETURN_IF_ERROR(ExpectBlockEnd());
+      CT_RETURN_IF_ERROR(ExpectBodyStart());
       CT_ASSIGN_OR_RETURN(s->else_body, Body("if", s->line, {"endif"}));
     }
     Advance();  // endif
@@ -293,7 +298,7 @@ class Parser {
       CT_ASSIGN_OR_RETURN(ExprPtr f, ParseFilter(nullptr));
       s->filters.push_back(std::move(f));
     }
-    CT_RETURN_IF_ERROR(ExpectBlockEnd());
+    CT_RETURN_IF_ERROR(ExpectBodyStart());
     CT_ASSIGN_OR_RETURN(s->body, Body("set", s->line, {"endset"}));
     Advance();  // endset
     return s;
@@ -314,7 +319,7 @@ class Parser {
       Advance();
       if (!IsOp(",")) break;
       Advance();
-      if (IsName("in") || IsOp("=") || IsOp(")")) break;  // a trailing comma
+      if (parens && IsOp(")")) break;  // a trailing comma, only inside (...)
     }
     if (parens) CT_RETURN_IF_ERROR(ExpectOp(")"));
     return names;
@@ -660,6 +665,9 @@ class Parser {
       if (Cur().type == TokenType::kName && Peek().type == TokenType::kOperator &&
           Peek().text == "=") {
         std::string key = Cur().text;
+        for (const auto& kv : e->kwargs) {
+          if (kv.first == key) return Fail(absl::StrCat("keyword argument repeated: ", key));
+        }
         Advance();
         Advance();
         CT_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression(true));

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -209,6 +210,29 @@ TEST_CASE("Jinja values: undefined vs none, Python reprs, scoping") {
   CHECK(Render("{{ m['items'] }}", {{"m", {{"items", 1}}}}) == "1");
   CHECK(Render("{{ 'héllo'[::-1] }} {{ 'héllo'|length }} {{ 'Straße'|upper }} {{ 'ΣΑΣ'|lower }}") ==
         "olléh 5 STRASSE σας");
+}
+
+TEST_CASE("Python's generators, Jinja's for-else and statement syntax") {
+  // Expected strings and failures from jinja2 with transformers' environment.
+  // select/map/items/reverse give generators: true even when empty, no len(),
+  // no indexing, and an error only once consumed.
+  CHECK(Render("{{ 'yes' if [] | select else 'no' }}|{{ [1, 2] | select('odd') | list }}|"
+               "{{ none | map('upper') | list }}|{{ 'yes' if true | selectattr('x') else 'no' }}") ==
+        "yes|[1]|[]|yes");
+  CHECK(Render("{{ {'a': 1} | items | list }}|{{ [3, 1] | reverse | list }}|{{ [1] | select | first }}|"
+               "{{ ([1] | select)[0] }}|") == "[('a', 1)]|[1, 3]|1||");
+  CHECK(Contains(RenderError("{{ true | selectattr('x') | list }}"), "'bool' object is not iterable"));
+  CHECK(Contains(RenderError("{{ [{'a': 1}] | selectattr('a') | length }}"), "'generator' has no len()"));
+  // The else of a for runs unless some iteration reached the end of its body.
+  CHECK(Render("{% for i in [1, 2] %}{% break %}{% else %}else ran{% endfor %}|"
+               "{% for i in [1, 2] %}{% if i == 1 %}{% continue %}{% endif %}{{ i }}{% else %}no"
+               "{% endfor %}|{% for i in [1] %}{% continue %}{% else %}all skipped{% endfor %}") ==
+        "else ran|2|all skipped");
+  CHECK(Render("{% if true: %}colon{% endif %}{% for x in [1]: %}{{ x }}{% endfor %}") == "colon1");
+  CHECK(Contains(RenderError("{{ 'a' | trim('a', 'b') }}"), "at most 1"));
+  CHECK(Contains(RenderError("{{ 1 is defined(2) }}"), "takes 0"));
+  CHECK(Contains(RenderError("{{ namespace(a=1, a=2) }}"), "repeated"));
+  CHECK(Contains(RenderError("{% for j, in [[1]] %}{% endfor %}"), "expected 'in'"));
 }
 
 TEST_CASE("Apply prepares messages as transformers does") {

@@ -221,6 +221,18 @@ Value Value::Tuple(ValueList items) {
   return v;
 }
 
+Value Value::Generator(ValueList items) {
+  Value v = List(std::move(items));
+  v.kind_ = Kind::kGenerator;
+  return v;
+}
+
+Value Value::FailedGenerator(absl::Status error) {
+  auto p = std::make_shared<Payload>();
+  p->error = std::move(error);
+  return WithPayload(Kind::kGenerator, std::move(p));
+}
+
 Value Value::Dict(ValueDict items) {
   auto p = std::make_shared<Payload>();
   p->depth = 1;
@@ -280,6 +292,7 @@ std::string TypeName(const Value& v) {
     case Value::Kind::kString: return "str";
     case Value::Kind::kList: return "list";
     case Value::Kind::kTuple: return "tuple";
+    case Value::Kind::kGenerator: return "generator";
     case Value::Kind::kDict: return "dict";
     case Value::Kind::kNamespace: return "Namespace";
     case Value::Kind::kLoop: return "LoopContext";
@@ -408,6 +421,7 @@ std::string Str(const Value& v) {
     case Value::Kind::kFloat: return PyFloatRepr(v.as_double());
     case Value::Kind::kString: return v.str();
     case Value::Kind::kNamespace: return "<Namespace " + Repr(Value::Dict(v.ns().attrs)) + ">";
+    case Value::Kind::kGenerator: return "<generator object>";
     case Value::Kind::kLoop:
       return absl::StrCat("<LoopContext ", v.loop().index0 + 1, "/", v.loop().items->size(), ">");
     case Value::Kind::kCallable:

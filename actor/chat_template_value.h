@@ -69,6 +69,7 @@ class Value {
     kString,
     kList,
     kTuple,
+    kGenerator,  // what Python's lazy filters return: truthy, no len(), no indexing
     kDict,
     kNamespace,
     kLoop,
@@ -84,6 +85,10 @@ class Value {
   static Value String(std::string s);
   static Value List(ValueList items);
   static Value Tuple(ValueList items);
+  static Value Generator(ValueList items);
+  // A generator whose computation failed: Python raises only when it is
+  // consumed, so the error waits until then.
+  static Value FailedGenerator(absl::Status error);
   static Value Dict(ValueDict items);
   static Value Ns(std::shared_ptr<Namespace> ns);
   static Value Loop(std::shared_ptr<LoopState> loop);
@@ -105,11 +110,13 @@ class Value {
   double as_double() const { return kind_ == Kind::kFloat ? float_ : static_cast<double>(int_); }
   // String text; the name of a callable; the hint of an Undefined.
   const std::string& str() const;
-  const ValueList& items() const;  // list or tuple
+  const ValueList& items() const;  // list, tuple or generator
   const ValueDict& dict() const;
   Namespace& ns() const { return *payload_->ns; }
   LoopState& loop() const { return *payload_->loop; }
   const Value& receiver() const { return payload_->list[0]; }
+  // OK except for a FailedGenerator.
+  absl::Status generator_error() const { return payload_ ? payload_->error : absl::OkStatus(); }
 
   // Dict lookup; nullptr when absent.
   const Value* Find(absl::string_view key) const;
@@ -126,6 +133,7 @@ class Value {
     ValueDict dict;
     std::shared_ptr<Namespace> ns;
     std::shared_ptr<LoopState> loop;
+    absl::Status error;
     int depth = 0;
     bool holds_reference = false;
   };
