@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -123,22 +124,6 @@ int WaitForTerminationSignal() {
   while (sigwait(&set, &sig) != 0) {
   }
   return sig;
-}
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-    out << contents;
-    out.flush();
-    if (!out) return absl::DataLossError(absl::StrCat("short write to ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace rlmesh

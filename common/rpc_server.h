@@ -84,7 +84,4 @@ void BlockTerminationSignals();
 // REQUIRES: BlockTerminationSignals() was called.
 int WaitForTerminationSignal();
 
-// Writes `contents` to `path` atomically (temp file + rename).
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
-
 }  // namespace rlmesh
