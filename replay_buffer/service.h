@@ -5,16 +5,14 @@
 // never blocks gRPC's own callback threads), converts the result and finishes
 // the call exactly once.
 
-#include <deque>
 #include <functional>
 #include <memory>
-#include <thread>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/thread_pool.h"
 #include "proto/replay_buffer.grpc.pb.h"
 #include "replay_buffer/store.h"
 
@@ -39,23 +37,6 @@ struct ReplayServiceOptions {
   absl::Duration deadline_margin = absl::Milliseconds(50);
 
   absl::Status Validate() const;
-};
-
-// A fixed set of threads draining a FIFO of tasks. Safe for concurrent use.
-class WorkerPool {
- public:
-  WorkerPool(int threads, const std::string& name);
-  ~WorkerPool();  // Stop()
-  // False (and `task` not run) once stopped.
-  bool Submit(std::function<void()> task);
-  // Runs queued tasks, then joins. Idempotent.
-  void Stop();
-
- private:
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
 };
 
 // The store and auth are not owned and must outlive the service. Shutdown()
@@ -87,15 +68,15 @@ class ReplayBufferService final : public ReplayBuffer::CallbackService {
                                                 const ExportRequest* request) override;
 
  private:
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, WorkerPool& pool,
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, ThreadPool& pool,
                                 std::function<absl::Status()> fn);
 
   ReplayStore* const store_;
   const ServerAuth* const auth_;
   const ReplayServiceOptions options_;
-  WorkerPool writers_;
-  WorkerPool readers_;
-  WorkerPool samplers_;
+  ThreadPool writers_;
+  ThreadPool readers_;
+  ThreadPool samplers_;
 };
 
 }  // namespace rlmesh
