@@ -49,7 +49,13 @@ class ReplayBufferGroupSource : public GroupSource {
 
 // The trainer and auth are not owned and must outlive the service.
 // Shutdown() (also run by the destructor) finishes queued calls and joins
-// the worker.
+// the worker; later calls are answered UNAVAILABLE.
+//
+// Safe for concurrent use: gRPC calls the methods from its own threads; the
+// trainer (except its concurrent-safe Status()), the replay-buffer source
+// and the publisher are touched only on the worker thread, the weight-sync
+// store under store_mu_. Shutdown() is
+// safe from any thread and idempotent (not from the worker thread itself).
 class LearnerService final : public Learner::CallbackService {
  public:
   // `client_options` are used for the replay buffer client (auth token).

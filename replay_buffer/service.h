@@ -40,7 +40,12 @@ struct ReplayServiceOptions {
 };
 
 // The store and auth are not owned and must outlive the service. Shutdown()
-// (also run by the destructor) wakes waiting samples and joins the workers.
+// (also run by the destructor) wakes waiting samples, runs what the pools
+// have queued and joins them; later calls are answered UNAVAILABLE.
+//
+// Safe for concurrent use: gRPC calls the methods from its own threads, and
+// the state they share is the store (safe for concurrent use) and the three
+// pools (ThreadPool is). Shutdown() is safe from any thread and idempotent.
 class ReplayBufferService final : public ReplayBuffer::CallbackService {
  public:
   ReplayBufferService(ReplayStore* store, const ServerAuth* auth,
