@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/atomic_file.h"
 #include "nlohmann/json.hpp"
 
 namespace rlmesh::actor {
@@ -24,55 +25,6 @@ using nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 int64_t ElementSize(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
-
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-// Streams chunks into a temp file beside `path`, then renames it into place.
-class AtomicWriter {
- public:
-  explicit AtomicWriter(std::string path) : path_(std::move(path)) {}
-  ~AtomicWriter() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(tmp_.c_str());
-    }
-  }
-  absl::Status Open() {
-    tmp_ = absl::StrCat(path_, ".tmp.", ::getpid());
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return absl::InternalError(absl::StrCat("create ", tmp_, ": ", std::strerror(errno)));
-    return absl::OkStatus();
-  }
-  absl::Status Write(const void* data, size_t n) { return WriteAll(fd_, data, n, tmp_); }
-  absl::Status Commit() {
-    if (::fsync(fd_) != 0) return absl::InternalError(absl::StrCat("fsync ", tmp_, ": ", std::strerror(errno)));
-    ::close(fd_);
-    fd_ = -1;
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      absl::Status s = absl::InternalError(absl::StrCat("rename ", tmp_, " -> ", path_, ": ", std::strerror(errno)));
-      ::unlink(tmp_.c_str());
-      return s;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::string path_;
-  std::string tmp_;
-  int fd_ = -1;
-};
 
 }  // namespace
 
@@ -228,11 +180,7 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name) const 
 }
 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
-  AtomicWriter w(path);
-  absl::Status s = w.Open();
-  if (s.ok()) s = w.Write(contents.data(), contents.size());
-  if (s.ok()) s = w.Commit();
-  return s;
+  return WriteFileAtomically(path, contents);
 }
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
@@ -262,12 +210,12 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pa
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');  // data section 8-byte aligned
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff);
-  AtomicWriter w(path);
+  AtomicFileWriter w(path);
   absl::Status s = w.Open();
-  if (s.ok()) s = w.Write(len, 8);
-  if (s.ok()) s = w.Write(h.data(), h.size());
+  if (s.ok()) s = w.Append(len, 8);
+  if (s.ok()) s = w.Append(h.data(), h.size());
   for (size_t i = 0; s.ok() && i < cpu.size(); ++i) {
-    s = w.Write(cpu[i].data_ptr(), static_cast<size_t>(cpu[i].numel()) * cpu[i].element_size());
+    s = w.Append(cpu[i].data_ptr(), static_cast<size_t>(cpu[i].numel()) * cpu[i].element_size());
   }
   if (s.ok()) s = w.Commit();
   return s;

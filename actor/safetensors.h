@@ -59,12 +59,13 @@ class SafetensorsFile {
 };
 
 // Writes tensors (any device/layout; stored in their own dtype, which must be
-// one safetensors names) atomically: a temp file in the same folder, fsync,
-// rename. Names must be unique.
+// one safetensors names) atomically, as common/atomic_file.h does (temp file
+// in the same folder, fsync, rename, fsync the folder). Names must be unique.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
-// Writes `contents` to `path` atomically (temp file + fsync + rename).
+// rlmesh::WriteFileAtomically (common/atomic_file.h) under its old name, for
+// actor/checkpoint.cc; new code calls that directly.
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
 
 // "F32" <-> at::kFloat etc.; INVALID_ARGUMENT for others.

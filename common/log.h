@@ -41,6 +41,14 @@ class LogMessage {
 #define RLMESH_LOG(severity) \
   ::rlmesh::LogMessage(RLMESH_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
 
-// Aborts with a message when a true invariant does not hold.
+// Aborts with a message when a true invariant does not hold:
+//
+//   RLMESH_CHECK(n > 0) << "n=" << n;
+//
+// The message is built only when the check fails. The macro is one complete
+// if/else, so an `else` written after it in an unbraced `if` binds to that
+// outer `if`, not to a hidden one inside the macro.
 #define RLMESH_CHECK(cond) \
-  if (!(cond)) RLMESH_LOG(FATAL) << "check failed: " #cond " "
+  if (cond) {              \
+  } else                   \
+    RLMESH_LOG(FATAL) << "check failed: " #cond " "

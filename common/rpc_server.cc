@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -80,13 +81,16 @@ absl::Status RpcServer::Start() {
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
   builder.AddListeningPort(absl::StrCat(host, ":", options_.port), creds, &port_);
   for (grpc::Service* s : services_) builder.RegisterService(s);
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port_ == 0) {
-    server_.reset();
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", options_.port,
                                                " (port in use or address not local?)"));
   }
-  server_->GetHealthCheckService()->SetServingStatus(true);
+  server->GetHealthCheckService()->SetServingStatus(true);
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    server_ = std::move(server);
+  }
   if (!options_.port_file.empty()) {
     RLMESH_RETURN_IF_ERROR(WriteFileAtomically(options_.port_file, absl::StrCat(port_, "\n")));
   }
@@ -98,6 +102,8 @@ absl::Status RpcServer::Start() {
 }
 
 void RpcServer::Shutdown() {
+  // Held throughout: a concurrent caller returns only after the Wait below.
+  absl::MutexLock lock(&shutdown_mu_);
   if (server_ == nullptr || shut_down_) return;
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
@@ -123,22 +129,6 @@ int WaitForTerminationSignal() {
   while (sigwait(&set, &sig) != 0) {
   }
   return sig;
-}
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-    out << contents;
-    out.flush();
-    if (!out) return absl::DataLossError(absl::StrCat("short write to ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace rlmesh

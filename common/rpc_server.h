@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "grpcpp/server.h"
@@ -23,7 +25,7 @@ struct ServerOptions {
   std::string bind_address = "127.0.0.1";
   // Port; 0 asks the kernel for a free one. Default 0.
   int port = 0;
-  // If set, the bound port is written here (atomically: temp + rename).
+  // If set, the bound port is written here (common/atomic_file.h).
   std::string port_file;
   // Shared token every call must carry; empty disables auth.
   std::string auth_token;
@@ -39,7 +41,14 @@ struct ServerOptions {
   absl::Status Validate() const;
 };
 
-// Not thread-safe to configure; Shutdown() may be called from any thread.
+// Owns the grpc::Server; the registered services are not owned.
+//
+// Thread-safety: AddService() and Start() are called by one thread before
+// the server is shared. After Start() returns, the accessors are safe from
+// any thread (they read values fixed by Start), and so is Shutdown(): it is
+// serialised by a mutex, so concurrent or repeated calls are safe and each
+// returns only once the server has stopped. REQUIRES: Shutdown() is not
+// called from one of this server's handlers (it waits for them to finish).
 class RpcServer {
  public:
   explicit RpcServer(ServerOptions options);
@@ -56,7 +65,7 @@ class RpcServer {
   absl::Status Start();
 
   // Marks the server NOT_SERVING, lets in-flight calls finish within the
-  // grace period, then cancels the rest. Idempotent.
+  // grace period, then cancels the rest. Idempotent; safe from any thread.
   void Shutdown();
 
   // The bound port. REQUIRES: Start() succeeded.
@@ -68,12 +77,17 @@ class RpcServer {
   const ServerOptions& options() const { return options_; }
 
  private:
+  // Constant after construction.
   const ServerOptions options_;
   const ServerAuth auth_;
+  // Written by the configuring thread before Start() returns; read-only after.
   std::vector<grpc::Service*> services_;
-  std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  bool shut_down_ = false;
+
+  // Held for the whole of Shutdown(), so a second caller waits for the first.
+  absl::Mutex shutdown_mu_;
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(shutdown_mu_);
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it
@@ -83,8 +97,5 @@ void BlockTerminationSignals();
 // Waits until SIGTERM or SIGINT is delivered; returns the signal number.
 // REQUIRES: BlockTerminationSignals() was called.
 int WaitForTerminationSignal();
-
-// Writes `contents` to `path` atomically (temp file + rename).
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
 
 }  // namespace rlmesh

@@ -1,8 +1,10 @@
 // The RPC plumbing through a real server on loopback: port 0 and port files,
 // health, deadlines, token auth and TLS.
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "common/grpc_status.h"
@@ -25,7 +27,9 @@ class LengthReward final : public RewardService::CallbackService {
     return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
       for (const auto& item : req->items()) {
         if (!item.completion_token_ids().empty() && item.completion_token_ids(0) == -1) {
+          slow_started.fetch_add(1);
           std::this_thread::sleep_for(std::chrono::seconds(2));
+          slow_done.fetch_add(1);
         }
         auto* r = resp->add_results();
         r->set_item_id(item.item_id());
@@ -34,6 +38,10 @@ class LengthReward final : public RewardService::CallbackService {
       return absl::OkStatus();
     });
   }
+
+  // Slow (token -1) handlers that have begun / returned from their sleep.
+  std::atomic<int> slow_started{0};
+  std::atomic<int> slow_done{0};
 
  private:
   const ServerAuth* auth_;
@@ -179,6 +187,32 @@ TEST_CASE("shutdown finishes within its grace period") {
   // The handler sleeps 2 s; Shutdown must not wait for it... beyond the
   // grace period plus the handler's own return (it cannot be interrupted).
   CHECK(absl::Now() - start < absl::Seconds(3));
+  slow.join();
+}
+
+TEST_CASE("concurrent Shutdown calls each return only once the server has stopped") {
+  ServerOptions opts;
+  opts.shutdown_grace = absl::Milliseconds(100);
+  Fixture f(opts);
+  REQUIRE(f.server.Start().ok());
+  auto client = RpcClient::Create(f.server.address());
+  REQUIRE(client.ok());
+  std::thread slow([&] { (void)ScoreOne(*client, -1, absl::Seconds(10)); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (f.service.slow_started.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  REQUIRE(f.service.slow_started.load() == 1);
+  // Stopping waits for the sleeping handler, so a caller that returns
+  // earlier (a second caller skipping the wait) sees slow_done == 0.
+  std::vector<int> done_at_return(3, -1);
+  std::vector<std::thread> stoppers;
+  for (int i = 0; i < 3; ++i) {
+    stoppers.emplace_back([&, i] {
+      f.server.Shutdown();
+      done_at_return[i] = f.service.slow_done.load();
+    });
+  }
+  for (auto& t : stoppers) t.join();
+  for (int d : done_at_return) CHECK(d == 1);
   slow.join();
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "actor/tokenizer.h"
+#include "common/atomic_file.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -253,14 +254,7 @@ class ExperimentRunner::Impl {
   }
 
   static absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& j) {
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << j.dump() << "\n";
-      if (!out) return absl::DataLossError(absl::StrCat("cannot write ", tmp));
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::DataLossError(absl::StrCat("cannot rename ", tmp));
-    return absl::OkStatus();
+    return WriteFileAtomically(path, j.dump() + "\n");
   }
 
   // Rollout rounds count across stages and resumes, so trajectory ids

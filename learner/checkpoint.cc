@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actor/safetensors.h"
+#include "common/atomic_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -37,15 +38,6 @@ int64_t StepOfName(const std::string& name) {
   if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
   if (!absl::SimpleAtoi(digits, &step)) return -1;
   return step;
-}
-
-absl::Status FsyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open ", dir, ": ", std::strerror(errno)));
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return absl::InternalError(absl::StrCat("fsync ", dir, ": ", std::strerror(errno)));
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -216,7 +208,7 @@ absl::Status CommitCheckpoint(const std::string& staging, const std::string& fin
     return absl::InternalError(
         absl::StrCat("rename ", staging, " -> ", final_dir, ": ", std::strerror(errno)));
   }
-  RLMESH_RETURN_IF_ERROR(FsyncDir(parent.empty() ? "." : parent));
+  RLMESH_RETURN_IF_ERROR(FsyncDirectory(parent.empty() ? "." : parent));
   if (!aside.empty()) fs::remove_all(aside, ec);
   return absl::OkStatus();
 }

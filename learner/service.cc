@@ -57,46 +57,19 @@ absl::Status ReplayBufferGroupSource::Ack(const BufferSource& source, const std:
 }
 
 LearnerService::LearnerService(Trainer* trainer, const ServerAuth* auth, ClientOptions client_options)
-    : trainer_(trainer), auth_(auth), client_options_(std::move(client_options)) {
-  worker_ = std::thread([this] { Run(); });
-}
+    : trainer_(trainer), auth_(auth), client_options_(std::move(client_options)), worker_(1, "learner-work") {}
 
 LearnerService::~LearnerService() { Shutdown(); }
 
 void LearnerService::set_group_source_for_test(GroupSource* source) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back([this, source] {
+  // Refused only after Shutdown, when no call will use the source.
+  (void)worker_.Schedule([this, source] {
     test_source_ = source;
     trainer_->set_group_source(source);
   });
 }
 
-void LearnerService::Shutdown() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  if (worker_.joinable()) worker_.join();
-}
-
-void LearnerService::Run() {
-  while (true) {
-    std::function<void()> task;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](LearnerService* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-            return s->stopping_ || !s->queue_.empty();
-          },
-          this));
-      if (queue_.empty()) return;  // stopping, and everything queued has run
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    task();
-  }
-}
+void LearnerService::Shutdown() { worker_.Stop(); }
 
 grpc::ServerUnaryReactor* LearnerService::Offload(grpc::CallbackServerContext* ctx,
                                                   std::function<absl::Status()> work) {
@@ -106,13 +79,8 @@ grpc::ServerUnaryReactor* LearnerService::Offload(grpc::CallbackServerContext* c
     reactor->Finish(ToGrpcStatus(auth));
     return reactor;
   }
-  absl::MutexLock lock(&mu_);
-  if (stopping_) {
-    reactor->Finish(ToGrpcStatus(absl::UnavailableError("learner is shutting down")));
-    return reactor;
-  }
   // The request and response stay valid until Finish.
-  queue_.push_back([reactor, work = std::move(work)] {
+  const bool queued = worker_.Schedule([reactor, work = std::move(work)] {
     absl::Status st;
     try {
       st = work();
@@ -121,6 +89,7 @@ grpc::ServerUnaryReactor* LearnerService::Offload(grpc::CallbackServerContext* c
     }
     reactor->Finish(ToGrpcStatus(st));
   });
+  if (!queued) reactor->Finish(ToGrpcStatus(absl::UnavailableError("learner is shutting down")));
   return reactor;
 }
 

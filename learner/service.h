@@ -11,16 +11,15 @@
 // client) created from ConfigureRequest.replay_buffer_address, or through a
 // GroupSource injected for tests.
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/rpc_client.h"
+#include "common/thread_pool.h"
 #include "learner/trainer.h"
 #include "proto/learner.grpc.pb.h"
 #include "proto/replay_buffer.grpc.pb.h"
@@ -50,7 +49,13 @@ class ReplayBufferGroupSource : public GroupSource {
 
 // The trainer and auth are not owned and must outlive the service.
 // Shutdown() (also run by the destructor) finishes queued calls and joins
-// the worker.
+// the worker; later calls are answered UNAVAILABLE.
+//
+// Safe for concurrent use: gRPC calls the methods from its own threads; the
+// trainer (except its concurrent-safe Status()), the replay-buffer source
+// and the publisher are touched only on the worker thread, the weight-sync
+// store under store_mu_. Shutdown() is
+// safe from any thread and idempotent (not from the worker thread itself).
 class LearnerService final : public Learner::CallbackService {
  public:
   // `client_options` are used for the replay buffer client (auth token).
@@ -81,7 +86,6 @@ class LearnerService final : public Learner::CallbackService {
  private:
   // Checks auth, then queues `work` for the worker; finishes exactly once.
   grpc::ServerUnaryReactor* Offload(grpc::CallbackServerContext* ctx, std::function<absl::Status()> work);
-  void Run();
 
   Trainer* const trainer_;
   const ServerAuth* const auth_;
@@ -97,10 +101,9 @@ class LearnerService final : public Learner::CallbackService {
   absl::Mutex store_mu_;
   std::unique_ptr<weight_sync::WeightSyncStore> sync_store_ ABSL_GUARDED_BY(store_mu_);
 
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread worker_;
+  // One thread: calls run one at a time, in arrival order. Declared last so
+  // that its tasks never outlive the members above.
+  ThreadPool worker_;
 };
 
 }  // namespace rlmesh::learner

@@ -19,6 +19,7 @@
 #include "actor/safetensors.h"
 #include "actor/tokenizer.h"
 #include "actor/transformer.h"
+#include "common/atomic_file.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "learner/advantages.h"
@@ -1513,7 +1514,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
         RLMESH_ASSIGN_OR_RETURN(ts.files[rel], DigestFile(it->path().string()));
       }
       RLMESH_RETURN_IF_ERROR(
-          actor::WriteFileAtomic(staging + "/trainer_state.json", TrainerStateToJson(ts)));
+          WriteFileAtomically(staging + "/trainer_state.json", TrainerStateToJson(ts)));
       RLMESH_RETURN_IF_ERROR(CommitCheckpoint(staging, final_dir));
       if (path.empty()) {
         const int keep = s.request.experiment().checkpoint().keep() == 0

@@ -21,50 +21,6 @@ absl::Status ReplayServiceOptions::Validate() const {
   return absl::OkStatus();
 }
 
-// ---------------------------------------------------------------- pool
-
-WorkerPool::WorkerPool(int threads, const std::string& name) {
-  (void)name;
-  for (int i = 0; i < threads; ++i) {
-    threads_.emplace_back([this] {
-      while (true) {
-        std::function<void()> task;
-        {
-          absl::MutexLock lock(&mu_);
-          mu_.Await(absl::Condition(
-              +[](WorkerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-                return p->stopping_ || !p->queue_.empty();
-              },
-              this));
-          if (queue_.empty()) return;  // stopping and drained
-          task = std::move(queue_.front());
-          queue_.pop_front();
-        }
-        task();
-      }
-    });
-  }
-}
-
-WorkerPool::~WorkerPool() { Stop(); }
-
-bool WorkerPool::Submit(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return false;
-  queue_.push_back(std::move(task));
-  return true;
-}
-
-void WorkerPool::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  for (auto& t : threads_) {
-    if (t.joinable()) t.join();
-  }
-}
-
 // ---------------------------------------------------------------- service
 
 ReplayBufferService::ReplayBufferService(ReplayStore* store, const ServerAuth* auth,
@@ -86,7 +42,7 @@ void ReplayBufferService::Shutdown() {
 }
 
 grpc::ServerUnaryReactor* ReplayBufferService::Run(grpc::CallbackServerContext* ctx,
-                                                   WorkerPool& pool,
+                                                   ThreadPool& pool,
                                                    std::function<absl::Status()> fn) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status status = auth_->Check(*ctx);
@@ -94,7 +50,7 @@ grpc::ServerUnaryReactor* ReplayBufferService::Run(grpc::CallbackServerContext* 
     reactor->Finish(ToGrpcStatus(status));
     return reactor;
   }
-  const bool queued = pool.Submit([reactor, fn = std::move(fn)] {
+  const bool queued = pool.Schedule([reactor, fn = std::move(fn)] {
     absl::Status s;
     try {
       s = fn();
@@ -184,9 +140,9 @@ namespace {
 // (the producer waits for OnWriteDone), so memory stays at one chunk.
 class ExportReactor final : public grpc::ServerWriteReactor<ExportChunk> {
  public:
-  ExportReactor(ReplayStore* store, WorkerPool* pool, const ExportRequest& request)
+  ExportReactor(ReplayStore* store, ThreadPool* pool, const ExportRequest& request)
       : store_(store), request_(request) {
-    if (!pool->Submit([this] { Produce(); })) {
+    if (!pool->Schedule([this] { Produce(); })) {
       Finish(ToGrpcStatus(absl::UnavailableError("replay buffer is stopping")));
     }
   }

@@ -5,16 +5,14 @@
 // never blocks gRPC's own callback threads), converts the result and finishes
 // the call exactly once.
 
-#include <deque>
 #include <functional>
 #include <memory>
-#include <thread>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/thread_pool.h"
 #include "proto/replay_buffer.grpc.pb.h"
 #include "replay_buffer/store.h"
 
@@ -41,25 +39,13 @@ struct ReplayServiceOptions {
   absl::Status Validate() const;
 };
 
-// A fixed set of threads draining a FIFO of tasks. Safe for concurrent use.
-class WorkerPool {
- public:
-  WorkerPool(int threads, const std::string& name);
-  ~WorkerPool();  // Stop()
-  // False (and `task` not run) once stopped.
-  bool Submit(std::function<void()> task);
-  // Runs queued tasks, then joins. Idempotent.
-  void Stop();
-
- private:
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
-};
-
 // The store and auth are not owned and must outlive the service. Shutdown()
-// (also run by the destructor) wakes waiting samples and joins the workers.
+// (also run by the destructor) wakes waiting samples, runs what the pools
+// have queued and joins them; later calls are answered UNAVAILABLE.
+//
+// Safe for concurrent use: gRPC calls the methods from its own threads, and
+// the state they share is the store (safe for concurrent use) and the three
+// pools (ThreadPool is). Shutdown() is safe from any thread and idempotent.
 class ReplayBufferService final : public ReplayBuffer::CallbackService {
  public:
   ReplayBufferService(ReplayStore* store, const ServerAuth* auth,
@@ -87,15 +73,15 @@ class ReplayBufferService final : public ReplayBuffer::CallbackService {
                                                 const ExportRequest* request) override;
 
  private:
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, WorkerPool& pool,
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, ThreadPool& pool,
                                 std::function<absl::Status()> fn);
 
   ReplayStore* const store_;
   const ServerAuth* const auth_;
   const ReplayServiceOptions options_;
-  WorkerPool writers_;
-  WorkerPool readers_;
-  WorkerPool samplers_;
+  ThreadPool writers_;
+  ThreadPool readers_;
+  ThreadPool samplers_;
 };
 
 }  // namespace rlmesh

@@ -20,6 +20,7 @@
 #include "actor/generate.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "weight_sync/weight_sync.h"
 
 namespace rlmesh::rollout {
@@ -42,48 +43,6 @@ FinishReason ToProto(actor::FinishReason r) {
   }
   return FINISH_REASON_UNSPECIFIED;
 }
-
-// A fixed pool of threads draining a FIFO. Stop() runs what is queued.
-class Pool {
- public:
-  Pool(int threads) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
-  }
-  ~Pool() { Stop(); }
-  void Submit(std::function<void()> task) {
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(task));
-  }
-  void Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      stopping_ = true;
-    }
-    for (auto& t : threads_) t.join();
-  }
-
- private:
-  void Run() {
-    while (true) {
-      std::function<void()> task;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](Pool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stopping_ || !p->queue_.empty(); },
-            this));
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();
-    }
-  }
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
-};
 
 }  // namespace
 
@@ -192,7 +151,9 @@ struct RolloutWorker::Impl {
   // their tokens so far once the new weights are in.
   std::vector<actor::GenerationRequest> parked;
 
-  Pool pipeline;
+  // Scores and stores finished groups (pipeline mode). Stopped (drained)
+  // after the engine thread has ended, so Schedule never refuses.
+  ThreadPool pipeline;
   std::thread engine;
 
   Impl(RolloutWorkerOptions o, std::unique_ptr<actor::Tokenizer> t, RewardClient* r, ReplayBufferClient* b)
@@ -201,7 +162,7 @@ struct RolloutWorker::Impl {
         tokenizer_hash(tokenizer ? tokenizer->Hash() : ""),
         reward(r),
         replay(b),
-        pipeline(options.pipeline_threads) {}
+        pipeline(options.pipeline_threads, "rollout-pipe") {}
 
   // ---- request validation -------------------------------------------------
 
@@ -458,7 +419,8 @@ struct RolloutWorker::Impl {
     if (entry.req->request.pipeline() && !entry.req->cancelled) {
       auto req = entry.req;
       auto shared = std::make_shared<TrajectoryGroup>(std::move(group));
-      pipeline.Submit([this, req, shared] { RunPipeline(req, std::move(*shared)); });
+      const bool scheduled = pipeline.Schedule([this, req, shared] { RunPipeline(req, std::move(*shared)); });
+      RLMESH_CHECK(scheduled) << "pipeline pool stopped while the engine runs";
     } else {
       Deliver(entry.req, std::move(group), false, absl::OkStatus());
     }

@@ -152,7 +152,7 @@ class CudaIpcPublisher final : public WeightPublisher {
       m.buckets.push_back(ib);
     }
     m.layout = layout;
-    RLMESH_RETURN_IF_ERROR(WriteFileAtomic(IpcManifestPath(prefix_, version), EncodeIpcManifest(m)));
+    RLMESH_RETURN_IF_ERROR(WriteManifest(IpcManifestPath(prefix_, version), EncodeIpcManifest(m)));
     manifests_.push_back(version);
     last_ = version;
     return layout;

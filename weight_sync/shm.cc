@@ -58,7 +58,7 @@ class ShmPublisher final : public WeightPublisher {
     absl::Status s = MapSlot(slot, layout);
     if (!s.ok()) return s;  // the slot stays marked as being written
     // The manifest goes first: readers follow the progress word.
-    RLMESH_RETURN_IF_ERROR(WriteFileAtomic(ManifestPath(prefix_, version), layout.SerializeAsString()));
+    RLMESH_RETURN_IF_ERROR(WriteManifest(ManifestPath(prefix_, version), layout.SerializeAsString()));
     manifests_.push_back(version);
     s = Write(slot, tensors, layout);
     if (!s.ok()) return s;  // readers of this version time out

@@ -1,8 +1,8 @@
 #pragma once
 
 // The host-side files of the SHM and CUDA_IPC backends under
-// spec.shm_prefix: paths, a shared mapping of the seqlock words, and atomic
-// small-file writes. See shm.cc for the protocol.
+// spec.shm_prefix: paths, a shared mapping of the seqlock words, and the
+// manifest writes. See shm.cc for the protocol.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "proto/common.pb.h"
 #include "weight_sync/segments.h"
 
@@ -128,15 +129,14 @@ inline void StoreProgress(const Mapping& seq, int slot, int64_t version, int64_t
   StoreSeq(seq, 2 + slot, (version << kProgressShift) | tensors);
 }
 
-inline absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoError("open", tmp);
-  const bool ok = write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
-  close(fd);
-  if (!ok) return ErrnoError("write", tmp);
-  if (rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("rename", path);
-  return absl::OkStatus();
+// A version's manifest, written as every rlmesh file is replaced
+// (common/atomic_file.h: its temp name starts with the prefix, so
+// RemoveSegments cleans up after a killed writer), owner-only like the
+// segments. Under /dev/shm (tmpfs) the fsyncs cost nothing.
+inline absl::Status WriteManifest(const std::string& path, const std::string& bytes) {
+  AtomicFileOptions options;
+  options.mode = 0600;
+  return WriteFileAtomically(path, bytes, options);
 }
 
 inline absl::StatusOr<std::string> ReadFile(const std::string& path) {

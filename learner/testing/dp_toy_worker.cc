@@ -8,6 +8,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/atomic_file.h"
 #include "dist/gloo.h"
 #include "dist/store.h"
 #include "learner/data_parallel.h"
@@ -38,10 +39,9 @@ int main(int argc, char** argv) {
                                              world, kTimeoutMs);
   if (!store.ok()) return Fail(store.status().ToString());
   if (rank == 0) {
-    const std::string port_file = absl::GetFlag(FLAGS_port_file);
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << (*store)->getPort() << "\n";
-    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) return Fail("cannot write port file");
+    const absl::Status written = rlmesh::WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
+                                                             std::to_string((*store)->getPort()) + "\n");
+    if (!written.ok()) return Fail(written.ToString());
   }
   rlmesh::dist::GlooGroupOptions gloo;
   gloo.timeout_ms = kTimeoutMs;
