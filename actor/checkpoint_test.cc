@@ -169,8 +169,15 @@ TEST_CASE("A folder we write opens in transformers with its tokenizer: same ids,
   testing::TempDir dir;
   // The BPE tokenizer comes from PyPI tokenizers (trained by make_golden.py).
   REQUIRE(std::system((Python() + " " + Script() + " tokenizers " + dir.path() + " > /dev/null").c_str()) == 0);
-  auto bpe = LoadTokenizer(dir.File("qwen2_tokenizer.json"));
+  // A tokenizer folder with a chat template beside it: the template travels
+  // into the folders we write.
+  const std::string chat = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+  std::filesystem::create_directories(dir.File("bpe_src"));
+  std::filesystem::copy_file(dir.File("qwen2_tokenizer.json"), dir.File("bpe_src/tokenizer.json"));
+  std::ofstream(dir.File("bpe_src/tokenizer_config.json")) << nlohmann::json({{"chat_template", chat}}).dump();
+  auto bpe = LoadTokenizer(dir.File("bpe_src"));
   REQUIRE(bpe.ok());
+  CHECK((*bpe)->chat_template() == chat);
   auto chr = LoadTokenizer("char");
   REQUIRE(chr.ok());
   const std::vector<std::string> texts = {"12+34=46", "Tom has 3 apples. He eats 1!", "a  b\n\nc", "x*(y-2)/7 ?",
@@ -218,6 +225,7 @@ TEST_CASE("A folder we write opens in transformers with its tokenizer: same ids,
     ours["eos_token_id"] = opt(c.eos_token_id);
     ours["pad_token_id"] = opt(c.pad_token_id);
     ours["bos_token_id"] = opt(c.bos_token_id);
+    ours["chat_template"] = is_char ? nlohmann::json(nullptr) : nlohmann::json(chat);
     auto ids = torch::tensor(tok->Encode(texts[1]), torch::kLong).unsqueeze(0);
     torch::Tensor logits;
     {

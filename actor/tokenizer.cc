@@ -650,6 +650,22 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec
   }
   auto t = BpeTokenizer::FromFile(path);
   if (!t.ok()) return t.status();
+  // The chat template travels with the tokenizer into the folders we write.
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::ifstream jinja(dir / "chat_template.jinja", std::ios::binary);
+  std::ifstream cfg_in(dir / "tokenizer_config.json", std::ios::binary);
+  if (jinja) {
+    std::stringstream ss;
+    ss << jinja.rdbuf();
+    (*t)->set_chat_template(ss.str());
+  } else if (cfg_in) {
+    std::stringstream ss;
+    ss << cfg_in.rdbuf();
+    json cfg = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    if (cfg.is_object() && cfg.contains("chat_template") && cfg["chat_template"].is_string()) {
+      (*t)->set_chat_template(cfg["chat_template"].get<std::string>());
+    }
+  }
   return std::unique_ptr<Tokenizer>(std::move(*t));
 }
 
@@ -667,6 +683,7 @@ std::vector<std::pair<std::string, std::string>> HfTokenizerFiles(const Tokenize
               {"clean_up_tokenization_spaces", false}};
   const int unk = tokenizer.TokenId("<unk>");
   if (unk >= 0) cfg["unk_token"] = "<unk>";
+  if (!tokenizer.chat_template().empty()) cfg["chat_template"] = tokenizer.chat_template();
   return {{"tokenizer.json", tokenizer.HfTokenizerJson()}, {"tokenizer_config.json", cfg.dump(2) + "\n"}};
 }
 

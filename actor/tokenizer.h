@@ -38,6 +38,9 @@ class Tokenizer {
   // A Hugging Face tokenizer.json that encodes and decodes as this one does,
   // so PyPI `tokenizers` and transformers' AutoTokenizer open our folders.
   virtual std::string HfTokenizerJson() const = 0;
+  // The chat template of the folder it was loaded from (tokenizer_config.json
+  // or chat_template.jinja beside tokenizer.json); empty when none.
+  virtual std::string chat_template() const { return ""; }
 };
 
 // Characters of the synthetic tasks. Ids: 0 <pad>, 1 <bos>, 2 <eos>, 3 <unk>,
@@ -87,6 +90,9 @@ class BpeTokenizer : public Tokenizer {
   std::string Hash() const override { return hash_; }
   // The file it was read from, unchanged.
   std::string HfTokenizerJson() const override { return json_; }
+  std::string chat_template() const override { return chat_template_; }
+  // Set by LoadTokenizer from the files beside tokenizer.json.
+  void set_chat_template(std::string t) { chat_template_ = std::move(t); }
 
   struct Impl;
 
@@ -98,6 +104,7 @@ class BpeTokenizer : public Tokenizer {
   int bos_ = -1, eos_ = -1, pad_ = -1;
   std::string hash_;
   std::string json_;
+  std::string chat_template_;
 };
 
 // "char" -> CharTokenizer, anything else is a tokenizer.json path (or a
@@ -107,7 +114,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec
 
 // The files that make a model folder open with transformers' AutoTokenizer,
 // as (file name, contents): tokenizer.json and tokenizer_config.json (the
-// bos/eos/pad tokens by name, `model_max_length`).
+// bos/eos/pad tokens by name, `model_max_length`, the chat template if the
+// tokenizer has one).
 std::vector<std::pair<std::string, std::string>> HfTokenizerFiles(const Tokenizer& tokenizer,
                                                                   int64_t model_max_length);
 

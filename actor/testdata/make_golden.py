@@ -268,6 +268,8 @@ def hfload(folder, ours_json):
         back = tok.decode(ids, skip_special_tokens=True)
         if back != decoded:
             bad.append(f"decode of {text!r}: transformers {back!r}, ours {decoded!r}")
+    if tok.chat_template != ours["chat_template"]:
+        bad.append(f"chat_template: transformers {tok.chat_template!r}, ours {ours['chat_template']!r}")
     for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
         if getattr(tok, key) != ours[key] or getattr(gen, key) != ours[key]:
             bad.append(f"{key}: tokenizer {getattr(tok, key)}, generation_config {getattr(gen, key)}, ours {ours[key]}")
