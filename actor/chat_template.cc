@@ -86,15 +86,15 @@ absl::Status ChatTemplateOptions::Validate() const {
 absl::StatusOr<ChatTemplate> ChatTemplate::Parse(const std::string& source) {
   if (!ct::IsValidUtf8(source)) return absl::InvalidArgumentError("chat template is not valid UTF-8");
   auto program = std::make_shared<ct::Program>();
-  CT_ASSIGN_OR_RETURN(program->body, ct::ParseTemplate(source));
+  RLMESH_ASSIGN_OR_RETURN(program->body, ct::ParseTemplate(source));
   return ChatTemplate(std::move(program));
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& context,
                                                  const ChatTemplateRenderOptions& options) const {
-  CT_RETURN_IF_ERROR(options.Validate());
+  RLMESH_RETURN_IF_ERROR(options.Validate());
   if (!context.is_object()) return absl::InvalidArgumentError("chat template context must be a JSON object");
-  CT_ASSIGN_OR_RETURN(ct::Value vars, ct::FromJson(context));
+  RLMESH_ASSIGN_OR_RETURN(ct::Value vars, ct::FromJson(context));
   ct::RenderSettings settings;
   settings.builtins.clock = options.clock;
   settings.builtins.time_zone = options.time_zone;
@@ -106,8 +106,8 @@ absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& c
 
 absl::StatusOr<std::string> ChatTemplate::Apply(const nlohmann::ordered_json& messages,
                                                 const ChatTemplateOptions& options) const {
-  CT_RETURN_IF_ERROR(options.Validate());
-  CT_ASSIGN_OR_RETURN(nlohmann::ordered_json normalized, NormalizeMessages(messages));
+  RLMESH_RETURN_IF_ERROR(options.Validate());
+  RLMESH_ASSIGN_OR_RETURN(nlohmann::ordered_json normalized, NormalizeMessages(messages));
   nlohmann::ordered_json context = nlohmann::ordered_json::object();
   context["messages"] = std::move(normalized);
   context["tools"] = options.tools;
@@ -122,7 +122,7 @@ absl::StatusOr<std::string> ChatTemplate::Apply(const nlohmann::ordered_json& me
 absl::StatusOr<std::string> RenderChatTemplate(const std::string& source,
                                                const nlohmann::ordered_json& messages,
                                                const ChatTemplateOptions& options) {
-  CT_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::Parse(source));
+  RLMESH_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::Parse(source));
   return tmpl.Apply(messages, options);
 }
 

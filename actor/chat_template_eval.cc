@@ -134,7 +134,7 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
       }
       return absl::StrContains(container.str(), item.str());
     case Value::Kind::kGenerator:
-      CT_RETURN_IF_ERROR(container.generator_error());
+      RLMESH_RETURN_IF_ERROR(container.generator_error());
       [[fallthrough]];
     case Value::Kind::kList:
     case Value::Kind::kTuple:
@@ -162,7 +162,7 @@ class Evaluator {
 
   absl::Status Exec(const std::vector<StmtPtr>& body, Flow* flow) {
     for (const StmtPtr& s : body) {
-      CT_RETURN_IF_ERROR(ExecOne(*s, flow));
+      RLMESH_RETURN_IF_ERROR(ExecOne(*s, flow));
       if (*flow != Flow::kNormal) return absl::OkStatus();
     }
     return absl::OkStatus();
@@ -222,21 +222,21 @@ class Evaluator {
     switch (s.kind) {
       case StmtKind::kText: return Append(s.text, s.line);
       case StmtKind::kOutput: {
-        CT_ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
+        RLMESH_ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
         return Append(Str(v), s.line);
       }
       case StmtKind::kIf: {
-        CT_ASSIGN_OR_RETURN(Value test, Eval(*s.expr));
+        RLMESH_ASSIGN_OR_RETURN(Value test, Eval(*s.expr));
         return Exec(Truthy(test) ? s.body : s.else_body, flow);
       }
       case StmtKind::kFor: return ExecFor(s, flow);
       case StmtKind::kSet: {
-        CT_ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
+        RLMESH_ASSIGN_OR_RETURN(Value v, Eval(*s.expr));
         return Assign(s, v);
       }
       case StmtKind::kSetBlock: {
         const size_t mark = out_.size();
-        CT_RETURN_IF_ERROR(Exec(s.body, flow));
+        RLMESH_RETURN_IF_ERROR(Exec(s.body, flow));
         if (*flow != Flow::kNormal) {
           return ErrorAt(absl::StatusCode::kUnimplemented, s.line,
                          "unsupported: break/continue inside {% set %} ... {% endset %}");
@@ -244,7 +244,7 @@ class Evaluator {
         Value v = Value::String(out_.substr(mark));
         out_.resize(mark);
         for (const ExprPtr& f : s.filters) {
-          CT_ASSIGN_OR_RETURN(v, ApplyFilterExpr(*f, v));
+          RLMESH_ASSIGN_OR_RETURN(v, ApplyFilterExpr(*f, v));
         }
         return Assign(s, v);
       }
@@ -282,7 +282,7 @@ class Evaluator {
   }
 
   absl::Status ExecFor(const Stmt& s, Flow* flow) {
-    CT_ASSIGN_OR_RETURN(Value iterable, Eval(*s.expr));
+    RLMESH_ASSIGN_OR_RETURN(Value iterable, Eval(*s.expr));
     auto all = Iterate(iterable);
     if (!all.ok()) return AtLine(all.status(), s.line);
     ValueList items;
@@ -290,7 +290,7 @@ class Evaluator {
       items = *std::move(all);
     } else {
       for (Value& item : *all) {
-        CT_RETURN_IF_ERROR(CountIteration(s.line));
+        RLMESH_RETURN_IF_ERROR(CountIteration(s.line));
         scopes_.emplace_back();
         absl::Status st = Bind(s.targets, item, s.line);
         absl::StatusOr<Value> keep = st.ok() ? Eval(*s.filter) : st;
@@ -306,7 +306,7 @@ class Evaluator {
     // body left by break or continue does not count.
     bool completed = false;
     for (size_t i = 0; i < state->items->size(); ++i) {
-      CT_RETURN_IF_ERROR(CountIteration(s.line));
+      RLMESH_RETURN_IF_ERROR(CountIteration(s.line));
       state->index0 = static_cast<int64_t>(i);
       scopes_.emplace_back();
       Flow inner = Flow::kNormal;
@@ -316,7 +316,7 @@ class Evaluator {
         st = Exec(s.body, &inner);
       }
       scopes_.pop_back();
-      CT_RETURN_IF_ERROR(st);
+      RLMESH_RETURN_IF_ERROR(st);
       if (inner == Flow::kBreak) break;
       completed |= inner == Flow::kNormal;
     }
@@ -330,18 +330,18 @@ class Evaluator {
   absl::StatusOr<CallArgs> EvalArgs(const Expr& e, size_t first) {
     CallArgs args;
     for (size_t i = first; i < e.args.size(); ++i) {
-      CT_ASSIGN_OR_RETURN(Value v, Eval(*e.args[i]));
+      RLMESH_ASSIGN_OR_RETURN(Value v, Eval(*e.args[i]));
       args.positional.push_back(std::move(v));
     }
     for (const auto& [key, expr] : e.kwargs) {
-      CT_ASSIGN_OR_RETURN(Value v, Eval(*expr));
+      RLMESH_ASSIGN_OR_RETURN(Value v, Eval(*expr));
       args.keyword.emplace_back(key, std::move(v));
     }
     return args;
   }
 
   absl::StatusOr<Value> ApplyFilterExpr(const Expr& e, const Value& subject) {
-    CT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
+    RLMESH_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
     auto v = ApplyFilter(e.name, subject, args, settings_.builtins);
     if (!v.ok()) return AtLine(v.status(), e.line);
     return v;
@@ -374,7 +374,7 @@ class Evaluator {
       case ExprKind::kTuple: {
         ValueList items;
         for (const auto& a : e.args) {
-          CT_ASSIGN_OR_RETURN(Value v, Eval(*a));
+          RLMESH_ASSIGN_OR_RETURN(Value v, Eval(*a));
           items.push_back(std::move(v));
         }
         return e.kind == ExprKind::kList ? Value::List(std::move(items)) : Value::Tuple(std::move(items));
@@ -382,8 +382,8 @@ class Evaluator {
       case ExprKind::kDict: {
         ValueDict items;
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-          CT_ASSIGN_OR_RETURN(Value key, Eval(*e.args[i]));
-          CT_ASSIGN_OR_RETURN(Value value, Eval(*e.args[i + 1]));
+          RLMESH_ASSIGN_OR_RETURN(Value key, Eval(*e.args[i]));
+          RLMESH_ASSIGN_OR_RETURN(Value value, Eval(*e.args[i + 1]));
           if (!key.is_string()) return absl::UnimplementedError("unsupported: non-string dict keys");
           auto same = std::find_if(items.begin(), items.end(),
                                    [&](const auto& kv) { return kv.first == key.str(); });
@@ -396,46 +396,46 @@ class Evaluator {
         return Value::Dict(std::move(items));
       }
       case ExprKind::kAttr: {
-        CT_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
         return GetAttr(obj, e.name);
       }
       case ExprKind::kItem: {
-        CT_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
-        CT_ASSIGN_OR_RETURN(Value key, Eval(*e.args[1]));
+        RLMESH_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value key, Eval(*e.args[1]));
         return GetItem(obj, key);
       }
       case ExprKind::kSlice: {
-        CT_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
         Value bounds[3] = {Value::None(), Value::None(), Value::None()};
         for (int i = 0; i < 3; ++i) {
           if (e.args[i + 1]) {
-            CT_ASSIGN_OR_RETURN(bounds[i], Eval(*e.args[i + 1]));
+            RLMESH_ASSIGN_OR_RETURN(bounds[i], Eval(*e.args[i + 1]));
           }
         }
         return GetSlice(obj, bounds[0], bounds[1], bounds[2]);
       }
       case ExprKind::kCall: {
-        CT_ASSIGN_OR_RETURN(Value callee, Eval(*e.args[0]));
-        CT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
+        RLMESH_ASSIGN_OR_RETURN(Value callee, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
         return CallValue(callee, args, settings_.builtins);
       }
       case ExprKind::kFilter: {
-        CT_ASSIGN_OR_RETURN(Value subject, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value subject, Eval(*e.args[0]));
         return ApplyFilterExpr(e, subject);
       }
       case ExprKind::kTest: {
-        CT_ASSIGN_OR_RETURN(Value subject, Eval(*e.args[0]));
-        CT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
-        CT_ASSIGN_OR_RETURN(bool b, ApplyTest(e.name, subject, args));
+        RLMESH_ASSIGN_OR_RETURN(Value subject, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
+        RLMESH_ASSIGN_OR_RETURN(bool b, ApplyTest(e.name, subject, args));
         return Value::Bool(b);
       }
       case ExprKind::kNot: {
-        CT_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         return Value::Bool(!Truthy(v));
       }
       case ExprKind::kNeg:
       case ExprKind::kPos: {
-        CT_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         if (v.is_undefined()) return UndefinedError(v);
         if (!v.is_number()) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -448,14 +448,14 @@ class Evaluator {
         return Value::Int(-v.as_int());
       }
       case ExprKind::kBinary: {
-        CT_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
-        CT_ASSIGN_OR_RETURN(Value b, Eval(*e.args[1]));
+        RLMESH_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value b, Eval(*e.args[1]));
         return Arith(e.name, a, b, settings_.max_output_bytes);
       }
       case ExprKind::kConcat: {
         std::string out;
         for (const auto& a : e.args) {
-          CT_ASSIGN_OR_RETURN(Value v, Eval(*a));
+          RLMESH_ASSIGN_OR_RETURN(Value v, Eval(*a));
           out += Str(v);
           if (static_cast<int64_t>(out.size()) > settings_.max_output_bytes) {
             return absl::ResourceExhaustedError("a string exceeds the output limit");
@@ -465,22 +465,22 @@ class Evaluator {
       }
       case ExprKind::kAnd:
       case ExprKind::kOr: {
-        CT_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
         if (Truthy(a) == (e.kind == ExprKind::kOr)) return a;
         return Eval(*e.args[1]);
       }
       case ExprKind::kCompare: {
-        CT_ASSIGN_OR_RETURN(Value left, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value left, Eval(*e.args[0]));
         for (size_t i = 0; i < e.ops.size(); ++i) {
-          CT_ASSIGN_OR_RETURN(Value right, Eval(*e.args[i + 1]));
-          CT_ASSIGN_OR_RETURN(bool holds, CompareOp(e.ops[i], left, right));
+          RLMESH_ASSIGN_OR_RETURN(Value right, Eval(*e.args[i + 1]));
+          RLMESH_ASSIGN_OR_RETURN(bool holds, CompareOp(e.ops[i], left, right));
           if (!holds) return Value::Bool(false);
           left = std::move(right);
         }
         return Value::Bool(true);
       }
       case ExprKind::kCond: {
-        CT_ASSIGN_OR_RETURN(Value test, Eval(*e.args[0]));
+        RLMESH_ASSIGN_OR_RETURN(Value test, Eval(*e.args[0]));
         if (Truthy(test)) return Eval(*e.args[1]);
         if (e.args[2]) return Eval(*e.args[2]);
         return Value::Undefined("the inline if-expression evaluated to false and has no else");
@@ -494,12 +494,12 @@ class Evaluator {
     if (op == "!=") return !Equals(a, b);
     if (op == "in") return Contains(b, a);
     if (op == "not in") {
-      CT_ASSIGN_OR_RETURN(bool in, Contains(b, a));
+      RLMESH_ASSIGN_OR_RETURN(bool in, Contains(b, a));
       return !in;
     }
     if (a.is_undefined()) return UndefinedError(a);
     if (b.is_undefined()) return UndefinedError(b);
-    CT_ASSIGN_OR_RETURN(int c, Compare(a, b));
+    RLMESH_ASSIGN_OR_RETURN(int c, Compare(a, b));
     if (op == "<") return c < 0;
     if (op == "<=") return c <= 0;
     if (op == ">") return c > 0;
@@ -519,7 +519,7 @@ absl::StatusOr<std::string> RenderProgram(const std::vector<StmtPtr>& program,
                                           const RenderSettings& settings) {
   Evaluator eval(context, settings);
   Flow flow = Flow::kNormal;
-  CT_RETURN_IF_ERROR(eval.Exec(program, &flow));
+  RLMESH_RETURN_IF_ERROR(eval.Exec(program, &flow));
   return eval.TakeOutput();
 }
 

@@ -65,7 +65,7 @@ absl::StatusOr<Value> AttrPath(const Value& item, absl::string_view path) {
     int64_t index = 0;
     const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), absl::ascii_isdigit) &&
                          absl::SimpleAtoi(part, &index);
-    CT_ASSIGN_OR_RETURN(cur, GetItem(cur, numeric ? Value::Int(index) : Value::String(std::string(part))));
+    RLMESH_ASSIGN_OR_RETURN(cur, GetItem(cur, numeric ? Value::Int(index) : Value::String(std::string(part))));
   }
   return cur;
 }
@@ -150,7 +150,7 @@ absl::StatusOr<Value> ToInt(const Value& v, const CallArgs& args) {
 }
 
 absl::StatusOr<Value> ToJsonFilter(const Value& v, const CallArgs& args) {
-  CT_RETURN_IF_ERROR(CheckKeywords(args, "tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}));
+  RLMESH_RETURN_IF_ERROR(CheckKeywords(args, "tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}));
   JsonDumpOptions o;
   o.ensure_ascii = BoolArg(args, 0, "ensure_ascii");
   o.sort_keys = BoolArg(args, 3, "sort_keys");
@@ -174,14 +174,14 @@ absl::StatusOr<Value> ToJsonFilter(const Value& v, const CallArgs& args) {
     o.item_separator = seps->items()[0].str();
     o.key_separator = seps->items()[1].str();
   }
-  CT_ASSIGN_OR_RETURN(std::string text, ToJson(v, o));
+  RLMESH_ASSIGN_OR_RETURN(std::string text, ToJson(v, o));
   return Value::String(std::move(text));
 }
 
 // select/reject/selectattr/rejectattr: keep items whose (attribute's) test
 // result is `keep`; with no test named, truthiness decides.
 absl::StatusOr<Value> SelectFilter(const Value& v, const CallArgs& args, bool by_attr, bool keep) {
-  CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
   if (items.empty()) return Value::Generator({});  // Jinja checks arguments per item
   size_t next = 0;
   std::string attr;
@@ -205,13 +205,13 @@ absl::StatusOr<Value> SelectFilter(const Value& v, const CallArgs& args, bool by
   for (const Value& item : items) {
     Value subject = item;
     if (by_attr) {
-      CT_ASSIGN_OR_RETURN(subject, AttrPath(item, attr));
+      RLMESH_ASSIGN_OR_RETURN(subject, AttrPath(item, attr));
     }
     bool pass = false;
     if (test.empty()) {
       pass = Truthy(subject);
     } else {
-      CT_ASSIGN_OR_RETURN(pass, ApplyTest(test, subject, test_args));
+      RLMESH_ASSIGN_OR_RETURN(pass, ApplyTest(test, subject, test_args));
     }
     if (pass == keep) out.push_back(item);
   }
@@ -219,16 +219,16 @@ absl::StatusOr<Value> SelectFilter(const Value& v, const CallArgs& args, bool by
 }
 
 absl::StatusOr<Value> MapFilter(const Value& v, const CallArgs& args, const BuiltinEnv& env) {
-  CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
   if (items.empty()) return Value::Generator({});  // Jinja checks arguments per item
   ValueList out;
   const Value* attribute = args.positional.empty() ? Arg(args, SIZE_MAX, "attribute") : nullptr;
   if (attribute != nullptr) {
-    CT_RETURN_IF_ERROR(CheckKeywords(args, "map", {"attribute", "default"}));
+    RLMESH_RETURN_IF_ERROR(CheckKeywords(args, "map", {"attribute", "default"}));
     if (!attribute->is_string()) return absl::InvalidArgumentError("map: attribute must be a string");
     const Value* dflt = Arg(args, SIZE_MAX, "default");
     for (const Value& item : items) {
-      CT_ASSIGN_OR_RETURN(Value got, AttrPath(item, attribute->str()));
+      RLMESH_ASSIGN_OR_RETURN(Value got, AttrPath(item, attribute->str()));
       out.push_back(got.is_undefined() && dflt != nullptr ? *dflt : got);
     }
     return Value::Generator(std::move(out));
@@ -241,14 +241,14 @@ absl::StatusOr<Value> MapFilter(const Value& v, const CallArgs& args, const Buil
   rest.positional.assign(args.positional.begin() + 1, args.positional.end());
   rest.keyword = args.keyword;
   for (const Value& item : items) {
-    CT_ASSIGN_OR_RETURN(Value mapped, ApplyFilter(filter, item, rest, env));
+    RLMESH_ASSIGN_OR_RETURN(Value mapped, ApplyFilter(filter, item, rest, env));
     out.push_back(std::move(mapped));
   }
   return Value::Generator(std::move(out));
 }
 
 absl::StatusOr<Value> SortFilter(const Value& v, const CallArgs& args) {
-  CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
   const bool reverse = BoolArg(args, 0, "reverse");
   const bool case_sensitive = BoolArg(args, 1, "case_sensitive");
   const Value* attribute = Arg(args, 2, "attribute");
@@ -256,7 +256,7 @@ absl::StatusOr<Value> SortFilter(const Value& v, const CallArgs& args) {
   for (const Value& item : items) {
     Value key = item;
     if (attribute != nullptr && attribute->is_string()) {
-      CT_ASSIGN_OR_RETURN(key, AttrPath(item, attribute->str()));
+      RLMESH_ASSIGN_OR_RETURN(key, AttrPath(item, attribute->str()));
     }
     if (!case_sensitive && key.is_string()) key = Value::String(PyLower(key.str()));
     keyed.emplace_back(std::move(key), item);
@@ -270,7 +270,7 @@ absl::StatusOr<Value> SortFilter(const Value& v, const CallArgs& args) {
     }
     return *c < 0;
   });
-  CT_RETURN_IF_ERROR(error);
+  RLMESH_RETURN_IF_ERROR(error);
   ValueList out;
   for (auto& kv : keyed) out.push_back(std::move(kv.second));
   return Value::List(std::move(out));
@@ -329,7 +329,7 @@ bool IsKnownTest(absl::string_view name) { return In(kTests, name); }
 
 absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const CallArgs& args,
                                   const BuiltinEnv& env) {
-  CT_RETURN_IF_ERROR(CheckSignature(name, args));
+  RLMESH_RETURN_IF_ERROR(CheckSignature(name, args));
   if (name == "length" || name == "count") return Length(v);
   if (name == "string") return Value::String(Str(v));
   if (name == "safe") return v;
@@ -355,12 +355,12 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
     if (name == "last" && v.kind() == Value::Kind::kGenerator) {
       return absl::InvalidArgumentError("'generator' object is not reversible");
     }
-    CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+    RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
     if (items.empty()) return Value::Undefined(absl::StrCat("no ", name, " item, sequence was empty"));
     return name == "first" ? items.front() : items.back();
   }
   if (name == "list") {
-    CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+    RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
     return Value::List(std::move(items));
   }
   if (name == "items") {
@@ -374,7 +374,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
     return Value::Generator(std::move(out));
   }
   if (name == "join") {
-    CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+    RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
     const Value* sep = Arg(args, 0, "d");
     const Value* attribute = Arg(args, 1, "attribute");
     std::string out;
@@ -382,7 +382,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
       if (i > 0 && sep != nullptr) out += Str(*sep);
       Value item = items[i];
       if (attribute != nullptr && !attribute->is_none()) {
-        CT_ASSIGN_OR_RETURN(item, AttrPath(item, Str(*attribute)));
+        RLMESH_ASSIGN_OR_RETURN(item, AttrPath(item, Str(*attribute)));
       }
       out += Str(item);
       if (static_cast<int64_t>(out.size()) > env.max_string_bytes) {
@@ -428,7 +428,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
     if (v.kind() == Value::Kind::kGenerator) {
       return absl::InvalidArgumentError("'generator' object is not reversible");
     }
-    CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+    RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
     std::reverse(items.begin(), items.end());
     return Value::Generator(std::move(items));  // Python's reverse iterator
   }
@@ -445,14 +445,14 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const 
   if (name == "sort") return SortFilter(v, args);
   if (name == "dictsort") return DictSort(v, args);
   if (name == "sum") {
-    CT_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+    RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(v));
     const Value* attribute = Arg(args, 0, "attribute");
     const Value* start = Arg(args, 1, "start");
     Value total = start != nullptr ? *start : Value::Int(0);
     for (const Value& item : items) {
       Value x = item;
       if (attribute != nullptr && !attribute->is_none()) {
-        CT_ASSIGN_OR_RETURN(x, AttrPath(item, Str(*attribute)));
+        RLMESH_ASSIGN_OR_RETURN(x, AttrPath(item, Str(*attribute)));
       }
       if (!x.is_number() || !total.is_number()) return absl::InvalidArgumentError("sum needs numbers");
       int64_t r = 0;
@@ -527,7 +527,7 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, const Cal
       if (!v.is_string()) return absl::InvalidArgumentError("'in <string>' requires string as left operand");
       return other->str().find(v.str()) != std::string::npos;
     }
-    CT_ASSIGN_OR_RETURN(ValueList items, Iterate(*other));
+    RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(*other));
     if (other->is_dict()) return v.is_string() && other->Find(v.str()) != nullptr;
     for (const Value& x : items) {
       if (Equals(x, v)) return true;
@@ -536,7 +536,7 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, const Cal
   }
   if (v.is_undefined()) return UndefinedError(v);
   if (other->is_undefined()) return UndefinedError(*other);
-  CT_ASSIGN_OR_RETURN(int c, Compare(v, *other));
+  RLMESH_ASSIGN_OR_RETURN(int c, Compare(v, *other));
   if (name == "lt" || name == "lessthan" || name == "<") return c < 0;
   if (name == "le" || name == "<=") return c <= 0;
   if (name == "gt" || name == "greaterthan" || name == ">") return c > 0;

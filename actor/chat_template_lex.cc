@@ -99,7 +99,7 @@ absl::StatusOr<std::string> DecodeEscapes(absl::string_view body) {
       case 't': out.push_back('\t'); break;
       case 'v': out.push_back('\v'); break;
       case 'x': case 'u': case 'U': {
-        CT_ASSIGN_OR_RETURN(char32_t v, hex(c == 'x' ? 2 : c == 'u' ? 4 : 8));
+        RLMESH_ASSIGN_OR_RETURN(char32_t v, hex(c == 'x' ? 2 : c == 'u' ? 4 : 8));
         AppendUtf8(v, &out);
         break;
       }
@@ -167,12 +167,12 @@ class Lexer {
       const bool raw = kind == '%' && MatchRawBegin(after, &raw_body);
       Emit(TokenType::kData, StripBefore(src_.substr(pos_, tag - pos_), sign, kind != '{'), pos_);
       if (raw) {
-        CT_RETURN_IF_ERROR(LexRaw(tag, raw_body));
+        RLMESH_RETURN_IF_ERROR(LexRaw(tag, raw_body));
       } else if (kind == '#') {
-        CT_RETURN_IF_ERROR(LexComment(tag, after));
+        RLMESH_RETURN_IF_ERROR(LexComment(tag, after));
       } else {
         Emit(kind == '%' ? TokenType::kBlockBegin : TokenType::kVariableBegin, "", tag);
-        CT_RETURN_IF_ERROR(LexTag(kind == '%', tag, after));
+        RLMESH_RETURN_IF_ERROR(LexTag(kind == '%', tag, after));
       }
     }
     Token eof;
@@ -325,7 +325,7 @@ class Lexer {
       if (skipped != p) {
         p = skipped;
       } else if (IsDigit(c)) {
-        CT_ASSIGN_OR_RETURN(p, LexNumber(p));
+        RLMESH_ASSIGN_OR_RETURN(p, LexNumber(p));
       } else if (const size_t e = NameEnd(src_, p); e != p) {
         Emit(TokenType::kName, src_.substr(p, e - p), p);
         p = e;
@@ -338,7 +338,7 @@ class Lexer {
         Emit(TokenType::kString, *std::move(decoded), p);
         p = e + 1;
       } else {
-        CT_ASSIGN_OR_RETURN(p, LexOperator(p, &closers));
+        RLMESH_ASSIGN_OR_RETURN(p, LexOperator(p, &closers));
       }
     }
   }

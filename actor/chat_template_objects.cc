@@ -111,14 +111,14 @@ absl::StatusOr<Value> AffixTest(const std::string& s, const CallArgs& args, bool
 absl::StatusOr<Value> CallStrMethod(const std::string& s, const std::string& name,
                                     const CallArgs& args) {
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    CT_RETURN_IF_ERROR(CheckArity(args, 1, name));
-    CT_ASSIGN_OR_RETURN(auto chars, OptionalString(Arg(args, 0, "chars"), "chars"));
+    RLMESH_RETURN_IF_ERROR(CheckArity(args, 1, name));
+    RLMESH_ASSIGN_OR_RETURN(auto chars, OptionalString(Arg(args, 0, "chars"), "chars"));
     return Value::String(PyStrip(s, chars, name != "rstrip", name != "lstrip"));
   }
   if (name == "split" || name == "rsplit") {
-    CT_RETURN_IF_ERROR(CheckArity(args, 2, name));
-    CT_ASSIGN_OR_RETURN(auto sep, OptionalString(Arg(args, 0, "sep"), "sep"));
-    CT_ASSIGN_OR_RETURN(int64_t maxsplit, IntArg(Arg(args, 1, "maxsplit"), -1, "maxsplit"));
+    RLMESH_RETURN_IF_ERROR(CheckArity(args, 2, name));
+    RLMESH_ASSIGN_OR_RETURN(auto sep, OptionalString(Arg(args, 0, "sep"), "sep"));
+    RLMESH_ASSIGN_OR_RETURN(int64_t maxsplit, IntArg(Arg(args, 1, "maxsplit"), -1, "maxsplit"));
     if (sep && sep->empty()) return absl::InvalidArgumentError("empty separator");
     return StringList(PySplit(s, sep, maxsplit, name == "rsplit"));
   }
@@ -128,13 +128,13 @@ absl::StatusOr<Value> CallStrMethod(const std::string& s, const std::string& nam
   if (name == "title") return Value::String(PyTitle(s));
   if (name == "capitalize") return Value::String(PyCapitalize(s));
   if (name == "replace") {
-    CT_RETURN_IF_ERROR(CheckArity(args, 3, name));
+    RLMESH_RETURN_IF_ERROR(CheckArity(args, 3, name));
     const Value* old = Arg(args, 0, "old");
     const Value* repl = Arg(args, 1, "new");
     if (old == nullptr || repl == nullptr || !old->is_string() || !repl->is_string()) {
       return absl::InvalidArgumentError("replace() takes two strings");
     }
-    CT_ASSIGN_OR_RETURN(int64_t count, IntArg(Arg(args, 2, "count"), -1, "count"));
+    RLMESH_ASSIGN_OR_RETURN(int64_t count, IntArg(Arg(args, 2, "count"), -1, "count"));
     return Value::String(PyReplace(s, old->str(), repl->str(), count));
   }
   if (name == "find") {
@@ -153,7 +153,7 @@ absl::StatusOr<Value> CallStrMethod(const std::string& s, const std::string& nam
   }
   if (name == "join") {
     if (args.positional.size() != 1) return absl::InvalidArgumentError("join() takes one iterable");
-    CT_ASSIGN_OR_RETURN(ValueList items, Iterate(args.positional[0]));
+    RLMESH_ASSIGN_OR_RETURN(ValueList items, Iterate(args.positional[0]));
     std::string out;
     for (size_t i = 0; i < items.size(); ++i) {
       if (!items[i].is_string()) {
@@ -299,7 +299,7 @@ absl::StatusOr<Value> CallGlobal(const std::string& name, const CallArgs& args,
   }
   if (name == "strftime_now") return StrftimeNow(args, env);
   if (name == "namespace" || name == "dict") {
-    CT_ASSIGN_OR_RETURN(ValueDict attrs, MappingArgs(args, name));
+    RLMESH_ASSIGN_OR_RETURN(ValueDict attrs, MappingArgs(args, name));
     if (name == "dict") return Value::Dict(std::move(attrs));
     for (const auto& [key, value] : attrs) {
       if (!key.empty() && key[0] == '_') {
@@ -359,7 +359,7 @@ absl::StatusOr<ValueList> Iterate(const Value& v) {
     case Value::Kind::kList:
     case Value::Kind::kTuple: return v.items();
     case Value::Kind::kGenerator:
-      CT_RETURN_IF_ERROR(v.generator_error());
+      RLMESH_RETURN_IF_ERROR(v.generator_error());
       return v.items();
     case Value::Kind::kDict: {
       ValueList keys;
@@ -426,7 +426,7 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
     return obj.items()[i];
   }
   if (key.is_string()) {
-    CT_ASSIGN_OR_RETURN(Value attr, GetAttr(obj, key.str()));
+    RLMESH_ASSIGN_OR_RETURN(Value attr, GetAttr(obj, key.str()));
     if (!attr.is_undefined()) return attr;
   }
   return Value::Undefined(absl::StrCat("'", TypeName(obj), " object' has no attribute ", Repr(key)));
@@ -444,7 +444,7 @@ absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value
   auto given = [](const Value& v) { return !v.is_none(); };
   int64_t st = 1;
   if (given(step)) {
-    CT_ASSIGN_OR_RETURN(st, SliceBound(step));
+    RLMESH_ASSIGN_OR_RETURN(st, SliceBound(step));
   }
   if (st == 0) return absl::InvalidArgumentError("slice step cannot be zero");
   std::u32string chars;
@@ -454,7 +454,7 @@ absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value
   // Python's PySlice_AdjustIndices.
   auto adjust = [&](const Value& v, int64_t dflt) -> absl::StatusOr<int64_t> {
     if (!given(v)) return dflt;
-    CT_ASSIGN_OR_RETURN(int64_t i, SliceBound(v));
+    RLMESH_ASSIGN_OR_RETURN(int64_t i, SliceBound(v));
     if (i < 0) {
       i += n;
       if (i < 0) i = st < 0 ? -1 : 0;
@@ -463,8 +463,8 @@ absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value
     }
     return i;
   };
-  CT_ASSIGN_OR_RETURN(int64_t b, adjust(start, st > 0 ? 0 : n - 1));
-  CT_ASSIGN_OR_RETURN(int64_t e, adjust(stop, st > 0 ? n : -1));
+  RLMESH_ASSIGN_OR_RETURN(int64_t b, adjust(start, st > 0 ? 0 : n - 1));
+  RLMESH_ASSIGN_OR_RETURN(int64_t e, adjust(stop, st > 0 ? n : -1));
   std::u32string s;
   ValueList items;
   for (int64_t i = b; st > 0 ? i < e : i > e; i += st) {

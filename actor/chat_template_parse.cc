@@ -150,7 +150,7 @@ class Parser {
         s->kind = StmtKind::kOutput;
         s->line = t.line;
         Advance();
-        CT_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/true, "", false));
+        RLMESH_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/true, "", false));
         if (Cur().type != TokenType::kVariableEnd) return Expected("'}}'");
         Advance();
         body.push_back(std::move(s));
@@ -160,8 +160,8 @@ class Parser {
             std::find(end_tags.begin(), end_tags.end(), Cur().text) != end_tags.end()) {
           return body;
         }
-        CT_ASSIGN_OR_RETURN(StmtPtr s, ParseStatement());
-        CT_RETURN_IF_ERROR(ExpectBlockEnd());
+        RLMESH_ASSIGN_OR_RETURN(StmtPtr s, ParseStatement());
+        RLMESH_RETURN_IF_ERROR(ExpectBlockEnd());
         body.push_back(std::move(s));
       } else {
         return Fail(absl::StrCat("unexpected ", Describe(t)));
@@ -199,8 +199,8 @@ class Parser {
     if (tag == "generation") {  // transformers' assistant-mask tag: renders its body
       s->kind = StmtKind::kBlock;
       Advance();
-      CT_RETURN_IF_ERROR(ExpectBodyStart());
-      CT_ASSIGN_OR_RETURN(s->body, Body(tag, s->line, {"endgeneration"}));
+      RLMESH_RETURN_IF_ERROR(ExpectBodyStart());
+      RLMESH_ASSIGN_OR_RETURN(s->body, Body(tag, s->line, {"endgeneration"}));
       Advance();
       return s;
     }
@@ -221,16 +221,16 @@ class Parser {
   absl::StatusOr<StmtPtr> ParseFor(StmtPtr s) {
     s->kind = StmtKind::kFor;
     Advance();
-    CT_ASSIGN_OR_RETURN(s->targets, ParseTargets());
+    RLMESH_ASSIGN_OR_RETURN(s->targets, ParseTargets());
     if (!IsName("in")) return Expected("'in'");
     Advance();
-    CT_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/false, "recursive", false));
+    RLMESH_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/false, "recursive", false));
     if (IsName("if")) {
       Advance();
-      CT_ASSIGN_OR_RETURN(s->filter, ParseExpression(true));
+      RLMESH_ASSIGN_OR_RETURN(s->filter, ParseExpression(true));
     }
     if (IsName("recursive")) return Unsupported("recursive for loop");
-    CT_RETURN_IF_ERROR(ExpectBodyStart());
+    RLMESH_RETURN_IF_ERROR(ExpectBodyStart());
     ++loop_depth_;
     auto body = Body("for", s->line, {"endfor", "else"});
     --loop_depth_;
@@ -238,9 +238,9 @@ class Parser {
     s->body = *std::move(body);
     if (IsName("else")) {
       Advance();
-      CT_RETURN_IF_ERROR(ExpectBodyStart());
+      RLMESH_RETURN_IF_ERROR(ExpectBodyStart());
       // `break` in a for's else belongs to an enclosing loop, if any.
-      CT_ASSIGN_OR_RETURN(s->else_body, Body("for", s->line, {"endfor"}));
+      RLMESH_ASSIGN_OR_RETURN(s->else_body, Body("for", s->line, {"endfor"}));
     }
     Advance();  // endfor
     return s;
@@ -249,9 +249,9 @@ class Parser {
   absl::StatusOr<StmtPtr> ParseIf(StmtPtr s) {
     s->kind = StmtKind::kIf;
     Advance();
-    CT_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/false, "", false));
-    CT_RETURN_IF_ERROR(ExpectBodyStart());
-    CT_ASSIGN_OR_RETURN(s->body, Body("if", s->line, {"elif", "else", "endif"}));
+    RLMESH_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/false, "", false));
+    RLMESH_RETURN_IF_ERROR(ExpectBodyStart());
+    RLMESH_ASSIGN_OR_RETURN(s->body, Body("if", s->line, {"elif", "else", "endif"}));
     if (IsName("elif")) {
       // An elif is an if in the else branch; it ends at the same endif.
       auto nested = std::make_unique<Stmt>();
@@ -268,8 +268,8 @@ class Parser {
     }
     if (IsName("else")) {
       Advance();
-      CT_RETURN_IF_ERROR(ExpectBodyStart());
-      CT_ASSIGN_OR_RETURN(s->else_body, Body("if", s->line, {"endif"}));
+      RLMESH_RETURN_IF_ERROR(ExpectBodyStart());
+      RLMESH_ASSIGN_OR_RETURN(s->else_body, Body("if", s->line, {"endif"}));
     }
     Advance();  // endif
     return s;
@@ -277,29 +277,29 @@ class Parser {
 
   absl::StatusOr<StmtPtr> ParseSet(StmtPtr s) {
     Advance();
-    CT_ASSIGN_OR_RETURN(std::string first, ExpectName());
+    RLMESH_ASSIGN_OR_RETURN(std::string first, ExpectName());
     if (IsOp(".")) {
       Advance();
-      CT_ASSIGN_OR_RETURN(s->attr, ExpectName());
+      RLMESH_ASSIGN_OR_RETURN(s->attr, ExpectName());
       s->targets = {first};
     } else {
       pos_ -= 1;
-      CT_ASSIGN_OR_RETURN(s->targets, ParseTargets());
+      RLMESH_ASSIGN_OR_RETURN(s->targets, ParseTargets());
     }
     if (IsOp("=")) {
       Advance();
       s->kind = StmtKind::kSet;
-      CT_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/true, "", false));
+      RLMESH_ASSIGN_OR_RETURN(s->expr, ParseTuple(/*with_condexpr=*/true, "", false));
       return s;
     }
     if (s->targets.size() != 1) return Expected("'='");
     s->kind = StmtKind::kSetBlock;
     while (IsOp("|")) {
-      CT_ASSIGN_OR_RETURN(ExprPtr f, ParseFilter(nullptr));
+      RLMESH_ASSIGN_OR_RETURN(ExprPtr f, ParseFilter(nullptr));
       s->filters.push_back(std::move(f));
     }
-    CT_RETURN_IF_ERROR(ExpectBodyStart());
-    CT_ASSIGN_OR_RETURN(s->body, Body("set", s->line, {"endset"}));
+    RLMESH_RETURN_IF_ERROR(ExpectBodyStart());
+    RLMESH_ASSIGN_OR_RETURN(s->body, Body("set", s->line, {"endset"}));
     Advance();  // endset
     return s;
   }
@@ -321,7 +321,7 @@ class Parser {
       Advance();
       if (parens && IsOp(")")) break;  // a trailing comma, only inside (...)
     }
-    if (parens) CT_RETURN_IF_ERROR(ExpectOp(")"));
+    if (parens) RLMESH_RETURN_IF_ERROR(ExpectOp(")"));
     return names;
   }
 
@@ -339,9 +339,9 @@ class Parser {
     std::vector<ExprPtr> items;
     bool is_tuple = false;
     while (true) {
-      if (!items.empty()) CT_RETURN_IF_ERROR(ExpectOp(","));
+      if (!items.empty()) RLMESH_RETURN_IF_ERROR(ExpectOp(","));
       if (IsEnd() || IsOp(")") || (!extra_end.empty() && IsName(extra_end))) break;
-      CT_ASSIGN_OR_RETURN(ExprPtr e, ParseExpression(with_condexpr));
+      RLMESH_ASSIGN_OR_RETURN(ExprPtr e, ParseExpression(with_condexpr));
       items.push_back(std::move(e));
       if (!IsOp(",")) break;
       is_tuple = true;
@@ -357,17 +357,17 @@ class Parser {
     Guard guard(&recursion_);
     if (guard.too_deep()) return Fail("expression nests too deeply");
     const int line = Cur().line;
-    CT_ASSIGN_OR_RETURN(ExprPtr value, ParseOr());
+    RLMESH_ASSIGN_OR_RETURN(ExprPtr value, ParseOr());
     while (IsName("if")) {
       Advance();
       std::vector<ExprPtr> args(3);
-      CT_ASSIGN_OR_RETURN(args[0], ParseOr());
+      RLMESH_ASSIGN_OR_RETURN(args[0], ParseOr());
       args[1] = std::move(value);
       if (IsName("else")) {
         Advance();
-        CT_ASSIGN_OR_RETURN(args[2], ParseCondExpr());
+        RLMESH_ASSIGN_OR_RETURN(args[2], ParseCondExpr());
       }
-      CT_ASSIGN_OR_RETURN(value, Node(ExprKind::kCond, line, std::move(args)));
+      RLMESH_ASSIGN_OR_RETURN(value, Node(ExprKind::kCond, line, std::move(args)));
     }
     return value;
   }
@@ -377,7 +377,7 @@ class Parser {
   absl::StatusOr<ExprPtr> Chain(Next next, std::initializer_list<const char*> ops, bool names,
                                 ExprKind kind) {
     const int line = Cur().line;
-    CT_ASSIGN_OR_RETURN(ExprPtr left, (this->*next)());
+    RLMESH_ASSIGN_OR_RETURN(ExprPtr left, (this->*next)());
     while (true) {
       const char* hit = nullptr;
       for (const char* op : ops) {
@@ -387,8 +387,8 @@ class Parser {
       Advance();
       std::vector<ExprPtr> args(2);
       args[0] = std::move(left);
-      CT_ASSIGN_OR_RETURN(args[1], (this->*next)());
-      CT_ASSIGN_OR_RETURN(left, Node(kind, line, std::move(args)));
+      RLMESH_ASSIGN_OR_RETURN(args[1], (this->*next)());
+      RLMESH_ASSIGN_OR_RETURN(left, Node(kind, line, std::move(args)));
       left->name = hit;
     }
   }
@@ -405,13 +405,13 @@ class Parser {
     const int line = Cur().line;
     Advance();
     std::vector<ExprPtr> args(1);
-    CT_ASSIGN_OR_RETURN(args[0], ParseNot());
+    RLMESH_ASSIGN_OR_RETURN(args[0], ParseNot());
     return Node(ExprKind::kNot, line, std::move(args));
   }
 
   absl::StatusOr<ExprPtr> ParseCompare() {
     const int line = Cur().line;
-    CT_ASSIGN_OR_RETURN(ExprPtr first, ParseMath1());
+    RLMESH_ASSIGN_OR_RETURN(ExprPtr first, ParseMath1());
     std::vector<ExprPtr> args;
     std::vector<std::string> ops;
     while (true) {
@@ -432,12 +432,12 @@ class Parser {
         break;
       }
       if (args.empty()) args.push_back(std::move(first));
-      CT_ASSIGN_OR_RETURN(ExprPtr rhs, ParseMath1());
+      RLMESH_ASSIGN_OR_RETURN(ExprPtr rhs, ParseMath1());
       args.push_back(std::move(rhs));
       ops.push_back(op);
     }
     if (args.empty()) return first;
-    CT_ASSIGN_OR_RETURN(ExprPtr e, Node(ExprKind::kCompare, line, std::move(args)));
+    RLMESH_ASSIGN_OR_RETURN(ExprPtr e, Node(ExprKind::kCompare, line, std::move(args)));
     e->ops = std::move(ops);
     return e;
   }
@@ -448,13 +448,13 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseConcat() {
     const int line = Cur().line;
-    CT_ASSIGN_OR_RETURN(ExprPtr first, ParseMath2());
+    RLMESH_ASSIGN_OR_RETURN(ExprPtr first, ParseMath2());
     if (!IsOp("~")) return first;
     std::vector<ExprPtr> args;
     args.push_back(std::move(first));
     while (IsOp("~")) {
       Advance();
-      CT_ASSIGN_OR_RETURN(ExprPtr e, ParseMath2());
+      RLMESH_ASSIGN_OR_RETURN(ExprPtr e, ParseMath2());
       args.push_back(std::move(e));
     }
     return Node(ExprKind::kConcat, line, std::move(args));
@@ -477,20 +477,20 @@ class Parser {
       const ExprKind kind = IsOp("-") ? ExprKind::kNeg : ExprKind::kPos;
       Advance();
       std::vector<ExprPtr> args(1);
-      CT_ASSIGN_OR_RETURN(args[0], ParseUnary(false));
-      CT_ASSIGN_OR_RETURN(node, Node(kind, line, std::move(args)));
+      RLMESH_ASSIGN_OR_RETURN(args[0], ParseUnary(false));
+      RLMESH_ASSIGN_OR_RETURN(node, Node(kind, line, std::move(args)));
     } else {
-      CT_ASSIGN_OR_RETURN(node, ParsePrimary());
+      RLMESH_ASSIGN_OR_RETURN(node, ParsePrimary());
     }
-    CT_ASSIGN_OR_RETURN(node, ParsePostfix(std::move(node)));
+    RLMESH_ASSIGN_OR_RETURN(node, ParsePostfix(std::move(node)));
     if (with_filter) {
       while (true) {
         if (IsOp("|")) {
-          CT_ASSIGN_OR_RETURN(node, ParseFilter(std::move(node)));
+          RLMESH_ASSIGN_OR_RETURN(node, ParseFilter(std::move(node)));
         } else if (IsName("is")) {
-          CT_ASSIGN_OR_RETURN(node, ParseTest(std::move(node)));
+          RLMESH_ASSIGN_OR_RETURN(node, ParseTest(std::move(node)));
         } else if (IsOp("(")) {
-          CT_ASSIGN_OR_RETURN(node, ParseCall(std::move(node)));
+          RLMESH_ASSIGN_OR_RETURN(node, ParseCall(std::move(node)));
         } else {
           break;
         }
@@ -500,7 +500,7 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> Literal(Value v, int line) {
-    CT_ASSIGN_OR_RETURN(ExprPtr e, Node(ExprKind::kLiteral, line));
+    RLMESH_ASSIGN_OR_RETURN(ExprPtr e, Node(ExprKind::kLiteral, line));
     e->literal = std::move(v);
     return e;
   }
@@ -515,7 +515,7 @@ class Parser {
         if (n == "true" || n == "True") return Literal(Value::Bool(true), line);
         if (n == "false" || n == "False") return Literal(Value::Bool(false), line);
         if (n == "none" || n == "None") return Literal(Value::None(), line);
-        CT_ASSIGN_OR_RETURN(ExprPtr e, Node(ExprKind::kName, line));
+        RLMESH_ASSIGN_OR_RETURN(ExprPtr e, Node(ExprKind::kName, line));
         e->name = n;
         return e;
       }
@@ -540,8 +540,8 @@ class Parser {
       case TokenType::kOperator:
         if (t.text == "(") {
           Advance();
-          CT_ASSIGN_OR_RETURN(ExprPtr e, ParseTuple(/*with_condexpr=*/true, "", true));
-          CT_RETURN_IF_ERROR(ExpectOp(")"));
+          RLMESH_ASSIGN_OR_RETURN(ExprPtr e, ParseTuple(/*with_condexpr=*/true, "", true));
+          RLMESH_RETURN_IF_ERROR(ExpectOp(")"));
           return e;
         }
         if (t.text == "[" || t.text == "{") {
@@ -551,14 +551,14 @@ class Parser {
           std::vector<ExprPtr> items;
           while (!IsOp(close)) {
             if (!items.empty()) {
-              CT_RETURN_IF_ERROR(ExpectOp(","));
+              RLMESH_RETURN_IF_ERROR(ExpectOp(","));
               if (IsOp(close)) break;
             }
-            CT_ASSIGN_OR_RETURN(ExprPtr e, ParseExpression(true));
+            RLMESH_ASSIGN_OR_RETURN(ExprPtr e, ParseExpression(true));
             items.push_back(std::move(e));
             if (dict) {
-              CT_RETURN_IF_ERROR(ExpectOp(":"));
-              CT_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression(true));
+              RLMESH_RETURN_IF_ERROR(ExpectOp(":"));
+              RLMESH_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression(true));
               items.push_back(std::move(v));
             }
           }
@@ -582,21 +582,21 @@ class Parser {
         if (Cur().type == TokenType::kName) {
           const std::string attr = Cur().text;
           Advance();
-          CT_ASSIGN_OR_RETURN(node, Node(ExprKind::kAttr, line, std::move(args)));
+          RLMESH_ASSIGN_OR_RETURN(node, Node(ExprKind::kAttr, line, std::move(args)));
           node->name = attr;
         } else if (Cur().type == TokenType::kInteger) {
-          CT_ASSIGN_OR_RETURN(ExprPtr index, Literal(Value::Int(Cur().int_value), line));
+          RLMESH_ASSIGN_OR_RETURN(ExprPtr index, Literal(Value::Int(Cur().int_value), line));
           Advance();
           args.push_back(std::move(index));
-          CT_ASSIGN_OR_RETURN(node, Node(ExprKind::kItem, line, std::move(args)));
+          RLMESH_ASSIGN_OR_RETURN(node, Node(ExprKind::kItem, line, std::move(args)));
         } else {
           return Expected("a name or number after '.'");
         }
       } else if (IsOp("[")) {
         Advance();
-        CT_ASSIGN_OR_RETURN(node, ParseSubscript(std::move(node), line));
+        RLMESH_ASSIGN_OR_RETURN(node, ParseSubscript(std::move(node), line));
       } else if (IsOp("(")) {
-        CT_ASSIGN_OR_RETURN(node, ParseCall(std::move(node)));
+        RLMESH_ASSIGN_OR_RETURN(node, ParseCall(std::move(node)));
       } else {
         return node;
       }
@@ -610,10 +610,10 @@ class Parser {
     bool slice = false;
     std::vector<ExprPtr> bounds(3);
     while (!IsOp("]")) {
-      if (!keys.empty() || slice) CT_RETURN_IF_ERROR(ExpectOp(","));
+      if (!keys.empty() || slice) RLMESH_RETURN_IF_ERROR(ExpectOp(","));
       ExprPtr start;
       if (!IsOp(":")) {
-        CT_ASSIGN_OR_RETURN(start, ParseExpression(true));
+        RLMESH_ASSIGN_OR_RETURN(start, ParseExpression(true));
         if (!IsOp(":")) {
           keys.push_back(std::move(start));
           continue;
@@ -624,12 +624,12 @@ class Parser {
       Advance();  // the first ':'
       bounds[0] = std::move(start);
       if (!IsOp(":") && !IsOp("]") && !IsOp(",")) {
-        CT_ASSIGN_OR_RETURN(bounds[1], ParseExpression(true));
+        RLMESH_ASSIGN_OR_RETURN(bounds[1], ParseExpression(true));
       }
       if (IsOp(":")) {
         Advance();
         if (!IsOp("]") && !IsOp(",")) {
-          CT_ASSIGN_OR_RETURN(bounds[2], ParseExpression(true));
+          RLMESH_ASSIGN_OR_RETURN(bounds[2], ParseExpression(true));
         }
       }
     }
@@ -645,7 +645,7 @@ class Parser {
     if (keys.size() == 1) {
       args.push_back(std::move(keys[0]));
     } else {
-      CT_ASSIGN_OR_RETURN(ExprPtr tuple, Node(ExprKind::kTuple, line, std::move(keys)));
+      RLMESH_ASSIGN_OR_RETURN(ExprPtr tuple, Node(ExprKind::kTuple, line, std::move(keys)));
       args.push_back(std::move(tuple));
     }
     return Node(ExprKind::kItem, line, std::move(args));
@@ -653,11 +653,11 @@ class Parser {
 
   // `(a, b, k=v)` into e->args (after whatever is already there) and kwargs.
   absl::Status ParseCallArgs(Expr* e) {
-    CT_RETURN_IF_ERROR(ExpectOp("("));
+    RLMESH_RETURN_IF_ERROR(ExpectOp("("));
     bool first = true;
     while (!IsOp(")")) {
       if (!first) {
-        CT_RETURN_IF_ERROR(ExpectOp(","));
+        RLMESH_RETURN_IF_ERROR(ExpectOp(","));
         if (IsOp(")")) break;
       }
       first = false;
@@ -670,11 +670,11 @@ class Parser {
         }
         Advance();
         Advance();
-        CT_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression(true));
+        RLMESH_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression(true));
         e->kwargs.emplace_back(std::move(key), std::move(v));
       } else {
         if (!e->kwargs.empty()) return Fail("positional argument after a keyword argument");
-        CT_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression(true));
+        RLMESH_ASSIGN_OR_RETURN(ExprPtr v, ParseExpression(true));
         e->args.push_back(std::move(v));
       }
     }
@@ -687,15 +687,15 @@ class Parser {
     e->kind = ExprKind::kCall;
     e->line = Cur().line;
     e->args.push_back(std::move(callee));
-    CT_RETURN_IF_ERROR(ParseCallArgs(e.get()));
+    RLMESH_RETURN_IF_ERROR(ParseCallArgs(e.get()));
     return Finish(std::move(e));
   }
 
   absl::StatusOr<std::string> DottedName() {
-    CT_ASSIGN_OR_RETURN(std::string name, ExpectName());
+    RLMESH_ASSIGN_OR_RETURN(std::string name, ExpectName());
     while (IsOp(".")) {
       Advance();
-      CT_ASSIGN_OR_RETURN(std::string part, ExpectName());
+      RLMESH_ASSIGN_OR_RETURN(std::string part, ExpectName());
       name += "." + part;
     }
     return name;
@@ -706,13 +706,13 @@ class Parser {
     auto e = std::make_unique<Expr>();
     e->kind = ExprKind::kFilter;
     e->line = Cur().line;
-    CT_ASSIGN_OR_RETURN(e->name, DottedName());
+    RLMESH_ASSIGN_OR_RETURN(e->name, DottedName());
     if (!IsKnownFilter(e->name)) {
       return ErrorAt(absl::StatusCode::kUnimplemented, e->line,
                      absl::StrCat("unsupported filter '", e->name, "'"));
     }
     e->args.push_back(std::move(subject));
-    if (IsOp("(")) CT_RETURN_IF_ERROR(ParseCallArgs(e.get()));
+    if (IsOp("(")) RLMESH_RETURN_IF_ERROR(ParseCallArgs(e.get()));
     return Finish(std::move(e));
   }
 
@@ -727,7 +727,7 @@ class Parser {
     auto e = std::make_unique<Expr>();
     e->kind = ExprKind::kTest;
     e->line = line;
-    CT_ASSIGN_OR_RETURN(e->name, DottedName());
+    RLMESH_ASSIGN_OR_RETURN(e->name, DottedName());
     if (!IsKnownTest(e->name)) {
       return ErrorAt(absl::StatusCode::kUnimplemented, line,
                      absl::StrCat("unsupported test '", e->name, "'"));
@@ -735,17 +735,17 @@ class Parser {
     e->args.push_back(std::move(subject));
     const TokenType t = Cur().type;
     if (IsOp("(")) {
-      CT_RETURN_IF_ERROR(ParseCallArgs(e.get()));
+      RLMESH_RETURN_IF_ERROR(ParseCallArgs(e.get()));
     } else if ((t == TokenType::kName || t == TokenType::kString || t == TokenType::kInteger ||
                 t == TokenType::kFloat || IsOp("[") || IsOp("{")) &&
                !IsName("else") && !IsName("or") && !IsName("and")) {
       // `x is divisibleby 3`: one argument without parentheses.
       if (IsName("is")) return Fail("cannot chain tests with 'is'");
-      CT_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
-      CT_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg)));
+      RLMESH_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
+      RLMESH_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg)));
       e->args.push_back(std::move(arg));
     }
-    CT_ASSIGN_OR_RETURN(ExprPtr test, Finish(std::move(e)));
+    RLMESH_ASSIGN_OR_RETURN(ExprPtr test, Finish(std::move(e)));
     if (!negated) return test;
     std::vector<ExprPtr> args(1);
     args[0] = std::move(test);
@@ -762,7 +762,7 @@ class Parser {
 }  // namespace
 
 absl::StatusOr<std::vector<StmtPtr>> ParseTemplate(absl::string_view source) {
-  CT_ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(source));
+  RLMESH_ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(source));
   return Parser(std::move(tokens)).ParseAll();
 }
 

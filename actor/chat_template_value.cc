@@ -93,9 +93,9 @@ absl::Status DumpJson(const Value& v, const JsonDumpOptions& o, int level, std::
         if (is_dict) {
           AppendJsonString(entries[i]->first, o.ensure_ascii, out);
           *out += o.key_separator;
-          CT_RETURN_IF_ERROR(DumpJson(entries[i]->second, o, level + 1, out));
+          RLMESH_RETURN_IF_ERROR(DumpJson(entries[i]->second, o, level + 1, out));
         } else {
-          CT_RETURN_IF_ERROR(DumpJson(v.items()[i], o, level + 1, out));
+          RLMESH_RETURN_IF_ERROR(DumpJson(v.items()[i], o, level + 1, out));
         }
       }
       if (o.indent) {
@@ -139,7 +139,7 @@ absl::StatusOr<Value> FromJsonAt(const nlohmann::ordered_json& j, int depth) {
       ValueList items;
       items.reserve(j.size());
       for (const auto& e : j) {
-        CT_ASSIGN_OR_RETURN(Value v, FromJsonAt(e, depth + 1));
+        RLMESH_ASSIGN_OR_RETURN(Value v, FromJsonAt(e, depth + 1));
         items.push_back(std::move(v));
       }
       return Value::List(std::move(items));
@@ -149,7 +149,7 @@ absl::StatusOr<Value> FromJsonAt(const nlohmann::ordered_json& j, int depth) {
       items.reserve(j.size());
       for (const auto& [key, e] : j.items()) {
         if (!IsValidUtf8(key)) return absl::InvalidArgumentError("chat template input key is not UTF-8");
-        CT_ASSIGN_OR_RETURN(Value v, FromJsonAt(e, depth + 1));
+        RLMESH_ASSIGN_OR_RETURN(Value v, FromJsonAt(e, depth + 1));
         items.emplace_back(key, std::move(v));
       }
       return Value::Dict(std::move(items));
@@ -464,7 +464,7 @@ std::string Repr(const Value& v) {
 
 absl::StatusOr<std::string> ToJson(const Value& v, const JsonDumpOptions& opts) {
   std::string out;
-  CT_RETURN_IF_ERROR(DumpJson(v, opts, 0, &out));
+  RLMESH_RETURN_IF_ERROR(DumpJson(v, opts, 0, &out));
   return out;
 }
 

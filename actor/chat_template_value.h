@@ -18,23 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
-// The house macros live in //common:status, which also carries gRPC; these
-// two keep :chat_template free of it.
-#define CT_CONCAT_INNER_(a, b) a##b
-#define CT_CONCAT_(a, b) CT_CONCAT_INNER_(a, b)
-#define CT_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    ::absl::Status ct_status_ = (expr);           \
-    if (!ct_status_.ok()) return ct_status_;      \
-  } while (0)
-#define CT_ASSIGN_OR_RETURN(lhs, rexpr) \
-  CT_ASSIGN_OR_RETURN_IMPL_(CT_CONCAT_(ct_statusor_, __LINE__), lhs, rexpr)
-#define CT_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr)    \
-  auto statusor = (rexpr);                                 \
-  if (!statusor.ok()) return std::move(statusor).status(); \
-  lhs = std::move(statusor).value()
 
 namespace rlmesh::actor::chat_template_internal {
 
