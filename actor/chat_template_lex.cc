@@ -246,6 +246,16 @@ class Lexer {
     return false;
   }
 
+  // Where text resumes after a "%}" (with its `+`/`-` marker) at `p`:
+  // `-` eats the whitespace after it, a plain one the newline (trim_blocks),
+  // `+` nothing. 0 when no block-tag end is at `p`.
+  size_t BlockTagEnd(size_t p) const {
+    if (StartsWith(p, "+%}")) return p + 3;
+    if (StartsWith(p, "-%}")) return SkipPySpace(src_, p + 3);
+    if (StartsWith(p, "%}")) return p + 2 + (StartsWith(p + 2, "\n") ? 1 : 0);
+    return 0;
+  }
+
   absl::Status LexRaw(size_t tag, size_t body) {
     line_starting_ = body > 0 && src_[body - 1] == '\n';
     for (size_t i = src_.find("{%", body); i != std::string::npos; i = src_.find("{%", i + 1)) {
@@ -255,16 +265,8 @@ class Lexer {
       p = SkipPySpace(src_, p);
       if (!StartsWith(p, "endraw")) continue;
       p = SkipPySpace(src_, p + 6);
-      size_t end;
-      if (StartsWith(p, "+%}")) {
-        end = p + 3;
-      } else if (StartsWith(p, "-%}")) {
-        end = SkipPySpace(src_, p + 3);
-      } else if (StartsWith(p, "%}")) {
-        end = p + 2 + (StartsWith(p + 2, "\n") ? 1 : 0);
-      } else {
-        continue;
-      }
+      const size_t end = BlockTagEnd(p);
+      if (end == 0) continue;
       Emit(TokenType::kData, StripBefore(src_.substr(body, i - body), sign, true), body);
       pos_ = end;
       line_starting_ = src_[end - 1] == '\n';
@@ -301,13 +303,7 @@ class Lexer {
       if (closers.empty()) {
         size_t end = 0;
         if (block) {
-          if (StartsWith(p, "+%}")) {
-            end = p + 3;
-          } else if (StartsWith(p, "-%}")) {
-            end = SkipPySpace(src_, p + 3);
-          } else if (StartsWith(p, "%}")) {
-            end = p + 2 + (StartsWith(p + 2, "\n") ? 1 : 0);
-          }
+          end = BlockTagEnd(p);
         } else if (StartsWith(p, "-}}")) {
           end = SkipPySpace(src_, p + 3);
         } else if (StartsWith(p, "}}")) {
