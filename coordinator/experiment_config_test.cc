@@ -52,7 +52,8 @@ TEST_CASE("out-of-range values name the key path and line") {
 
 TEST_CASE("every shipped config loads and validates") {
   for (const char* name : {"grpo_arith_tiny", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
-                           "sft_word_problems", "sft_word_problems_qwen3", "grpo_countdown_tiny"}) {
+                           "sft_word_problems", "sft_word_problems_qwen3", "grpo_word_problems_qwen3",
+                           "grpo_countdown_tiny"}) {
     INFO(name);
     ExperimentConfig cfg;
     YamlSource src;

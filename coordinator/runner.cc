@@ -796,7 +796,7 @@ class ExperimentRunner::Impl {
     PromptLoader loader(&task_->train(), cfg().seed() * 7919 + stage_index);
     auto rewind = [&] {
       loader = PromptLoader(&task_->train(), cfg().seed() * 7919 + stage_index);
-      if (stage_step_ > 0) loader.Next(static_cast<int>(stage_step_ * rl.prompts_per_step()));
+      for (int64_t done = 0; done < stage_step_; ++done) loader.NextBatch(rl.prompts_per_step());
     };
     rewind();
     return RunSteps(total, [&]() -> absl::Status {
@@ -805,7 +805,7 @@ class ExperimentRunner::Impl {
       SetPhase("generate");
       const absl::Time t0 = absl::Now();
       std::vector<Prompt> prompts;
-      for (const Example* e : loader.Next(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
+      for (const Example* e : loader.NextBatch(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
       RLMESH_ASSIGN_OR_RETURN(auto groups, Generate(prompts, rl.samples_per_prompt(),
                                                     Sampling(false, RolloutSeed(stage_index, stage_step_ + 1)), true,
                                                     global_step_));
@@ -892,7 +892,7 @@ class ExperimentRunner::Impl {
       const int64_t first = stage_step_ + 1;
       const int64_t global_base = global_step_ - stage_step_;
       loader = PromptLoader(&task_->train(), cfg().seed() * 7919 + stage_index);
-      if (stage_step_ > 0) loader.Next(static_cast<int>(stage_step_ * rl.prompts_per_step()));
+      for (int64_t done = 0; done < stage_step_; ++done) loader.NextBatch(rl.prompts_per_step());
       {
         absl::MutexLock lock(&a.mu);
         a.produced = a.synced = stage_step_;
@@ -913,7 +913,7 @@ class ExperimentRunner::Impl {
             min_version = a.version_after.rbegin()->second;
           }
           std::vector<Prompt> prompts;
-          for (const Example* e : loader.Next(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
+          for (const Example* e : loader.NextBatch(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
           const absl::Time t0 = absl::Now();
           auto groups = Generate(prompts, rl.samples_per_prompt(), Sampling(false, RolloutSeed(stage_index, i)),
                                  true, global_base + i, min_version);

@@ -378,4 +378,14 @@ std::vector<const Example*> PromptLoader::Next(int n) {
   return out;
 }
 
+std::vector<const Example*> PromptLoader::NextBatch(int n) {
+  const int64_t size = static_cast<int64_t>(examples_->size());
+  if (n > size) n = static_cast<int>(size);
+  if (cursor_.index > 0 && cursor_.index + n > size) {
+    ++cursor_.epoch;
+    cursor_.index = 0;
+  }
+  return Next(n);
+}
+
 }  // namespace rlmesh

@@ -65,6 +65,12 @@ class PromptLoader {
   PromptLoader(const std::vector<Example>* examples, uint64_t seed, Cursor cursor = Cursor());
   // The next `n` examples (wrapping into new epochs).
   std::vector<const Example*> Next(int n);
+  // The next batch of `n` distinct examples, all from one epoch: when fewer
+  // than `n` are left in the current epoch they are skipped and the batch
+  // opens the next one (a data loader's drop_last). An RL step's prompts are
+  // distinct this way (a prompt id is a group's key). n larger than the data
+  // gives a batch of every example once.
+  std::vector<const Example*> NextBatch(int n);
   Cursor cursor() const { return cursor_; }
 
  private:

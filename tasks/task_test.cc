@@ -342,5 +342,40 @@ TEST_CASE("chat_template: prompts become the model's chat turn; errors name the 
   refused(unsupported, folder, "macro");
 }
 
+TEST_CASE("PromptLoader::NextBatch: a batch never repeats an example, even across an epoch boundary") {
+  std::vector<Example> ex(10);
+  for (int i = 0; i < 10; ++i) ex[i].id = "train/" + std::to_string(i);
+  PromptLoader loader(&ex, 5);
+  const std::vector<Example> five(ex.begin(), ex.begin() + 5);
+  PromptLoader plain(&five, 5);
+  std::set<int64_t> epochs;
+  for (int step = 0; step < 12; ++step) {
+    auto batch = loader.NextBatch(4);
+    REQUIRE(batch.size() == 4);
+    std::set<std::string> ids;
+    for (const Example* e : batch) ids.insert(e->id);
+    INFO("step " << step);
+    CHECK(ids.size() == 4);
+    epochs.insert(loader.cursor().epoch);
+  }
+  CHECK(epochs.size() > 3);
+  // Next crosses epoch boundaries inside a batch and so repeats examples.
+  int repeats = 0;
+  for (int step = 0; step < 12; ++step) {
+    std::set<std::string> ids;
+    for (const Example* e : plain.Next(4)) ids.insert(e->id);
+    repeats += ids.size() < 4;
+  }
+  CHECK(repeats > 0);
+  // Replaying k batches from a fresh loader resumes the same stream.
+  PromptLoader a(&ex, 9), b(&ex, 9);
+  for (int i = 0; i < 5; ++i) a.NextBatch(3);
+  for (int i = 0; i < 5; ++i) b.NextBatch(3);
+  CHECK(a.NextBatch(3) == b.NextBatch(3));
+  // More than the data: every example once.
+  auto all = PromptLoader(&ex, 1).NextBatch(50);
+  CHECK(std::set<const Example*>(all.begin(), all.end()).size() == 10);
+}
+
 }  // namespace
 }  // namespace rlmesh
