@@ -203,6 +203,26 @@ void AppendRows(KvCache* c, KvCache&& add) {
 
 }  // namespace
 
+namespace {
+
+// Sets the model's MoE routing record for one call and clears it however the
+// call ends (a LibTorch error included), so the model never keeps a pointer
+// to a record that is gone.
+class RoutingScope {
+ public:
+  RoutingScope(Transformer& model, MoeRouting* routing) : model_(model) {
+    if (routing != nullptr) model_->set_routing(routing);
+  }
+  ~RoutingScope() { model_->set_routing(nullptr); }
+  RoutingScope(const RoutingScope&) = delete;
+  RoutingScope& operator=(const RoutingScope&) = delete;
+
+ private:
+  Transformer& model_;
+};
+
+}  // namespace
+
 struct Generator::State {
   Transformer model{nullptr};
   GeneratorOptions options;
@@ -353,9 +373,11 @@ struct Generator::State {
     KvCache fresh;
     MoeRouting routing;
     routing.record = Recording();
-    if (routing.record) model->set_routing(&routing);
-    auto hidden = model->Prefill(ids_t, lens_t, cap, &fresh);
-    model->set_routing(nullptr);
+    torch::Tensor hidden;
+    {
+      RoutingScope scope(model, routing.record ? &routing : nullptr);
+      hidden = model->Prefill(ids_t, lens_t, cap, &fresh);
+    }
     // [P, T, layers, k] expert ids of every prefilled position.
     std::vector<int32_t> routes;
     const int64_t per_pos = routing.record ? RoutesPerPosition() : 0;
@@ -467,10 +489,12 @@ struct Generator::State {
     PadCapacity(&cache, max_len + 1);
     MoeRouting routing;
     routing.record = Recording();
-    if (routing.record) model->set_routing(&routing);
-    auto hidden = model->DecodeStep(torch::from_blob(ids.data(), {N}, torch::kInt64).to(device),
-                                    torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &cache);
-    model->set_routing(nullptr);
+    torch::Tensor hidden;
+    {
+      RoutingScope scope(model, routing.record ? &routing : nullptr);
+      hidden = model->DecodeStep(torch::from_blob(ids.data(), {N}, torch::kInt64).to(device),
+                                 torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &cache);
+    }
     if (routing.record) {
       const std::vector<int32_t> routes = RoutesOf(routing);  // [N, layers, k]
       const int64_t per_pos = RoutesPerPosition();
