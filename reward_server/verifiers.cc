@@ -21,6 +21,41 @@
 namespace rlmesh {
 namespace {
 
+// Writes what it can of `data` to a pipe before `deadline`. SIGPIPE, sent to
+// this thread when the reader is gone, is blocked around the write and, if
+// the write raised it, consumed: a verifier command that exits without
+// reading its input must not kill the reward server.
+void WriteUntil(int fd, const std::string& data, absl::Time deadline) {
+  sigset_t pipe_only, old;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  sigset_t pending;
+  sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN) break;  // EPIPE: the child is gone
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) break;
+    pollfd p{fd, POLLOUT, 0};
+    ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
+  }
+  if (!was_pending) {
+    const timespec zero{0, 0};
+    while (::sigtimedwait(&pipe_only, nullptr, &zero) == SIGPIPE) {
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
 std::string Trim(const std::string& s) { return std::string(absl::StripAsciiWhitespace(s)); }
 
 // Numbers: optional sign, digits with optional thousands commas, optional
@@ -319,10 +354,9 @@ class Command final : public Verifier {
       ::close(from_child[0]);
       return absl::ResourceExhaustedError("fork failed");
     }
-    // Small inputs fit the pipe buffer; a child that does not read cannot
-    // block us past it.
-    ssize_t unused = ::write(to_child[1], input.data(), input.size());
-    (void)unused;
+    // A child may exit, or never read, before it has its input: the write
+    // neither kills the process (SIGPIPE) nor blocks past the deadline.
+    WriteUntil(to_child[1], input, deadline);
     ::close(to_child[1]);
     std::string out;
     bool timed_out = false;

@@ -188,6 +188,24 @@ TEST_CASE("command verifiers: a number on stdout, killed at the deadline") {
   junk.set_name("command");
   junk.add_command(Script(dir, "junk.sh", "echo banana"));
   CHECK(Make(junk)->Score(In("x"), kFar).status().message().find("banana") != absl::string_view::npos);
+
+  // Commands that never read their input, given more than a pipe holds: one
+  // exits (the write meets a closed pipe: SIGPIPE killed the whole process
+  // before), one sleeps (the write used to block past the deadline).
+  const std::string big(1 << 20, '7');
+  VerifierConfig deaf;
+  deaf.set_name("command");
+  deaf.add_command(Script(dir, "deaf.sh", "echo 0.5"));
+  auto d = Make(deaf)->Score(In(big), kFar);
+  REQUIRE(d.ok());
+  CHECK(*d == 0.5);
+  VerifierConfig stuck;
+  stuck.set_name("command");
+  stuck.add_command(Script(dir, "stuck.sh", "exec sleep 30"));
+  const absl::Time t0 = absl::Now();
+  auto st = Make(stuck)->Score(In(big), absl::Now() + absl::Milliseconds(300));
+  CHECK(st.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::Now() - t0 < absl::Seconds(5));
 }
 
 }  // namespace
