@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "actor/chat_template.h"
 #include "actor/utf8.h"
 #include "nlohmann/json.hpp"
 
@@ -625,15 +626,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec
   if (spec.empty() || spec == "char") return std::unique_ptr<Tokenizer>(new CharTokenizer());
   std::string path = spec;
   if (std::filesystem::is_directory(path)) path += "/tokenizer.json";
-  {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    if (in) ss << in.rdbuf();
-    static const std::string* char_json = new std::string(CharTokenizer().HfTokenizerJson());
-    if (in && ss.str() == *char_json) return std::unique_ptr<Tokenizer>(new CharTokenizer());
-  }
-  auto t = BpeTokenizer::FromFile(path);
-  if (!t.ok()) return t.status();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  static const std::string* char_json = new std::string(CharTokenizer().HfTokenizerJson());
+  if (text.str() == *char_json) return std::unique_ptr<Tokenizer>(new CharTokenizer());
+  auto t = BpeTokenizer::FromJson(text.str());
+  if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
   // The chat template travels with the tokenizer into the folders we write.
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::ifstream jinja(dir / "chat_template.jinja", std::ios::binary);
@@ -645,10 +645,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec
   } else if (cfg_in) {
     std::stringstream ss;
     ss << cfg_in.rdbuf();
-    json cfg = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-    if (cfg.is_object() && cfg.contains("chat_template") && cfg["chat_template"].is_string()) {
-      (*t)->set_chat_template(cfg["chat_template"].get<std::string>());
-    }
+    // The string, or the default of a list of named templates.
+    if (auto tmpl = ChatTemplateFromTokenizerConfig(ss.str()); tmpl.ok()) (*t)->set_chat_template(*tmpl);
   }
   return std::unique_ptr<Tokenizer>(std::move(*t));
 }
