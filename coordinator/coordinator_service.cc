@@ -2,7 +2,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/proto_yaml.h"
 #include "common/rpc_handler.h"
+#include "common/status_macros.h"
+#include "coordinator/experiment_config.h"
+#include "coordinator/metrics_log.h"
 
 namespace rlmesh {
 
@@ -16,7 +20,17 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::Submit(grpc::CallbackServerCon
                                                          const SubmitRequest* req, SubmitResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
     if (experiments_ == nullptr) return NoExperiments();
-    auto id = experiments_->Submit(req->experiment());
+    ExperimentConfig config = req->experiment();
+    if (!req->has_experiment()) {
+      if (req->source_yaml().empty()) return absl::InvalidArgumentError("experiment: absent, and no source_yaml");
+      YamlSource src;
+      RLMESH_RETURN_IF_ERROR(MergeYaml(req->source_yaml(), &config, &src));
+      for (const auto& o : req->overrides()) RLMESH_RETURN_IF_ERROR(ApplyOverride(o, &config, &src));
+      RLMESH_RETURN_IF_ERROR(NormalizeExperiment(&config, src));
+    } else if (req->overrides_size() > 0) {
+      return absl::InvalidArgumentError("overrides: apply only to source_yaml (the experiment is already parsed)");
+    }
+    auto id = experiments_->Submit(std::move(config));
     if (!id.ok()) return id.status();
     resp->set_experiment_id(*id);
     return absl::OkStatus();
@@ -99,6 +113,31 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::Heartbeat(grpc::CallbackServer
     if (it != registered_.end()) {
       it->second.set_last_heartbeat_unix_micros(absl::ToUnixMicros(absl::Now()));
     }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetMetrics(grpc::CallbackServerContext* ctx,
+                                                             const MetricsRequest* req,
+                                                             MetricsResponse* resp) {
+  return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
+    if (req->limit() < 0 || req->limit() > 10000) {
+      return absl::InvalidArgumentError(absl::StrCat("limit: ", req->limit(), " is outside [0, 10000]"));
+    }
+    if (experiments_ == nullptr) {
+      return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
+    }
+    auto e = req->experiment_id().empty() ? experiments_->Newest() : experiments_->Status(req->experiment_id());
+    if (!e.ok()) return e.status();
+    resp->set_experiment_id(e->experiment_id());
+    resp->set_next_record(req->from_record());
+    // A queued experiment has no run directory yet.
+    if (e->run_dir().empty()) return absl::OkStatus();
+    auto page = ReadMetricsPage(e->run_dir() + "/metrics.jsonl", req->from_record(),
+                                req->limit() == 0 ? 1000 : req->limit());
+    if (!page.ok()) return page.status();
+    for (auto& r : page->records) resp->add_records(std::move(r));
+    resp->set_next_record(page->next);
     return absl::OkStatus();
   });
 }

@@ -34,6 +34,8 @@ class CoordinatorServiceImpl final : public Coordinator::CallbackService {
                                      RegisterResponse* resp) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const HeartbeatRequest* req,
                                       HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx, const MetricsRequest* req,
+                                       MetricsResponse* resp) override;
 
  private:
   const ServerAuth* const auth_;
