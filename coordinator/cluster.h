@@ -80,6 +80,8 @@ class Cluster {
   // Sends SIGTERM to all, waits up to `grace`, kills the rest. Idempotent.
   void Stop(absl::Duration grace = absl::Seconds(5));
   const ClusterOptions& options() const { return options_; }
+  // The roles' bearer token (from auth_token_file; "" = none). Set at Launch.
+  const std::string& token() const { return token_; }
 
  private:
   struct Member {

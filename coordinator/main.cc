@@ -152,6 +152,9 @@ int Serve(Cluster* cluster, int port_override) {
   auto options = ServerOptionsFromFlags("coordinator");
   if (!options.ok()) return Fail("serve", options.status());
   if (port_override > 0 && options->port == 0) options->port = port_override;
+  // The cluster's token guards the coordinator's own RPCs too (a cluster
+  // YAML with auth_token_file and no --auth_token_file left them open).
+  if (cluster != nullptr && options->auth_token.empty()) options->auth_token = cluster->token();
   std::unique_ptr<ExperimentManager> experiments;
   if (cluster != nullptr) {
     experiments = std::make_unique<ExperimentManager>(
