@@ -31,6 +31,7 @@
 #include "common/status_macros.h"
 #include "coordinator/cluster.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/dashboard_source.h"
 #include "coordinator/experiment_config.h"
 #include "coordinator/experiments.h"
 #include "coordinator/prometheus.h"
@@ -54,6 +55,9 @@ ABSL_FLAG(double, timeout_seconds, 10.0, "Deadline of each RPC the CLI makes.");
 ABSL_FLAG(std::string, resume, "",
           "run: continue the run in this run directory (its saved experiment config is used; "
           "finished stages are skipped, the current one resumes from its newest checkpoint).");
+ABSL_FLAG(int, dashboard_port, -1,
+          "launch/run: serve the web dashboard on this port (0 = a free one, -1 = off), on the "
+          "coordinator's --bind interface (loopback by default), with the cluster's token.");
 ABSL_FLAG(int, metrics_port, -1,
           "launch: serve Prometheus /metrics on this port (0 = a free one, -1 = off). "
           "run uses the experiment's logging.prometheus_port.");
@@ -148,6 +152,26 @@ ClusterAddresses AddressesOf(Cluster& cluster, const std::string& token, const s
   return a;
 }
 
+// Starts the dashboard when --dashboard_port asks for one (null when off).
+absl::StatusOr<std::unique_ptr<DashboardServer>> StartDashboard(
+    std::function<std::vector<ExperimentStatus>()> experiments, Cluster* cluster, const ServerOptions& server,
+    std::unique_ptr<ClusterDashboardSource>* source) {
+  const int port = absl::GetFlag(FLAGS_dashboard_port);
+  if (port < 0) return std::unique_ptr<DashboardServer>();
+  RLMESH_ASSIGN_OR_RETURN(*source, ClusterDashboardSource::Create(std::move(experiments), cluster,
+                                                                  cluster->Address(ROLE_REPLAY_BUFFER),
+                                                                  cluster->token(), cluster->options().tokenizer));
+  DashboardOptions o;
+  o.host = server.bind_address;
+  o.port = port;
+  o.auth_token = server.auth_token;
+  RLMESH_ASSIGN_OR_RETURN(auto dashboard, DashboardServer::Start(o, source->get()));
+  std::printf("rlmesh: dashboard on http://%s:%d/%s\n", o.host.c_str(), dashboard->port(),
+              o.auth_token.empty() ? "" : "?token=<the cluster's token>");
+  std::fflush(stdout);
+  return dashboard;
+}
+
 int Serve(Cluster* cluster, int port_override) {
   auto options = ServerOptionsFromFlags("coordinator");
   if (!options.ok()) return Fail("serve", options.status());
@@ -167,6 +191,13 @@ int Serve(Cluster* cluster, int port_override) {
     if (!m.ok()) return Fail("serve", m.status());
     metrics = std::move(*m);
     std::printf("rlmesh: metrics on http://%s:%d/metrics\n", options->bind_address.c_str(), metrics->port());
+  }
+  std::unique_ptr<ClusterDashboardSource> dashboard_source;
+  std::unique_ptr<DashboardServer> dashboard;
+  if (experiments != nullptr) {
+    auto d = StartDashboard([e = experiments.get()] { return e->List(); }, cluster, *options, &dashboard_source);
+    if (!d.ok()) return Fail("serve", d.status());
+    dashboard = std::move(*d);
   }
   RpcServer server(*options);
   CoordinatorServiceImpl service(&server.auth(), cluster, experiments.get());
@@ -395,6 +426,10 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     metrics = std::move(*m);
     std::printf("rlmesh: metrics on http://%s:%d/metrics\n", server_options->bind_address.c_str(), metrics->port());
   }
+  std::unique_ptr<ClusterDashboardSource> dashboard_source;
+  auto dashboard = StartDashboard([&runner] { return std::vector<ExperimentStatus>{runner.status()}; },
+                                  cluster->get(), *server_options, &dashboard_source);
+  if (!dashboard.ok()) return Fail("run", dashboard.status());
   std::printf("rlmesh: cluster up (coordinator %s); experiment %s\n", server.address().c_str(), id.c_str());
   std::printf("rlmesh: query it with: bazel-bin/replay_buffer/cli query --address %s --experiment %s --limit 5\n",
               a.replay_buffer.c_str(), id.c_str());
