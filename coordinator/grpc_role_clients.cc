@@ -1,5 +1,6 @@
 #include "coordinator/grpc_role_clients.h"
 
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,41 +18,46 @@ namespace {
 // Each client holds an RpcClient (thread-safe) and builds a stub per call,
 // which is cheap: the channel is shared. Hence safe for concurrent use.
 
+// One unary call under a deadline of `timeout`.
+template <typename Response>
+absl::StatusOr<Response> Unary(const RpcClient& client, absl::Duration timeout,
+                               const std::function<grpc::Status(grpc::ClientContext*, Response*)>& call) {
+  Response resp;
+  auto ctx = client.NewContext(timeout);
+  RLMESH_RETURN_IF_ERROR(FromGrpcStatus(call(ctx.get(), &resp)));
+  return resp;
+}
+
 class GrpcLearnerClient : public LearnerClient {
  public:
   explicit GrpcLearnerClient(RpcClient c) : c_(std::move(c)) {}
 
   absl::StatusOr<ConfigureResponse> Configure(const ConfigureRequest& req) override {
-    ConfigureResponse resp;
-    auto ctx = c_.NewContext(absl::Minutes(10));
-    RLMESH_RETURN_IF_ERROR(FromGrpcStatus(Learner::NewStub(c_.channel())->Configure(ctx.get(), req, &resp)));
-    return resp;
+    return Unary<ConfigureResponse>(c_, absl::Minutes(10), [&](grpc::ClientContext* ctx, ConfigureResponse* resp) {
+      return Learner::NewStub(c_.channel())->Configure(ctx, req, resp);
+    });
   }
   absl::StatusOr<SaveResponse> Save(const SaveRequest& req) override {
-    SaveResponse resp;
-    auto ctx = c_.NewContext(absl::Minutes(10));
-    RLMESH_RETURN_IF_ERROR(FromGrpcStatus(Learner::NewStub(c_.channel())->Save(ctx.get(), req, &resp)));
-    return resp;
+    return Unary<SaveResponse>(c_, absl::Minutes(10), [&](grpc::ClientContext* ctx, SaveResponse* resp) {
+      return Learner::NewStub(c_.channel())->Save(ctx, req, resp);
+    });
   }
   absl::StatusOr<TrainStepResponse> TrainStep(const TrainStepRequest& req) override {
-    TrainStepResponse resp;
-    auto ctx = c_.NewContext(absl::Minutes(30));
-    RLMESH_RETURN_IF_ERROR(FromGrpcStatus(Learner::NewStub(c_.channel())->TrainStep(ctx.get(), req, &resp)));
-    return resp;
+    return Unary<TrainStepResponse>(c_, absl::Minutes(30), [&](grpc::ClientContext* ctx, TrainStepResponse* resp) {
+      return Learner::NewStub(c_.channel())->TrainStep(ctx, req, resp);
+    });
   }
   absl::StatusOr<HostWeightSyncStoreResponse> HostWeightSyncStore(const HostWeightSyncStoreRequest& req) override {
-    HostWeightSyncStoreResponse resp;
-    auto ctx = c_.NewContext(absl::Seconds(30));
-    RLMESH_RETURN_IF_ERROR(
-        FromGrpcStatus(Learner::NewStub(c_.channel())->HostWeightSyncStore(ctx.get(), req, &resp)));
-    return resp;
+    return Unary<HostWeightSyncStoreResponse>(
+        c_, absl::Seconds(30), [&](grpc::ClientContext* ctx, HostWeightSyncStoreResponse* resp) {
+          return Learner::NewStub(c_.channel())->HostWeightSyncStore(ctx, req, resp);
+        });
   }
   absl::StatusOr<PublishWeightsResponse> PublishWeights(const PublishWeightsRequest& req,
                                                         absl::Duration timeout) override {
-    PublishWeightsResponse resp;
-    auto ctx = c_.NewContext(timeout);
-    RLMESH_RETURN_IF_ERROR(FromGrpcStatus(Learner::NewStub(c_.channel())->PublishWeights(ctx.get(), req, &resp)));
-    return resp;
+    return Unary<PublishWeightsResponse>(c_, timeout, [&](grpc::ClientContext* ctx, PublishWeightsResponse* resp) {
+      return Learner::NewStub(c_.channel())->PublishWeights(ctx, req, resp);
+    });
   }
 
  private:
@@ -63,21 +69,24 @@ class GrpcRolloutClient : public RolloutClient {
   explicit GrpcRolloutClient(RpcClient c) : c_(std::move(c)) {}
 
   absl::Status ConfigureWeightSync(const ConfigureWeightSyncRequest& req) override {
-    ConfigureWeightSyncResponse resp;
-    auto ctx = c_.NewContext(absl::Minutes(1));
-    return FromGrpcStatus(RolloutService::NewStub(c_.channel())->ConfigureWeightSync(ctx.get(), req, &resp));
+    return Unary<ConfigureWeightSyncResponse>(
+               c_, absl::Minutes(1),
+               [&](grpc::ClientContext* ctx, ConfigureWeightSyncResponse* resp) {
+                 return RolloutService::NewStub(c_.channel())->ConfigureWeightSync(ctx, req, resp);
+               })
+        .status();
   }
   absl::Status LoadWeights(const LoadWeightsRequest& req) override {
-    LoadWeightsResponse resp;
-    auto ctx = c_.NewContext(absl::Minutes(5));
-    return FromGrpcStatus(RolloutService::NewStub(c_.channel())->LoadWeights(ctx.get(), req, &resp));
+    return Unary<LoadWeightsResponse>(c_, absl::Minutes(5),
+                                      [&](grpc::ClientContext* ctx, LoadWeightsResponse* resp) {
+                                        return RolloutService::NewStub(c_.channel())->LoadWeights(ctx, req, resp);
+                                      })
+        .status();
   }
   absl::StatusOr<RolloutStatus> GetStatus() override {
-    RolloutStatus st;
-    auto ctx = c_.NewContext(absl::Seconds(30));
-    RLMESH_RETURN_IF_ERROR(
-        FromGrpcStatus(RolloutService::NewStub(c_.channel())->GetStatus(ctx.get(), RolloutStatusRequest(), &st)));
-    return st;
+    return Unary<RolloutStatus>(c_, absl::Seconds(30), [&](grpc::ClientContext* ctx, RolloutStatus* st) {
+      return RolloutService::NewStub(c_.channel())->GetStatus(ctx, RolloutStatusRequest(), st);
+    });
   }
   absl::Status Generate(const GenerateRequest& req,
                         const std::function<absl::Status(GenerateResponse&)>& on_response) override {
@@ -104,10 +113,9 @@ class GrpcRewardClient : public RewardClient {
  public:
   explicit GrpcRewardClient(RpcClient c) : c_(std::move(c)) {}
   absl::StatusOr<ScoreResponse> Score(const ScoreRequest& req) override {
-    ScoreResponse resp;
-    auto ctx = c_.NewContext(absl::Minutes(5));
-    RLMESH_RETURN_IF_ERROR(FromGrpcStatus(RewardService::NewStub(c_.channel())->Score(ctx.get(), req, &resp)));
-    return resp;
+    return Unary<ScoreResponse>(c_, absl::Minutes(5), [&](grpc::ClientContext* ctx, ScoreResponse* resp) {
+      return RewardService::NewStub(c_.channel())->Score(ctx, req, resp);
+    });
   }
 
  private:
@@ -118,10 +126,9 @@ class GrpcReplayBufferAdminClient : public ReplayBufferAdminClient {
  public:
   explicit GrpcReplayBufferAdminClient(RpcClient c) : c_(std::move(c)) {}
   absl::StatusOr<TrimResponse> Trim(const TrimRequest& req) override {
-    TrimResponse resp;
-    auto ctx = c_.NewContext(absl::Seconds(60));
-    RLMESH_RETURN_IF_ERROR(FromGrpcStatus(ReplayBuffer::NewStub(c_.channel())->Trim(ctx.get(), req, &resp)));
-    return resp;
+    return Unary<TrimResponse>(c_, absl::Seconds(60), [&](grpc::ClientContext* ctx, TrimResponse* resp) {
+      return ReplayBuffer::NewStub(c_.channel())->Trim(ctx, req, resp);
+    });
   }
 
  private:

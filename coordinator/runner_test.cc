@@ -23,13 +23,14 @@ using testing::FakeCluster;
 ExperimentConfig Config(const std::string& stages, const std::string& extra = "") {
   ExperimentConfig cfg;
   YamlSource src;
-  const std::string yaml = "name: t\nseed: 7\nmodel: {tokenizer: char}\n"
-                           "task: {kind: arithmetic, digits: 1, train: 64, eval: 8}\n"
-                           "stages:\n" +
-                           stages +
-                           "rollout: {workers: 1, sampling: {temperature: 1.0, max_new_tokens: 3}}\n"
-                           "learner: {shards: 1}\n" +
-                           extra;
+  const std::string yaml =
+      "name: t\nseed: 7\nmodel: {tokenizer: char}\n"
+      "task: {kind: arithmetic, digits: 1, train: 64, eval: 8}\n"
+      "stages:\n" +
+      stages +
+      "rollout: {workers: 1, sampling: {temperature: 1.0, max_new_tokens: 3}}\n"
+      "learner: {shards: 1}\n" +
+      extra;
   absl::Status s = MergeYaml(yaml, &cfg, &src);
   if (s.ok()) s = NormalizeExperiment(&cfg, src);
   INFO(s.ToString());
@@ -37,7 +38,8 @@ ExperimentConfig Config(const std::string& stages, const std::string& extra = ""
   return cfg;
 }
 
-const char kGrpo[] = "  - grpo: {rl: {steps: 3, prompts_per_step: 2, samples_per_prompt: 2, optimizer: {lr: 1.0e-4}}}\n";
+const char kGrpo[] =
+    "  - grpo: {rl: {steps: 3, prompts_per_step: 2, samples_per_prompt: 2, optimizer: {lr: 1.0e-4}}}\n";
 
 RunnerOptions Options(const ExperimentConfig& cfg, const std::string& run_dir, int learners = 1) {
   RunnerOptions o;
@@ -121,8 +123,9 @@ TEST_CASE("sync RL: every step generates, trains, publishes weights, then evalua
 // Runs an async stage with max_staleness `k`; returns each step's lag (the
 // workers' version when it trained minus the version its groups came from).
 std::vector<int64_t> AsyncLags(int k, FakeCluster* cluster, const std::string& run_dir) {
-  const std::string stage = "  - grpo: {rl: {steps: 8, prompts_per_step: 2, samples_per_prompt: 2, max_staleness: " +
-                            std::to_string(k) + ", optimizer: {lr: 1.0e-4}}}\n";
+  const std::string stage =
+      "  - grpo: {rl: {steps: 8, prompts_per_step: 2, samples_per_prompt: 2, max_staleness: " + std::to_string(k) +
+      ", optimizer: {lr: 1.0e-4}}}\n";
   ExperimentRunner runner(Options(Config(stage), run_dir), cluster->MakeClients());
   absl::Status s = runner.Run();
   INFO(s.ToString());
@@ -149,8 +152,8 @@ TEST_CASE("async RL: rollout runs ahead of the learner, never more than max_stal
     FakeCluster cluster({.train_time = absl::Milliseconds(30)});
     const std::vector<int64_t> lags = AsyncLags(k, &cluster, dir.path());
     CHECK(*std::max_element(lags.begin(), lags.end()) == k);  // it did run ahead
-    for (int64_t lag : lags) CHECK(lag <= k);                  // and no further
-    CHECK(lags[0] == 0);  // the first step is generated on the stage's weights
+    for (int64_t lag : lags) CHECK(lag <= k);                 // and no further
+    CHECK(lags[0] == 0);                                      // the first step is generated on the stage's weights
     // The metrics record the lag of the version the producer asked for, which
     // the workers may have moved past by the time they generated.
     const auto steps = Records(dir.path(), "step");
@@ -213,8 +216,8 @@ TEST_CASE("recovery: a learner that dies is reconfigured from its checkpoint, wo
   CHECK(steps == std::vector<int64_t>{0, 1, 2, 2, 3});
   const auto events = cluster.events();
   // Every role was waited for (replay buffer, reward, rollout, learner).
-  CHECK(std::count_if(events.begin(), events.end(), [](const std::string& e) { return e.rfind("health.Wait", 0) == 0; }) ==
-        4);
+  CHECK(std::count_if(events.begin(), events.end(),
+                      [](const std::string& e) { return e.rfind("health.Wait", 0) == 0; }) == 4);
   CHECK(std::find(events.begin(), events.end(), "learner.Configure stage=0 step=2") != events.end());
   // The workers never saw a version twice or go back, though the learner did.
   const std::vector<int64_t> v = LoadedVersions(cluster);
