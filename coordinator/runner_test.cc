@@ -108,6 +108,22 @@ TEST_CASE("sync RL: every step generates, trains, publishes weights, then evalua
   // version it just published: synchronous means zero lag.
   const auto events = cluster.events();
   CHECK(std::count(events.begin(), events.end(), "learner.PublishWeights") == 3);
+  // Each publish runs alongside the workers' load (one collective): after
+  // the step's TrainStep, before the eval or next step generates.
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i] != "learner.PublishWeights") continue;
+    INFO("event " << i);
+    const auto before = std::find_if(events.rbegin() + (events.size() - i), events.rend(), [](const std::string& e) {
+      return e.rfind("learner.TrainStep", 0) == 0 || e.rfind("rollout.Generate", 0) == 0;
+    });
+    REQUIRE(before != events.rend());
+    CHECK(*before == "learner.TrainStep");
+    const auto after = std::find_if(events.begin() + i, events.end(), [](const std::string& e) {
+      return e.rfind("learner.TrainStep", 0) == 0 || e.rfind("rollout.Generate", 0) == 0;
+    });
+    REQUIRE(after != events.end());
+    CHECK(after->rfind("rollout.Generate", 0) == 0);
+  }
   const auto trains = cluster.trains();
   REQUIRE(trains.size() == 3);
   for (size_t i = 0; i < trains.size(); ++i) {
