@@ -1,0 +1,176 @@
+#pragma once
+
+// The experiment loop behind ExperimentRunner (private to the :runner
+// target). One class, its methods split by job over these files:
+//   stages.cc         Run, stage driving, resume markers, status/summary
+//   learners.cc       configure / train / save every learner shard
+//   weights.cc        weights into the rollout workers (sync group or folder)
+//   generation.cc     prompts, sampling params, Generate and Score calls
+//   evaluation.cc     held-out greedy accuracy and pass@k
+//   recovery.cc       the step loop that survives a restarted role
+//   rl_loop.cc        SFT-like stages, synchronous RL, the after-step tail
+//   async_rl_loop.cc  asynchronous RL (producer thread, max_staleness)
+// Roles are reached only through role_clients.h, so tests drive the whole
+// loop with fakes.
+//
+// Threads: Run() runs on one thread (the "run thread"); status() and
+// summary() may be called from any thread; Cancel (through `cancelled_`)
+// from any. Asynchronous RL starts one producer thread per stage that calls
+// only the methods marked "Producer-safe" below; the run thread joins it
+// before the stage ends.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "actor/tokenizer.h"
+#include "coordinator/metrics_sink.h"
+#include "coordinator/policy_versions.h"
+#include "coordinator/role_clients.h"
+#include "coordinator/run_state.h"
+#include "coordinator/runner_options.h"
+#include "nlohmann/json.hpp"
+#include "proto/coordinator.pb.h"
+#include "tasks/task.h"
+
+namespace rlmesh {
+
+class RunLoop {
+ public:
+  // `clients`: the roles to drive; null connects to options' addresses over
+  // gRPC when Run() starts. `cancelled` must outlive the loop.
+  RunLoop(RunnerOptions options, const std::atomic<bool>* cancelled, std::unique_ptr<RoleClients> clients);
+
+  // Run thread. Called once.
+  absl::Status Run();
+  // Any thread.
+  ExperimentStatus status() const;
+  RunSummary summary() const;
+
+ private:
+  // --- stages.cc ----------------------------------------------------------
+  absl::Status RunStages();
+  absl::Status RunStage(int index, std::string* init);
+  // Thread-safe (status_ under mu_).
+  void SetPhase(const std::string& phase);
+  void SetMetric(const std::string& key, double value);
+  void AddMetric(const std::string& key, double delta);
+  void AddAccuracy(const std::string& label, double accuracy);
+  // Producer-safe.
+  absl::Status CheckCancelled() const;
+  absl::Status SaveRunnerState();
+  const ExperimentConfig& cfg() const { return o_.experiment; }
+  static int64_t StageSteps(const Stage& s);
+  // Prints a line for a person (RunnerOptions::progress).
+  void Print(const std::string& line) const;
+
+  // --- learners.cc --------------------------------------------------------
+  // Configures every shard for stage `stage_index` from `init` (empty = the
+  // model config's init) and fixes the version offset.
+  absl::Status ConfigureLearners(int stage_index, const std::string& init);
+  // Saves on every shard (rank 0 writes the model); returns rank 0's folder.
+  absl::StatusOr<std::string> SaveAll(const std::string& path = "");
+  absl::StatusOr<StepMetrics> TrainStep(const std::function<void(TrainStepRequest*)>& fill);
+  // One step on the stage's next groups from the buffer, none older than
+  // max_staleness versions.
+  absl::StatusOr<StepMetrics> TrainFromBuffer(const Stage& stage, const RlStage& rl);
+
+  // --- weights.cc ---------------------------------------------------------
+  absl::Status SyncWeights(bool through_checkpoint = false);
+  absl::Status SyncThroughGroup();
+  absl::Status LoadIntoRollouts(const std::function<void(LoadWeightsRequest*)>& fill);
+  std::string ShmPrefixBase() const;
+  void RemoveSharedMemory();
+
+  // --- generation.cc (all Producer-safe: they read only what is constant
+  // while a stage runs: o_, clients_, tokenizer_, task_) ----------------
+  Prompt MakePrompt(const Example& e) const;
+  uint64_t RolloutSeed(int stage_index, int64_t step) const;
+  SamplingParams Sampling(bool greedy, uint64_t seed) const;
+  // Splits prompts over the workers and collects their groups; a worker
+  // refuses (ABORTED) while it holds weights older than `min_version`.
+  absl::StatusOr<std::vector<TrajectoryGroup>> Generate(const std::vector<Prompt>& prompts, int n,
+                                                        const SamplingParams& sampling, bool pipeline, int64_t round,
+                                                        int64_t min_version) const;
+  absl::StatusOr<ScoreResponse> Score(const std::vector<TrajectoryGroup>& groups) const;
+
+  // --- evaluation.cc ------------------------------------------------------
+  absl::StatusOr<double> Evaluate(const std::string& label, int64_t step, bool final, bool pass_at = true);
+
+  // --- recovery.cc --------------------------------------------------------
+  // Runs `step` until the stage is done, recovering from a dead role at most
+  // kMaxRecoveries times in a row; `rewind` runs after each recovery.
+  absl::Status RunSteps(int64_t total, const std::function<absl::Status()>& step,
+                        const std::function<void()>& rewind = nullptr);
+  absl::Status Recover();
+
+  // --- rl_loop.cc ---------------------------------------------------------
+  absl::Status RunSft(const Stage& stage);
+  absl::Status RunRl(const Stage& stage);
+  nlohmann::json StepRecord(const Stage& stage, const StepMetrics& m);
+  absl::Status AfterStep(const Stage& stage, int64_t total, nlohmann::json* record);
+  absl::Status TrimBuffer();
+
+  // --- async_rl_loop.cc ---------------------------------------------------
+  absl::Status RunRlAsync(const Stage& stage);
+
+  // Constant after construction.
+  const RunnerOptions o_;
+  const std::atomic<bool>* const cancelled_;
+  const RunStateFiles files_;
+
+  // Set once by RunStages before any stage, then constant (the producer
+  // thread reads them).
+  std::unique_ptr<RoleClients> clients_;
+  std::unique_ptr<actor::Tokenizer> tokenizer_;
+  std::unique_ptr<Task> task_;
+
+  // Run thread only (the producer thread never touches these; it gets the
+  // versions it needs through AsyncRollout's lock).
+  MetricsSink metrics_;
+  PolicyVersions versions_;
+  int stage_index_ = 0;
+  // Steps the current stage's learners have taken.
+  int64_t stage_step_ = 0;
+  // Rollout rounds over all stages and resumes (trajectory ids).
+  int64_t global_step_ = 0;
+  // Weights the current stage started from (for re-configuring after a crash).
+  std::string stage_init_;
+  // The current SFT stage met its stop rule (sft.until).
+  bool until_reached_ = false;
+  // Weight-sync group state. Port of the store learner 0 hosts (0 = not
+  // asked yet); the group's generation (bumped by recovery).
+  int sync_store_port_ = 0;
+  bool sync_unavailable_ = false;
+  bool group_sync_worked_ = false;
+  bool sync_configured_ = false;
+  int sync_generation_ = 0;
+  double last_sync_seconds_ = 0;
+  std::string last_weights_dir_;
+
+  // What status() and summary() report: written by the run thread, read by
+  // any thread.
+  mutable absl::Mutex mu_;
+  ExperimentStatus status_ ABSL_GUARDED_BY(mu_);
+  RunSummary summary_ ABSL_GUARDED_BY(mu_);
+};
+
+// Errors a restarted role explains (recovery.cc).
+bool Recoverable(const absl::Status& s);
+
+// Runs fn(i) for i in [0, n) on n threads; returns the first error.
+absl::Status ParallelFor(int n, const std::function<absl::Status(int)>& fn);
+// Seconds since `start`.
+double Seconds(absl::Time start);
+// splitmix64 over (seed, salt): independent seeds from one experiment seed.
+uint64_t MixSeed(uint64_t seed, uint64_t salt);
+
+}  // namespace rlmesh

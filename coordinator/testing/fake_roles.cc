@@ -1,0 +1,317 @@
+#include "coordinator/testing/fake_roles.h"
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace rlmesh::testing {
+
+FakeCluster::FakeCluster(Options options) : options_(std::move(options)) {}
+FakeCluster::~FakeCluster() = default;
+
+absl::Status FakeCluster::Enter(const std::string& method, const std::string& detail, bool log) {
+  absl::MutexLock lock(&mu_);
+  if (log) events_.push_back(detail.empty() ? method : absl::StrCat(method, " ", detail));
+  auto it = failures_.find(method);
+  if (it != failures_.end() && it->second.second > 0) {
+    --it->second.second;
+    return it->second.first;
+  }
+  return absl::OkStatus();
+}
+
+void FakeCluster::FailNext(const std::string& method, absl::Status status, int times) {
+  absl::MutexLock lock(&mu_);
+  failures_[method] = {std::move(status), times};
+}
+
+void FakeCluster::CrashLearnerAt(int rank, int64_t step, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  crash_at_[rank] = {step, std::move(status)};
+}
+
+std::vector<std::string> FakeCluster::events() const {
+  absl::MutexLock lock(&mu_);
+  return events_;
+}
+std::vector<FakeCluster::Train> FakeCluster::trains() const {
+  absl::MutexLock lock(&mu_);
+  return trains_;
+}
+std::vector<FakeCluster::Load> FakeCluster::loads() const {
+  absl::MutexLock lock(&mu_);
+  return loads_;
+}
+std::vector<FakeCluster::Generation> FakeCluster::generations() const {
+  absl::MutexLock lock(&mu_);
+  return generations_;
+}
+int FakeCluster::stale_skipped() const {
+  absl::MutexLock lock(&mu_);
+  return stale_skipped_;
+}
+
+// A learner shard: step and version counters, checkpoints in the cluster.
+class FakeCluster::Learner : public LearnerClient {
+ public:
+  Learner(FakeCluster* c, int rank) : c_(c), rank_(rank) {}
+
+  absl::StatusOr<ConfigureResponse> Configure(const ConfigureRequest& req) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("learner.Configure", absl::StrCat("stage=", req.stage_index()), log()));
+    absl::MutexLock cl(&c_->mu_);
+    absl::MutexLock lock(&mu_);
+    configured_ = true;
+    dir_ = req.checkpoint_dir();
+    // A stage resumes from its newest checkpoint; a fresh one counts from 0
+    // whatever it was initialised from.
+    auto it = c_->newest_.find(dir_);
+    step_ = it == c_->newest_.end() ? 0 : it->second.step;
+    version_ = it == c_->newest_.end() ? 0 : it->second.version;
+    if (log()) c_->events_.back() += absl::StrCat(" step=", step_);
+    ConfigureResponse resp;
+    resp.set_step(step_);
+    resp.set_policy_version(version_);
+    return resp;
+  }
+
+  absl::StatusOr<SaveResponse> Save(const SaveRequest& req) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("learner.Save", req.path().empty() ? "checkpoint" : "folder", log()));
+    absl::MutexLock cl(&c_->mu_);
+    absl::MutexLock lock(&mu_);
+    if (!configured_) return absl::FailedPreconditionError("fake learner: not configured");
+    SaveResponse resp;
+    resp.set_step(step_);
+    resp.set_policy_version(version_);
+    if (req.path().empty()) {
+      resp.set_path(absl::StrCat(dir_, "/step-", step_));
+      if (rank_ == 0) c_->newest_[dir_] = {step_, version_};
+    } else {
+      resp.set_path(req.path());
+    }
+    if (rank_ == 0) c_->folders_[resp.path()] = {step_, version_};
+    return resp;
+  }
+
+  absl::StatusOr<TrainStepResponse> TrainStep(const TrainStepRequest& req) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("learner.TrainStep", "", log()));
+    if (c_->options_.train_time > absl::ZeroDuration()) absl::SleepFor(c_->options_.train_time);
+    absl::MutexLock cl(&c_->mu_);
+    absl::MutexLock lock(&mu_);
+    auto crash = c_->crash_at_.find(rank_);
+    if (crash != c_->crash_at_.end() && crash->second.first == req.step()) {
+      absl::Status status = crash->second.second;
+      c_->crash_at_.erase(crash);
+      configured_ = false;  // a restarted process knows nothing
+      return status;
+    }
+    if (!configured_) return absl::FailedPreconditionError("fake learner: not configured");
+    if (req.step() != step_) {
+      return absl::InvalidArgumentError(absl::StrCat("step: ", req.step(), " but the learner is at ", step_));
+    }
+    Train t;
+    t.step = req.step();
+    t.from_task = req.has_from_task();
+    if (req.has_buffer() && rank_ == 0) {
+      const BufferSource& b = req.buffer();
+      t.min_policy_version = b.min_policy_version();
+      while (static_cast<int>(t.group_versions.size()) < b.num_groups() && !c_->buffer_.empty()) {
+        Group g = c_->buffer_.front();
+        c_->buffer_.pop_front();
+        if (g.version < b.min_policy_version()) {
+          ++c_->stale_skipped_;
+          continue;
+        }
+        if (t.group_versions.empty()) t.groups_round = g.round;
+        t.group_versions.push_back(g.version);
+      }
+      if (static_cast<int>(t.group_versions.size()) < b.num_groups()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("fake buffer: ", t.group_versions.size(), " groups for ", b.num_groups()));
+      }
+    }
+    ++step_;
+    ++version_;
+    if (rank_ == 0) c_->trains_.push_back(t);
+    TrainStepResponse resp;
+    resp.set_policy_version(version_);
+    (*resp.mutable_metrics()->mutable_values())["loss"] = 1.0 / step_;
+    return resp;
+  }
+
+  absl::StatusOr<HostWeightSyncStoreResponse> HostWeightSyncStore(const HostWeightSyncStoreRequest&) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("learner.HostWeightSyncStore", "", log()));
+    HostWeightSyncStoreResponse resp;
+    resp.set_port(29500);
+    return resp;
+  }
+
+  absl::StatusOr<PublishWeightsResponse> PublishWeights(const PublishWeightsRequest& req, absl::Duration) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("learner.PublishWeights", "", log()));
+    absl::MutexLock lock(&mu_);
+    if (!configured_) return absl::FailedPreconditionError("fake learner: not configured");
+    return PublishWeightsResponse();
+  }
+
+ private:
+  bool log() const { return rank_ == 0; }
+
+  FakeCluster* const c_;
+  const int rank_;
+  // Lock order: c_->mu_ before mu_.
+  absl::Mutex mu_;
+  bool configured_ ABSL_GUARDED_BY(mu_) = false;
+  std::string dir_ ABSL_GUARDED_BY(mu_);
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A rollout worker with the real one's version rules.
+class FakeCluster::Rollout : public RolloutClient {
+ public:
+  Rollout(FakeCluster* c, int index) : c_(c), index_(index) {}
+
+  absl::Status ConfigureWeightSync(const ConfigureWeightSyncRequest&) override {
+    return c_->Enter("rollout.ConfigureWeightSync", "", log());
+  }
+
+  absl::Status LoadWeights(const LoadWeightsRequest& req) override {
+    const bool folder = !req.checkpoint_path().empty();
+    RLMESH_RETURN_IF_ERROR(
+        c_->Enter("rollout.LoadWeights", absl::StrCat(folder ? "folder" : "sync", " v=", req.version()), log()));
+    absl::MutexLock cl(&c_->mu_);
+    absl::MutexLock lock(&mu_);
+    if (req.version() <= held_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("version: ", req.version(), " must exceed the loaded version ", held_));
+    }
+    held_ = req.version();
+    c_->loads_.push_back({index_, req.version(), folder});
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<RolloutStatus> GetStatus() override {
+    absl::MutexLock lock(&mu_);
+    RolloutStatus st;
+    st.set_policy_version(held_ < 0 ? 0 : held_);
+    return st;
+  }
+
+  absl::Status Generate(const GenerateRequest& req,
+                        const std::function<absl::Status(GenerateResponse&)>& on_response) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("rollout.Generate", req.pipeline() ? "pipeline" : "eval", log()));
+    std::vector<GenerateResponse> out;
+    {
+      absl::MutexLock cl(&c_->mu_);
+      absl::MutexLock lock(&mu_);
+      if (held_ < 0) return absl::FailedPreconditionError("no weights loaded: call LoadWeights first");
+      if (req.min_policy_version() > held_) {
+        return absl::AbortedError(
+            absl::StrCat("min_policy_version: ", req.min_policy_version(), " but the worker holds ", held_));
+      }
+      c_->generations_.push_back({index_, req.step(), req.min_policy_version(), held_, req.pipeline(), req.n()});
+      for (const Prompt& p : req.prompts()) {
+        GenerateResponse resp;
+        TrajectoryGroup* g = resp.mutable_group();
+        g->set_group_id(absl::StrCat(req.experiment_id(), "/", req.step(), "/", p.prompt_id()));
+        g->set_step(req.step());
+        g->set_prompt_id(p.prompt_id());
+        for (int i = 0; i < req.n(); ++i) {
+          Trajectory* t = g->add_samples();
+          const bool right = c_->options_.right && c_->options_.right(p.prompt_id(), i);
+          t->set_trajectory_id(absl::StrCat(g->group_id(), "/", i));
+          t->set_prompt_id(p.prompt_id());
+          t->set_sample_index(i);
+          *t->mutable_prompt_token_ids() = p.token_ids();
+          t->add_response_token_ids(right ? 1 : 0);
+          t->set_reference_answer(p.reference_answer());
+          t->set_policy_version(held_);
+          if (req.pipeline()) t->set_reward(right ? 1 : 0);
+        }
+        if (req.pipeline()) {
+          c_->buffer_.push_back({held_, req.step()});
+          resp.set_stored(true);
+        }
+        out.push_back(std::move(resp));
+      }
+    }
+    for (auto& resp : out) RLMESH_RETURN_IF_ERROR(on_response(resp));
+    return absl::OkStatus();
+  }
+
+ private:
+  bool log() const { return index_ == 0; }
+
+  FakeCluster* const c_;
+  const int index_;
+  // Lock order: c_->mu_ before mu_.
+  mutable absl::Mutex mu_;
+  int64_t held_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no weights yet
+};
+
+// Marks a sample right when its one response token is 1, by the first
+// verifier's label (what the runner's eval reads).
+class FakeCluster::Reward : public RewardClient {
+ public:
+  explicit Reward(FakeCluster* c) : c_(c) {}
+  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& req) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("reward.Score", "", true));
+    const VerifierConfig& v = req.verifiers(0);
+    const std::string label = v.label().empty() ? v.name() : v.label();
+    ScoreResponse resp;
+    for (const ScoreItem& item : req.items()) {
+      ScoreResult* r = resp.add_results();
+      r->set_item_id(item.item_id());
+      const double score = item.completion_token_ids_size() == 1 && item.completion_token_ids(0) == 1 ? 1 : 0;
+      r->set_reward(score);
+      (*r->mutable_components())[label] = score;
+    }
+    return resp;
+  }
+
+ private:
+  FakeCluster* const c_;
+};
+
+class FakeCluster::Admin : public ReplayBufferAdminClient {
+ public:
+  explicit Admin(FakeCluster* c) : c_(c) {}
+  absl::StatusOr<TrimResponse> Trim(const TrimRequest&) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("buffer.Trim", "", true));
+    return TrimResponse();
+  }
+
+ private:
+  FakeCluster* const c_;
+};
+
+class FakeCluster::Health : public RoleHealth {
+ public:
+  Health(FakeCluster* c, std::string name) : c_(c), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  absl::Status WaitUntilServing(absl::Duration) override { return c_->Enter("health.Wait", name_, true); }
+
+ private:
+  FakeCluster* const c_;
+  const std::string name_;
+};
+
+std::unique_ptr<RoleClients> FakeCluster::MakeClients() {
+  auto c = std::make_unique<RoleClients>();
+  c->replay_buffer = std::make_unique<Admin>(this);
+  c->health.push_back(std::make_unique<Health>(this, "replay buffer"));
+  c->rewards.push_back(std::make_unique<Reward>(this));
+  c->health.push_back(std::make_unique<Health>(this, "reward server 0"));
+  for (int i = 0; i < options_.rollouts; ++i) {
+    c->rollouts.push_back(std::make_unique<Rollout>(this, i));
+    c->health.push_back(std::make_unique<Health>(this, absl::StrCat("rollout ", i)));
+  }
+  for (int r = 0; r < options_.learners; ++r) {
+    c->learners.push_back(std::make_unique<Learner>(this, r));
+    c->health.push_back(std::make_unique<Health>(this, absl::StrCat("learner ", r)));
+  }
+  return c;
+}
+
+}  // namespace rlmesh::testing

@@ -1,0 +1,132 @@
+#pragma once
+
+// Hand-written fakes of every role the experiment loop drives
+// (role_clients.h), sharing one in-memory world: learners that count steps
+// and versions and resume from their newest checkpoint, rollout workers that
+// enforce the real workers' version rules (LoadWeights only increasing,
+// Generate refused with ABORTED below min_policy_version) and put pipeline
+// groups into a fake FIFO replay buffer, a reward server that marks a
+// sample right when its one response token is 1, and fault injection.
+// Everything is recorded in call order for tests to assert on.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/role_clients.h"
+
+namespace rlmesh::testing {
+
+// Safe for concurrent use (the runner calls shards and workers from
+// several threads, and the async producer alongside the run thread).
+class FakeCluster {
+ public:
+  struct Options {
+    int learners = 1;
+    int rollouts = 1;
+    // Whether sample `sample` of prompt `prompt_id` is right. Default: none.
+    std::function<bool(const std::string& prompt_id, int sample)> right;
+    // How long a learner's TrainStep takes (lets an async producer run as
+    // far ahead as the loop allows). Default: no time.
+    absl::Duration train_time = absl::ZeroDuration();
+  };
+
+  // One learner train step on rank 0.
+  struct Train {
+    int64_t step = 0;                // the request's step (0-based)
+    int64_t min_policy_version = 0;  // the request's buffer bound
+    std::vector<int64_t> group_versions;  // versions of the groups it took
+    int64_t groups_round = 0;        // rollout round of its first group
+    bool from_task = false;
+  };
+  // One LoadWeights on a worker.
+  struct Load {
+    int worker = 0;
+    int64_t version = 0;
+    bool from_checkpoint = false;
+  };
+  // One Generate on a worker.
+  struct Generation {
+    int worker = 0;
+    int64_t round = 0;
+    int64_t min_policy_version = 0;
+    int64_t held_version = 0;
+    bool pipeline = false;
+    int n = 0;
+  };
+
+  explicit FakeCluster(Options options);
+  ~FakeCluster();
+
+  // Clients for one runner; they point into this cluster, which must
+  // outlive them.
+  std::unique_ptr<RoleClients> MakeClients();
+
+  // The next `times` calls of `method` fail with `status` before doing
+  // anything. Methods: "learner.Configure", "learner.TrainStep",
+  // "learner.Save", "learner.PublishWeights", "rollout.Generate",
+  // "rollout.LoadWeights", "reward.Score", "health.Wait".
+  void FailNext(const std::string& method, absl::Status status, int times = 1);
+  // Learner rank `rank` dies when asked for train step `step` (0-based): it
+  // answers `status` and, like a restarted process, forgets everything but
+  // its saved checkpoints. Once.
+  void CrashLearnerAt(int rank, int64_t step, absl::Status status = absl::UnavailableError("fake learner: died"));
+
+  // "learner.Configure stage=0 step=0", "rollout.Generate pipeline",
+  // "learner.TrainStep", "learner.PublishWeights", "rollout.LoadWeights",
+  // "reward.Score", "learner.Save", "health.Wait", ... (rank 0 and worker 0
+  // only, so the order is deterministic).
+  std::vector<std::string> events() const;
+  std::vector<Train> trains() const;
+  std::vector<Load> loads() const;
+  std::vector<Generation> generations() const;
+  // Groups older than a train step's min_policy_version that the buffer
+  // skipped (a real buffer never hands them out either).
+  int stale_skipped() const;
+
+ private:
+  class Learner;
+  class Rollout;
+  class Reward;
+  class Admin;
+  class Health;
+
+  // Checks FailNext; records the event.
+  absl::Status Enter(const std::string& method, const std::string& detail, bool log)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Group {
+    int64_t version = 0;
+    int64_t round = 0;
+  };
+  struct Checkpoint {
+    int64_t step = 0;
+    int64_t version = 0;
+  };
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<Train> trains_ ABSL_GUARDED_BY(mu_);
+  std::vector<Load> loads_ ABSL_GUARDED_BY(mu_);
+  std::vector<Generation> generations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::pair<absl::Status, int>> failures_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::pair<int64_t, absl::Status>> crash_at_ ABSL_GUARDED_BY(mu_);
+  // The replay buffer: FIFO of stored groups.
+  std::deque<Group> buffer_ ABSL_GUARDED_BY(mu_);
+  int stale_skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  // Newest checkpoint per checkpoint dir (what a restarted learner resumes
+  // from), and every folder saved by path.
+  std::map<std::string, Checkpoint> newest_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Checkpoint> folders_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rlmesh::testing
