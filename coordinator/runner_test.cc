@@ -164,8 +164,13 @@ TEST_CASE("async RL: rollout runs ahead of the learner, never more than max_stal
   for (int k : {1, 2}) {
     INFO("max_staleness " << k);
     testing::TempDir dir;
-    // Training takes a while, so the producer goes as far ahead as allowed.
-    FakeCluster cluster({.train_time = absl::Milliseconds(30)});
+    // Train step s waits for the producer to make every round the bound
+    // allows while it trains (rounds up to s + 1 + k of 8), so the producer
+    // goes as far ahead as allowed on any machine; a bound that let it go
+    // less far makes the wait time out and the "did run ahead" check fail.
+    FakeCluster::Options o;
+    o.train_waits_for_generations = [k](int64_t s) { return std::min<int64_t>(s + 1 + k, 8); };
+    FakeCluster cluster(o);
     const std::vector<int64_t> lags = AsyncLags(k, &cluster, dir.path());
     CHECK(*std::max_element(lags.begin(), lags.end()) == k);  // it did run ahead
     for (int64_t lag : lags) CHECK(lag <= k);                 // and no further

@@ -1,5 +1,7 @@
 #include "coordinator/testing/fake_roles.h"
 
+#include <algorithm>
+
 #include <thread>
 #include <utility>
 
@@ -97,6 +99,15 @@ class FakeCluster::Learner : public LearnerClient {
   absl::StatusOr<TrainStepResponse> TrainStep(const TrainStepRequest& req) override {
     RLMESH_RETURN_IF_ERROR(c_->Enter("learner.TrainStep", "", log()));
     if (c_->options_.train_time > absl::ZeroDuration()) absl::SleepFor(c_->options_.train_time);
+    if (c_->options_.train_waits_for_generations) {
+      const int64_t want = c_->options_.train_waits_for_generations(req.step());
+      absl::MutexLock cl(&c_->mu_);
+      auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_->mu_) {
+        return std::count_if(c_->generations_.begin(), c_->generations_.end(),
+                             [](const Generation& g) { return g.pipeline; }) >= want;
+      };
+      c_->mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    }
     absl::MutexLock cl(&c_->mu_);
     absl::MutexLock lock(&mu_);
     auto crash = c_->crash_at_.find(rank_);

@@ -37,6 +37,11 @@ class FakeCluster {
     // How long a learner's TrainStep takes (lets an async producer run as
     // far ahead as the loop allows). Default: no time.
     absl::Duration train_time = absl::ZeroDuration();
+    // When set, a learner's TrainStep(step) first waits (up to 10 s) until
+    // this many pipeline generations have been made: an async test then
+    // sees the producer as far ahead as the loop allows, whatever the
+    // machine's load, instead of hoping a sleep was long enough.
+    std::function<int64_t(int64_t step)> train_waits_for_generations;
   };
 
   // One learner train step on rank 0.
