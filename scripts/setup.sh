@@ -21,6 +21,8 @@ APT_PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev librocksdb-dev libyaml-cpp-dev catch2 nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev libicu-dev openssl g++ python3
+  # The dashboard's browser test (headless) and its HTTP checks.
+  chromium curl
 )
 step="checking Debian packages"
 missing=()
@@ -54,6 +56,10 @@ PY_PACKAGES=(
   "grpcio-tools==1.85.1"
   "tensorboard==2.21.0"
   "numpy==2.4.6"
+  # Building and using the Python client (python/): pip install ./python.
+  "setuptools==81.0.0"
+  "protobuf==7.36.2"
+  "PyYAML==6.0.3"
 )
 step="checking Python packages"
 if ! "$PY" - "${PY_PACKAGES[@]}" <<'PYEOF'

@@ -141,6 +141,15 @@ def run(address):
     last = list(buf.query(exp, min_step=GRPO_STEPS, max_step=GRPO_STEPS))
     check(len(last) == 16 and all(t["step"] == GRPO_STEPS for t in last), "step range filter")
     check(len(list(buf.query(exp, limit=3))) == 3, "limit stops the iteration")
+    stopped = list(buf.query(exp, finish_reason="stop"))
+    check(all(t["finish_reason"] == "FINISH_REASON_STOP" for t in stopped) and
+          len(stopped) == sum(t["finish_reason"] == "FINISH_REASON_STOP" for t in trajs),
+          f"finish_reason filter ({len(stopped)} stopped)")
+    try:
+        list(buf.query(exp, finish_reason="bored"))
+        raise AssertionError("an unknown finish reason was accepted")
+    except ValueError as e:
+        check("finish_reason" in str(e), "an unknown finish reason is refused by name")
     aggs = buf.aggregates(exp)
     check([a["step"] for a in aggs] == list(range(1, GRPO_STEPS + 1)) and all(a["count"] == 16 for a in aggs),
           "aggregates per step")

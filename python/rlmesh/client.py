@@ -104,8 +104,8 @@ def _filter(experiment_id: str, min_step: int = 0, max_step: int = 0, min_policy
         f.max_reward = sys.float_info.max if max_reward is None else max_reward
     if finish_reason is not None:
         name = finish_reason.upper()
-        if not name.startswith("FINISH_"):
-            name = "FINISH_" + name
+        if not name.startswith("FINISH_REASON_"):
+            name = "FINISH_REASON_" + name
         try:
             f.finish_reason = common_pb2.FinishReason.Value(name)
         except ValueError:
