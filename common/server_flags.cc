@@ -10,6 +10,7 @@
 #include "common/auth.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 
 ABSL_FLAG(std::string, bind, "127.0.0.1",
           "Address to bind; loopback by default. Use 0.0.0.0 to serve other hosts.");
@@ -19,6 +20,9 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a shared token every RPC must carry (off if empty).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls_key enables TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, trace_file, "",
+          "Record spans (generate, score, train phases, RPCs) and write them as a Chrome trace-event "
+          "JSON file here at shutdown (Perfetto / chrome://tracing open it). Off if empty.");
 ABSL_FLAG(double, shutdown_grace_seconds, 1.0,
           "On SIGTERM, in-flight calls get this long before they are cancelled.");
 
@@ -43,7 +47,14 @@ std::vector<char*> InitServerProcess(int argc, char** argv, const std::string& r
   BlockTerminationSignals();
   SetLogRole(role);
   absl::SetProgramUsageMessage(usage);
-  return absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_trace_file).empty()) EnableTracing(absl::GetFlag(FLAGS_trace_file), role);
+  return args;
+}
+
+void FinishTrace(const std::string& role) {
+  absl::Status s = FlushTrace();
+  if (!s.ok()) std::fprintf(stderr, "%s: trace not written: %s\n", role.c_str(), s.ToString().c_str());
 }
 
 int ServeUntilSignal(RpcServer& server) {
@@ -55,6 +66,7 @@ int ServeUntilSignal(RpcServer& server) {
   const int sig = WaitForTerminationSignal();
   RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
   server.Shutdown();
+  FinishTrace(server.options().role);
   return 0;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 
 // Flags every server binary shares (--bind, --port, --port_file,
-// --auth_token_file, --tls_cert, --tls_key) and the usual main() shape.
+// --auth_token_file, --tls_cert, --tls_key, --trace_file) and the usual main() shape.
 
 #include <functional>
 
@@ -17,6 +17,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const std::string& role);
 // signals, sets the log role. Call first in main; returns positional args.
 std::vector<char*> InitServerProcess(int argc, char** argv, const std::string& role,
                                      const std::string& usage);
+
+// Writes the --trace_file of this process, if tracing is on (a line on
+// stderr if it cannot). ServeUntilSignal calls it after shutting down.
+void FinishTrace(const std::string& role);
 
 // Starts `server`, waits for SIGTERM/SIGINT, shuts down within the grace
 // period and returns the process exit code (0 on a clean stop, 1 if Start

@@ -54,6 +54,9 @@ struct ClusterOptions {
   std::string tokenizer = "char";
   std::vector<std::string> reward_args;
   std::vector<std::string> learner_args;
+  // When set, every role records spans to <trace_dir>/<role name>.json
+  // (--trace_file), written when it stops.
+  std::string trace_dir;
 
   absl::Status Validate() const;
 };

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include "common/rpc_client.h"
 #include "common/server_flags.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 #include "coordinator/cluster.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/dashboard_source.h"
@@ -55,6 +57,10 @@ ABSL_FLAG(double, timeout_seconds, 10.0, "Deadline of each RPC the CLI makes.");
 ABSL_FLAG(std::string, resume, "",
           "run: continue the run in this run directory (its saved experiment config is used; "
           "finished stages are skipped, the current one resumes from its newest checkpoint).");
+ABSL_FLAG(bool, profile, false,
+          "run: record a Chrome trace-event profile of every role (phases, generate, score, train "
+          "forward/backward/optimizer, buffer calls) and merge them into <run dir>/profile.json, "
+          "one time axis (open it in Perfetto or chrome://tracing).");
 ABSL_FLAG(int, dashboard_port, -1,
           "launch/run: serve the web dashboard on this port (0 = a free one, -1 = off), on the "
           "coordinator's --bind interface (loopback by default), with the cluster's token.");
@@ -150,6 +156,25 @@ ClusterAddresses AddressesOf(Cluster& cluster, const std::string& token, const s
   a.tokenizer = cluster.options().tokenizer;
   a.run_root = run_root;
   return a;
+}
+
+// Merges the coordinator's and every role's trace into one file. A role
+// killed (not stopped) leaves no trace: the profile says which are there.
+void WriteProfile(const std::string& dir, const std::string& out) {
+  FinishTrace("coordinator");
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".json") files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  auto events = MergeTraces(files, out);
+  if (!events.ok()) {
+    std::fprintf(stderr, "rlmesh: profile not written: %s\n", events.status().ToString().c_str());
+    return;
+  }
+  std::printf("rlmesh: profile of %zu processes (%lld spans) in %s\n", files.size(),
+              static_cast<long long>(*events), out.c_str());
 }
 
 // Starts the dashboard when --dashboard_port asks for one (null when off).
@@ -392,6 +417,14 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     co.reward_args.push_back(absl::StrCat("--reward_model_weight=", cfg->reward().reward_model_weight()));
   }
   co.learner_args = {absl::StrCat("--threads=", threads > 0 ? threads : std::max(1, cores / co.learners))};
+  const bool profile = absl::GetFlag(FLAGS_profile);
+  if (profile) {
+    co.trace_dir = run_dir + "/profile";
+    std::error_code ec;
+    std::filesystem::create_directories(co.trace_dir, ec);
+    if (ec) return Fail("run", absl::PermissionDeniedError(absl::StrCat("cannot create ", co.trace_dir)));
+    EnableTracing(co.trace_dir + "/coordinator.json", "coordinator");
+  }
   std::printf("rlmesh: starting %d rollout worker(s), %d reward server(s), %d learner(s), replay buffer; run dir %s\n",
               co.rollout_workers, co.reward_servers, co.learners, run_dir.c_str());
   std::fflush(stdout);
@@ -449,7 +482,8 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   ::kill(::getpid(), SIGTERM);  // wakes the signal thread
   signals.join();
   server.Shutdown();
-  (*cluster)->Stop();
+  (*cluster)->Stop();  // the roles write their traces as they stop
+  if (profile) WriteProfile(co.trace_dir, run_dir + "/profile.json");
   if (!s.ok()) return Fail("run", s);
   return 0;
 }

@@ -160,6 +160,8 @@ class RunLoop {
   // any thread.
   mutable absl::Mutex mu_;
   ExperimentStatus status_ ABSL_GUARDED_BY(mu_);
+  // When the current phase began (unix micros), for its trace span.
+  int64_t phase_start_us_ ABSL_GUARDED_BY(mu_) = 0;
   RunSummary summary_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 #include "coordinator/experiment_config.h"
 #include "coordinator/grpc_role_clients.h"
 #include "coordinator/progress.h"
@@ -68,6 +69,16 @@ RunSummary RunLoop::summary() const {
 
 void RunLoop::SetPhase(const std::string& phase) {
   absl::MutexLock lock(&mu_);
+  // With tracing on (coordinator run --profile), each phase becomes a span
+  // on the coordinator's track when the next one starts.
+  if (TracingEnabled()) {
+    const int64_t now = absl::ToUnixMicros(absl::Now());
+    if (!status_.phase().empty() && phase_start_us_ > 0) {
+      RecordSpan(status_.phase(), "coordinator", phase_start_us_, now - phase_start_us_,
+                 absl::StrCat("{\"stage\":\"", status_.stage(), "\",\"step\":", status_.step(), "}"));
+    }
+    phase_start_us_ = now;
+  }
   status_.set_phase(phase);
 }
 

@@ -4,6 +4,7 @@
 
 #include "common/grpc_status.h"
 #include "common/rpc_handler.h"
+#include "common/trace.h"
 
 namespace rlmesh {
 
@@ -19,6 +20,7 @@ grpc::ServerUnaryReactor* RewardServiceImpl::Score(grpc::CallbackServerContext* 
   // The client's deadline bounds the wait for the reward model.
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
   std::thread([this, reactor, req, resp, deadline] {
+    TraceSpan span("score", "reward");
     absl::StatusOr<ScoreResponse> scored = scorer_->Score(*req, deadline);
     if (scored.ok()) *resp = std::move(*scored);
     reactor->Finish(ToGrpcStatus(scored.status()));
