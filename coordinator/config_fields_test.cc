@@ -178,6 +178,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.LoggingConfig.tensorboard", "coordinator/stages.cc"},
     {"rlmesh.LoggingConfig.prometheus_port", "coordinator/main.cc"},
     {"rlmesh.LoggingConfig.quiet", "coordinator/rl_loop.cc"},
+    {"rlmesh.LoggingConfig.hang_dump_seconds", "coordinator/main.cc"},
     {"rlmesh.ExperimentConfig.run_dir", "coordinator/main.cc"},
   };
   return *readers;

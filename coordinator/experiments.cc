@@ -44,6 +44,11 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
                  "(leave it unset, or use `coordinator run`)"));
     }
   }
+  if (config.logging().hang_dump_seconds() != 0) {
+    return absl::FailedPreconditionError(
+        "logging.hang_dump_seconds: a launched cluster watches every experiment for hangs with its "
+        "coordinator's --hang_dump_seconds (leave it unset, or use `coordinator run`)");
+  }
   // The workers decode (and the reward servers read) text with the cluster's
   // tokenizer: an experiment tokenized otherwise would be scored on garbage.
   auto same_tokenizer = [](const std::string& a, const std::string& b) {

@@ -34,6 +34,7 @@
 #include "coordinator/cluster.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/dashboard_source.h"
+#include "coordinator/hang_watch.h"
 #include "coordinator/experiment_config.h"
 #include "coordinator/experiments.h"
 #include "coordinator/prometheus.h"
@@ -61,6 +62,9 @@ ABSL_FLAG(bool, profile, false,
           "run: record a Chrome trace-event profile of every role (phases, generate, score, train "
           "forward/backward/optimizer, buffer calls) and merge them into <run dir>/profile.json, "
           "one time axis (open it in Perfetto or chrome://tracing).");
+ABSL_FLAG(double, hang_dump_seconds, 0,
+          "launch: a step phase that lasts longer than this dumps every role's thread stacks (gdb) "
+          "under <run dir>/hangs/ (0 = 900 s, negative = off). `run` reads logging.hang_dump_seconds.");
 ABSL_FLAG(int, dashboard_port, -1,
           "launch/run: serve the web dashboard on this port (0 = a free one, -1 = off), on the "
           "coordinator's --bind interface (loopback by default), with the cluster's token.");
@@ -177,6 +181,18 @@ void WriteProfile(const std::string& dir, const std::string& out) {
               static_cast<long long>(*events), out.c_str());
 }
 
+// Watches for a stuck step and dumps every role's stacks (logging.
+// hang_dump_seconds: 0 = 900 s, negative = off; null when off).
+std::unique_ptr<HangWatch> StartHangWatch(double seconds, const std::string& dir,
+                                          std::function<std::optional<ExperimentStatus>()> status,
+                                          Cluster* cluster) {
+  if (seconds < 0) return nullptr;
+  HangWatchOptions o;
+  o.after = absl::Seconds(seconds == 0 ? 900 : seconds);
+  o.dump_dir = dir;
+  return std::make_unique<HangWatch>(o, std::move(status), [cluster] { return cluster->Roles(); });
+}
+
 // Starts the dashboard when --dashboard_port asks for one (null when off).
 absl::StatusOr<std::unique_ptr<DashboardServer>> StartDashboard(
     std::function<std::vector<ExperimentStatus>()> experiments, Cluster* cluster, const ServerOptions& server,
@@ -219,7 +235,15 @@ int Serve(Cluster* cluster, int port_override) {
   }
   std::unique_ptr<ClusterDashboardSource> dashboard_source;
   std::unique_ptr<DashboardServer> dashboard;
+  std::unique_ptr<HangWatch> hang_watch;
   if (experiments != nullptr) {
+    hang_watch = StartHangWatch(absl::GetFlag(FLAGS_hang_dump_seconds), cluster->options().run_dir + "/hangs",
+                                [e = experiments.get()]() -> std::optional<ExperimentStatus> {
+                                  auto s = e->Newest();
+                                  if (!s.ok()) return std::nullopt;
+                                  return *s;
+                                },
+                                cluster);
     auto d = StartDashboard([e = experiments.get()] { return e->List(); }, cluster, *options, &dashboard_source);
     if (!d.ok()) return Fail("serve", d.status());
     dashboard = std::move(*d);
@@ -459,6 +483,9 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     metrics = std::move(*m);
     std::printf("rlmesh: metrics on http://%s:%d/metrics\n", server_options->bind_address.c_str(), metrics->port());
   }
+  std::unique_ptr<HangWatch> hang_watch =
+      StartHangWatch(cfg->logging().hang_dump_seconds(), run_dir + "/hangs",
+                     [&runner] { return std::optional<ExperimentStatus>(runner.status()); }, cluster->get());
   std::unique_ptr<ClusterDashboardSource> dashboard_source;
   auto dashboard = StartDashboard([&runner] { return std::vector<ExperimentStatus>{runner.status()}; },
                                   cluster->get(), *server_options, &dashboard_source);
