@@ -23,6 +23,8 @@ APT_PACKAGES=(
   libcpp-httplib-dev libssl-dev libicu-dev openssl g++ python3
   # The dashboard's browser test (headless) and its HTTP checks.
   chromium curl
+  # The hang detector (thread stacks of a stuck step).
+  gdb
 )
 step="checking Debian packages"
 missing=()
