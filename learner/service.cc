@@ -12,50 +12,6 @@
 
 namespace rlmesh::learner {
 
-absl::StatusOr<std::unique_ptr<ReplayBufferGroupSource>> ReplayBufferGroupSource::Create(
-    const std::string& address, const ClientOptions& options) {
-  auto client = RpcClient::Create(address, options);
-  if (!client.ok()) return client.status();
-  return std::unique_ptr<ReplayBufferGroupSource>(new ReplayBufferGroupSource(*std::move(client)));
-}
-
-ReplayBufferGroupSource::ReplayBufferGroupSource(RpcClient client)
-    : client_(std::move(client)), stub_(ReplayBuffer::NewStub(client_.channel())) {}
-
-absl::StatusOr<GroupSource::Sampled> ReplayBufferGroupSource::Sample(const BufferSource& source,
-                                                                    int num_groups,
-                                                                    absl::Duration timeout) {
-  SampleGroupsRequest req;
-  req.set_experiment_id(source.experiment_id());
-  req.set_consumer_id(source.consumer_id());
-  const bool fifo = source.mode().empty() || source.mode() == "fifo";
-  req.set_mode(fifo ? SAMPLE_FIFO : source.mode() == "uniform" ? SAMPLE_UNIFORM : SAMPLE_PRIORITIZED);
-  req.set_num_groups(num_groups);
-  req.set_min_policy_version(source.min_policy_version());
-  req.set_seed(source.seed());
-  req.set_require_ack(fifo);
-  SampleGroupsResponse resp;
-  auto ctx = client_.NewContext(timeout);
-  absl::Status st = FromGrpcStatus(stub_->SampleGroups(ctx.get(), req, &resp));
-  if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("replay buffer SampleGroups: ", st.message()));
-  }
-  Sampled out;
-  out.groups.assign(resp.groups().begin(), resp.groups().end());
-  out.ack_token = resp.ack_token();
-  return out;
-}
-
-absl::Status ReplayBufferGroupSource::Ack(const BufferSource& source, const std::string& ack_token) {
-  AckSampleRequest req;
-  req.set_experiment_id(source.experiment_id());
-  req.set_consumer_id(source.consumer_id());
-  req.set_ack_token(ack_token);
-  AckSampleResponse resp;
-  auto ctx = client_.NewContext();
-  return FromGrpcStatus(stub_->AckSample(ctx.get(), req, &resp));
-}
-
 LearnerService::LearnerService(Trainer* trainer, const ServerAuth* auth, ClientOptions client_options)
     : trainer_(trainer), auth_(auth), client_options_(std::move(client_options)), worker_(1, "learner-work") {}
 

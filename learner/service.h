@@ -7,8 +7,8 @@
 // snapshot, HostWeightSyncStore inline under its own lock. Every call checks
 // auth first and is finished exactly once.
 //
-// The replay buffer is reached through ReplayBufferGroupSource (a real gRPC
-// client) created from ConfigureRequest.replay_buffer_address, or through a
+// The replay buffer is reached through ReplayBufferGroupSource (over the
+// //replay_buffer:client library) created from ConfigureRequest.replay_buffer_address, or through a
 // GroupSource injected for tests.
 
 #include <functional>
@@ -20,9 +20,9 @@
 #include "common/auth.h"
 #include "common/rpc_client.h"
 #include "common/thread_pool.h"
+#include "learner/replay_group_source.h"
 #include "learner/trainer.h"
 #include "proto/learner.grpc.pb.h"
-#include "proto/replay_buffer.grpc.pb.h"
 
 namespace rlmesh::weight_sync {
 class WeightPublisher;
@@ -30,22 +30,6 @@ class WeightSyncStore;
 }
 
 namespace rlmesh::learner {
-
-// GroupSource over the ReplayBuffer RPC (FIFO, require_ack). Safe for
-// concurrent use.
-class ReplayBufferGroupSource : public GroupSource {
- public:
-  static absl::StatusOr<std::unique_ptr<ReplayBufferGroupSource>> Create(
-      const std::string& address, const ClientOptions& options = {});
-  absl::StatusOr<Sampled> Sample(const BufferSource& source, int num_groups,
-                                 absl::Duration timeout) override;
-  absl::Status Ack(const BufferSource& source, const std::string& ack_token) override;
-
- private:
-  explicit ReplayBufferGroupSource(RpcClient client);
-  RpcClient client_;
-  std::unique_ptr<ReplayBuffer::Stub> stub_;
-};
 
 // The trainer and auth are not owned and must outlive the service.
 // Shutdown() (also run by the destructor) finishes queued calls and joins

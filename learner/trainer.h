@@ -50,7 +50,9 @@ struct PreferencePair;
 namespace rlmesh::learner {
 
 // Where a shard's RL groups come from (the replay buffer in production, a
-// fake in tests).
+// fake in tests). Not owned by the Trainer; the Trainer calls it only from
+// the thread that calls TrainStep, so an implementation used by one trainer
+// needs no lock.
 class GroupSource {
  public:
   virtual ~GroupSource() = default;
@@ -131,6 +133,10 @@ class Trainer {
  private:
   struct State;
 
+  // The stage's training data: the task's train split (SFT) or the
+  // preference pairs (reward model, DPO), and the loader that walks it. RL
+  // stages get their data from the caller.
+  static absl::Status LoadStageData(const ExperimentConfig& experiment, int stage_index, State* state);
   absl::StatusOr<TrainStepResponse> TrainSft();
   absl::StatusOr<TrainStepResponse> TrainPairs();
   // Forward (and with `train`, backward of the local mean loss) over
@@ -138,6 +144,9 @@ class Trainer {
   absl::Status PairPass(const std::vector<const PreferencePair*>& pairs, bool train,
                         std::map<std::string, double>* metrics);
   absl::StatusOr<TrainStepResponse> TrainRl(std::vector<TrajectoryGroup> groups, double seconds_sample);
+  // Counts a completed step (and a new policy version when `new_policy`),
+  // publishes the status and returns `resp` with the version set.
+  TrainStepResponse FinishStep(TrainStepResponse resp, bool new_policy);
   absl::Status LoadFrom(const std::string& dir);
   void PublishStatus();
 

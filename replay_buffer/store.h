@@ -18,6 +18,11 @@
 // Open) serves Sample, Stats, Trim and the filters of Query without reading
 // trajectory bodies.
 //
+// Files: store.cc (open, put, sample), catalog.cc, cursors.cc (FIFO cursors
+// and acks), query.cc (Query, Stats), trim.cc, export.cc; the pure parts in
+// format.h (keys and values), tokens.h (page and ack tokens), filter.h and
+// sampler.h (which groups a sample returns, testable without RocksDB).
+//
 // Delivery guarantees of FIFO sampling (per consumer):
 //   require_ack = false: at-most-once. The cursor is advanced and synced to
 //     disk before the groups are returned; a response lost in transit is not
@@ -43,6 +48,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/replay_buffer.pb.h"
+#include "replay_buffer/group_summary.h"
+#include "replay_buffer/sampler.h"
 
 namespace rocksdb {
 class DB;
@@ -127,31 +134,12 @@ class ReplayStore {
   // against direct access.
   const ReplayStoreOptions& options() const { return options_; }
 
-  struct SampleInfo {
-    double reward = 0;
-    int64_t policy_version = 0;
-    int32_t response_length = 0;
-    int32_t finish_reason = 0;
-  };
-  struct GroupSummary {
-    int64_t seq = 0;
-    int64_t step = 0;
-    std::string group_id;
-    std::string prompt_id;
-    int64_t bytes = 0;
-    std::vector<SampleInfo> samples;
-    int64_t min_policy_version() const;
-    bool zero_variance() const;
-    double reward_variance() const;
-  };
+  // The catalog's view of a group (replay_buffer/group_summary.h).
+  using SampleInfo = replay::SampleInfo;
+  using GroupSummary = replay::GroupSummary;
 
  private:
-  struct Lease {
-    int64_t from = 0;  // first seq of the lease
-    int64_t to = 0;    // seq after the last one leased
-    int64_t groups = 0;    // groups delivered in it
-    absl::Time expires;
-  };
+  using Lease = replay::Lease;
   struct Consumer {
     int64_t persisted_next = 0;  // next seq, on disk
     int64_t consumed = 0;        // groups delivered (acked), on disk

@@ -6,6 +6,8 @@
 namespace rlmesh {
 namespace {
 
+// Immutable after construction; the stub and channel are thread-safe, so
+// concurrent Score calls need no lock.
 class GrpcRewardClient final : public RewardClient {
  public:
   GrpcRewardClient(RpcClient client, RetryOptions retry)

@@ -14,6 +14,8 @@
 
 namespace rlmesh {
 
+// Safe for concurrent use: the rollout worker's pipeline threads share one
+// client. Implementations (fakes included) must allow concurrent Score calls.
 class RewardClient {
  public:
   virtual ~RewardClient() = default;

@@ -9,7 +9,6 @@
 #include "common/rpc_client.h"
 #include "common/server_flags.h"
 #include "reward_server/client.h"
-#include "rollout/replay_client.h"
 #include "rollout/rollout_worker.h"
 #include "rollout/service.h"
 
@@ -48,7 +47,7 @@ int main(int argc, char** argv) {
   rlmesh::ClientOptions client_options;
   client_options.auth_token = options->auth_token;  // one shared cluster token
   std::unique_ptr<rlmesh::RewardClient> reward;
-  std::unique_ptr<rlmesh::rollout::ReplayBufferClient> replay;
+  std::unique_ptr<rlmesh::ReplayBufferClient> replay;
   if (!absl::GetFlag(FLAGS_reward_server).empty()) {
     auto c = rlmesh::RpcClient::Create(absl::GetFlag(FLAGS_reward_server), client_options);
     if (!c.ok()) return fail(c.status());
@@ -57,7 +56,7 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_replay_buffer).empty()) {
     auto c = rlmesh::RpcClient::Create(absl::GetFlag(FLAGS_replay_buffer), client_options);
     if (!c.ok()) return fail(c.status());
-    replay = rlmesh::rollout::MakeGrpcReplayBufferClient(*c, retry);
+    replay = rlmesh::MakeGrpcReplayBufferClient(*c, retry);
   }
 
   rlmesh::rollout::RolloutWorkerOptions worker_options;

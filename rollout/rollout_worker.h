@@ -35,8 +35,8 @@
 #include "absl/time/time.h"
 #include "actor/tokenizer.h"
 #include "proto/rollout.pb.h"
+#include "replay_buffer/client.h"
 #include "reward_server/client.h"
-#include "rollout/replay_client.h"
 
 namespace rlmesh::rollout {
 

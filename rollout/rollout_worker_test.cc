@@ -470,6 +470,12 @@ class FakeReplay : public ReplayBufferClient {
     r.set_written(request.groups_size());
     return r;
   }
+  absl::StatusOr<SampleGroupsResponse> SampleGroups(const SampleGroupsRequest&, absl::Duration) override {
+    return absl::UnimplementedError("the rollout worker never samples");
+  }
+  absl::Status AckSample(const AckSampleRequest&) override {
+    return absl::UnimplementedError("the rollout worker never acknowledges");
+  }
   absl::Mutex mu;
   std::vector<TrajectoryGroup> stored;
 };

@@ -1,0 +1,129 @@
+#include "learner/batching.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <iterator>
+
+namespace rlmesh::learner {
+
+std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int rank, int world) {
+  const int64_t G = static_cast<int64_t>(all.size());
+  const int64_t lo = rank * G / world, hi = (rank + 1) * G / world;
+  return std::vector<TrajectoryGroup>(std::make_move_iterator(all.begin() + lo),
+                                      std::make_move_iterator(all.begin() + hi));
+}
+
+Seq PromptResponseSeq(const std::vector<int>& prompt, const std::vector<int>& response, int64_t max_len,
+                      int64_t first_masked) {
+  Seq q;
+  q.ids.assign(prompt.begin(), prompt.end());
+  q.ids.insert(q.ids.end(), response.begin(), response.end());
+  if (static_cast<int64_t>(q.ids.size()) > max_len) q.ids.resize(max_len);
+  const int64_t L = q.ids.size();
+  q.mask.assign(L, 0.0f);
+  for (int64_t t = std::max<int64_t>(0, first_masked); t + 1 < L; ++t) q.mask[t] = 1.0f;
+  return q;
+}
+
+Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector<int64_t>* row_lengths) {
+  std::vector<std::vector<const Seq*>> rows;
+  row_lengths->clear();
+  for (const Seq& s : seqs) {
+    const int64_t L = s.ids.size();
+    size_t r = 0;
+    while (r < rows.size() && (*row_lengths)[r] + L > row_len) ++r;
+    if (r == rows.size()) {
+      rows.emplace_back();
+      row_lengths->push_back(0);
+    }
+    rows[r].push_back(&s);
+    (*row_lengths)[r] += L;
+  }
+  int64_t T = 1;
+  for (int64_t l : *row_lengths) T = std::max(T, l);
+  const int64_t B = rows.size();
+  Batch b;
+  b.input_ids = at::zeros({B, T}, at::kLong);
+  b.positions = at::zeros({B, T}, at::kLong);
+  b.targets = at::full({B, T}, -1, at::kLong);
+  b.mask = at::zeros({B, T}, at::kFloat);
+  b.segments = at::zeros({B, T}, at::kLong);
+  auto ids = b.input_ids.accessor<int64_t, 2>();
+  auto pos = b.positions.accessor<int64_t, 2>();
+  auto tg = b.targets.accessor<int64_t, 2>();
+  auto m = b.mask.accessor<float, 2>();
+  auto seg = b.segments.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < B; ++r) {
+    int64_t at = 0, id = 0;
+    for (const Seq* s : rows[r]) {
+      ++id;
+      const int64_t L = s->ids.size();
+      b.tokens += L;
+      for (int64_t t = 0; t < L; ++t) {
+        ids[r][at + t] = s->ids[t];
+        pos[r][at + t] = t;
+        seg[r][at + t] = id;
+        if (t + 1 < L) tg[r][at + t] = s->ids[t + 1];
+        if (t < static_cast<int64_t>(s->mask.size())) m[r][at + t] = s->mask[t];
+      }
+      at += L;
+    }
+  }
+  return b;
+}
+
+Batch MakeBatch(const std::vector<Seq>& seqs, bool with_behaviour) {
+  int64_t T = 1;
+  for (const Seq& s : seqs) T = std::max<int64_t>(T, s.ids.size());
+  const int64_t B = seqs.size();
+  Batch b;
+  b.input_ids = at::zeros({B, T}, at::kLong);
+  b.targets = at::full({B, T}, -1, at::kLong);
+  b.mask = at::zeros({B, T}, at::kFloat);
+  if (with_behaviour) b.behaviour = at::zeros({B, T}, at::kFloat);
+  auto ids = b.input_ids.accessor<int64_t, 2>();
+  auto tg = b.targets.accessor<int64_t, 2>();
+  auto m = b.mask.accessor<float, 2>();
+  for (int64_t r = 0; r < B; ++r) {
+    const Seq& s = seqs[r];
+    const int64_t L = s.ids.size();
+    b.tokens += L;
+    for (int64_t t = 0; t < L; ++t) {
+      ids[r][t] = s.ids[t];
+      if (t + 1 < L) tg[r][t] = s.ids[t + 1];
+      if (t < static_cast<int64_t>(s.mask.size())) m[r][t] = s.mask[t];
+    }
+    if (with_behaviour) {
+      auto bh = b.behaviour.accessor<float, 2>();
+      for (int64_t t = 0; t < static_cast<int64_t>(s.behaviour.size()); ++t) bh[r][t] = s.behaviour[t];
+    }
+  }
+  b.positions = at::arange(T, at::kLong).unsqueeze(0).expand({B, T}).contiguous();
+  return b;
+}
+
+at::Tensor Rows(const at::Tensor& full, int64_t begin, int64_t end, int64_t T) {
+  return full.narrow(0, begin, end - begin).narrow(1, 0, T);
+}
+
+std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>& lengths,
+                                                      int64_t begin, int64_t end,
+                                                      int64_t max_tokens) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t start = begin, longest = 0;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t l = std::max<int64_t>(longest, lengths[r]);
+    if (r > start && (r - start + 1) * l > max_tokens) {
+      out.emplace_back(start, r);
+      start = r;
+      longest = lengths[r];
+    } else {
+      longest = l;
+    }
+  }
+  if (end > start) out.emplace_back(start, end);
+  return out;
+}
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,87 @@
+#pragma once
+
+// Batching and packing for the learner: tokenised sequences -> padded (or
+// packed) [B, T] tensors, contiguous micro-batches under a token budget, and
+// weighted metric means over micro-batches. Plain functions and values; no
+// thread-safety concerns.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "learner/losses.h"
+#include "proto/learner.pb.h"
+
+namespace rlmesh::learner {
+
+// One tokenised training sequence.
+struct Seq {
+  std::vector<int64_t> ids;
+  // Per position t (predicting ids[t+1]): loss weight, behaviour log-prob.
+  std::vector<float> mask;
+  std::vector<float> behaviour;
+};
+
+// A padded batch of sequences: [B, T] tensors (T = longest sequence).
+struct Batch {
+  at::Tensor input_ids, positions, targets, mask, behaviour;
+  // Packed batches only: segment id per position (1, 2, ... per sequence in
+  // the row; 0 = padding), the attention mask that keeps them apart.
+  at::Tensor segments;
+  int64_t tokens = 0;  // real tokens (sum of lengths)
+};
+
+
+// prompt + response, truncated to `max_len` tokens; the mask marks the
+// positions t >= first_masked (clamped to 0) that predict a next token.
+Seq PromptResponseSeq(const std::vector<int>& prompt, const std::vector<int>& response, int64_t max_len,
+                      int64_t first_masked);
+
+// SFT packing: the sequences, in order, first-fit into rows of at most
+// `row_len` tokens; positions restart and targets stop at each sequence's
+// end, so every sequence sees and predicts exactly what it would alone.
+// `row_lengths` gets each row's used length.
+Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector<int64_t>* row_lengths);
+
+// One row per sequence, padded to the longest; `with_behaviour` fills
+// Batch::behaviour from Seq::behaviour.
+Batch MakeBatch(const std::vector<Seq>& seqs, bool with_behaviour);
+
+// Rows [begin, end) of `full`, narrowed to the longest row among them.
+at::Tensor Rows(const at::Tensor& full, int64_t begin, int64_t end, int64_t T);
+
+// Contiguous micro-batches of rows [begin, end): each has at most
+// `max_tokens` padded tokens (rows x longest row), and at least one row.
+std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>& lengths,
+                                                      int64_t begin, int64_t end,
+                                                      int64_t max_tokens);
+
+// Rank r's contiguous share of a global batch of groups: [r*G/K, (r+1)*G/K).
+std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int rank, int world);
+
+// Weighted means of metrics over micro-batches.
+class MetricMeans {
+ public:
+  void Add(const Metrics& m, double w) {
+    for (const auto& [k, v] : m) {
+      auto& [num, den] = acc_[k];
+      num += v * w;
+      den += w;
+    }
+  }
+  void Into(std::map<std::string, double>* out) const {
+    for (const auto& [k, nd] : acc_) {
+      if (nd.second > 0) (*out)[k] = nd.first / nd.second;
+    }
+  }
+
+ private:
+  std::map<std::string, std::pair<double, double>> acc_;
+};
+
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,250 @@
+#include "learner/model_set.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "actor/checkpoint.h"
+#include "common/status_macros.h"
+#include "learner/checkpoint.h"
+#include "learner/trainer_internal.h"
+
+namespace rlmesh::learner {
+namespace {
+
+// Model construction draws from LibTorch's global generator; trainers running
+// as threads of one process (tests) must not interleave there.
+std::mutex& InitMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// bf16 autocast over a forward pass (learner.autocast: bf16): matmuls run in
+// bf16, reductions such as log_softmax in fp32, master weights stay fp32.
+// Restores the previous autocast state of the device type on exit.
+class AutocastScope {
+ public:
+  AutocastScope(bool on, c10::DeviceType device_type) : on_(on), device_type_(device_type) {
+    if (!on_) return;
+    prev_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+    at::autocast::set_autocast_enabled(device_type_, true);
+    at::autocast::set_autocast_dtype(device_type_, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_type_, prev_enabled_);
+    at::autocast::set_autocast_dtype(device_type_, prev_dtype_);
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  const bool on_;
+  const c10::DeviceType device_type_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+}  // namespace
+
+absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer& m, const at::Tensor& ids,
+                                                              const at::Tensor& pos, const at::Tensor& targets,
+                                                              int64_t chunk, double temperature,
+                                                              const at::Tensor& attention_mask) {
+  AutocastScope ac(autocast_bf16, device_type);
+  return actor::TokenLogProbs(m, ids, pos, targets, chunk, temperature, attention_mask);
+}
+
+at::Tensor ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
+  AutocastScope ac(autocast_bf16, device_type);
+  return m->Values(ids, pos).to(at::kFloat);
+}
+
+absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::string& init_checkpoint,
+                                        const StageOptions& stage, const actor::Tokenizer& tokenizer,
+                                        ModelSet* models) {
+  ModelSet& s = *models;
+  LoadedPolicy out;
+  s.autocast_bf16 = stage.learner.autocast_bf16;
+  const ModelConfig& mc = exp.model();
+  const std::string dtype = mc.dtype().empty() ? "fp32" : mc.dtype();
+  if (dtype != "fp32" && dtype != "float32") {
+    return absl::InvalidArgumentError("experiment.model.dtype: the learner trains fp32 master weights");
+  }
+  const std::string device = mc.device().empty() ? "cpu" : mc.device();
+  RLMESH_RETURN_IF_ERROR(CatchAll("experiment.model.device", [&]() -> absl::Status {
+    s.device_type = torch::Device(device).type();
+    return absl::OkStatus();
+  }));
+  std::string init_path = init_checkpoint;
+  const std::string init = mc.init().empty() ? "scratch" : mc.init();
+  if (init_path.empty() && init == "checkpoint") {
+    if (mc.path().empty()) return absl::InvalidArgumentError("experiment.model.path: required when init is checkpoint");
+    init_path = mc.path();
+  } else if (init_path.empty() && init != "scratch") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experiment.model.init: \"", init, "\" is not scratch or checkpoint"));
+  }
+  actor::ModelConfig cfg;
+  const bool reward_model = stage.kind == StageKind::kRewardModel;
+  if (!init_path.empty()) {
+    actor::LoadOptions lo;
+    lo.device = device;
+    if (reward_model) {
+      // A reward model starts from a policy: its scalar head is fresh
+      // (seeded), or read back when the checkpoint already has one.
+      lo.add_value_head = true;
+      lo.allow_missing_value_head = true;
+    }
+    absl::StatusOr<actor::Transformer> model = absl::UnknownError("not loaded");
+    {
+      std::lock_guard<std::mutex> lock(InitMutex());
+      torch::manual_seed(Mix(exp.seed(), 0x5c0e));
+      model = actor::LoadHfModel(init_path, lo);
+    }
+    if (!model.ok()) return PrefixStatus("init_checkpoint", model.status());
+    s.policy = *std::move(model);
+    cfg = s.policy->config();
+    // Versions increase over the stages of an experiment.
+    auto prev = VerifyCheckpoint(init_path);
+    if (prev.ok()) out.policy_version = prev->policy_version;
+  } else {
+    cfg.arch = mc.arch().empty() ? "llama" : mc.arch();
+    cfg.vocab_size = tokenizer.vocab_size();
+    cfg.hidden_size = mc.hidden() == 0 ? 256 : mc.hidden();
+    cfg.intermediate_size = mc.intermediate() != 0 ? mc.intermediate()
+                                                   : (8 * cfg.hidden_size / 3 + 7) / 8 * 8;
+    cfg.num_layers = mc.layers() == 0 ? 4 : mc.layers();
+    cfg.num_heads = mc.heads() == 0 ? 4 : mc.heads();
+    cfg.num_kv_heads = mc.kv_heads() == 0 ? cfg.num_heads : mc.kv_heads();
+    cfg.head_dim = mc.head_dim();
+    cfg.max_positions = mc.max_positions() == 0 ? 256 : mc.max_positions();
+    cfg.rope_theta = mc.rope_theta() == 0 ? 10000.0 : mc.rope_theta();
+    cfg.rms_norm_eps = mc.rms_norm_eps() == 0 ? 1e-6 : mc.rms_norm_eps();
+    cfg.tie_embeddings = mc.tie_embeddings();
+    cfg.bos_token_id = tokenizer.bos_id();
+    cfg.eos_token_id = tokenizer.eos_id();
+    cfg.pad_token_id = tokenizer.pad_id();
+    cfg.value_head = reward_model;
+    RLMESH_RETURN_IF_ERROR(PrefixStatus("experiment.model", cfg.Validate()));
+    RLMESH_RETURN_IF_ERROR(CatchAll("build policy", [&]() -> absl::Status {
+      std::lock_guard<std::mutex> lock(InitMutex());
+      torch::manual_seed(exp.seed());
+      s.policy = actor::Transformer(cfg);
+      s.policy->to(torch::Device(device));
+      return absl::OkStatus();
+    }));
+  }
+  if (cfg.vocab_size < tokenizer.vocab_size()) {
+    return absl::InvalidArgumentError("experiment.model.tokenizer: vocabulary larger than the model's");
+  }
+  out.config = cfg;
+  return out;
+}
+
+absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions& stage,
+                                 const actor::ModelConfig& cfg, const std::string& store_address, int rank,
+                                 int world_size, const dist::GlooGroupOptions& gloo, int64_t store_timeout_ms,
+                                 ModelSet* models) {
+  ModelSet& s = *models;
+  const std::string device = exp.model().device().empty() ? "cpu" : exp.model().device();
+  RLMESH_RETURN_IF_ERROR(CatchAll("build reference/critic", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    auto copy_from_policy = [&](actor::Transformer& dst) {
+      std::map<std::string, at::Tensor> src;
+      for (auto& [name, t] : s.policy->NamedParameters()) src[name] = t;
+      for (auto& [name, t] : dst->NamedParameters()) {
+        auto it = src.find(name);
+        if (it != src.end()) t.copy_(it->second);
+      }
+    };
+    std::lock_guard<std::mutex> lock(InitMutex());
+    if ((stage.is_rl() && stage.rl.kl_coef > 0) || stage.kind == StageKind::kDpo) {
+      // The frozen reference is the stage's initial policy.
+      s.reference = actor::Transformer(cfg);
+      s.reference->to(torch::Device(device));
+      copy_from_policy(s.reference);
+      for (auto& p : s.reference->parameters()) p.set_requires_grad(false);
+      s.reference->eval();
+    }
+    if (stage.kind == StageKind::kPpo) {
+      actor::ModelConfig ccfg = cfg;
+      ccfg.value_head = true;
+      torch::manual_seed(Mix(exp.seed(), 0xc417));
+      s.critic = actor::Transformer(ccfg);
+      s.critic->to(torch::Device(device));
+      copy_from_policy(s.critic);
+    }
+    return absl::OkStatus();
+  }));
+
+  // The process group and the optimizers.
+  if (world_size > 1) {
+    const std::string& addr = store_address;
+    if (absl::StartsWith(addr, "file:")) {
+      auto store = dist::MakeFileStore(addr.substr(5), world_size);
+      if (!store.ok()) return PrefixStatus("store_address", store.status());
+      s.store = *store;
+    } else {
+      const size_t colon = addr.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || !absl::SimpleAtoi(addr.substr(colon + 1), &port) || port <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("store_address: \"", addr, "\" is not file:/path or host:port"));
+      }
+      auto store = dist::MakeTcpStore(addr.substr(0, colon), port, rank == 0, world_size,
+                                      store_timeout_ms);
+      if (!store.ok()) return PrefixStatus("store_address", store.status());
+      s.store = *store;
+    }
+    auto group = dist::CreateGlooGroup(s.store, rank, world_size, gloo);
+    if (!group.ok()) return group.status();
+    s.group = *group;
+  }
+  auto make_dp = [&](actor::Transformer& model, const OptimizerOptions& o,
+                     bool skip_lm_head) -> absl::StatusOr<std::unique_ptr<DataParallel>> {
+    std::vector<at::Tensor> params;
+    for (auto& [name, t] : model->NamedParameters()) {
+      if (skip_lm_head && name == "lm_head.weight") continue;
+      params.push_back(t);
+    }
+    DataParallelOptions dpo;
+    dpo.zero1 = stage.learner.zero1;
+    dpo.adamw = o.adamw;
+    dpo.grad_clip = std::max(0.0, o.grad_clip);
+    return DataParallel::Create(s.group, std::move(params), dpo);
+  };
+  // A reward model never uses its lm_head; keep it out of the optimizer.
+  RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, stage.optimizer(), stage.kind == StageKind::kRewardModel));
+  RLMESH_RETURN_IF_ERROR(s.dp->BroadcastParameters());
+  if (s.critic) {
+    // The critic's lm_head is never used; keep it out of the optimizer.
+    RLMESH_ASSIGN_OR_RETURN(s.critic_dp, make_dp(s.critic, stage.rl.critic_optimizer, true));
+    RLMESH_RETURN_IF_ERROR(s.critic_dp->BroadcastParameters());
+  }
+  if (s.reference) {
+    // Every rank's reference equals its (broadcast) initial policy.
+    RLMESH_RETURN_IF_ERROR(CatchAll("reference", [&]() -> absl::Status {
+      torch::NoGradGuard no_grad;
+      auto src = s.policy->NamedParameters();
+      auto dst = s.reference->NamedParameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+      return absl::OkStatus();
+    }));
+  }
+
+  return absl::OkStatus();
+}
+
+}  // namespace rlmesh::learner

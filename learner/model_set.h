@@ -1,0 +1,80 @@
+#pragma once
+
+// The model set of one learner shard: the policy, the frozen reference (when
+// KL is on, or DPO), the critic (PPO), their DataParallel optimizers and the
+// process group they share; built for one stage (LoadPolicy, then
+// BuildTrainingModels) and dropped with it.
+//
+// Not thread-safe: owned by one Trainer and used only by the thread that
+// calls it (the tensors are mutated by every training step).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actor/logprobs.h"
+#include "actor/model_config.h"
+#include "actor/tokenizer.h"
+#include "actor/transformer.h"
+#include "dist/gloo.h"
+#include "dist/store.h"
+#include "learner/data_parallel.h"
+#include "learner/stage_options.h"
+#include "proto/learner.pb.h"
+
+namespace rlmesh::learner {
+
+struct ModelSet {
+  actor::Transformer policy{nullptr};
+  // Frozen copy of the stage's initial policy; null when unused.
+  actor::Transformer reference{nullptr};
+  // PPO's value model (policy weights + a value head); null otherwise.
+  actor::Transformer critic{nullptr};
+  // world_size > 1 only: the c10d store and the Gloo group of the shards.
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> group;
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<DataParallel> critic_dp;
+  // Forward passes under bf16 autocast (learner.autocast: bf16).
+  bool autocast_bf16 = false;
+  c10::DeviceType device_type = c10::DeviceType::CPU;
+
+  // Per-token log-probs of `targets` under `m` (autocast as configured).
+  absl::StatusOr<actor::TokenLogProbsOutput> LogProbs(actor::Transformer& m, const at::Tensor& ids,
+                                                      const at::Tensor& pos, const at::Tensor& targets,
+                                                      int64_t chunk, double temperature,
+                                                      const at::Tensor& attention_mask = {});
+  // The value head's outputs [B, T], fp32.
+  at::Tensor Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos);
+};
+
+struct LoadedPolicy {
+  // The policy's architecture (also the reference's and critic's).
+  actor::ModelConfig config;
+  // The policy version recorded with init_checkpoint (0 if none): versions
+  // increase over the stages of an experiment.
+  int64_t policy_version = 0;
+};
+
+// Loads the policy from `init_checkpoint` (or experiment.model.path when
+// model.init is checkpoint) or builds it from scratch per experiment.model,
+// seeded by experiment.seed; a reward-model stage gets a value head. Sets
+// models->policy, device_type and autocast_bf16.
+absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& experiment, const std::string& init_checkpoint,
+                                        const StageOptions& stage, const actor::Tokenizer& tokenizer,
+                                        ModelSet* models);
+
+// The rest of the set, after LoadPolicy: reference and critic copied from
+// the policy, the process group (world_size > 1, rendezvous at
+// `store_address`: "file:/path" or "host:port") and the optimizers, with the
+// parameters broadcast from rank 0.
+absl::Status BuildTrainingModels(const ExperimentConfig& experiment, const StageOptions& stage,
+                                 const actor::ModelConfig& config, const std::string& store_address, int rank,
+                                 int world_size, const dist::GlooGroupOptions& gloo, int64_t store_timeout_ms,
+                                 ModelSet* models);
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,153 @@
+// Preference-pair steps: reward model (Bradley-Terry) and DPO training and
+// evaluation.
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "learner/batching.h"
+#include "learner/losses.h"
+#include "learner/trainer.h"
+#include "learner/trainer_internal.h"
+#include "tasks/encoding.h"
+#include "tasks/preferences.h"
+#include "tasks/task.h"
+
+namespace rlmesh::learner {
+
+absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, bool train,
+                               std::map<std::string, double>* metrics) {
+  State& s = *s_;
+  const bool rm = s.opt.kind == StageKind::kRewardModel;
+  const int64_t max_len = s.models.policy->config().max_positions;
+  // Rows 2i (chosen) and 2i+1 (rejected): prompt + response, truncated to
+  // the context window; the mask marks the response's predicted tokens.
+  std::vector<Seq> seqs;
+  std::vector<int64_t> pair_lengths;
+  for (const PreferencePair* pp : pairs) {
+    const std::vector<int> p = pp->has_ids() ? pp->prompt_ids : EncodePrompt(*s.tokenizer, pp->prompt);
+    int64_t longest = 0;
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<int> r = pp->has_ids() ? (side == 0 ? pp->chosen_ids : pp->rejected_ids)
+                                               : EncodeResponse(*s.tokenizer, side == 0 ? pp->chosen : pp->rejected);
+      seqs.push_back(PromptResponseSeq(p, r, max_len, static_cast<int64_t>(p.size()) - 1));
+      longest = std::max<int64_t>(longest, seqs.back().ids.size());
+    }
+    pair_lengths.push_back(longest);
+  }
+  const int64_t n = pairs.size();
+  if (n == 0) return absl::OkStatus();
+  return CatchAll("pair step", [&]() -> absl::Status {
+    Batch b = MakeBatch(seqs, false);
+    std::vector<int64_t> row_lengths;
+    for (const Seq& q : seqs) row_lengths.push_back(q.ids.size());
+    MetricMeans means;
+    // Each micro-batch holds whole pairs (2 rows per pair).
+    for (auto [a, e] : MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.opt.learner.micro_tokens / 2))) {
+      const int64_t ra = 2 * a, re = 2 * e;
+      const int64_t T = *std::max_element(row_lengths.begin() + ra, row_lengths.begin() + re);
+      auto ids = Rows(b.input_ids, ra, re, T), pos = Rows(b.positions, ra, re, T);
+      std::unique_ptr<torch::NoGradGuard> no_grad;
+      if (!train) no_grad = std::make_unique<torch::NoGradGuard>();
+      LossOutput out;
+      if (rm) {
+        // Score = the value at the last real token (eos) of prompt+response.
+        at::Tensor last = at::zeros({re - ra, 1}, at::kLong);
+        for (int64_t r = ra; r < re; ++r) last[r - ra][0] = row_lengths[r] - 1;
+        at::Tensor scores = s.models.Values(s.models.policy, ids, pos).gather(1, last).squeeze(1);
+        at::Tensor pair_scores = scores.view({e - a, 2});
+        RLMESH_ASSIGN_OR_RETURN(out, RewardModelLoss(pair_scores.select(1, 0), pair_scores.select(1, 1)));
+        out.metrics["loss"] = out.metrics["rm_loss"];
+        out.metrics["margin"] = out.metrics["rm_margin"];
+      } else {
+        auto tg = Rows(b.targets, ra, re, T);
+        at::Tensor mask = Rows(b.mask, ra, re, T);
+        at::Tensor ref_seq;
+        {
+          torch::NoGradGuard ref_no_grad;
+          RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
+                                                                 options_.logprob_chunk, 1.0));
+          RLMESH_ASSIGN_OR_RETURN(ref_seq, SequenceLogProbs(rlp.logprobs, mask));
+        }
+        RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg, options_.logprob_chunk, 1.0));
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor pol_seq, SequenceLogProbs(lp.logprobs, mask));
+        at::Tensor pol = pol_seq.view({e - a, 2}), ref = ref_seq.view({e - a, 2});
+        DpoInputs in;
+        in.policy_chosen_logp = pol.select(1, 0);
+        in.policy_rejected_logp = pol.select(1, 1);
+        in.ref_chosen_logp = ref.select(1, 0);
+        in.ref_rejected_logp = ref.select(1, 1);
+        RLMESH_ASSIGN_OR_RETURN(out, DpoLoss(in, s.opt.pairs.beta));
+        out.metrics["loss"] = out.metrics["dpo_loss"];
+        out.metrics["dpo_accuracy"] = out.metrics["reward_accuracy"];
+        out.metrics["chosen_reward"] = out.metrics["reward_chosen"];
+        out.metrics["rejected_reward"] = out.metrics["reward_rejected"];
+      }
+      if (train) (out.loss * (static_cast<double>(e - a) / n)).backward();
+      means.Add(out.metrics, static_cast<double>(e - a));
+    }
+    means.Into(metrics);
+    (*metrics)["pairs"] = static_cast<double>(n);
+    (*metrics)["tokens"] = static_cast<double>(b.tokens);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<TrainStepResponse> Trainer::TrainPairs() {
+  State& s = *s_;
+  const auto t_start = Clock::now();
+  // Every rank draws the same global batch of pairs and takes its slice.
+  std::vector<const Example*> global = s.loader->Next(s.opt.pairs.batch);
+  const int64_t lo = s.rank * s.opt.pairs.batch / s.world, hi = (s.rank + 1) * s.opt.pairs.batch / s.world;
+  std::vector<const PreferencePair*> mine;
+  for (int64_t i = lo; i < hi; ++i) mine.push_back(&s.pairs[global[i] - s.pair_keys.data()]);
+  TrainStepResponse resp;
+  auto& m = *resp.mutable_metrics()->mutable_values();
+  std::map<std::string, double> vals;
+  s.models.dp->ZeroGrad();
+  const auto t0 = Clock::now();
+  RLMESH_RETURN_IF_ERROR(PairPass(mine, /*train=*/true, &vals));
+  const double fb_seconds = Since(t0);
+  const auto t1 = Clock::now();
+  const double lr = LearningRate(s.opt.optimizer().schedule, s.models.dp->steps());
+  absl::StatusOr<DataParallelStepStats> stats = CatchAll(
+      "optimizer step", [&]() { return s.models.dp->Step(static_cast<double>(mine.size()), lr); });
+  if (!stats.ok()) return stats.status();
+  for (auto& [k, v] : vals) m[k] = v;
+  m["grad_norm"] = stats->grad_norm;
+  m["lr"] = lr;
+  m["skipped"] = stats->skipped ? 1.0 : 0.0;
+  m["seconds_allreduce"] = stats->reduce_seconds + stats->gather_seconds;
+  m["seconds_forward_backward"] = fb_seconds;
+  m["seconds_optimizer"] = Since(t1);
+  m["seconds_sample"] = 0.0;
+  const double total = Since(t_start);
+  m["tokens_per_second"] = total > 0 ? m["tokens"] / total : 0.0;
+  // A reward model is not a policy: the policy version stays where the
+  // stage started (rollout workers never load it).
+  return FinishStep(std::move(resp), /*new_policy=*/s.opt.kind != StageKind::kRewardModel);
+}
+
+absl::StatusOr<std::map<std::string, double>> Trainer::EvaluatePairs(const std::vector<PreferencePair>& pairs) {
+  if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  if (!s_->opt.is_pairs()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("EvaluatePairs: stage ", s_->opt.name, " is not a reward_model or dpo stage"));
+  }
+  if (pairs.empty()) return absl::InvalidArgumentError("pairs: empty");
+  std::vector<const PreferencePair*> ptrs;
+  for (const PreferencePair& p : pairs) ptrs.push_back(&p);
+  std::map<std::string, double> metrics;
+  RLMESH_RETURN_IF_ERROR(PairPass(ptrs, /*train=*/false, &metrics));
+  return metrics;
+}
+
+}  // namespace rlmesh::learner

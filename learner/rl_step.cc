@@ -1,0 +1,355 @@
+// Trainer::TrainRl: one GRPO-family or PPO step on a shard's groups (advantages,
+// epochs x mini-batches of the clipped policy loss, the critic for PPO).
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "learner/advantages.h"
+#include "learner/batching.h"
+#include "learner/losses.h"
+#include "learner/schedule.h"
+#include "learner/trainer.h"
+#include "learner/trainer_internal.h"
+#include "tasks/encoding.h"
+#include "tasks/preferences.h"
+#include "tasks/task.h"
+
+namespace rlmesh::learner {
+
+absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> groups,
+                                                   double seconds_sample) {
+  State& s = *s_;
+  const RlOptions& rl = s.opt.rl;
+  const auto t_start = Clock::now();
+  const int64_t vocab = s.models.policy->config().vocab_size;
+  const int64_t max_len = s.models.policy->config().max_positions;
+
+  // Validate and tokenise; rewards per group (with overlong shaping).
+  struct Row {
+    Seq seq;
+    int64_t group = 0;
+    double reward = 0;
+    int64_t response_len = 0;
+  };
+  std::vector<Row> rows;
+  std::vector<std::vector<double>> group_rewards;
+  double raw_sum = 0, raw_sq = 0, len_sum = 0;
+  int64_t raw_n = 0, zero_var = 0, kept_groups = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const TrajectoryGroup& grp = groups[g];
+    const std::string gp = absl::StrCat("groups[", g, "]");
+    if (grp.samples_size() == 0) return absl::InvalidArgumentError(gp + ".samples: empty");
+    std::vector<double> rewards;
+    std::vector<Row> grows;
+    for (int i = 0; i < grp.samples_size(); ++i) {
+      const Trajectory& t = grp.samples(i);
+      const std::string tp = absl::StrCat(gp, ".samples[", i, "]");
+      const int P = t.prompt_token_ids_size(), R = t.response_token_ids_size();
+      if (P == 0) return absl::InvalidArgumentError(tp + ".prompt_token_ids: empty");
+      if (R == 0) return absl::InvalidArgumentError(tp + ".response_token_ids: empty");
+      if (P + R > max_len) {
+        return absl::InvalidArgumentError(absl::StrCat(tp, ": ", P + R,
+                                                       " tokens exceed the model's max_positions ", max_len));
+      }
+      if (t.loss_mask_size() != 0 && t.loss_mask_size() != R) {
+        return absl::InvalidArgumentError(tp + ".loss_mask: length differs from response_token_ids");
+      }
+      if (t.behaviour_logprobs_size() != 0 && t.behaviour_logprobs_size() != R) {
+        return absl::InvalidArgumentError(tp + ".behaviour_logprobs: length differs from response_token_ids");
+      }
+      if (!std::isfinite(t.reward())) return absl::InvalidArgumentError(tp + ".reward: not finite");
+      Row row;
+      row.seq.ids.reserve(P + R);
+      for (int id : t.prompt_token_ids()) row.seq.ids.push_back(id);
+      for (int id : t.response_token_ids()) row.seq.ids.push_back(id);
+      for (int64_t id : row.seq.ids) {
+        if (id < 0 || id >= vocab) {
+          return absl::InvalidArgumentError(absl::StrCat(tp, ": token id ", id, " outside the vocabulary"));
+        }
+      }
+      const int64_t L = P + R;
+      row.seq.mask.assign(L, 0.0f);
+      row.seq.behaviour.assign(L, 0.0f);
+      for (int j = 0; j < R; ++j) {
+        row.seq.mask[P + j - 1] = t.loss_mask_size() == 0 ? 1.0f : (t.loss_mask(j) != 0 ? 1.0f : 0.0f);
+        if (t.behaviour_logprobs_size() != 0) row.seq.behaviour[P + j - 1] = t.behaviour_logprobs(j);
+      }
+      row.reward = t.reward();
+      row.response_len = R;
+      raw_sum += t.reward();
+      raw_sq += t.reward() * t.reward();
+      len_sum += R;
+      ++raw_n;
+      rewards.push_back(t.reward());
+      grows.push_back(std::move(row));
+    }
+    const auto [mn, mx] = std::minmax_element(rewards.begin(), rewards.end());
+    const bool zero_variance = *mx - *mn <= 0.0;
+    if (zero_variance) ++zero_var;
+    if (zero_variance && rl.drop_zero_variance) continue;
+    for (Row& r : grows) {
+      r.group = kept_groups;
+      rows.push_back(std::move(r));
+    }
+    group_rewards.push_back(std::move(rewards));
+    ++kept_groups;
+  }
+  // A group's advantages need all its samples, so behaviour log-probs must
+  // be all present or all absent in the batch.
+  bool with_behaviour = false;
+  for (const auto& g : groups) {
+    for (const auto& t : g.samples()) with_behaviour |= t.behaviour_logprobs_size() > 0;
+  }
+
+  TrainStepResponse resp;
+  auto& m = *resp.mutable_metrics()->mutable_values();
+  m["reward_mean"] = raw_n ? raw_sum / raw_n : 0.0;
+  m["reward_std"] = raw_n ? std::sqrt(std::max(0.0, raw_sq / raw_n - std::pow(raw_sum / raw_n, 2))) : 0.0;
+  m["response_length_mean"] = raw_n ? len_sum / raw_n : 0.0;
+  m["zero_variance_frac"] = groups.empty() ? 0.0 : static_cast<double>(zero_var) / groups.size();
+  m["groups"] = static_cast<double>(kept_groups);
+  m["seconds_sample"] = seconds_sample;
+  double fb_seconds = 0, opt_seconds = 0;
+
+  absl::Status st = CatchAll("rl step", [&]() -> absl::Status {
+    const int64_t B = rows.size();
+    std::vector<Seq> seqs;
+    std::vector<int64_t> lengths;
+    for (const Row& r : rows) {
+      seqs.push_back(r.seq);
+      lengths.push_back(r.seq.ids.size());
+    }
+    Batch b = MakeBatch(seqs, with_behaviour);
+    const int64_t T_all = b.input_ids.size(1);
+    m["tokens"] = static_cast<double>(b.tokens);
+
+    // Partition: mini-batches of rows, micro-batches inside them. The same
+    // micro-batches serve the no-grad pass and the first training pass, so
+    // on-policy ratios are exactly 1.
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> minis;
+    for (int k = 0; k < rl.mini_batches; ++k) {
+      const int64_t a = k * B / rl.mini_batches, e = (k + 1) * B / rl.mini_batches;
+      minis.push_back(MicroBatches(lengths, a, e, s.opt.learner.micro_tokens));
+    }
+    auto longest = [&](int64_t a, int64_t e) {
+      return *std::max_element(lengths.begin() + a, lengths.begin() + e);
+    };
+
+    // Old log-probs (and reference log-probs, old values) without grad.
+    const auto t0 = Clock::now();
+    at::Tensor old_logp = at::zeros({B, T_all}, at::kFloat);
+    at::Tensor ref_logp, old_values;
+    if (s.models.reference) ref_logp = at::zeros({B, T_all}, at::kFloat);
+    if (s.models.critic) old_values = at::zeros({B, T_all}, at::kFloat);
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& micro : minis) {
+        for (auto [a, e] : micro) {
+          const int64_t T = longest(a, e);
+          auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
+               tg = Rows(b.targets, a, e, T);
+          RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg,
+                                                                options_.logprob_chunk, s.opt.learner.temperature));
+          Rows(old_logp, a, e, T).copy_(lp.logprobs);
+          if (s.models.reference) {
+            RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
+                                                                   options_.logprob_chunk, s.opt.learner.temperature));
+            Rows(ref_logp, a, e, T).copy_(rlp.logprobs);
+          }
+          if (s.models.critic) Rows(old_values, a, e, T).copy_(s.models.Values(s.models.critic, ids, pos));
+        }
+      }
+    }
+    at::Tensor mask = b.mask;
+    if (with_behaviour) {
+      const double diff =
+          B ? ((old_logp - b.behaviour).abs() * mask).max().item<double>() : 0.0;
+      m["behaviour_logp_abs_diff_max"] = diff;
+    }
+
+    // Per-token KL for rewards (KL in the reward).
+    at::Tensor kl_tokens;
+    if (s.models.reference && rl.kl_in_reward) {
+      RLMESH_ASSIGN_OR_RETURN(kl_tokens, KlPenalty(old_logp, ref_logp, rl.kl_estimator));
+      kl_tokens = kl_tokens * mask;
+    }
+
+    // Rewards with DAPO overlong shaping.
+    at::Tensor rewards = at::zeros({B}, at::kDouble);
+    for (int64_t r = 0; r < B; ++r) rewards[r] = rows[r].reward;
+    if (rl.overlong_buffer > 0 && B > 0) {
+      at::Tensor lens = at::zeros({B}, at::kLong);
+      for (int64_t r = 0; r < B; ++r) lens[r] = rows[r].response_len;
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor pen, OverlongPenalty(lens, s.opt.learner.max_new_tokens, rl.overlong_buffer,
+                                                              rl.overlong_penalty));
+      rewards = rewards + pen.to(at::kDouble);
+      m["overlong_penalty_mean"] = pen.mean().item<double>();
+    }
+    rewards = rewards.to(at::kFloat);
+
+    // Advantages [B, T_all].
+    const GlobalSum global_sum = [&](at::Tensor& t) { return s.models.dp->AllReduceSum(t); };
+    at::Tensor adv, returns;
+    if (B == 0) {
+      adv = at::zeros({0, T_all}, at::kFloat);
+      const bool whitened =
+          rl.advantage == Advantage::kReinforcePp || (rl.advantage == Advantage::kPpo && rl.gae.whiten);
+      if (s.world > 1 && whitened) {
+        // The other ranks whiten over the global batch: take part in the
+        // same two sums with nothing, and fail as they do when it is empty.
+        at::Tensor first = at::zeros({2}, at::kDouble), second = at::zeros({1}, at::kDouble);
+        RLMESH_RETURN_IF_ERROR(global_sum(first));
+        if (first[1].item<double>() < 2) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "mask: whitening needs at least 2 masked tokens, got ", first[1].item<double>()));
+        }
+        RLMESH_RETURN_IF_ERROR(global_sum(second));
+      }
+    } else if (rl.advantage == Advantage::kGrpo || rl.advantage == Advantage::kDrGrpo ||
+               rl.advantage == Advantage::kRloo) {
+      at::Tensor seq_r = rewards.clone();
+      if (kl_tokens.defined()) seq_r = seq_r - rl.kl_coef * kl_tokens.sum(1);
+      at::Tensor seq_adv = at::zeros({B}, at::kFloat);
+      int64_t r0 = 0;
+      for (size_t g = 0; g < group_rewards.size(); ++g) {
+        const int64_t n = group_rewards[g].size();
+        at::Tensor gr = seq_r.narrow(0, r0, n).unsqueeze(0);
+        absl::StatusOr<at::Tensor> a;
+        if (n == 1) {
+          a = at::zeros({1, 1}, at::kFloat);  // no baseline from one sample
+        } else if (rl.advantage == Advantage::kRloo) {
+          a = RlooAdvantages(gr);
+        } else {
+          a = GrpoAdvantages(gr, rl.advantage == Advantage::kGrpo);
+        }
+        if (!a.ok()) return a.status();
+        seq_adv.narrow(0, r0, n).copy_(a->reshape({n}));
+        r0 += n;
+      }
+      RLMESH_ASSIGN_OR_RETURN(adv, ExpandToTokens(seq_adv, mask));
+    } else if (rl.advantage == Advantage::kReinforcePp) {
+      // Whitened over the global batch: every rank's tokens, not its slice.
+      RLMESH_ASSIGN_OR_RETURN(adv, ReinforcePlusPlusAdvantages(rewards, mask, kl_tokens,
+                                                               kl_tokens.defined() ? rl.kl_coef : 0.0,
+                                                               /*gamma=*/1.0, global_sum));
+    } else {  // ppo
+      GaeOptions gae = rl.gae;
+      gae.kl_coef = kl_tokens.defined() ? rl.kl_coef : 0.0;
+      gae.global_sum = global_sum;
+      RLMESH_ASSIGN_OR_RETURN(GaeResult res, GaeAdvantages(rewards, old_values, mask, gae, kl_tokens));
+      adv = res.advantages;
+      returns = res.returns;
+    }
+
+    // Loss weights: what the aggregation averages over.
+    auto weight_of = [&](const at::Tensor& mk) -> double {
+      switch (rl.loss.agg) {
+        case LossAgg::kTokenMean:
+          return mk.sum().item<double>();
+        case LossAgg::kSeqMeanTokenMean:
+          return mk.sum(1).gt(0).sum().item<double>();
+        default:
+          return static_cast<double>(mk.size(0));
+      }
+    };
+
+    MetricMeans means;
+    double grad_norm_sum = 0, value_grad_norm_sum = 0, lr = 0;
+    int64_t opt_steps = 0, skipped = 0;
+    fb_seconds += Since(t0);
+    for (int epoch = 0; epoch < rl.epochs; ++epoch) {
+      for (const auto& micro : minis) {
+        const auto t1 = Clock::now();
+        s.models.dp->ZeroGrad();
+        if (s.models.critic_dp) s.models.critic_dp->ZeroGrad();
+        double mini_w = 0;
+        for (auto [a, e] : micro) mini_w += weight_of(Rows(mask, a, e, longest(a, e)));
+        for (auto [a, e] : micro) {
+          const int64_t T = longest(a, e);
+          at::Tensor mk = Rows(mask, a, e, T);
+          const double w = weight_of(mk);
+          if (w == 0) continue;
+          auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
+               tg = Rows(b.targets, a, e, T);
+          RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg,
+                                                                options_.logprob_chunk, s.opt.learner.temperature));
+          PolicyLossInputs in;
+          in.logp = lp.logprobs;
+          in.old_logp = Rows(old_logp, a, e, T);
+          in.advantages = Rows(adv, a, e, T);
+          in.mask = mk;
+          if (with_behaviour) in.behaviour_logp = Rows(b.behaviour, a, e, T);
+          if (s.models.reference) in.ref_logp = Rows(ref_logp, a, e, T);
+          in.entropy = rl.loss.entropy_coef > 0 ? lp.entropy : lp.entropy.detach();
+          RLMESH_ASSIGN_OR_RETURN(LossOutput out, PolicyLoss(in, rl.loss));
+          at::Tensor total = out.loss * (w / mini_w);
+          if (s.models.critic) {
+            at::Tensor values = s.models.Values(s.models.critic, ids, pos);
+            RLMESH_ASSIGN_OR_RETURN(LossOutput vo, ValueLoss(values, Rows(old_values, a, e, T),
+                                                             Rows(returns, a, e, T), mk, rl.value_clip,
+                                                             rl.loss.agg));
+            total = total + rl.vf_coef * vo.loss * (w / mini_w);
+            out.metrics["value_loss"] = vo.metrics["vf_loss"];
+            out.metrics["value_mean"] = vo.metrics["value_mean"];
+            out.metrics["value_clip_frac"] = vo.metrics["vf_clip_frac"];
+            out.metrics["return_mean"] = vo.metrics["return_mean"];
+          }
+          total.backward();
+          means.Add(out.metrics, w);
+        }
+        fb_seconds += Since(t1);
+        const auto t2 = Clock::now();
+        lr = LearningRate(s.opt.optimizer().schedule, s.models.dp->steps());
+        auto stats = s.models.dp->Step(mini_w, lr);
+        if (!stats.ok() && mini_w == 0 && stats.status().code() == absl::StatusCode::kInvalidArgument) {
+          // Nothing to learn from on any rank (e.g. every group dropped as
+          // zero-variance): the global weight is 0 and no update happens.
+          ++skipped;
+          opt_seconds += Since(t2);
+          continue;
+        }
+        if (!stats.ok()) return stats.status();
+        grad_norm_sum += stats->grad_norm;
+        skipped += stats->skipped ? 1 : 0;
+        if (s.models.critic_dp) {
+          const double clr = LearningRate(rl.critic_optimizer.schedule, s.models.critic_dp->steps());
+          auto cst = s.models.critic_dp->Step(mini_w, clr);
+          if (!cst.ok()) return cst.status();
+          value_grad_norm_sum += cst->grad_norm;
+        }
+        ++opt_steps;
+        opt_seconds += Since(t2);
+      }
+    }
+    std::map<std::string, double> vals;
+    means.Into(&vals);
+    for (auto& [k, v] : vals) m[k] = v;
+    // Stable names present on every step (0 when the term is off).
+    for (const char* k : {"loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean"}) {
+      if (!m.count(k)) m[k] = 0.0;
+    }
+    m["grad_norm"] = opt_steps ? grad_norm_sum / opt_steps : 0.0;
+    if (s.models.critic_dp) m["value_grad_norm"] = opt_steps ? value_grad_norm_sum / opt_steps : 0.0;
+    m["lr"] = lr;
+    m["optimizer_steps"] = static_cast<double>(opt_steps);
+    m["skipped"] = static_cast<double>(skipped);
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  m["seconds_forward_backward"] = fb_seconds;
+  m["seconds_optimizer"] = opt_seconds;
+  const double total = Since(t_start);
+  m["tokens_per_second"] = total > 0 ? m["tokens"] * rl.epochs / total : 0.0;
+  return FinishStep(std::move(resp), /*new_policy=*/true);
+}
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,97 @@
+// Trainer::TrainSft: one supervised step (padded or packed batches).
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "learner/batching.h"
+#include "learner/losses.h"
+#include "learner/schedule.h"
+#include "learner/trainer.h"
+#include "learner/trainer_internal.h"
+#include "tasks/encoding.h"
+#include "tasks/preferences.h"
+#include "tasks/task.h"
+
+namespace rlmesh::learner {
+
+absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
+  State& s = *s_;
+  const auto t_start = Clock::now();
+  // Every rank draws the same global batch and takes its slice.
+  std::vector<const Example*> global = s.loader->Next(s.opt.sft.batch);
+  const int64_t lo = s.rank * s.opt.sft.batch / s.world, hi = (s.rank + 1) * s.opt.sft.batch / s.world;
+  const int64_t max_len = s.models.policy->config().max_positions;
+  std::vector<Seq> seqs;
+  for (int64_t i = lo; i < hi; ++i) {
+    std::vector<int> p = EncodePrompt(*s.tokenizer, global[i]->prompt);
+    const Example& e = *global[i];
+    std::vector<int> r = EncodeResponse(*s.tokenizer, e.sft_target.empty() ? e.answer : e.sft_target);
+    const int64_t first = s.opt.sft.train_on_prompt ? 0 : static_cast<int64_t>(p.size()) - 1;
+    seqs.push_back(PromptResponseSeq(p, r, max_len, first));
+  }
+  TrainStepResponse resp;
+  auto& m = *resp.mutable_metrics()->mutable_values();
+  double fb_seconds = 0, opt_seconds = 0;
+  absl::Status st = CatchAll("sft step", [&]() -> absl::Status {
+    std::vector<int64_t> lengths;
+    Batch b;
+    if (s.opt.sft.packing) {
+      b = MakePackedBatch(seqs, max_len, &lengths);
+    } else {
+      b = MakeBatch(seqs, false);
+      for (const Seq& q : seqs) lengths.push_back(q.ids.size());
+    }
+    const double local_tokens = seqs.empty() ? 0.0 : b.mask.sum().item<double>();
+    s.models.dp->ZeroGrad();
+    MetricMeans means;
+    const auto t0 = Clock::now();
+    for (auto [a, e] : MicroBatches(lengths, 0, static_cast<int64_t>(lengths.size()), s.opt.learner.micro_tokens)) {
+      const int64_t T = *std::max_element(lengths.begin() + a, lengths.begin() + e);
+      at::Tensor mask = Rows(b.mask, a, e, T);
+      const double w = mask.sum().item<double>();
+      if (w == 0) continue;
+      RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, Rows(b.input_ids, a, e, T),
+                                                  Rows(b.positions, a, e, T), Rows(b.targets, a, e, T),
+                                                  options_.logprob_chunk, 1.0,
+                                                  b.segments.defined() ? Rows(b.segments, a, e, T) : at::Tensor()));
+      RLMESH_ASSIGN_OR_RETURN(LossOutput out, SftLoss(lp.logprobs, mask, LossAgg::kTokenMean));
+      (out.loss * (w / local_tokens)).backward();
+      means.Add(out.metrics, w);
+    }
+    fb_seconds = Since(t0);
+    const auto t1 = Clock::now();
+    const double lr = LearningRate(s.opt.optimizer().schedule, s.models.dp->steps());
+    RLMESH_ASSIGN_OR_RETURN(DataParallelStepStats stats, s.models.dp->Step(local_tokens, lr));
+    opt_seconds = Since(t1);
+    std::map<std::string, double> vals;
+    means.Into(&vals);
+    for (auto& [k, v] : vals) m[k] = v;
+    m["loss"] = vals.count("sft_loss") ? vals["sft_loss"] : 0.0;
+    m["grad_norm"] = stats.grad_norm;
+    m["lr"] = lr;
+    m["skipped"] = stats.skipped ? 1.0 : 0.0;
+    m["tokens"] = static_cast<double>(b.tokens);
+    m["rows"] = static_cast<double>(lengths.size());
+    m["loss_tokens"] = local_tokens;
+    m["seconds_allreduce"] = stats.reduce_seconds + stats.gather_seconds;
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  m["seconds_forward_backward"] = fb_seconds;
+  m["seconds_optimizer"] = opt_seconds;
+  m["seconds_sample"] = 0.0;
+  const double total = Since(t_start);
+  m["tokens_per_second"] = total > 0 ? m["tokens"] / total : 0.0;
+  return FinishStep(std::move(resp), /*new_policy=*/true);
+}
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,265 @@
+#include "learner/stage_options.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace rlmesh::learner {
+namespace {
+
+// Steps and the global batch of an SFT/RM/DPO stage at `field`.
+absl::Status CheckStepsBatch(const std::string& field, int64_t steps, int64_t batch, int world_size) {
+  if (steps <= 0) return absl::InvalidArgumentError(field + ".steps: must be > 0");
+  if (batch < world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".batch: must be >= the learner world size (", world_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp) {
+  LearnerSettings l;
+  if (exp.learner().zero() != 0 && exp.learner().zero() != 1) {
+    return absl::InvalidArgumentError("experiment.learner.zero: must be 0 or 1");
+  }
+  l.zero1 = exp.learner().zero() == 1;
+  if (exp.learner().micro_batch_tokens() < 0) {
+    return absl::InvalidArgumentError("experiment.learner.micro_batch_tokens: must be >= 0");
+  }
+  l.micro_tokens = exp.learner().micro_batch_tokens() == 0 ? 8192 : exp.learner().micro_batch_tokens();
+  if (!exp.learner().autocast().empty() && exp.learner().autocast() != "fp32" &&
+      exp.learner().autocast() != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("experiment.learner.autocast: \"", exp.learner().autocast(),
+                                                   "\" is not fp32 or bf16"));
+  }
+  l.autocast_bf16 = exp.learner().autocast() == "bf16";
+  if (exp.checkpoint().keep() < 0) {
+    return absl::InvalidArgumentError("experiment.checkpoint.keep: must be >= 0");
+  }
+  l.checkpoint_keep = exp.checkpoint().keep() == 0 ? 3 : exp.checkpoint().keep();
+  const SamplingParams& sampling = exp.rollout().sampling();
+  if (sampling.temperature() < 0) {
+    return absl::InvalidArgumentError("experiment.rollout.sampling.temperature: must be >= 0");
+  }
+  l.temperature = (sampling.greedy() || sampling.temperature() == 0) ? 1.0 : sampling.temperature();
+  l.max_new_tokens = sampling.max_new_tokens();
+  return l;
+}
+
+absl::StatusOr<SftOptions> MakeSftOptions(const SftStage& sft, const std::string& field, int world_size) {
+  SftOptions o;
+  RLMESH_RETURN_IF_ERROR(CheckStepsBatch(field, sft.steps(), sft.batch(), world_size));
+  o.steps = sft.steps();
+  o.batch = sft.batch();
+  o.packing = sft.packing();
+  o.train_on_prompt = sft.train_on_prompt();
+  RLMESH_ASSIGN_OR_RETURN(o.optimizer, MakeOptimizerOptions(sft.optimizer(), field + ".optimizer", sft.steps()));
+  return o;
+}
+
+absl::StatusOr<PairOptions> MakeRewardModelOptions(const RewardModelStage& rm, const std::string& field,
+                                                   int world_size) {
+  PairOptions o;
+  RLMESH_RETURN_IF_ERROR(CheckStepsBatch(field, rm.steps(), rm.batch(), world_size));
+  o.batch = rm.batch();
+  o.steps = rm.steps();
+  o.output = rm.output();
+  o.pairs_path = rm.pairs_path();
+  RLMESH_ASSIGN_OR_RETURN(o.optimizer, MakeOptimizerOptions(rm.optimizer(), field + ".optimizer", rm.steps()));
+  return o;
+}
+
+absl::StatusOr<PairOptions> MakeDpoOptions(const DpoStage& dpo, const std::string& field, int world_size) {
+  PairOptions o;
+  RLMESH_RETURN_IF_ERROR(CheckStepsBatch(field, dpo.steps(), dpo.batch(), world_size));
+  if (dpo.beta() < 0 || !std::isfinite(dpo.beta())) {
+    return absl::InvalidArgumentError(field + ".beta: must be > 0 (0 = the default 0.1)");
+  }
+  o.beta = dpo.beta() == 0 ? 0.1 : dpo.beta();
+  o.batch = dpo.batch();
+  o.steps = dpo.steps();
+  o.pairs_path = dpo.pairs_path();
+  RLMESH_ASSIGN_OR_RETURN(o.optimizer, MakeOptimizerOptions(dpo.optimizer(), field + ".optimizer", dpo.steps()));
+  return o;
+}
+
+absl::StatusOr<Advantage> ParseAdvantage(const std::string& name, const std::string& field) {
+  if (name.empty() || name == "grpo") return Advantage::kGrpo;
+  if (name == "dr_grpo") return Advantage::kDrGrpo;
+  if (name == "rloo") return Advantage::kRloo;
+  if (name == "reinforce_pp") return Advantage::kReinforcePp;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": \"", name, "\" is not grpo, dr_grpo, rloo or reinforce_pp"));
+}
+
+// The fields every RL stage shares (`rl` at `field`, "...grpo.rl").
+absl::Status ReadRlConfig(const RlStage& rl, const std::string& field, const LearnerSettings& learner,
+                          RlOptions* o) {
+  if (rl.steps() <= 0) return absl::InvalidArgumentError(field + ".steps: must be > 0");
+  if (rl.epochs() < 0) return absl::InvalidArgumentError(field + ".epochs: must be >= 0");
+  if (rl.mini_batches() < 0) return absl::InvalidArgumentError(field + ".mini_batches: must be >= 0");
+  o->steps = rl.steps();
+  o->epochs = rl.epochs() == 0 ? 1 : rl.epochs();
+  o->mini_batches = rl.mini_batches() == 0 ? 1 : rl.mini_batches();
+  const int64_t opt_steps = static_cast<int64_t>(rl.steps()) * o->epochs * o->mini_batches;
+  RLMESH_ASSIGN_OR_RETURN(o->optimizer, MakeOptimizerOptions(rl.optimizer(), field + ".optimizer", opt_steps));
+  if (rl.clip_low() < 0) return absl::InvalidArgumentError(field + ".clip_low: must be >= 0");
+  if (rl.clip_high() < 0) return absl::InvalidArgumentError(field + ".clip_high: must be >= 0");
+  o->loss.clip_low = rl.clip_low() == 0 ? 0.2 : rl.clip_low();
+  o->loss.clip_high = rl.clip_high() == 0 ? o->loss.clip_low : rl.clip_high();
+  o->loss.dual_clip = rl.dual_clip();
+  // Zero means the default (2); a negative cap disables truncation.
+  o->loss.importance_cap = rl.importance_cap() == 0 ? 2.0 : std::max(0.0, rl.importance_cap());
+  o->loss.entropy_coef = rl.entropy_coef();
+  if (rl.kl().coef() < 0) return absl::InvalidArgumentError(field + ".kl.coef: must be >= 0");
+  o->kl_coef = rl.kl().coef();
+  o->kl_in_reward = rl.kl().in_reward();
+  if (!rl.kl().estimator().empty()) {
+    auto est = ParseKlEstimator(rl.kl().estimator());
+    if (!est.ok()) return PrefixStatus(field + ".kl.estimator", est.status());
+    o->kl_estimator = *est;
+  }
+  o->loss.kl_estimator = o->kl_estimator;
+  o->loss.kl_coef = o->kl_in_reward ? 0.0 : o->kl_coef;
+  std::string agg = rl.loss_agg();
+  // Dr.GRPO: no length normalisation unless the config says otherwise.
+  if (agg.empty()) agg = o->advantage == Advantage::kDrGrpo ? "seq-mean-token-sum-norm" : "token-mean";
+  auto parsed = ParseLossAgg(agg);
+  if (!parsed.ok()) return PrefixStatus(field + ".loss_agg", parsed.status());
+  o->loss.agg = *parsed;
+  // A constant normaliser, the same on every micro-batch and rank.
+  o->loss.agg_normalizer = learner.max_new_tokens > 0 ? learner.max_new_tokens : 0;
+  RLMESH_RETURN_IF_ERROR(PrefixStatus(field, o->loss.Validate()));
+  o->drop_zero_variance = rl.drop_zero_variance();
+  if (rl.overlong_buffer() < 0) return absl::InvalidArgumentError(field + ".overlong_buffer: must be >= 0");
+  if (rl.overlong_penalty() < 0) return absl::InvalidArgumentError(field + ".overlong_penalty: must be >= 0");
+  o->overlong_buffer = rl.overlong_buffer();
+  o->overlong_penalty = rl.overlong_penalty();
+  if (o->overlong_buffer > 0 && (learner.max_new_tokens <= 0 || o->overlong_buffer > learner.max_new_tokens)) {
+    return absl::InvalidArgumentError(
+        field + ".overlong_buffer: needs 0 < overlong_buffer <= experiment.rollout.sampling.max_new_tokens");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RlOptions> MakeGrpoOptions(const GrpoStage& grpo, const std::string& field,
+                                          const LearnerSettings& learner) {
+  RlOptions o;
+  RLMESH_ASSIGN_OR_RETURN(o.advantage, ParseAdvantage(grpo.advantage(), field + ".advantage"));
+  RLMESH_RETURN_IF_ERROR(ReadRlConfig(grpo.rl(), field + ".rl", learner, &o));
+  return o;
+}
+
+absl::StatusOr<RlOptions> MakePpoOptions(const PpoStage& ppo, const std::string& field,
+                                         const LearnerSettings& learner) {
+  RlOptions o;
+  o.advantage = Advantage::kPpo;
+  o.gae.gamma = ppo.gamma() == 0 ? 1.0 : ppo.gamma();
+  o.gae.lam = ppo.lam() == 0 ? 0.95 : ppo.lam();
+  o.gae.whiten = !ppo.no_whiten();
+  RLMESH_RETURN_IF_ERROR(PrefixStatus(field, o.gae.Validate()));
+  if (ppo.value_clip() < 0) return absl::InvalidArgumentError(field + ".value_clip: must be >= 0");
+  o.value_clip = ppo.value_clip() == 0 ? 0.2 : ppo.value_clip();
+  if (ppo.vf_coef() < 0) return absl::InvalidArgumentError(field + ".vf_coef: must be >= 0");
+  o.vf_coef = ppo.vf_coef() == 0 ? 0.5 : ppo.vf_coef();
+  RLMESH_RETURN_IF_ERROR(ReadRlConfig(ppo.rl(), field + ".rl", learner, &o));
+  const OptimizerConfig& co = ppo.critic_optimizer().lr() > 0 ? ppo.critic_optimizer() : ppo.rl().optimizer();
+  const int64_t opt_steps = o.steps * o.epochs * o.mini_batches;
+  RLMESH_ASSIGN_OR_RETURN(o.critic_optimizer,
+                          MakeOptimizerOptions(co, field + ".critic_optimizer", opt_steps));
+  return o;
+}
+
+}  // namespace
+
+absl::string_view StageKindName(StageKind kind) {
+  switch (kind) {
+    case StageKind::kSft:
+      return "sft";
+    case StageKind::kRewardModel:
+      return "reward_model";
+    case StageKind::kDpo:
+      return "dpo";
+    case StageKind::kGrpo:
+      return "grpo";
+    case StageKind::kPpo:
+      return "ppo";
+  }
+  return "unknown";
+}
+
+absl::Status PrefixStatus(const std::string& prefix, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(prefix, ".", status.message()));
+}
+
+absl::StatusOr<OptimizerOptions> MakeOptimizerOptions(const OptimizerConfig& c, const std::string& field,
+                                                      int64_t total_steps) {
+  OptimizerOptions o;
+  if (!(c.lr() > 0)) return absl::InvalidArgumentError(field + ".lr: must be > 0");
+  o.adamw.beta1 = c.beta1() == 0 ? 0.9 : c.beta1();
+  o.adamw.beta2 = c.beta2() == 0 ? 0.999 : c.beta2();
+  o.adamw.eps = c.eps() == 0 ? 1e-8 : c.eps();
+  o.adamw.weight_decay = c.weight_decay();
+  RLMESH_RETURN_IF_ERROR(PrefixStatus(field, o.adamw.Validate()));
+  o.schedule.peak_lr = c.lr();
+  o.schedule.warmup_steps = c.warmup_steps();
+  o.schedule.total_steps = std::max<int64_t>(1, total_steps);
+  if (c.schedule().empty() || c.schedule() == "constant") {
+    o.schedule.decay = LrDecay::kConstant;
+  } else if (c.schedule() == "cosine") {
+    o.schedule.decay = LrDecay::kCosine;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".schedule: \"", c.schedule(), "\" is not constant or cosine"));
+  }
+  o.schedule.min_lr_ratio = c.min_lr_ratio();
+  RLMESH_RETURN_IF_ERROR(PrefixStatus(field, o.schedule.Validate()));
+  if (c.warmup_steps() < 0) return absl::InvalidArgumentError(field + ".warmup_steps: must be >= 0");
+  o.grad_clip = c.grad_clip() == 0 ? 1.0 : c.grad_clip();
+  return o;
+}
+
+absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int stage_index, int world_size) {
+  StageOptions o;
+  RLMESH_ASSIGN_OR_RETURN(o.learner, MakeLearnerSettings(exp));
+  const Stage& stage = exp.stages(stage_index);
+  o.field = absl::StrCat("experiment.stages[", stage_index, "]");
+  const std::string& sp = o.field;
+  switch (stage.kind_case()) {
+    case Stage::kSft: {
+      o.kind = StageKind::kSft;
+      RLMESH_ASSIGN_OR_RETURN(o.sft, MakeSftOptions(stage.sft(), sp + ".sft", world_size));
+      break;
+    }
+    case Stage::kGrpo: {
+      o.kind = StageKind::kGrpo;
+      RLMESH_ASSIGN_OR_RETURN(o.rl, MakeGrpoOptions(stage.grpo(), sp + ".grpo", o.learner));
+      break;
+    }
+    case Stage::kPpo: {
+      o.kind = StageKind::kPpo;
+      RLMESH_ASSIGN_OR_RETURN(o.rl, MakePpoOptions(stage.ppo(), sp + ".ppo", o.learner));
+      break;
+    }
+    case Stage::kRewardModel: {
+      o.kind = StageKind::kRewardModel;
+      RLMESH_ASSIGN_OR_RETURN(o.pairs,
+                              MakeRewardModelOptions(stage.reward_model(), sp + ".reward_model", world_size));
+      break;
+    }
+    case Stage::kDpo: {
+      o.kind = StageKind::kDpo;
+      RLMESH_ASSIGN_OR_RETURN(o.pairs, MakeDpoOptions(stage.dpo(), sp + ".dpo", world_size));
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(sp + ": no stage kind set (sft, grpo, ppo, ...)");
+  }
+  o.name = stage.name().empty() ? std::string(StageKindName(o.kind)) : stage.name();
+  return o;
+}
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,152 @@
+#pragma once
+
+// Stage options: what one stage of an experiment asks of the learner, read
+// from the ExperimentConfig once and validated there, so the training steps
+// switch on an enum and read plain fields instead of strings and protos.
+// Zero in the config means the documented default; every error is
+// INVALID_ARGUMENT naming the config field ("experiment.stages[1].grpo.rl.
+// optimizer.lr: must be > 0").
+//
+// Plain values; no thread-safety concerns.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "learner/advantages.h"
+#include "learner/losses.h"
+#include "learner/schedule.h"
+#include "proto/learner.pb.h"
+
+namespace rlmesh::learner {
+
+enum class StageKind { kSft, kRewardModel, kDpo, kGrpo, kPpo };
+
+// "sft", "reward_model", "dpo", "grpo", "ppo": the config's field name, also
+// what checkpoints record as trainer_state.json's stage_kind.
+absl::string_view StageKindName(StageKind kind);
+
+// The RL advantage estimator (grpo.advantage; PPO always uses GAE).
+enum class Advantage { kGrpo, kDrGrpo, kRloo, kReinforcePp, kPpo };
+
+// One optimizer: AdamW, its LR schedule and gradient clipping.
+struct OptimizerOptions {
+  AdamWOptions adamw;
+  LrScheduleOptions schedule;
+  // Global gradient-norm clip; < 0: no clipping. Default 1.0.
+  double grad_clip = 1.0;
+};
+
+// OptimizerConfig -> options for `total_steps` optimizer steps; errors name
+// `field` ("experiment.stages[0].sft.optimizer.lr: ...").
+absl::StatusOr<OptimizerOptions> MakeOptimizerOptions(const OptimizerConfig& config,
+                                                      const std::string& field, int64_t total_steps);
+
+// Learner-wide settings of the experiment (experiment.learner, checkpoint,
+// and the rollout sampling the learner must reproduce).
+struct LearnerSettings {
+  // learner.zero == 1: ZeRO-1 sharded optimizer state. Default false.
+  bool zero1 = false;
+  // Most padded tokens in one micro-batch. Default 8192.
+  int64_t micro_tokens = 8192;
+  // learner.autocast == "bf16": forward passes under bf16 autocast.
+  bool autocast_bf16 = false;
+  // Sampling temperature of the rollout: on-policy ratios are exactly 1 only
+  // if log-probs are recomputed at it. Default 1.0 (also for greedy).
+  double temperature = 1.0;
+  // rollout.sampling.max_new_tokens; 0 = unset.
+  int max_new_tokens = 0;
+  // Step checkpoints kept by Save(""). Default 3.
+  int checkpoint_keep = 3;
+};
+
+// An SFT stage.
+struct SftOptions {
+  // Optimizer steps in the stage (> 0).
+  int64_t steps = 0;
+  // Global batch of examples (>= the learner world size).
+  int batch = 0;
+  // Also train on the prompt's tokens. Default false.
+  bool train_on_prompt = false;
+  // Pack the sequences into rows of max_positions tokens. Default false.
+  bool packing = false;
+  OptimizerOptions optimizer;
+};
+
+// A reward-model or DPO stage: trains on preference pairs.
+struct PairOptions {
+  // Optimizer steps in the stage (> 0).
+  int64_t steps = 0;
+  // Global batch of pairs (>= the learner world size).
+  int batch = 0;
+  // DPO's beta. Default 0.1.
+  double beta = 0.1;
+  // Pairs file (JSONL); "" = pairs made from the task's train split.
+  std::string pairs_path;
+  // Reward model: the folder the final model is written to; "" = none.
+  std::string output;
+  OptimizerOptions optimizer;
+};
+
+// A GRPO-family or PPO stage.
+struct RlOptions {
+  Advantage advantage = Advantage::kGrpo;
+  // Steps of the stage (> 0); each runs epochs x mini_batches optimizer steps.
+  int64_t steps = 0;
+  // Passes over each step's batch. Default 1.
+  int epochs = 1;
+  // Optimizer steps per pass. Default 1.
+  int mini_batches = 1;
+  PolicyLossOptions loss;
+  // KL against the frozen reference: coefficient (0 = no reference), in the
+  // reward or in the loss, and the estimator.
+  double kl_coef = 0.0;
+  bool kl_in_reward = false;
+  KlEstimator kl_estimator = KlEstimator::kK3;
+  // Drop groups whose rewards are all equal. Default false.
+  bool drop_zero_variance = false;
+  // DAPO overlong shaping: tokens before max_new_tokens where the penalty
+  // starts (0 = off), and the penalty at max_new_tokens.
+  int overlong_buffer = 0;
+  double overlong_penalty = 0.0;
+  // PPO only: GAE, value clipping and the value-loss weight.
+  GaeOptions gae;
+  double value_clip = 0.2;
+  double vf_coef = 0.5;
+  OptimizerOptions optimizer;
+  // PPO only: the critic's optimizer (ppo.critic_optimizer, else rl.optimizer).
+  OptimizerOptions critic_optimizer;
+};
+
+// One stage, validated. Only the member of `kind`'s family is meaningful.
+struct StageOptions {
+  StageKind kind = StageKind::kSft;
+  // stage.name, or the kind's name.
+  std::string name;
+  // "experiment.stages[<i>]": the prefix of this stage's config fields.
+  std::string field;
+  LearnerSettings learner;
+  SftOptions sft;
+  PairOptions pairs;
+  RlOptions rl;
+
+  bool is_pairs() const { return kind == StageKind::kRewardModel || kind == StageKind::kDpo; }
+  bool is_rl() const { return kind == StageKind::kGrpo || kind == StageKind::kPpo; }
+  // The policy's optimizer, whichever the family.
+  const OptimizerOptions& optimizer() const {
+    return kind == StageKind::kSft ? sft.optimizer : is_pairs() ? pairs.optimizer : rl.optimizer;
+  }
+};
+
+// Reads and validates experiment.learner, checkpoint.keep, the rollout
+// sampling and experiment.stages[stage_index] for a learner of `world_size`
+// shards. REQUIRES: stage_index is inside experiment.stages.
+absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& experiment, int stage_index,
+                                              int world_size);
+
+// Prefixes a non-OK status's message with "<prefix>.".
+absl::Status PrefixStatus(const std::string& prefix, const absl::Status& status);
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,195 @@
+// Trainer checkpoints: Save, Load and resume (the folder format is
+// learner/checkpoint.h).
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "actor/checkpoint.h"
+#include "actor/safetensors.h"
+#include "common/atomic_file.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "learner/checkpoint.h"
+#include "learner/trainer.h"
+#include "learner/trainer_internal.h"
+
+namespace rlmesh::learner {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
+  if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  State& s = *s_;
+  std::string final_dir = path;
+  if (final_dir.empty()) {
+    if (s.request.checkpoint_dir().empty()) {
+      return absl::FailedPreconditionError("path: empty and no checkpoint_dir was configured");
+    }
+    final_dir = absl::StrCat(s.request.checkpoint_dir(), "/", CheckpointName(step_));
+  }
+  while (final_dir.size() > 1 && final_dir.back() == '/') final_dir.pop_back();
+  const fs::path fp(final_dir);
+  const std::string parent = fp.parent_path().empty() ? "." : fp.parent_path().string();
+  const std::string staging = absl::StrCat(parent, "/.tmp-", fp.filename().string());
+  auto barrier = [&]() -> absl::Status {
+    if (!s.models.group) return absl::OkStatus();
+    return CatchAll("barrier", [&]() -> absl::Status {
+      s.models.group->barrier()->wait();
+      return absl::OkStatus();
+    });
+  };
+  const std::string opt_file =
+      s.opt.learner.zero1 ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors";
+
+  absl::Status st = CatchAll("save", [&]() -> absl::Status {
+    std::error_code ec;
+    if (s.rank == 0) {
+      fs::remove_all(staging, ec);
+      fs::create_directories(staging, ec);
+      if (ec) return absl::InternalError(absl::StrCat("create ", staging, ": ", ec.message()));
+    }
+    RLMESH_RETURN_IF_ERROR(barrier());
+    if (s.rank == 0 || s.opt.learner.zero1) {
+      std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", s.models.dp->exp_avg()},
+                                                           {"policy.exp_avg_sq", s.models.dp->exp_avg_sq()}};
+      if (s.models.critic_dp) {
+        t.emplace_back("critic.exp_avg", s.models.critic_dp->exp_avg());
+        t.emplace_back("critic.exp_avg_sq", s.models.critic_dp->exp_avg_sq());
+      }
+      RLMESH_RETURN_IF_ERROR(actor::WriteSafetensors(absl::StrCat(staging, "/", opt_file), t));
+    }
+    if (s.rank == 0) {
+      const actor::SaveOptions so{.tokenizer = s.tokenizer.get()};
+      RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.models.policy, staging, so));
+      if (s.models.critic) RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.models.critic, staging + "/critic", so));
+    }
+    RLMESH_RETURN_IF_ERROR(barrier());
+    if (s.rank == 0) {
+      TrainerState ts;
+      ts.experiment = s.request.experiment().name();
+      ts.stage_index = s.request.stage_index();
+      ts.stage_kind = std::string(StageKindName(s.opt.kind));
+      ts.step = step_;
+      ts.policy_version = version_;
+      ts.seed = s.request.experiment().seed();
+      if (s.loader) {
+        ts.loader_epoch = s.loader->cursor().epoch;
+        ts.loader_index = s.loader->cursor().index;
+      }
+      ts.optimizer_steps = s.models.dp->steps();
+      ts.critic_optimizer_steps = s.models.critic_dp ? s.models.critic_dp->steps() : 0;
+      ts.world_size = s.world;
+      ts.zero1 = s.opt.learner.zero1;
+      for (fs::recursive_directory_iterator it(staging), end; it != end; ++it) {
+        if (!it->is_regular_file()) continue;
+        const std::string rel = fs::relative(it->path(), staging).string();
+        RLMESH_ASSIGN_OR_RETURN(ts.files[rel], DigestFile(it->path().string()));
+      }
+      RLMESH_RETURN_IF_ERROR(
+          WriteFileAtomically(staging + "/trainer_state.json", TrainerStateToJson(ts)));
+      RLMESH_RETURN_IF_ERROR(CommitCheckpoint(staging, final_dir));
+      if (path.empty()) {
+        const int keep = s.opt.learner.checkpoint_keep;
+        RLMESH_RETURN_IF_ERROR(PruneCheckpoints(s.request.checkpoint_dir(), keep));
+      }
+    }
+    return barrier();
+  });
+  if (!st.ok()) return st;
+  RLMESH_LOG(INFO) << "saved path=" << final_dir << " step=" << step_ << " version=" << version_;
+  if (s.opt.kind == StageKind::kRewardModel && !s.opt.pairs.output.empty() && step_ >= s.opt.pairs.steps && s.rank == 0) {
+    // The trained reward model, as a plain HF folder (config says
+    // ForSequenceClassification; score.weight is the head).
+    absl::Status out = CatchAll("save reward model", [&]() -> absl::Status {
+      std::error_code ec;
+      fs::create_directories(s.opt.pairs.output, ec);
+      if (ec) return absl::InternalError(absl::StrCat("create ", s.opt.pairs.output, ": ", ec.message()));
+      return actor::SaveHfModel(s.models.policy, s.opt.pairs.output, {.tokenizer = s.tokenizer.get()});
+    });
+    if (!out.ok()) return PrefixStatus(absl::StrCat("experiment.stages[", s.request.stage_index(), "].reward_model.output"), out);
+    RLMESH_LOG(INFO) << "reward model written path=" << s.opt.pairs.output;
+  }
+  SaveResponse resp;
+  resp.set_path(final_dir);
+  resp.set_step(step_);
+  resp.set_policy_version(version_);
+  return resp;
+}
+
+absl::StatusOr<LoadResponse> Trainer::Load(const std::string& path) {
+  if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  std::string dir = path;
+  if (dir.empty()) {
+    if (s_->request.checkpoint_dir().empty()) {
+      return absl::FailedPreconditionError("path: empty and no checkpoint_dir was configured");
+    }
+    std::vector<std::string> refused;
+    auto found = NewestValidCheckpoint(s_->request.checkpoint_dir(), s_->request.stage_index(), &refused);
+    for (const std::string& r : refused) RLMESH_LOG(WARNING) << "refused checkpoint " << r;
+    if (!found.ok()) {
+      std::string why;
+      for (const std::string& r : refused) absl::StrAppend(&why, "; refused ", r);
+      return absl::NotFoundError(absl::StrCat(found.status().message(), why));
+    }
+    dir = found->path;
+  }
+  RLMESH_RETURN_IF_ERROR(LoadFrom(dir));
+  PublishStatus();
+  LoadResponse resp;
+  resp.set_path(dir);
+  resp.set_step(step_);
+  resp.set_policy_version(version_);
+  return resp;
+}
+
+absl::Status Trainer::LoadFrom(const std::string& dir) {
+  State& s = *s_;
+  RLMESH_ASSIGN_OR_RETURN(TrainerState ts, VerifyCheckpoint(dir));
+  const absl::string_view kind = StageKindName(s.opt.kind);
+  if (ts.stage_index != s.request.stage_index() || ts.stage_kind != kind) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": checkpoint of stage ", ts.stage_index, " (", ts.stage_kind, "), configured stage is ",
+        s.request.stage_index(), " (", kind, ")"));
+  }
+  if (ts.zero1 != s.opt.learner.zero1 || (s.opt.learner.zero1 && ts.world_size != s.world)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, ": optimizer state written with world_size ",
+                                                      ts.world_size, " zero1=", ts.zero1,
+                                                      "; resume with the same sharding"));
+  }
+  const std::string opt_file = absl::StrCat(
+      dir, "/", s.opt.learner.zero1 ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors");
+  RLMESH_RETURN_IF_ERROR(CatchAll("load", [&]() -> absl::Status {
+    RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, s.models.policy));
+    if (s.models.critic) {
+      actor::LoadOptions lo;
+      lo.add_value_head = true;
+      RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir + "/critic", s.models.critic, lo));
+    }
+    RLMESH_ASSIGN_OR_RETURN(auto file, actor::SafetensorsFile::Open(opt_file));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, file->Read("policy.exp_avg"));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, file->Read("policy.exp_avg_sq"));
+    RLMESH_RETURN_IF_ERROR(PrefixStatus(opt_file, s.models.dp->LoadOptimizerState(m, v, ts.optimizer_steps)));
+    if (s.models.critic_dp) {
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor cm, file->Read("critic.exp_avg"));
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor cv, file->Read("critic.exp_avg_sq"));
+      RLMESH_RETURN_IF_ERROR(
+          PrefixStatus(opt_file, s.models.critic_dp->LoadOptimizerState(cm, cv, ts.critic_optimizer_steps)));
+    }
+    return absl::OkStatus();
+  }));
+  if (s.loader_data != nullptr) {
+    s.loader = std::make_unique<PromptLoader>(s.loader_data, s.loader_seed,
+                                              LoaderCursor{ts.loader_epoch, ts.loader_index});
+  }
+  step_ = ts.step;
+  version_ = ts.policy_version;
+  return absl::OkStatus();
+}
+
+}  // namespace rlmesh::learner

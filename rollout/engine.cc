@@ -1,0 +1,234 @@
+// Rollout worker: the engine thread (admission into the generator under
+// max_batch, decoding steps, the weight-update fence with kFinish / kAbort /
+// kPartial) and the update hand-off from loading threads.
+
+#include "rollout/worker_impl.h"
+
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace rlmesh::rollout {
+
+// Generator callback (engine thread, mu not held).
+void RolloutWorker::Impl::OnGroup(actor::GroupResult result) {
+  Inflight entry;
+  int64_t tokens = 0;
+  for (const auto& c : result.samples) tokens += static_cast<int64_t>(c.tokens.size());
+  {
+    absl::MutexLock lock(&mu);
+    auto it = inflight.find(result.id);
+    if (it == inflight.end()) return;  // cannot happen: ids live until here
+    entry = std::move(it->second);
+    inflight.erase(it);
+    inflight_rows -= entry.req->request.n();
+    if (entry.req->request.pipeline() && !entry.req->cancelled) ++pipeline_busy;
+    generated_tokens += tokens;
+    rate.emplace_back(absl::Now(), tokens);
+    while (absl::Now() - rate.front().first > options.rate_window) rate.pop_front();
+  }
+  TrajectoryGroup group = MakeGroup(*entry.req, entry.prompt, &result, &entry.switches);
+  if (entry.req->request.pipeline() && !entry.req->cancelled) {
+    auto req = entry.req;
+    auto shared = std::make_shared<TrajectoryGroup>(std::move(group));
+    const bool scheduled = pipeline.Schedule([this, req, shared] { RunPipeline(req, std::move(*shared)); });
+    RLMESH_CHECK(scheduled) << "pipeline pool stopped while the engine runs";
+  } else {
+    Deliver(entry.req, std::move(group), false, absl::OkStatus());
+  }
+}
+
+void RolloutWorker::Impl::Loop() {
+  while (true) {
+    std::vector<std::pair<uint64_t, actor::GenerationRequest>> admit;
+    bool interrupt = false;
+    std::shared_ptr<Update> apply;
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(
+          +[](Impl* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+            return s->stop || s->update != nullptr || !s->pending.empty() || !s->inflight.empty();
+          },
+          this));
+      if (stop) break;
+      if (update) {
+        // kAbort/kPartial: interrupt what runs now, swap, then regenerate
+        // or continue it.
+        interrupt = !inflight.empty() && options.on_update != RolloutWorkerOptions::OnUpdate::kFinish;
+        if (inflight.empty() || interrupt) apply = update;
+      } else {
+        while (!pending.empty()) {
+          auto& req = pending.front();
+          const int64_t rows = static_cast<int64_t>(req->request.prompts_size()) * req->request.n();
+          if (inflight_rows > 0 && inflight_rows + rows > options.max_batch) break;
+          req->version = version;
+          req->model_id = model_id;
+          for (int i = 0; i < req->request.prompts_size(); ++i) {
+            actor::GenerationRequest g;
+            g.id = next_gen_id++;
+            g.prompt.assign(req->request.prompts(i).token_ids().begin(), req->request.prompts(i).token_ids().end());
+            g.sampling = req->sampling;
+            g.prompt_index = StreamKey(req->request, i);
+            inflight[g.id] = Inflight{req, i};
+            admit.emplace_back(g.id, std::move(g));
+          }
+          inflight_rows += rows;
+          pending.pop_front();
+        }
+      }
+    }
+    if (interrupt && gen) {
+      std::vector<actor::GroupResult> partial = gen->Abort();
+      absl::MutexLock lock(&mu);
+      for (auto& p : partial) {
+        auto it = inflight.find(p.id);
+        if (it == inflight.end()) continue;
+        const RequestHandle& r = *it->second.req;
+        actor::GenerationRequest g;
+        g.id = p.id;
+        const auto& ids = r.request.prompts(it->second.prompt).token_ids();
+        g.prompt.assign(ids.begin(), ids.end());
+        g.sampling = r.sampling;
+        g.prompt_index = StreamKey(r.request, it->second.prompt);
+        g.resume = std::move(p.samples);
+        if (options.on_update == RolloutWorkerOptions::OnUpdate::kAbort) {
+          // Start the unfinished samples over: no sequence mixes versions.
+          for (auto& c : g.resume) {
+            if (c.finish_reason != actor::FinishReason::kAborted) continue;
+            c.tokens.clear();
+            c.logprobs.clear();
+          }
+        }
+        parked.push_back(std::move(g));
+      }
+    }
+    if (apply) {
+      gen.reset();
+      absl::Status s;
+      try {
+        s = apply->apply();
+      } catch (const std::exception& e) {
+        s = absl::InternalError(absl::StrCat("weight swap: ", e.what()));
+      }
+      absl::MutexLock lock(&mu);
+      if (s.ok()) {
+        version = apply->version;
+        model_id = apply->model_id;
+        if (apply->config) {
+          config = apply->config;
+          params = std::move(apply->params);
+        }
+      }
+      apply->status = s;
+      apply->done = true;
+      update = nullptr;
+      continue;
+    }
+    if (!gen && model) {
+      actor::GeneratorOptions go;
+      go.max_batch = options.max_batch;
+      go.max_prefill_tokens = options.max_prefill_tokens;
+      gen = std::make_unique<actor::Generator>(model, go);
+    }
+    if (!parked.empty() && gen) {
+      // Resume interrupted groups first, on the weights now loaded.
+      {
+        absl::MutexLock lock(&mu);
+        for (const auto& g : parked) {
+          auto it = inflight.find(g.id);
+          if (it == inflight.end()) continue;
+          for (size_t i = 0; i < g.resume.size(); ++i) {
+            if (g.resume[i].finish_reason != actor::FinishReason::kAborted) continue;
+            auto& sw = it->second.switches[static_cast<int>(i)];
+            const int64_t last = sw.empty() ? it->second.req->version : sw.back().second;
+            if (last == version) continue;  // the swap failed: same weights
+            sw.emplace_back(static_cast<int>(g.resume[i].tokens.size()), version);
+          }
+        }
+      }
+      std::vector<actor::GenerationRequest> resume = std::move(parked);
+      parked.clear();
+      for (auto& g : resume) {
+        const uint64_t id = g.id;
+        absl::Status s = gen->Submit(std::move(g));
+        if (!s.ok()) FailInflight(id, s);
+      }
+    }
+    for (auto& [id, g] : admit) {
+      absl::Status s = gen->Submit(std::move(g));
+      if (!s.ok()) FailInflight(id, s);
+    }
+    if (gen && !gen->Idle()) {
+      absl::Status s = gen->Step([this](actor::GroupResult r) { OnGroup(std::move(r)); });
+      active_sequences = static_cast<int>(gen->running());
+      if (!s.ok()) {
+        RLMESH_LOG(ERROR) << "generation step failed: " << s.message();
+        FailAllInflight(s);
+      }
+    }
+  }
+  // Stopping: end everything still queued or running, and a waiting load.
+  std::vector<std::shared_ptr<RequestHandle>> ends;
+  {
+    absl::MutexLock lock(&mu);
+    if (update) {
+      update->status = absl::CancelledError("rollout worker shutting down");
+      update->done = true;
+      update = nullptr;
+    }
+    for (auto& r : pending) ends.push_back(r);
+    pending.clear();
+    for (auto& [id, e] : inflight) ends.push_back(e.req);
+    inflight.clear();
+  }
+  for (auto& r : ends) EndUndelivered(r, absl::CancelledError("rollout worker shutting down"));
+}
+
+void RolloutWorker::Impl::FailInflight(uint64_t gen_id, const absl::Status& s) {
+  Inflight e;
+  {
+    absl::MutexLock lock(&mu);
+    auto it = inflight.find(gen_id);
+    if (it == inflight.end()) return;
+    e = std::move(it->second);
+    inflight.erase(it);
+    inflight_rows -= e.req->request.n();
+  }
+  FinishOne(e.req, s);
+}
+
+void RolloutWorker::Impl::FailAllInflight(const absl::Status& s) {
+  std::vector<Inflight> all;
+  {
+    absl::MutexLock lock(&mu);
+    for (auto& [id, e] : inflight) all.push_back(std::move(e));
+    inflight.clear();
+    inflight_rows = 0;
+  }
+  gen.reset();
+  parked.clear();
+  for (auto& e : all) FinishOne(e.req, s);
+}
+
+// Posts `u` and waits until the engine applied it at the fence.
+absl::Status RolloutWorker::Impl::PostUpdate(std::shared_ptr<Update> u) {
+  absl::MutexLock lock(&mu);
+  if (stop) return absl::CancelledError("rollout worker shutting down");
+  update = u;
+  mu.Await(absl::Condition(
+      +[](Update* x) { return x->done; }, u.get()));
+  return u->status;
+}
+
+absl::Status RolloutWorker::Impl::CheckVersion(int64_t v) {
+  if (v <= version) {
+    return absl::InvalidArgumentError(absl::StrCat("version: ", v, " must exceed the loaded version ", version));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rlmesh::rollout

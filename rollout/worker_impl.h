@@ -1,0 +1,188 @@
+#pragma once
+
+// Private to the rollout worker's files: the request handle and the shared
+// state of a RolloutWorker (RolloutWorker::Impl). The worker's work is split
+// by job:
+//   rollout_worker.cc  the public API (Submit, Cancel, Status, WaitIdle);
+//   requests.cc        request validation, trajectories from generator output;
+//   pipeline.cc        delivery to the caller, scoring and storing a group;
+//   engine.cc          the engine thread: admission, generation, the fence;
+//   weights.cc         checkpoint loads and weight sync.
+//
+// Thread-safety: Impl is shared by the caller threads (Submit, Cancel, loads,
+// Status), the engine thread and the pipeline threads; each member says what
+// guards it. Lock order: load_mu before mu; RequestHandle::deliver_mu is
+// taken without mu held.
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "actor/generate.h"
+#include "actor/model_config.h"
+#include "actor/tokenizer.h"
+#include "actor/transformer.h"
+#include "common/thread_pool.h"
+#include "rollout/rollout_worker.h"
+#include "weight_sync/weight_sync.h"
+
+namespace rlmesh::rollout {
+
+inline int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+// One submitted Generate call. Shared by the caller (for Cancel), the engine
+// thread and the pipeline threads; each member says what guards it.
+class RequestHandle {
+ public:
+  // Constant after Submit.
+  uint64_t id = 0;
+  GenerateRequest request;
+  actor::SamplingOptions sampling;
+  RolloutWorker::GroupSink on_group;
+  RolloutWorker::DoneCallback on_done;
+  // Serialises the callbacks of this request; `closed` once on_done ran (no
+  // callback after that).
+  absl::Mutex deliver_mu;
+  bool closed ABSL_GUARDED_BY(deliver_mu) = false;
+  // Guarded by Impl::mu.
+  int64_t groups_left = 0;
+  absl::Status status;
+  bool cancelled = false;
+  bool done = false;
+  int64_t version = 0;    // weights at admission
+  std::string model_id;   // model at admission
+};
+
+struct RolloutWorker::Impl {
+  struct ParamInfo {
+    std::vector<int64_t> shape;
+  };
+  // A weight swap waiting for the fence; applied on the engine thread.
+  struct Update {
+    std::function<absl::Status()> apply;
+    int64_t version = 0;
+    std::string model_id;
+    // Installed with the version when set (a checkpoint defines the shape).
+    std::optional<actor::ModelConfig> config;
+    std::map<std::string, ParamInfo> params;
+    bool done = false;
+    absl::Status status;
+  };
+  struct Inflight {
+    std::shared_ptr<RequestHandle> req;
+    int prompt = 0;
+    // Per sample: (response token index, version) where a resumed sample
+    // switched to newer weights (partial rollout).
+    std::map<int, std::vector<std::pair<int, int64_t>>> switches;
+  };
+
+  // Constant after construction.
+  const RolloutWorkerOptions options;
+  const std::unique_ptr<actor::Tokenizer> tokenizer;
+  const std::string tokenizer_hash;
+  RewardClient* const reward;
+  ReplayBufferClient* const replay;
+
+  mutable absl::Mutex mu;
+  std::deque<std::shared_ptr<RequestHandle>> pending ABSL_GUARDED_BY(mu);
+  std::map<uint64_t, Inflight> inflight ABSL_GUARDED_BY(mu);  // generator request id ->
+  int64_t inflight_rows ABSL_GUARDED_BY(mu) = 0;
+  std::shared_ptr<Update> update ABSL_GUARDED_BY(mu);
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  int64_t version ABSL_GUARDED_BY(mu) = 0;
+  std::string model_id ABSL_GUARDED_BY(mu);
+  std::optional<actor::ModelConfig> config ABSL_GUARDED_BY(mu);
+  std::map<std::string, ParamInfo> params ABSL_GUARDED_BY(mu);
+  int64_t generated_tokens ABSL_GUARDED_BY(mu) = 0;
+  int64_t failed_groups ABSL_GUARDED_BY(mu) = 0;
+  int64_t pipeline_busy ABSL_GUARDED_BY(mu) = 0;
+  std::deque<std::pair<absl::Time, int64_t>> rate ABSL_GUARDED_BY(mu);  // (time, tokens) per step
+  uint64_t next_request_id ABSL_GUARDED_BY(mu) = 1;
+  uint64_t next_gen_id ABSL_GUARDED_BY(mu) = 1;
+  std::atomic<int> active_sequences{0};
+
+  // Serialises weight loads (one update at a time) and guards the receiver.
+  absl::Mutex load_mu;
+  std::unique_ptr<weight_sync::WeightReceiver> receiver ABSL_GUARDED_BY(load_mu);
+  std::string sync_group ABSL_GUARDED_BY(load_mu);
+  // Receive buffers reused from one sync to the next.
+  weight_sync::NamedTensors staging ABSL_GUARDED_BY(load_mu);
+
+  // Engine thread only.
+  actor::Transformer model{nullptr};
+  std::unique_ptr<actor::Generator> gen;
+  // Groups interrupted by an update (partial rollout), resubmitted with
+  // their tokens so far once the new weights are in.
+  std::vector<actor::GenerationRequest> parked;
+
+  // Scores and stores finished groups (pipeline mode). Stopped (drained)
+  // after the engine thread has ended, so Schedule never refuses.
+  ThreadPool pipeline;
+  std::thread engine;
+
+  Impl(RolloutWorkerOptions o, std::unique_ptr<actor::Tokenizer> t, RewardClient* r, ReplayBufferClient* b)
+      : options(std::move(o)),
+        tokenizer(std::move(t)),
+        tokenizer_hash(tokenizer ? tokenizer->Hash() : ""),
+        reward(r),
+        replay(b),
+        pipeline(options.pipeline_threads, "rollout-pipe") {}
+
+
+  // ---- requests and trajectories (requests.cc) ---------------------------
+
+  absl::Status Validate(const GenerateRequest& r, actor::SamplingOptions* sampling) ABSL_SHARED_LOCKS_REQUIRED(mu);
+
+  // Key of prompt i's random streams: its stream_key, else its position.
+  static int64_t StreamKey(const GenerateRequest& r, int i);
+
+  static std::string PromptId(const GenerateRequest& r, int i);
+
+  // `switches`: version switches of resumed samples (may be null).
+  TrajectoryGroup MakeGroup(const RequestHandle& req, int prompt, const actor::GroupResult* result,
+                            const std::map<int, std::vector<std::pair<int, int64_t>>>* switches = nullptr);
+
+  // ---- delivery and the reward/buffer pipeline (pipeline.cc) --------------
+
+  void Deliver(const std::shared_ptr<RequestHandle>& req, TrajectoryGroup group, bool stored, absl::Status status);
+
+  // Counts one group of `req` as delivered; ends the request after the last.
+  void FinishOne(const std::shared_ptr<RequestHandle>& req, absl::Status status);
+
+  // Ends a request that never reached the generator.
+  void EndUndelivered(const std::shared_ptr<RequestHandle>& req, absl::Status status);
+
+  void RunPipeline(std::shared_ptr<RequestHandle> req, TrajectoryGroup group);
+
+  absl::Status ScoreAndStore(const GenerateRequest& r, TrajectoryGroup* group);
+
+  // ---- the engine thread and the update fence (engine.cc) -----------------
+
+  // Generator callback (engine thread, mu not held).
+  void OnGroup(actor::GroupResult result);
+
+  void Loop();
+
+  void FailInflight(uint64_t gen_id, const absl::Status& s);
+
+  void FailAllInflight(const absl::Status& s);
+
+  // Posts `u` and waits until the engine applied it at the fence.
+  absl::Status PostUpdate(std::shared_ptr<Update> u);
+
+  absl::Status CheckVersion(int64_t v) ABSL_SHARED_LOCKS_REQUIRED(mu);
+};
+
+}  // namespace rlmesh::rollout
