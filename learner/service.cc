@@ -5,12 +5,36 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/rpc_handler.h"
+#include "common/trace.h"
 #include "weight_sync/weight_sync.h"
 
 namespace rlmesh::learner {
+
+namespace {
+
+// With tracing on: the step as a span, and its phases (sampling from the
+// buffer, forward+backward, optimizer) as spans in the order they ran, from
+// the durations the step measured itself.
+void TraceTrainStep(int64_t start_us, const TrainStepResponse& resp) {
+  if (!TracingEnabled()) return;
+  const int64_t end_us = absl::ToUnixMicros(absl::Now());
+  RecordSpan("train_step", "learner", start_us, end_us - start_us,
+             absl::StrCat("{\"policy_version\":", resp.policy_version(), "}"));
+  int64_t at = start_us;
+  for (const char* phase : {"seconds_sample", "seconds_forward_backward", "seconds_optimizer"}) {
+    auto it = resp.metrics().values().find(phase);
+    if (it == resp.metrics().values().end() || !(it->second > 0)) continue;
+    const int64_t dur = static_cast<int64_t>(it->second * 1e6);
+    RecordSpan(std::string(phase).substr(8), "learner", at, dur);
+    at += dur;
+  }
+}
+
+}  // namespace
 
 LearnerService::LearnerService(Trainer* trainer, const ServerAuth* auth, ClientOptions client_options)
     : trainer_(trainer), auth_(auth), client_options_(std::move(client_options)), worker_(1, "learner-work") {}
@@ -78,9 +102,11 @@ grpc::ServerUnaryReactor* LearnerService::TrainStep(grpc::CallbackServerContext*
                                                     const TrainStepRequest* req,
                                                     TrainStepResponse* resp) {
   return Offload(ctx, [this, req, resp]() -> absl::Status {
+    const int64_t start = absl::ToUnixMicros(absl::Now());
     auto r = trainer_->TrainStep(*req);
     if (!r.ok()) return r.status();
     *resp = *std::move(r);
+    TraceTrainStep(start, *resp);
     return absl::OkStatus();
   });
 }

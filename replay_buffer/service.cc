@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/rpc_handler.h"
+#include "common/trace.h"
 
 namespace rlmesh {
 
@@ -67,6 +68,7 @@ grpc::ServerUnaryReactor* ReplayBufferService::PutGroups(grpc::CallbackServerCon
                                                          const PutGroupsRequest* request,
                                                          PutGroupsResponse* response) {
   return Run(ctx, writers_, [this, request, response]() -> absl::Status {
+    TraceSpan span("put_groups", "replay_buffer");
     absl::StatusOr<PutGroupsResponse> r = store_->PutGroups(*request);
     if (!r.ok()) return r.status();
     *response = *std::move(r);
@@ -86,6 +88,7 @@ grpc::ServerUnaryReactor* ReplayBufferService::SampleGroups(grpc::CallbackServer
     deadline = std::min(deadline, absl::FromChrono(client_deadline) - options_.deadline_margin);
   }
   return Run(ctx, samplers_, [this, ctx, request, response, deadline]() -> absl::Status {
+    TraceSpan span("sample_groups", "replay_buffer");
     absl::StatusOr<SampleGroupsResponse> r =
         store_->SampleGroups(*request, deadline, [ctx] { return ctx->IsCancelled(); });
     if (!r.ok()) return r.status();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 
 namespace rlmesh::rollout {
 
@@ -36,6 +37,11 @@ void RolloutWorker::Impl::FinishOne(const std::shared_ptr<RequestHandle>& req, a
     req->done = true;
     final_status = req->cancelled ? absl::CancelledError("request cancelled") : req->status;
   }
+  // One span per Generate call: from Submit to its last group delivered.
+  RecordSpan(req->request.pipeline() ? "generate" : "generate_eval", "rollout", req->submitted_us,
+             NowMicros() - req->submitted_us,
+             absl::StrCat("{\"prompts\":", req->request.prompts_size(), ",\"n\":", req->request.n(),
+                          ",\"version\":", req->version, "}"));
   absl::MutexLock lock(&req->deliver_mu);
   req->closed = true;
   if (req->on_done) req->on_done(final_status);
@@ -79,7 +85,10 @@ absl::Status RolloutWorker::Impl::ScoreAndStore(const GenerateRequest& r, Trajec
     *item->mutable_metadata() = t.metadata();
     item->set_max_new_tokens(r.sampling().max_new_tokens());
   }
-  absl::StatusOr<ScoreResponse> scored = reward->Score(sr);
+  absl::StatusOr<ScoreResponse> scored = [&] {
+    TraceSpan span("score", "rollout");
+    return reward->Score(sr);
+  }();
   if (!scored.ok()) {
     return absl::Status(scored.status().code(), absl::StrCat("reward server: ", scored.status().message()));
   }
@@ -98,7 +107,10 @@ absl::Status RolloutWorker::Impl::ScoreAndStore(const GenerateRequest& r, Trajec
   }
   PutGroupsRequest put;
   *put.add_groups() = *group;
-  absl::StatusOr<PutGroupsResponse> stored = replay->PutGroups(put);
+  absl::StatusOr<PutGroupsResponse> stored = [&] {
+    TraceSpan span("put_groups", "rollout");
+    return replay->PutGroups(put);
+  }();
   if (!stored.ok()) {
     return absl::Status(stored.status().code(), absl::StrCat("replay buffer: ", stored.status().message()));
   }

@@ -56,6 +56,7 @@ RolloutWorker::~RolloutWorker() {
 absl::StatusOr<std::shared_ptr<RequestHandle>> RolloutWorker::Submit(const GenerateRequest& request,
                                                                       GroupSink on_group, DoneCallback on_done) {
   auto req = std::make_shared<RequestHandle>();
+  req->submitted_us = NowMicros();
   absl::MutexLock lock(&impl_->mu);
   if (impl_->stop) return absl::CancelledError("rollout worker shutting down");
   RLMESH_RETURN_IF_ERROR(impl_->Validate(request, &req->sampling));

@@ -63,6 +63,8 @@ class RequestHandle {
   bool done = false;
   int64_t version = 0;    // weights at admission
   std::string model_id;   // model at admission
+  // When Submit took it (unix micros), for its trace span. Constant.
+  int64_t submitted_us = 0;
 };
 
 struct RolloutWorker::Impl {
