@@ -117,15 +117,23 @@ class RolloutWorker {
   // Stops delivering groups of `handle`; its DoneCallback gets CANCELLED.
   void Cancel(const std::shared_ptr<RequestHandle>& handle);
 
+  // Loads, configurations and syncs take turns. Each waits for the one in
+  // progress until `deadline` at most, then fails UNAVAILABLE ("retry"): a
+  // sync whose publisher never comes holds its turn until the backend's
+  // timeout, and must not hold every later caller (and the RPC threads
+  // they run on) for as long.
+  //
   // Loads a Hugging Face folder; `version` 0 = current + 1, otherwise it must
   // exceed the current version. The first load defines the model shape.
-  absl::StatusOr<LoadResult> LoadCheckpoint(const std::string& path, int64_t version);
+  absl::StatusOr<LoadResult> LoadCheckpoint(const std::string& path, int64_t version,
+                                            absl::Time deadline = absl::InfiniteFuture());
   // Joins (or replaces) the weight-sync group.
-  absl::Status ConfigureWeightSync(const WeightSyncSpec& spec);
+  absl::Status ConfigureWeightSync(const WeightSyncSpec& spec, absl::Time deadline = absl::InfiniteFuture());
   // Receives `layout` (at least its version; `version` overrides it when
   // non-zero) through the configured group and swaps it in at the fence.
   // REQUIRES: weights loaded once (shape) and ConfigureWeightSync.
-  absl::StatusOr<LoadResult> LoadFromSync(const WeightLayout& layout, int64_t version);
+  absl::StatusOr<LoadResult> LoadFromSync(const WeightLayout& layout, int64_t version,
+                                          absl::Time deadline = absl::InfiniteFuture());
 
   RolloutStatus Status() const;
   int64_t policy_version() const;

@@ -9,6 +9,13 @@
 namespace rlmesh::rollout {
 namespace {
 
+// The call's deadline; none (the client set no deadline) is infinite.
+absl::Time DeadlineOf(const grpc::CallbackServerContext& ctx) {
+  if (ctx.deadline() == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(ctx.deadline());
+}
+
+
 // State shared by the reactor and the worker's callbacks. Every StartWrite /
 // Finish happens under `mu`; OnDone clears `reactor` under `mu`, so a late
 // callback never touches a deleted reactor.
@@ -145,8 +152,23 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::LoadWeights(grpc::CallbackServerCo
     return reactor;
   }
   // The load waits for the fence (possibly seconds): off the callback thread.
+  const absl::Time deadline = DeadlineOf(*ctx);
+  OffThread(reactor, [this, request, response, deadline]() -> absl::Status {
+    absl::StatusOr<LoadResult> r =
+        request->has_sync() ? worker_->LoadFromSync(request->sync(), request->version(), deadline)
+                            : worker_->LoadCheckpoint(request->checkpoint_path(), request->version(), deadline);
+    if (!r.ok()) return r.status();
+    response->set_version(r->version);
+    response->set_bytes(r->bytes);
+    response->set_seconds(r->seconds);
+    return absl::OkStatus();
+  });
+  return reactor;
+}
+
+void RolloutServiceImpl::OffThread(grpc::ServerUnaryReactor* reactor, std::function<absl::Status()> work) {
   absl::MutexLock lock(&mu_);
-  // Join the loads that already ended, so the list stays short.
+  // Join the threads that already ended, so the list stays short.
   for (auto it = threads_.begin(); it != threads_.end();) {
     bool ended;
     {
@@ -161,31 +183,35 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::LoadWeights(grpc::CallbackServerCo
     }
   }
   auto ended = std::make_shared<bool>(false);
-  std::thread t([this, reactor, request, response, ended] {
-    absl::StatusOr<LoadResult> r;
+  std::thread t([this, reactor, work = std::move(work), ended] {
+    absl::Status st;
     try {
-      r = request->has_sync() ? worker_->LoadFromSync(request->sync(), request->version())
-                              : worker_->LoadCheckpoint(request->checkpoint_path(), request->version());
+      st = work();
     } catch (const std::exception& e) {
-      r = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
+      st = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
     }
-    if (r.ok()) {
-      response->set_version(r->version);
-      response->set_bytes(r->bytes);
-      response->set_seconds(r->seconds);
-    }
-    reactor->Finish(ToGrpcStatus(r.status()));
+    reactor->Finish(ToGrpcStatus(st));
     absl::MutexLock done_lock(&done_mu_);
     *ended = true;
   });
   threads_.emplace_back(std::move(t), std::move(ended));
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* RolloutServiceImpl::ConfigureWeightSync(grpc::CallbackServerContext* ctx,
                                                                   const ConfigureWeightSyncRequest* request,
                                                                   ConfigureWeightSyncResponse*) {
-  return HandleUnary(ctx, *auth_, [&] { return worker_->ConfigureWeightSync(request->spec()); });
+  // Joining a group may connect to its store and must wait for a load in
+  // progress: off the callback thread, bounded by the call's deadline, so a
+  // stuck sync never ties up the threads GetStatus and Generate need.
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s = auth_->Check(*ctx);
+  if (!s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  const absl::Time deadline = DeadlineOf(*ctx);
+  OffThread(reactor, [this, request, deadline] { return worker_->ConfigureWeightSync(request->spec(), deadline); });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RolloutServiceImpl::GetStatus(grpc::CallbackServerContext* ctx,

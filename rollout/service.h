@@ -8,6 +8,7 @@
 // LoadWeights blocks until the weights are swapped in at the fence, so it
 // runs on a thread of its own instead of a gRPC callback thread.
 
+#include <functional>
 #include <list>
 #include <thread>
 
@@ -23,7 +24,7 @@ namespace rlmesh::rollout {
 class RolloutServiceImpl final : public RolloutService::CallbackService {
  public:
   RolloutServiceImpl(RolloutWorker* worker, const ServerAuth* auth) : worker_(worker), auth_(auth) {}
-  ~RolloutServiceImpl() override;  // joins LoadWeights threads
+  ~RolloutServiceImpl() override;  // joins LoadWeights/ConfigureWeightSync threads
 
   grpc::ServerWriteReactor<GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                         const GenerateRequest* request) override;
@@ -36,11 +37,16 @@ class RolloutServiceImpl final : public RolloutService::CallbackService {
                                       RolloutStatus* response) override;
 
  private:
+  // Runs `work` on a thread of its own and finishes `reactor` with its
+  // status (exceptions become INTERNAL).
+  void OffThread(grpc::ServerUnaryReactor* reactor, std::function<absl::Status()> work);
+
   RolloutWorker* const worker_;
   const ServerAuth* const auth_;
   absl::Mutex mu_;
   absl::Mutex done_mu_;  // guards the bools in threads_
-  // LoadWeights threads and whether each has finished (joined lazily).
+  // LoadWeights/ConfigureWeightSync threads and whether each has finished
+  // (joined lazily).
   std::list<std::pair<std::thread, std::shared_ptr<bool>>> threads_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -249,6 +249,87 @@ TEST_CASE("Gloo weight update between two processes changes the output and bumps
   CHECK(DescribeWaitStatus(*st) == "exit 0");
 }
 
+TEST_CASE("a weight sync stuck waiting for its publisher blocks no other call") {
+  // Issue 16 found a worker that could not answer GetStatus for 15 s after a
+  // burst of ConfigureWeightSync calls behind a LoadWeights(sync) whose
+  // publisher never came: each call waited for the load inline, on the RPC
+  // threads. Now they wait off those threads, bounded by their deadlines.
+  TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  auto started = StartBinary(Runfile("rollout/rollout_worker"),
+                             {"--port=0", "--checkpoint=" + dir.File("v1"), "--threads=1"}, dir.File("port"),
+                             dir.File("worker.log"));
+  REQUIRE(started.ok());
+  Subprocess proc = std::move(started->first);
+  auto client = RpcClient::Create(absl::StrCat("127.0.0.1:", started->second));
+  REQUIRE(client.ok());
+  REQUIRE(WaitUntilServing(*client, absl::Seconds(30)).ok());
+  auto stub = RolloutService::NewStub(client->channel());
+
+  // An in-process group in the worker's process: no publisher will ever
+  // come, so the receive waits its full timeout (8 s).
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
+  spec.set_group_name("nobody-publishes");
+  spec.set_timeout_ms(8000);
+  {
+    ConfigureWeightSyncRequest cr;
+    *cr.mutable_spec() = spec;
+    ConfigureWeightSyncResponse cresp;
+    auto ctx = client->NewContext(absl::Seconds(10));
+    REQUIRE(stub->ConfigureWeightSync(ctx.get(), cr, &cresp).ok());
+  }
+  absl::Status load_status;
+  std::thread loader([&] {
+    LoadWeightsRequest lr;
+    lr.mutable_sync()->set_version(5);
+    LoadWeightsResponse lresp;
+    auto ctx = client->NewContext(absl::Seconds(30));
+    load_status = FromGrpcStatus(stub->LoadWeights(ctx.get(), lr, &lresp));
+  });
+  absl::SleepFor(absl::Milliseconds(500));  // the load now holds its turn
+
+  // A burst of reconfigurations, each with a 1 s deadline.
+  std::vector<std::thread> burst;
+  std::vector<absl::Status> statuses(40);
+  const absl::Time burst_start = absl::Now();
+  for (int i = 0; i < 40; ++i) {
+    burst.emplace_back([&, i] {
+      ConfigureWeightSyncRequest cr;
+      *cr.mutable_spec() = spec;
+      cr.mutable_spec()->set_group_name("other-" + std::to_string(i));
+      ConfigureWeightSyncResponse cresp;
+      auto ctx = client->NewContext(absl::Seconds(1));
+      statuses[i] = FromGrpcStatus(stub->ConfigureWeightSync(ctx.get(), cr, &cresp));
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  // Status and generation answer while all of that waits.
+  for (int i = 0; i < 5; ++i) {
+    RolloutStatusRequest sr;
+    RolloutStatus status;
+    auto ctx = client->NewContext(absl::Seconds(1));
+    const absl::Time t0 = absl::Now();
+    REQUIRE(stub->GetStatus(ctx.get(), sr, &status).ok());
+    CHECK(absl::Now() - t0 < absl::Milliseconds(800));
+  }
+  GenerateRequest req = MakeRequest({"abc"}, 1, 4, 0);
+  req.mutable_sampling()->set_greedy(true);
+  CHECK(RunGenerate(*client, req, absl::Seconds(5)).status.ok());
+  for (auto& t : burst) t.join();
+  CHECK(absl::Now() - burst_start < absl::Seconds(5));
+  for (const auto& st : statuses) {
+    INFO(st.ToString());
+    CHECK((st.code() == absl::StatusCode::kUnavailable || st.code() == absl::StatusCode::kDeadlineExceeded));
+  }
+  loader.join();
+  CHECK(load_status.code() == absl::StatusCode::kDeadlineExceeded);  // the receive's own timeout
+  proc.Signal(SIGTERM);
+  auto st = proc.Wait(absl::Seconds(5));
+  REQUIRE(st.ok());
+  CHECK(DescribeWaitStatus(*st) == "exit 0");
+}
+
 TEST_CASE("pipeline through real reward_server and replay_buffer survives a reward server restart") {
   TempDir dir;
   REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());

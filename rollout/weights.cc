@@ -23,9 +23,39 @@ namespace rlmesh::rollout {
 using weight_sync::CreateWeightReceiver;
 using weight_sync::NamedTensors;
 
-absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path, int64_t version) {
+namespace {
+
+// Holds load_mu, taken by a deadline (absl::Mutex has no timed lock: polls
+// TryLock). Movable so it can come back in a StatusOr; unlocks once.
+class LoadTurn {
+ public:
+  static absl::StatusOr<LoadTurn> Take(absl::Mutex* mu, absl::Time deadline) {
+    while (!mu->TryLock()) {
+      if (absl::Now() >= deadline) {
+        return absl::UnavailableError(
+            "another weight load or sync configuration is still in progress on this worker; retry");
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return LoadTurn(mu);
+  }
+  LoadTurn(LoadTurn&& other) noexcept : mu_(std::exchange(other.mu_, nullptr)) {}
+  LoadTurn& operator=(LoadTurn&&) = delete;
+  ~LoadTurn() {
+    if (mu_ != nullptr) mu_->Unlock();
+  }
+
+ private:
+  explicit LoadTurn(absl::Mutex* mu) : mu_(mu) {}
+  absl::Mutex* mu_;
+};
+
+}  // namespace
+
+absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path, int64_t version,
+                                                         absl::Time deadline) {
   const absl::Time start = absl::Now();
-  absl::MutexLock load_lock(&impl_->load_mu);
+  RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
   int64_t v;
   {
     absl::MutexLock lock(&impl_->mu);
@@ -64,9 +94,9 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
   return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};
 }
 
-absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& spec) {
+absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& spec, absl::Time deadline) {
   RLMESH_ASSIGN_OR_RETURN(auto receiver, CreateWeightReceiver(spec));
-  absl::MutexLock load_lock(&impl_->load_mu);
+  RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
   impl_->receiver = std::move(receiver);
   impl_->sync_group = spec.group_name();
   impl_->staging.clear();
@@ -75,9 +105,10 @@ absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layout, int64_t version) {
+absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layout, int64_t version,
+                                                       absl::Time deadline) {
   const absl::Time start = absl::Now();
-  absl::MutexLock load_lock(&impl_->load_mu);
+  RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
   if (!impl_->receiver) {
     return absl::FailedPreconditionError("weight sync is not configured: call ConfigureWeightSync first");
   }
