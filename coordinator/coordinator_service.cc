@@ -15,8 +15,9 @@ absl::Status NoExperiments() {
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::Submit(grpc::CallbackServerContext* ctx,
                                                          const SubmitRequest* req, SubmitResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (experiments_ == nullptr) return NoExperiments();
-    auto id = experiments_->Submit(req->experiment());
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments == nullptr) return NoExperiments();
+    auto id = experiments->Submit(req->experiment());
     if (!id.ok()) return id.status();
     resp->set_experiment_id(*id);
     return absl::OkStatus();
@@ -27,8 +28,9 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServer
                                                             const StatusRequest* req,
                                                             StatusResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (experiments_ != nullptr) {
-      auto e = req->experiment_id().empty() ? experiments_->Newest() : experiments_->Status(req->experiment_id());
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments != nullptr) {
+      auto e = req->experiment_id().empty() ? experiments->Newest() : experiments->Status(req->experiment_id());
       if (e.ok()) {
         *resp->mutable_experiment() = *e;
       } else if (!req->experiment_id().empty()) {
@@ -40,8 +42,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServer
     if (cluster_ != nullptr) {
       for (auto& r : cluster_->Roles()) *resp->add_roles() = std::move(r);
     }
-    absl::MutexLock lock(&mu_);
-    for (const auto& [name, info] : registered_) *resp->add_roles() = info;
+    for (auto& r : registry_->Roles()) *resp->add_roles() = std::move(r);
     return absl::OkStatus();
   });
 }
@@ -49,8 +50,9 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::List(grpc::CallbackServerContext* ctx,
                                                        const ListRequest*, ListResponse* resp) {
   return HandleUnary(ctx, *auth_, [&] {
-    if (experiments_ != nullptr) {
-      for (auto& e : experiments_->List()) *resp->add_experiments() = std::move(e);
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments != nullptr) {
+      for (auto& e : experiments->List()) *resp->add_experiments() = std::move(e);
     }
     return absl::OkStatus();
   });
@@ -59,10 +61,11 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::List(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::Cancel(grpc::CallbackServerContext* ctx,
                                                          const CancelRequest* req, CancelResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (experiments_ == nullptr) {
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments == nullptr) {
       return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
     }
-    auto state = experiments_->Cancel(req->experiment_id());
+    auto state = experiments->Cancel(req->experiment_id());
     if (!state.ok()) return state.status();
     resp->set_state(*state);
     return absl::OkStatus();
@@ -73,18 +76,9 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::Register(grpc::CallbackServerC
                                                            const RegisterRequest* req,
                                                            RegisterResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (req->role().name().empty()) return absl::InvalidArgumentError("role.name: empty");
-    if (req->role().role() == ROLE_UNSPECIFIED) return absl::InvalidArgumentError("role.role: unspecified");
-    if (req->role().address().empty()) return absl::InvalidArgumentError("role.address: empty");
-    absl::MutexLock lock(&mu_);
-    RoleInfo& info = registered_[req->role().name()];
-    const int restarts = info.name().empty() ? 0 : info.restarts() + 1;
-    info = req->role();
-    info.set_restarts(restarts);
-    info.set_health("SERVING");
-    info.set_last_heartbeat_unix_micros(absl::ToUnixMicros(absl::Now()));
-    resp->set_heartbeat_interval_seconds(1.0);
-    return absl::OkStatus();
+    absl::Status s = registry_->Register(req->role());
+    if (s.ok()) resp->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(registry_->options().heartbeat_interval));
+    return s;
   });
 }
 
@@ -93,12 +87,8 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::Heartbeat(grpc::CallbackServer
                                                             HeartbeatResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
     if (req->name().empty()) return absl::InvalidArgumentError("name: empty");
-    absl::MutexLock lock(&mu_);
-    auto it = registered_.find(req->name());
-    resp->set_known(it != registered_.end());
-    if (it != registered_.end()) {
-      it->second.set_last_heartbeat_unix_micros(absl::ToUnixMicros(absl::Now()));
-    }
+    if (req->name().size() > 64) return absl::InvalidArgumentError("name: longer than 64 chars");
+    resp->set_known(registry_->Heartbeat(req->name()));
     return absl::OkStatus();
   });
 }
