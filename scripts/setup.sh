@@ -21,6 +21,10 @@ APT_PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev librocksdb-dev libyaml-cpp-dev catch2 nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev libicu-dev openssl g++ python3
+  # Slurm launcher (coordinator launch/run with launcher: slurm) and
+  # //tests:slurm_e2e_test, which starts its own munged/slurmctld/slurmd;
+  # iproute2 for that test's network namespaces.
+  slurm-wlm munge iproute2
 )
 step="checking Debian packages"
 missing=()
