@@ -531,6 +531,12 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     }
     slurm = std::move(*launched);
     std::printf("rlmesh: roles running as steps of slurm job %s\n", slurm->job_id().c_str());
+    absl::Status placed = CheckWeightSyncPlacement(cfg->weight_sync().backend(), registry.Roles());
+    if (!placed.ok()) {
+      server.Shutdown();
+      slurm->Stop();
+      return Fail("run", placed);
+    }
   }
 
   RunnerOptions ro;

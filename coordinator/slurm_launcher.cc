@@ -129,6 +129,23 @@ absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, abs
   return out;
 }
 
+absl::Status CheckWeightSyncPlacement(WeightSyncBackend backend, const std::vector<RoleInfo>& roles) {
+  if (backend != WEIGHT_SYNC_SHM) return absl::OkStatus();
+  const RoleInfo* publisher = nullptr;
+  for (const auto& r : roles) {
+    if (r.role() == ROLE_LEARNER && (publisher == nullptr || r.name() < publisher->name())) publisher = &r;
+  }
+  if (publisher == nullptr) return absl::OkStatus();
+  for (const auto& r : roles) {
+    if (r.role() != ROLE_ROLLOUT_WORKER || r.host() == publisher->host()) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weight_sync.backend: shm needs the publisher and its receivers on one host, but ", publisher->name(),
+        " is on ", publisher->host().empty() ? "?" : publisher->host(), " and ", r.name(), " on ",
+        r.host().empty() ? "?" : r.host(), "; use gloo (or auto) across hosts"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SlurmOptions::Validate() const {
   RLMESH_RETURN_IF_ERROR(cluster.Validate());
   if (coordinator_address.empty()) return absl::InvalidArgumentError("slurm.coordinator_address: empty");

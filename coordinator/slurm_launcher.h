@@ -141,6 +141,12 @@ class SlurmCluster {
   std::thread monitor_;
 };
 
+// FAILED_PRECONDITION when `backend` is WEIGHT_SYNC_SHM and a rollout worker
+// registered from another host than learner-0 (shared memory does not cross
+// hosts); the error names both roles and their hosts. OK otherwise (AUTO
+// picks Gloo across hosts by itself).
+absl::Status CheckWeightSyncPlacement(WeightSyncBackend backend, const std::vector<RoleInfo>& roles);
+
 // Runs `argv` to the end (at most `timeout`) and returns its stdout; an error
 // with its output when it fails.
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);

@@ -151,5 +151,26 @@ TEST_CASE("an allocation that fails is reported, and cancelled") {
   CHECK(cancelled == "77");
 }
 
+TEST_CASE("shm weight sync is refused when the learner and a rollout worker are on different hosts") {
+  auto role = [](const std::string& name, Role r, const std::string& host) {
+    RoleInfo i;
+    i.set_name(name);
+    i.set_role(r);
+    i.set_host(host);
+    return i;
+  };
+  const std::vector<RoleInfo> split = {role("learner-0", ROLE_LEARNER, "node1"),
+                                       role("rollout-0", ROLE_ROLLOUT_WORKER, "node1"),
+                                       role("rollout-1", ROLE_ROLLOUT_WORKER, "node2")};
+  absl::Status s = CheckWeightSyncPlacement(WEIGHT_SYNC_SHM, split);
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Has(std::string(s.message()), "learner-0 is on node1 and rollout-1 on node2"));
+  CHECK(CheckWeightSyncPlacement(WEIGHT_SYNC_GLOO, split).ok());
+  CHECK(CheckWeightSyncPlacement(WEIGHT_SYNC_AUTO, split).ok());
+  const std::vector<RoleInfo> together = {role("learner-0", ROLE_LEARNER, "node1"),
+                                          role("rollout-0", ROLE_ROLLOUT_WORKER, "node1")};
+  CHECK(CheckWeightSyncPlacement(WEIGHT_SYNC_SHM, together).ok());
+}
+
 }  // namespace
 }  // namespace rlmesh
