@@ -413,6 +413,15 @@ void SlurmCluster::Monitor() {
       absl::Status s = StartMember(m.get());
       if (!s.ok()) {
         RLMESH_LOG(ERROR) << "restart failed role=" << m->step.name << ": " << s.message();
+        // A cancelled or expired allocation takes no new steps: say so once
+        // and stop trying (the runner's calls then fail and the run ends).
+        auto state = RunCommand({options_.squeue, "-h", "-j", job_id_, "-o", "%T"}, absl::Seconds(30));
+        const std::string st = state.ok() ? std::string(absl::StripAsciiWhitespace(*state)) : "";
+        if (st != "RUNNING") {
+          RLMESH_LOG(ERROR) << "slurm job=" << job_id_ << " is " << (st.empty() ? "gone" : st)
+                            << "; roles are no longer restarted (resume the run in a new allocation)";
+          return;
+        }
       } else {
         RLMESH_LOG(INFO) << "role=" << m->step.name << " back after " << absl::FormatDuration(absl::Now() - start);
       }
