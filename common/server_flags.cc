@@ -1,14 +1,20 @@
 #include "common/server_flags.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <memory>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/log.h"
+#include "common/registration.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
 
@@ -23,6 +29,18 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
 ABSL_FLAG(std::string, trace_file, "",
           "Record spans (generate, score, train phases, RPCs) and write them as a Chrome trace-event "
           "JSON file here at shutdown (Perfetto / chrome://tracing open it). Off if empty.");
+ABSL_FLAG(std::string, coordinator, "",
+          "HOST:PORT of a coordinator to Register with and heartbeat to (off if empty).");
+ABSL_FLAG(std::string, instance_name, "",
+          "Name registered with --coordinator (e.g. rollout-1); default the role.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "HOST[:PORT] other hosts reach this server at; default: --advertise_interface's "
+          "address, else --bind unless it is a wildcard, else the address that routes to "
+          "--coordinator.");
+ABSL_FLAG(std::string, advertise_interface, "",
+          "Network interface whose IPv4 address is advertised (e.g. eth1).");
+ABSL_FLAG(std::vector<std::string>, capabilities, {},
+          "Comma-separated capabilities registered with --coordinator (e.g. shm,gloo).");
 ABSL_FLAG(double, shutdown_grace_seconds, 1.0,
           "On SIGTERM, in-flight calls get this long before they are cancelled.");
 
@@ -57,13 +75,53 @@ void FinishTrace(const std::string& role) {
   if (!s.ok()) std::fprintf(stderr, "%s: trace not written: %s\n", role.c_str(), s.ToString().c_str());
 }
 
+Role RoleFromName(const std::string& role) {
+  if (role == "rollout_worker") return ROLE_ROLLOUT_WORKER;
+  if (role == "reward_server") return ROLE_REWARD_SERVER;
+  if (role == "replay_buffer") return ROLE_REPLAY_BUFFER;
+  if (role == "learner") return ROLE_LEARNER;
+  return ROLE_UNSPECIFIED;
+}
+
+absl::StatusOr<std::unique_ptr<Registration>> RegisterFromFlags(const RpcServer& server) {
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) return nullptr;
+  RegistrationOptions o;
+  o.coordinator = coordinator;
+  o.auth_token = server.options().auth_token;
+  const std::string name = absl::GetFlag(FLAGS_instance_name);
+  o.role.set_name(name.empty() ? server.options().role : name);
+  o.role.set_role(RoleFromName(server.options().role));
+  auto address = AdvertisedAddress(absl::GetFlag(FLAGS_advertise_address), absl::GetFlag(FLAGS_advertise_interface),
+                                   server.options().bind_address, server.port(), coordinator);
+  if (!address.ok()) return address.status();
+  o.role.set_address(*address);
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  o.role.set_host(host);
+  o.role.set_pid(::getpid());
+  for (const auto& c : absl::GetFlag(FLAGS_capabilities)) o.role.add_capabilities(c);
+  std::printf("rlmesh: %s advertises %s to coordinator %s\n", o.role.name().c_str(), address->c_str(),
+              coordinator.c_str());
+  std::fflush(stdout);
+  return Registration::Start(std::move(o));
+}
+
 int ServeUntilSignal(RpcServer& server) {
   absl::Status started = server.Start();
   if (!started.ok()) {
     std::fprintf(stderr, "%s: %s\n", server.options().role.c_str(), started.ToString().c_str());
     return 1;
   }
+  auto registration = RegisterFromFlags(server);
+  if (!registration.ok()) {
+    std::fprintf(stderr, "%s: registration: %s\n", server.options().role.c_str(),
+                 registration.status().ToString().c_str());
+    server.Shutdown();
+    return 1;
+  }
   const int sig = WaitForTerminationSignal();
+  registration->reset();
   RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
   server.Shutdown();
   FinishTrace(server.options().role);

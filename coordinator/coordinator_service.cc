@@ -19,7 +19,8 @@ absl::Status NoExperiments() {
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::Submit(grpc::CallbackServerContext* ctx,
                                                          const SubmitRequest* req, SubmitResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (experiments_ == nullptr) return NoExperiments();
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments == nullptr) return NoExperiments();
     ExperimentConfig config = req->experiment();
     if (!req->has_experiment()) {
       if (req->source_yaml().empty()) return absl::InvalidArgumentError("experiment: absent, and no source_yaml");
@@ -30,7 +31,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::Submit(grpc::CallbackServerCon
     } else if (req->overrides_size() > 0) {
       return absl::InvalidArgumentError("overrides: apply only to source_yaml (the experiment is already parsed)");
     }
-    auto id = experiments_->Submit(std::move(config));
+    auto id = experiments->Submit(std::move(config));
     if (!id.ok()) return id.status();
     resp->set_experiment_id(*id);
     return absl::OkStatus();
@@ -41,8 +42,9 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServer
                                                             const StatusRequest* req,
                                                             StatusResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (experiments_ != nullptr) {
-      auto e = req->experiment_id().empty() ? experiments_->Newest() : experiments_->Status(req->experiment_id());
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments != nullptr) {
+      auto e = req->experiment_id().empty() ? experiments->Newest() : experiments->Status(req->experiment_id());
       if (e.ok()) {
         *resp->mutable_experiment() = *e;
       } else if (!req->experiment_id().empty()) {
@@ -54,8 +56,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServer
     if (cluster_ != nullptr) {
       for (auto& r : cluster_->Roles()) *resp->add_roles() = std::move(r);
     }
-    absl::MutexLock lock(&mu_);
-    for (const auto& [name, info] : registered_) *resp->add_roles() = info;
+    for (auto& r : registry_->Roles()) *resp->add_roles() = std::move(r);
     return absl::OkStatus();
   });
 }
@@ -63,8 +64,9 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetStatus(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::List(grpc::CallbackServerContext* ctx,
                                                        const ListRequest*, ListResponse* resp) {
   return HandleUnary(ctx, *auth_, [&] {
-    if (experiments_ != nullptr) {
-      for (auto& e : experiments_->List()) *resp->add_experiments() = std::move(e);
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments != nullptr) {
+      for (auto& e : experiments->List()) *resp->add_experiments() = std::move(e);
     }
     return absl::OkStatus();
   });
@@ -73,10 +75,11 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::List(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorServiceImpl::Cancel(grpc::CallbackServerContext* ctx,
                                                          const CancelRequest* req, CancelResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (experiments_ == nullptr) {
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments == nullptr) {
       return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
     }
-    auto state = experiments_->Cancel(req->experiment_id());
+    auto state = experiments->Cancel(req->experiment_id());
     if (!state.ok()) return state.status();
     resp->set_state(*state);
     return absl::OkStatus();
@@ -87,18 +90,9 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::Register(grpc::CallbackServerC
                                                            const RegisterRequest* req,
                                                            RegisterResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (req->role().name().empty()) return absl::InvalidArgumentError("role.name: empty");
-    if (req->role().role() == ROLE_UNSPECIFIED) return absl::InvalidArgumentError("role.role: unspecified");
-    if (req->role().address().empty()) return absl::InvalidArgumentError("role.address: empty");
-    absl::MutexLock lock(&mu_);
-    RoleInfo& info = registered_[req->role().name()];
-    const int restarts = info.name().empty() ? 0 : info.restarts() + 1;
-    info = req->role();
-    info.set_restarts(restarts);
-    info.set_health("SERVING");
-    info.set_last_heartbeat_unix_micros(absl::ToUnixMicros(absl::Now()));
-    resp->set_heartbeat_interval_seconds(1.0);
-    return absl::OkStatus();
+    absl::Status s = registry_->Register(req->role());
+    if (s.ok()) resp->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(registry_->options().heartbeat_interval));
+    return s;
   });
 }
 
@@ -107,12 +101,8 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::Heartbeat(grpc::CallbackServer
                                                             HeartbeatResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
     if (req->name().empty()) return absl::InvalidArgumentError("name: empty");
-    absl::MutexLock lock(&mu_);
-    auto it = registered_.find(req->name());
-    resp->set_known(it != registered_.end());
-    if (it != registered_.end()) {
-      it->second.set_last_heartbeat_unix_micros(absl::ToUnixMicros(absl::Now()));
-    }
+    if (req->name().size() > 64) return absl::InvalidArgumentError("name: longer than 64 chars");
+    resp->set_known(registry_->Heartbeat(req->name()));
     return absl::OkStatus();
   });
 }
@@ -124,10 +114,11 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetMetrics(grpc::CallbackServe
     if (req->limit() < 0 || req->limit() > 10000) {
       return absl::InvalidArgumentError(absl::StrCat("limit: ", req->limit(), " is outside [0, 10000]"));
     }
-    if (experiments_ == nullptr) {
+    ExperimentManager* experiments = experiments_.load();
+    if (experiments == nullptr) {
       return absl::NotFoundError(absl::StrCat("experiment_id: unknown experiment '", req->experiment_id(), "'"));
     }
-    auto e = req->experiment_id().empty() ? experiments_->Newest() : experiments_->Status(req->experiment_id());
+    auto e = req->experiment_id().empty() ? experiments->Newest() : experiments->Status(req->experiment_id());
     if (!e.ok()) return e.status();
     resp->set_experiment_id(e->experiment_id());
     resp->set_next_record(req->from_record());

@@ -6,11 +6,11 @@
 namespace rlmesh {
 
 absl::StatusOr<std::unique_ptr<ClusterDashboardSource>> ClusterDashboardSource::Create(
-    std::function<std::vector<ExperimentStatus>()> experiments, Cluster* cluster,
+    std::function<std::vector<ExperimentStatus>()> experiments, std::function<std::vector<RoleInfo>()> roles,
     const std::string& replay_buffer_address, const std::string& auth_token, const std::string& tokenizer_spec) {
   std::unique_ptr<ClusterDashboardSource> s(new ClusterDashboardSource());
   s->experiments_ = std::move(experiments);
-  s->cluster_ = cluster;
+  s->roles_ = std::move(roles);
   ClientOptions o;
   o.auth_token = auth_token;
   o.default_timeout = absl::Seconds(10);

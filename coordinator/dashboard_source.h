@@ -12,24 +12,22 @@
 
 #include "actor/tokenizer.h"
 #include "common/rpc_client.h"
-#include "coordinator/cluster.h"
 #include "coordinator/dashboard.h"
 #include "proto/replay_buffer.grpc.pb.h"
 
 namespace rlmesh {
 
 // Thread-safe: every member is immutable after construction or itself
-// thread-safe (Cluster, RpcClient, the stub; Tokenizer's const methods).
+// thread-safe (the callbacks, RpcClient, the stub; Tokenizer's const methods).
 class ClusterDashboardSource final : public DashboardSource {
  public:
-  // `cluster` is not owned and outlives this; `experiments` is called from
-  // the dashboard's threads.
+  // `experiments` and `roles` are called from the dashboard's threads.
   static absl::StatusOr<std::unique_ptr<ClusterDashboardSource>> Create(
-      std::function<std::vector<ExperimentStatus>()> experiments, Cluster* cluster,
+      std::function<std::vector<ExperimentStatus>()> experiments, std::function<std::vector<RoleInfo>()> roles,
       const std::string& replay_buffer_address, const std::string& auth_token, const std::string& tokenizer_spec);
 
   std::vector<ExperimentStatus> Experiments() override { return experiments_(); }
-  std::vector<RoleInfo> Roles() override { return cluster_->Roles(); }
+  std::vector<RoleInfo> Roles() override { return roles_(); }
   absl::StatusOr<MetricsPage> Metrics(const std::string& experiment_id, int64_t from, int limit) override;
   absl::StatusOr<QueryResponse> Samples(const QueryRequest& request) override;
   std::vector<std::string> TokenTexts(const std::vector<int>& ids) override;
@@ -38,7 +36,7 @@ class ClusterDashboardSource final : public DashboardSource {
  private:
   ClusterDashboardSource() = default;
   std::function<std::vector<ExperimentStatus>()> experiments_;
-  Cluster* cluster_ = nullptr;
+  std::function<std::vector<RoleInfo>()> roles_;
   std::unique_ptr<RpcClient> buffer_client_;
   std::unique_ptr<ReplayBuffer::Stub> buffer_;
   std::unique_ptr<actor::Tokenizer> tokenizer_;

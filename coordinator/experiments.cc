@@ -80,6 +80,7 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
   o.rollout_workers = cluster_.rollout_workers;
   o.learners = cluster_.learners;
   o.auth_token = cluster_.auth_token;
+  o.sync_store_host = cluster_.sync_store_host;
   o.progress = false;
   e->runner = std::make_unique<ExperimentRunner>(std::move(o));
   entries_[id] = std::move(e);

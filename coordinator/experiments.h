@@ -28,6 +28,8 @@ struct ClusterAddresses {
   std::string tokenizer = "char";
   // Parent of every experiment's run directory.
   std::string run_root = "runs";
+  // Host of learner 0 as the rollout workers reach it (weight-sync store).
+  std::string sync_store_host = "127.0.0.1";
 };
 
 // Safe for concurrent use.

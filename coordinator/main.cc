@@ -38,14 +38,17 @@
 #include "coordinator/experiment_config.h"
 #include "coordinator/experiments.h"
 #include "coordinator/prometheus.h"
+#include "coordinator/registry.h"
 #include "coordinator/runner.h"
+#include "coordinator/slurm_launcher.h"
 #include "proto/config.pb.h"
 #include "proto/coordinator.grpc.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, auth_token_file);
 ABSL_DECLARE_FLAG(int, port);
 
-ABSL_FLAG(std::string, cluster, "", "launch: cluster YAML (ClusterConfig).");
+ABSL_FLAG(std::string, cluster, "",
+          "launch: cluster YAML (ClusterConfig). run: a cluster with launcher: slurm to run the roles on.");
 ABSL_FLAG(std::string, address, "127.0.0.1:7401",
           "status/list/cancel/submit: address of a running coordinator.");
 ABSL_FLAG(std::string, run_dir, "", "launch: run directory (default runs/<cluster name>).");
@@ -68,6 +71,11 @@ ABSL_FLAG(double, hang_dump_seconds, 0,
 ABSL_FLAG(int, dashboard_port, -1,
           "launch/run: serve the web dashboard on this port (0 = a free one, -1 = off), on the "
           "coordinator's --bind interface (loopback by default), with the cluster's token.");
+ABSL_FLAG(bool, dry_run, false,
+          "launch/run with a Slurm cluster (--cluster, launcher: slurm): print the sbatch script "
+          "and the srun step of every role, then exit without submitting. Also --dry-run.");
+ABSL_FLAG(double, heartbeat_timeout_seconds, 5.0,
+          "A registered role without a heartbeat for this long is shown DEAD.");
 ABSL_FLAG(int, metrics_port, -1,
           "launch: serve Prometheus /metrics on this port (0 = a free one, -1 = off). "
           "run uses the experiment's logging.prometheus_port.");
@@ -78,13 +86,16 @@ namespace {
 constexpr char kUsage[] = R"(usage: coordinator <command> [flags]
 
 commands:
-  launch --cluster CLUSTER.yaml   start the roles as child processes and serve the Coordinator RPC
+  launch --cluster CLUSTER.yaml   start the roles (child processes, or Slurm steps with
+                                  launcher: slurm) and serve the Coordinator RPC
   serve                           serve the Coordinator RPC without launching roles
   submit EXPERIMENT.yaml          validate an experiment config and submit it; prints its id
   status [ID]                     experiment progress and the health of every role
   list                            experiments known to the coordinator
   cancel ID                       cancel an experiment
   run EXPERIMENT.yaml             launch + submit + follow + clean shutdown
+                                  (--cluster SLURM.yaml runs the roles as Slurm steps;
+                                  --dry-run prints the batch script)
 
 common flags: --address=HOST:PORT (client commands), --auth_token_file=FILE,
   --port, --port_file, --bind, --tls_cert/--tls_key (server commands),
@@ -117,10 +128,16 @@ const char* RoleName(Role r) {
 }
 
 void PrintRoles(const std::vector<RoleInfo>& roles) {
-  std::printf("%-16s %-15s %-22s %-8s %-12s %s\n", "NAME", "ROLE", "ADDRESS", "PID", "HEALTH", "RESTARTS");
+  std::printf("%-16s %-15s %-16s %-22s %-8s %-12s %-9s %s\n", "NAME", "ROLE", "HOST", "ADDRESS", "PID", "HEALTH",
+              "RESTARTS", "LAST_HEARTBEAT");
+  const int64_t now = absl::ToUnixMicros(absl::Now());
   for (const auto& r : roles) {
-    std::printf("%-16s %-15s %-22s %-8lld %-12s %d\n", r.name().c_str(), RoleName(r.role()),
-                r.address().c_str(), static_cast<long long>(r.pid()), r.health().c_str(), r.restarts());
+    const std::string beat = r.last_heartbeat_unix_micros() > 0
+                                 ? absl::StrFormat("%.1fs ago", (now - r.last_heartbeat_unix_micros()) / 1e6)
+                                 : "-";
+    std::printf("%-16s %-15s %-16s %-22s %-8lld %-12s %-9d %s\n", r.name().c_str(), RoleName(r.role()),
+                r.host().empty() ? "-" : r.host().c_str(), r.address().c_str(), static_cast<long long>(r.pid()),
+                r.health().c_str(), r.restarts(), beat.c_str());
   }
   std::fflush(stdout);
 }
@@ -185,23 +202,23 @@ void WriteProfile(const std::string& dir, const std::string& out) {
 // hang_dump_seconds: 0 = 900 s, negative = off; null when off).
 std::unique_ptr<HangWatch> StartHangWatch(double seconds, const std::string& dir,
                                           std::function<std::optional<ExperimentStatus>()> status,
-                                          Cluster* cluster) {
+                                          std::function<std::vector<RoleInfo>()> roles) {
   if (seconds < 0) return nullptr;
   HangWatchOptions o;
   o.after = absl::Seconds(seconds == 0 ? 900 : seconds);
   o.dump_dir = dir;
-  return std::make_unique<HangWatch>(o, std::move(status), [cluster] { return cluster->Roles(); });
+  return std::make_unique<HangWatch>(o, std::move(status), std::move(roles));
 }
 
 // Starts the dashboard when --dashboard_port asks for one (null when off).
 absl::StatusOr<std::unique_ptr<DashboardServer>> StartDashboard(
-    std::function<std::vector<ExperimentStatus>()> experiments, Cluster* cluster, const ServerOptions& server,
-    std::unique_ptr<ClusterDashboardSource>* source) {
+    std::function<std::vector<ExperimentStatus>()> experiments, std::function<std::vector<RoleInfo>()> roles,
+    const ClusterAddresses& addresses, const ServerOptions& server, std::unique_ptr<ClusterDashboardSource>* source) {
   const int port = absl::GetFlag(FLAGS_dashboard_port);
   if (port < 0) return std::unique_ptr<DashboardServer>();
-  RLMESH_ASSIGN_OR_RETURN(*source, ClusterDashboardSource::Create(std::move(experiments), cluster,
-                                                                  cluster->Address(ROLE_REPLAY_BUFFER),
-                                                                  cluster->token(), cluster->options().tokenizer));
+  RLMESH_ASSIGN_OR_RETURN(*source, ClusterDashboardSource::Create(std::move(experiments), std::move(roles),
+                                                                  addresses.replay_buffer, addresses.auth_token,
+                                                                  addresses.tokenizer));
   DashboardOptions o;
   o.host = server.bind_address;
   o.port = port;
@@ -211,6 +228,69 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> StartDashboard(
               o.auth_token.empty() ? "" : "?token=<the cluster's token>");
   std::fflush(stdout);
   return dashboard;
+}
+
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+ClusterAddresses AddressesOf(SlurmCluster& cluster, const std::string& token, const std::string& tokenizer,
+                             const std::string& run_root) {
+  ClusterAddresses a;
+  a.replay_buffer = cluster.Addresses(ROLE_REPLAY_BUFFER).at(0);
+  a.reward_servers = cluster.Addresses(ROLE_REWARD_SERVER);
+  a.rollout_workers = cluster.Addresses(ROLE_ROLLOUT_WORKER);
+  a.learners = cluster.Addresses(ROLE_LEARNER);
+  a.auth_token = token;
+  a.tokenizer = tokenizer;
+  a.run_root = run_root;
+  // Learner 0 hosts the weight-sync store; the workers reach it where it
+  // registered.
+  if (!a.learners.empty()) a.sync_store_host = HostOf(a.learners[0]);
+  return a;
+}
+
+RegistryOptions RegistryOptionsFromFlags() {
+  RegistryOptions o;
+  o.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_seconds));
+  return o;
+}
+
+// A cluster YAML with its paths made absolute; `launcher` must be known.
+absl::StatusOr<ClusterConfig> LoadCluster(const std::string& path) {
+  ClusterConfig config;
+  YamlSource src;
+  RLMESH_RETURN_IF_ERROR(LoadYamlFile(UserPath(path), &config, &src));
+  if (!config.launcher().empty() && config.launcher() != "local" && config.launcher() != "slurm") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launcher: '", config.launcher(), "' is not \"local\" or \"slurm\""));
+  }
+  return config;
+}
+
+// The options of a Slurm cluster; `coordinator` is the address this
+// coordinator serves at (its host is replaced by slurm.coordinator_address's
+// when that is set; its port is kept when that has none).
+SlurmOptions SlurmOptionsFor(const ClusterOptions& co, const ClusterConfig& config, const std::string& job_name,
+                             const std::string& coordinator) {
+  SlurmOptions so = SlurmOptionsFromConfig(co, config.slurm(), job_name);
+  std::string address = config.slurm().coordinator_address();
+  if (address.empty()) {
+    address = coordinator;
+  } else if (address.find(':') == std::string::npos) {
+    address = absl::StrCat(address, ":", coordinator.substr(coordinator.rfind(':') + 1));
+  }
+  so.coordinator_address = address;
+  return so;
+}
+
+// --dry-run: the batch script and the steps, nothing submitted.
+int PrintDryRun(const SlurmOptions& so) {
+  std::fputs(BatchScript(so).c_str(), stdout);
+  absl::Status valid = so.Validate();
+  if (!valid.ok()) std::fprintf(stderr, "coordinator: warning: %s\n", valid.ToString().c_str());
+  return 0;
 }
 
 int Serve(Cluster* cluster, int port_override) {
@@ -243,8 +323,9 @@ int Serve(Cluster* cluster, int port_override) {
                                   if (!s.ok()) return std::nullopt;
                                   return *s;
                                 },
-                                cluster);
-    auto d = StartDashboard([e = experiments.get()] { return e->List(); }, cluster, *options, &dashboard_source);
+                                [cluster] { return cluster->Roles(); });
+    auto d = StartDashboard([e = experiments.get()] { return e->List(); }, [cluster] { return cluster->Roles(); },
+                            AddressesOf(*cluster, options->auth_token, ""), *options, &dashboard_source);
     if (!d.ok()) return Fail("serve", d.status());
     dashboard = std::move(*d);
   }
@@ -277,13 +358,59 @@ int Serve(Cluster* cluster, int port_override) {
   return 0;
 }
 
+// launch with launcher: slurm. The RPC server starts first: the roles
+// register with it while the steps start.
+int LaunchSlurm(const ClusterConfig& config, const ClusterOptions& options) {
+  auto server_options = ServerOptionsFromFlags("coordinator");
+  if (!server_options.ok()) return Fail("launch", server_options.status());
+  if (config.coordinator_port() > 0 && server_options->port == 0) server_options->port = config.coordinator_port();
+  const std::string job_name = absl::StrCat("rlmesh-", config.name().empty() ? "cluster" : config.name());
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    return PrintDryRun(SlurmOptionsFor(options, config, job_name,
+                                       absl::StrCat(server_options->bind_address, ":",
+                                                    server_options->port > 0 ? std::to_string(server_options->port)
+                                                                             : "<port>")));
+  }
+  Registry registry(RegistryOptionsFromFlags());
+  RpcServer server(*server_options);
+  CoordinatorServiceImpl service(&server.auth(), nullptr, nullptr, &registry);
+  server.AddService(&service);
+  absl::Status started = server.Start();
+  if (!started.ok()) return Fail("launch", started);
+  auto slurm = SlurmCluster::Launch(SlurmOptionsFor(options, config, job_name, server.address()), &registry);
+  if (!slurm.ok()) {
+    server.Shutdown();
+    return Fail("launch", slurm.status());
+  }
+  ExperimentManager experiments(
+      AddressesOf(**slurm, server_options->auth_token, options.tokenizer, options.run_dir + "/experiments"));
+  service.SetExperiments(&experiments);
+  WriteFileAtomically(options.run_dir + "/coordinator.address", server.address() + "\n").IgnoreError();
+  std::printf("rlmesh: cluster up on slurm job %s (coordinator %s)\n", (*slurm)->job_id().c_str(),
+              server.address().c_str());
+  const auto roles = registry.Roles();
+  PrintRoles(roles);
+  int code = 0;
+  if (absl::GetFlag(FLAGS_exit_after_health)) {
+    for (const auto& r : roles) code = r.health() == "SERVING" ? code : 1;
+  } else {
+    const int sig = WaitForTerminationSignal();
+    RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
+  }
+  experiments.Shutdown();
+  service.SetExperiments(nullptr);
+  server.Shutdown();
+  (*slurm)->Stop();
+  std::printf("rlmesh: slurm job %s cancelled\n", (*slurm)->job_id().c_str());
+  return code;
+}
+
 int Launch() {
   const std::string path = absl::GetFlag(FLAGS_cluster);
   if (path.empty()) return Fail("launch", absl::InvalidArgumentError("--cluster: required"));
-  ClusterConfig config;
-  YamlSource src;
-  absl::Status loaded = LoadYamlFile(UserPath(path), &config, &src);
-  if (!loaded.ok()) return Fail("launch", loaded);
+  auto loaded = LoadCluster(path);
+  if (!loaded.ok()) return Fail("launch", loaded.status());
+  ClusterConfig config = *loaded;
   std::string run_dir = absl::GetFlag(FLAGS_run_dir);
   if (run_dir.empty()) run_dir = config.run_dir();
   if (run_dir.empty()) run_dir = absl::StrCat("runs/", config.name().empty() ? "local" : config.name());
@@ -293,6 +420,7 @@ int Launch() {
   ClusterOptions options = ClusterOptionsFromConfig(config, bin_dir, UserPath(run_dir));
   if (!options.auth_token_file.empty()) options.auth_token_file = UserPath(options.auth_token_file);
   if (!options.buffer_path.empty()) options.buffer_path = UserPath(options.buffer_path);
+  if (config.launcher() == "slurm") return LaunchSlurm(config, options);
   auto cluster = Cluster::Launch(options);
   if (!cluster.ok()) return Fail("launch", cluster.status());
   return Serve(cluster->get(), config.coordinator_port());
@@ -414,6 +542,19 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     }
   }
 
+  // --cluster with launcher: slurm runs the roles as steps of one allocation.
+  ClusterConfig slurm_config;
+  const bool on_slurm = !absl::GetFlag(FLAGS_cluster).empty();
+  if (on_slurm) {
+    auto loaded = LoadCluster(absl::GetFlag(FLAGS_cluster));
+    if (!loaded.ok()) return Fail("run", loaded.status());
+    if (loaded->launcher() != "slurm") {
+      return Fail("run", absl::InvalidArgumentError("--cluster: run takes a cluster with launcher: slurm (a local "
+                                                    "cluster is built from the experiment)"));
+    }
+    slurm_config = *loaded;
+  }
+
   // The cluster this experiment needs, on this host.
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   ClusterOptions co;
@@ -452,27 +593,56 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   std::printf("rlmesh: starting %d rollout worker(s), %d reward server(s), %d learner(s), replay buffer; run dir %s\n",
               co.rollout_workers, co.reward_servers, co.learners, run_dir.c_str());
   std::fflush(stdout);
-  auto cluster = Cluster::Launch(co);
-  if (!cluster.ok()) return Fail("run", cluster.status());
-
   auto server_options = ServerOptionsFromFlags("coordinator");
   if (!server_options.ok()) return Fail("run", server_options.status());
+  const std::string job_name = "rlmesh-" + id;
+  if (on_slurm && absl::GetFlag(FLAGS_dry_run)) {
+    return PrintDryRun(SlurmOptionsFor(co, slurm_config, job_name,
+                                       absl::StrCat(server_options->bind_address, ":",
+                                                    server_options->port > 0 ? std::to_string(server_options->port)
+                                                                             : "<port>")));
+  }
+  std::unique_ptr<Cluster> local;
+  if (!on_slurm) {
+    auto cluster = Cluster::Launch(co);
+    if (!cluster.ok()) return Fail("run", cluster.status());
+    local = std::move(*cluster);
+  }
+  Registry registry(RegistryOptionsFromFlags());
   RpcServer server(*server_options);
-  CoordinatorServiceImpl service(&server.auth(), cluster->get(), nullptr);
+  CoordinatorServiceImpl service(&server.auth(), local.get(), nullptr, &registry);
   server.AddService(&service);
   absl::Status started = server.Start();
   if (!started.ok()) return Fail("run", started);
+  std::unique_ptr<SlurmCluster> slurm;
+  if (on_slurm) {
+    auto launched = SlurmCluster::Launch(SlurmOptionsFor(co, slurm_config, job_name, server.address()), &registry);
+    if (!launched.ok()) {
+      server.Shutdown();
+      return Fail("run", launched.status());
+    }
+    slurm = std::move(*launched);
+    std::printf("rlmesh: roles running as steps of slurm job %s\n", slurm->job_id().c_str());
+    absl::Status placed = CheckWeightSyncPlacement(cfg->weight_sync().backend(), registry.Roles());
+    if (!placed.ok()) {
+      server.Shutdown();
+      slurm->Stop();
+      return Fail("run", placed);
+    }
+  }
 
   RunnerOptions ro;
   ro.experiment = *cfg;
   ro.experiment_id = id;
   ro.run_dir = run_dir;
-  const ClusterAddresses a = AddressesOf(**cluster, server_options->auth_token, run_dir);
+  const ClusterAddresses a = local ? AddressesOf(*local, server_options->auth_token, run_dir)
+                                   : AddressesOf(*slurm, server_options->auth_token, co.tokenizer, run_dir);
   ro.replay_buffer = a.replay_buffer;
   ro.reward_servers = a.reward_servers;
   ro.rollout_workers = a.rollout_workers;
   ro.learners = a.learners;
   ro.auth_token = a.auth_token;
+  if (slurm) ro.sync_store_host = a.sync_store_host;
   ro.resume = !resume.empty();
   ExperimentRunner runner(ro);
   std::unique_ptr<MetricsHttpServer> metrics;
@@ -483,12 +653,19 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     metrics = std::move(*m);
     std::printf("rlmesh: metrics on http://%s:%d/metrics\n", server_options->bind_address.c_str(), metrics->port());
   }
+  // Roles as the launcher sees them: the local cluster's children, or what
+  // registered from the Slurm steps.
+  std::function<std::vector<RoleInfo>()> roles = [&local, &registry] {
+    return local ? local->Roles() : registry.Roles();
+  };
   std::unique_ptr<HangWatch> hang_watch =
       StartHangWatch(cfg->logging().hang_dump_seconds(), run_dir + "/hangs",
-                     [&runner] { return std::optional<ExperimentStatus>(runner.status()); }, cluster->get());
+                     [&runner] { return std::optional<ExperimentStatus>(runner.status()); }, roles);
   std::unique_ptr<ClusterDashboardSource> dashboard_source;
-  auto dashboard = StartDashboard([&runner] { return std::vector<ExperimentStatus>{runner.status()}; },
-                                  cluster->get(), *server_options, &dashboard_source);
+  ClusterAddresses dashboard_addresses = a;
+  dashboard_addresses.tokenizer = co.tokenizer;
+  auto dashboard = StartDashboard([&runner] { return std::vector<ExperimentStatus>{runner.status()}; }, roles,
+                                  dashboard_addresses, *server_options, &dashboard_source);
   if (!dashboard.ok()) return Fail("run", dashboard.status());
   std::printf("rlmesh: cluster up (coordinator %s); experiment %s\n", server.address().c_str(), id.c_str());
   std::printf("rlmesh: query it with: bazel-bin/replay_buffer/cli query --address %s --experiment %s --limit 5\n",
@@ -509,7 +686,8 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   ::kill(::getpid(), SIGTERM);  // wakes the signal thread
   signals.join();
   server.Shutdown();
-  (*cluster)->Stop();  // the roles write their traces as they stop
+  if (local) local->Stop();  // the roles write their traces as they stop
+  if (slurm) slurm->Stop();
   if (profile) WriteProfile(co.trace_dir, run_dir + "/profile.json");
   if (!s.ok()) return Fail("run", s);
   return 0;
@@ -536,7 +714,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   std::vector<char*> rest = {argv[0]};
   for (int i = 2; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--set=", 6) == 0) {
+    if (std::strcmp(argv[i], "--dry-run") == 0) {
+      rest.push_back(const_cast<char*>("--dry_run"));
+    } else if (std::strncmp(argv[i], "--set=", 6) == 0) {
       sets.push_back(argv[i] + 6);
     } else if (std::strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
       sets.push_back(argv[++i]);

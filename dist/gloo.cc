@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 
@@ -42,7 +43,14 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
   RLMESH_RETURN_IF_ERROR(Collective("gloo rendezvous", [&] {
     auto opts = c10d::ProcessGroupGloo::Options::create(
         std::chrono::milliseconds(options.timeout_ms));
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+    // GLOO_SOCKET_IFNAME (PyTorch's own convention; the Slurm launcher sets
+    // it from slurm.network_interface) wins over the hostname, which on a
+    // multi-homed node or a node without DNS resolves to the wrong address
+    // or to none.
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    opts->devices.push_back(ifname != nullptr && ifname[0] != 0
+                                ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                : c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
     opts->threads = options.threads;
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
   }));

@@ -17,6 +17,7 @@ namespace rlmesh::dist {
 
 struct GlooGroupOptions {
   // Address the Gloo transport binds and advertises. Default loopback.
+  // Ignored when GLOO_SOCKET_IFNAME names an interface: its address is used.
   std::string hostname = "127.0.0.1";
   // Collective and rendezvous timeout, milliseconds. Default 300000.
   int64_t timeout_ms = 300'000;

@@ -25,6 +25,10 @@ APT_PACKAGES=(
   chromium curl
   # The hang detector (thread stacks of a stuck step).
   gdb
+  # Slurm launcher (coordinator launch/run with launcher: slurm) and
+  # //tests:slurm_e2e_test, which starts its own munged/slurmctld/slurmd;
+  # iproute2 for that test's network namespaces.
+  slurm-wlm munge iproute2
 )
 step="checking Debian packages"
 missing=()
