@@ -232,7 +232,10 @@ absl::StatusOr<ValueDict> MappingArgs(const CallArgs& args, absl::string_view wh
     return absl::InvalidArgumentError(absl::StrCat(what, "() takes one optional mapping"));
   }
   if (!args.positional.empty()) out = args.positional[0].dict();
-  for (const auto& [key, value] : args.keyword) {
+  for (const auto& arg : args.keyword) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang refuses).
+    const auto& key = arg.first;
+    const auto& value = arg.second;
     auto same = std::find_if(out.begin(), out.end(), [&](const auto& kv) { return kv.first == key; });
     if (same != out.end()) {
       same->second = value;
