@@ -1,5 +1,8 @@
 #include "actor/chat_template.h"
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -162,6 +165,30 @@ absl::StatusOr<std::string> ChatTemplateFromTokenizerConfig(const std::string& t
   return absl::InvalidArgumentError(absl::StrCat(
       "tokenizer_config.json has several chat templates and none named 'default': ",
       absl::StrJoin(names, ", ")));
+}
+
+absl::StatusOr<std::string> ChatTemplateBeside(const std::string& folder) {
+  const std::filesystem::path dir(folder);
+  auto read = [](const std::filesystem::path& p) -> absl::StatusOr<std::string> {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read ", p.string()));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  std::error_code ec;
+  if (std::filesystem::exists(dir / "chat_template.jinja", ec)) return read(dir / "chat_template.jinja");
+  if (!std::filesystem::exists(dir / "tokenizer_config.json", ec)) {
+    return absl::NotFoundError(absl::StrCat(folder, " has neither chat_template.jinja nor tokenizer_config.json"));
+  }
+  auto config = read(dir / "tokenizer_config.json");
+  if (!config.ok()) return config.status();
+  auto tmpl = ChatTemplateFromTokenizerConfig(*config);
+  if (!tmpl.ok()) {
+    return absl::Status(tmpl.status().code(),
+                        absl::StrCat((dir / "tokenizer_config.json").string(), ": ", tmpl.status().message()));
+  }
+  return tmpl;
 }
 
 }  // namespace rlmesh::actor

@@ -155,4 +155,11 @@ absl::StatusOr<std::string> RenderChatTemplate(const std::string& source,
 absl::StatusOr<std::string> ChatTemplateFromTokenizerConfig(
     const std::string& tokenizer_config_json, bool with_tools = false);
 
+// The chat template kept beside a tokenizer in `folder`, where transformers
+// looks: chat_template.jinja, else tokenizer_config.json's chat_template.
+// NOT_FOUND when the folder has neither; INVALID_ARGUMENT naming the file
+// when it cannot be read or its JSON is malformed. The one reader of this
+// rule (LoadTokenizer and tasks' chat prompts both call it).
+absl::StatusOr<std::string> ChatTemplateBeside(const std::string& folder);
+
 }  // namespace rlmesh::actor

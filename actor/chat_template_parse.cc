@@ -1,3 +1,6 @@
+// Over 600 lines: one grammar, one recursive-descent parser; its rules
+// call each other and read best together.
+//
 // A recursive-descent parser with Jinja's grammar and operator precedence
 // (lowest first): `x if c else y`, or, and, not, comparisons and `in`,
 // + -, ~, * / // %, **, unary - +, then postfix `.a` `[i]` `(...)` with

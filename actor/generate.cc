@@ -1,3 +1,6 @@
+// Over 600 lines: the continuous-batching generation loop and the KV cache
+// bookkeeping it owns (admission, per-row positions, stop rules, routing
+// records) are one state machine.
 #include "actor/generate.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// (Over 600 lines: one test per model feature, sharing the tiny-model setup.)
 // Transformer, chunked log-probs and generation against the model's own
 // full-recompute forward (parity with transformers is in checkpoint_test).
 

@@ -1,3 +1,6 @@
+// Over 600 lines: the char tokenizer, byte-level BPE (pre-tokenizer regex,
+// merges, added tokens) and tokenizer.json loading share their byte and
+// Unicode tables; they are one reader of one file format.
 #include "actor/tokenizer.h"
 
 #include <openssl/evp.h>
@@ -635,18 +638,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec
   auto t = BpeTokenizer::FromJson(text.str());
   if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
   // The chat template travels with the tokenizer into the folders we write.
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  std::ifstream jinja(dir / "chat_template.jinja", std::ios::binary);
-  std::ifstream cfg_in(dir / "tokenizer_config.json", std::ios::binary);
-  if (jinja) {
-    std::stringstream ss;
-    ss << jinja.rdbuf();
-    (*t)->set_chat_template(ss.str());
-  } else if (cfg_in) {
-    std::stringstream ss;
-    ss << cfg_in.rdbuf();
-    // The string, or the default of a list of named templates.
-    if (auto tmpl = ChatTemplateFromTokenizerConfig(ss.str()); tmpl.ok()) (*t)->set_chat_template(*tmpl);
+  if (auto tmpl = ChatTemplateBeside(std::filesystem::path(path).parent_path().string()); tmpl.ok()) {
+    (*t)->set_chat_template(*tmpl);
   }
   return std::unique_ptr<Tokenizer>(std::move(*t));
 }

@@ -1,5 +1,10 @@
 // coordinator: the one binary a user needs. Starts a local cluster, serves
 // the Coordinator RPC, and talks to a running one.
+//
+// Over 600 lines because it is every subcommand's wiring (flags → options →
+// the parts in this folder, which hold the logic): launch and run on the
+// local and the Slurm launcher, submit/status/list/cancel. Splitting it
+// would scatter the flag definitions that each command reads.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>

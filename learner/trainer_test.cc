@@ -1,3 +1,4 @@
+// (Over 600 lines: one test per stage family, sharing the tiny-model setup.)
 // Trainer on tiny models (hidden 32, 2 layers, char tokenizer, 1-digit
 // arithmetic): on-policy identities, SFT memorisation, GRPO on a toy reward,
 // K=2 shards vs K=1, exact resume and corrupt-checkpoint fallback.

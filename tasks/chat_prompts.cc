@@ -69,21 +69,8 @@ absl::StatusOr<Source> Resolve(const TaskConfig& task, const std::string& tokeni
         "task.chat_template: \"model\" needs model.tokenizer to be a tokenizer folder or tokenizer.json path "
         "(the char tokenizer has no template)");
   }
-  // Newer folders keep the template in its own file.
-  if (fs::exists(folder + "/chat_template.jinja")) {
-    auto text = ReadFile(folder + "/chat_template.jinja");
-    if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("task.chat_template: ", text.status().message()));
-    src.text = *std::move(text);
-    return src;
-  }
-  if (cfg.is_null()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("task.chat_template: \"model\": ", folder, " has neither chat_template.jinja nor tokenizer_config.json"));
-  }
-  auto text = actor::ChatTemplateFromTokenizerConfig(cfg.dump());
-  if (!text.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("task.chat_template: \"model\": ", cfg_path, ": ", text.status().message()));
-  }
+  auto text = actor::ChatTemplateBeside(folder);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("task.chat_template: \"model\": ", text.status().message()));
   src.text = *std::move(text);
   return src;
 }
