@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "coordinator/http_serve.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace rlmesh {
@@ -261,15 +262,9 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> DashboardServer::Start(const Da
     Reply(res, 200, SamplesJson(*resp, source));
   }));
 
-  if (options.port == 0) {
-    d->port_ = http.bind_to_any_port(options.host);
-  } else if (http.bind_to_port(options.host, options.port)) {
-    d->port_ = options.port;
-  }
-  if (d->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("dashboard cannot listen on ", options.host, ":", options.port));
-  }
-  d->thread_ = std::thread([impl = d->impl_.get()] { impl->server.listen_after_bind(); });
+  auto bound = BindAndServe(http, options.host, options.port, "dashboard", &d->thread_);
+  if (!bound.ok()) return bound.status();
+  d->port_ = *bound;
   return d;
 }
 

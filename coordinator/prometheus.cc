@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/http_serve.h"
 #include "httplib.h"
 
 namespace rlmesh {
@@ -61,15 +62,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   m->impl_->server.Get("/metrics", [provider](const httplib::Request&, httplib::Response& res) {
     res.set_content(RenderPrometheus(provider()), "text/plain; version=0.0.4");
   });
-  if (port == 0) {
-    m->port_ = m->impl_->server.bind_to_any_port(host);
-  } else if (m->impl_->server.bind_to_port(host, port)) {
-    m->port_ = port;
-  }
-  if (m->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("metrics endpoint cannot listen on ", host, ":", port));
-  }
-  m->thread_ = std::thread([impl = m->impl_.get()] { impl->server.listen_after_bind(); });
+  auto bound = BindAndServe(m->impl_->server, host, port, "metrics endpoint", &m->thread_);
+  if (!bound.ok()) return bound.status();
+  m->port_ = *bound;
   return m;
 }
 
