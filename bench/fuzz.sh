@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${1:-250000}"
 OB="${RLMESH_FUZZ_OUTPUT_BASE:-$HOME/.cache/rlmesh/fuzz-output-base}"
-TARGETS=(experiment_yaml hf_config tokenizer_json chat_template)
+TARGETS=(experiment_yaml hf_config tokenizer_json chat_template replay_store)
 bazel --output_base="$OB" build --config=fuzz $(printf '//fuzz:%s_fuzz ' "${TARGETS[@]}")
 BIN="$(bazel --output_base="$OB" info --config=fuzz bazel-bin)/fuzz"
 WORK="$(mktemp -d)"
