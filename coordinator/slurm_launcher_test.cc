@@ -62,7 +62,7 @@ TEST_CASE("the batch script allocates the nodes the placement needs and lists on
   CHECK(Has(script, "\n#SBATCH --output=" + dir.File("run") + "/logs/slurm-%j.log\n"));
   CHECK(Has(script, "\nexec sleep infinity\n"));
   // One step line per role, each on its node, registering with the coordinator.
-  for (const std::string& name : {"replay_buffer", "reward-0", "rollout-0", "rollout-1", "learner-0"}) {
+  for (const std::string name : {"replay_buffer", "reward-0", "rollout-0", "rollout-1", "learner-0"}) {
     CHECK(Has(script, "--job-name=" + name + " "));
   }
   CHECK(Has(script, "srun '--jobid=$SLURM_JOB_ID' --job-name=rollout-1 --nodes=1 --ntasks=1 --relative=2 --overlap"));
