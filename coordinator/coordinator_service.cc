@@ -121,11 +121,7 @@ grpc::ServerUnaryReactor* CoordinatorServiceImpl::GetMetrics(grpc::CallbackServe
     auto e = req->experiment_id().empty() ? experiments->Newest() : experiments->Status(req->experiment_id());
     if (!e.ok()) return e.status();
     resp->set_experiment_id(e->experiment_id());
-    resp->set_next_record(req->from_record());
-    // A queued experiment has no run directory yet.
-    if (e->run_dir().empty()) return absl::OkStatus();
-    auto page = ReadMetricsPage(e->run_dir() + "/metrics.jsonl", req->from_record(),
-                                req->limit() == 0 ? 1000 : req->limit());
+    auto page = ReadExperimentMetrics(*e, req->from_record(), req->limit() == 0 ? 1000 : req->limit());
     if (!page.ok()) return page.status();
     for (auto& r : page->records) resp->add_records(std::move(r));
     resp->set_next_record(page->next);

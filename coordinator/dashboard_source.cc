@@ -27,9 +27,7 @@ absl::StatusOr<std::unique_ptr<ClusterDashboardSource>> ClusterDashboardSource::
 absl::StatusOr<MetricsPage> ClusterDashboardSource::Metrics(const std::string& experiment_id, int64_t from,
                                                             int limit) {
   for (const auto& e : experiments_()) {
-    if (e.experiment_id() != experiment_id) continue;
-    if (e.run_dir().empty()) return MetricsPage{{}, from};
-    return ReadMetricsPage(e.run_dir() + "/metrics.jsonl", from, limit);
+    if (e.experiment_id() == experiment_id) return ReadExperimentMetrics(e, from, limit);
   }
   return absl::NotFoundError(absl::StrCat("experiment: unknown experiment '", experiment_id, "'"));
 }

@@ -32,4 +32,12 @@ absl::StatusOr<MetricsPage> ReadMetricsPage(const std::string& path, int64_t fro
   return page;
 }
 
+absl::StatusOr<MetricsPage> ReadExperimentMetrics(const ExperimentStatus& experiment, int64_t from, int limit) {
+  if (experiment.run_dir().empty()) {
+    if (from < 0) return absl::InvalidArgumentError(absl::StrCat("from_record: ", from, " is negative"));
+    return MetricsPage{{}, from};
+  }
+  return ReadMetricsPage(experiment.run_dir() + "/metrics.jsonl", from, limit);
+}
+
 }  // namespace rlmesh

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/coordinator.pb.h"
 
 namespace rlmesh {
 
@@ -25,5 +26,9 @@ struct MetricsPage {
 // for from < 0 or limit <= 0. Reads the file from its start: metrics files
 // hold one line per step, thousands at most.
 absl::StatusOr<MetricsPage> ReadMetricsPage(const std::string& path, int64_t from, int limit);
+
+// The same page of an experiment's metrics.jsonl in its run directory; an
+// experiment still queued (no run directory yet) has an empty page.
+absl::StatusOr<MetricsPage> ReadExperimentMetrics(const ExperimentStatus& experiment, int64_t from, int limit);
 
 }  // namespace rlmesh

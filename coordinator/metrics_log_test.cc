@@ -61,5 +61,22 @@ TEST_CASE("a run that wrote nothing yet has an empty page; bad ranges are refuse
   CHECK(ReadMetricsPage(dir.File("absent.jsonl"), 0, 0).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("an experiment's page comes from its run directory; a queued one has none yet") {
+  testing::TempDir dir;
+  Write(dir.File("metrics.jsonl"), "{\"step\":1}\n");
+  ExperimentStatus running;
+  running.set_run_dir(dir.path());
+  auto page = ReadExperimentMetrics(running, 0, 10);
+  REQUIRE(page.ok());
+  REQUIRE(page->records.size() == 1);
+  CHECK(page->next == 1);
+  ExperimentStatus queued;
+  auto none = ReadExperimentMetrics(queued, 4, 10);
+  REQUIRE(none.ok());
+  CHECK(none->records.empty());
+  CHECK(none->next == 4);
+  CHECK(ReadExperimentMetrics(queued, -1, 10).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace rlmesh
