@@ -47,11 +47,10 @@ class GrpcLearnerClient : public LearnerClient {
       return Learner::NewStub(c_.channel())->TrainStep(ctx, req, resp);
     });
   }
-  absl::StatusOr<HostWeightSyncStoreResponse> HostWeightSyncStore(const HostWeightSyncStoreRequest& req) override {
-    return Unary<HostWeightSyncStoreResponse>(
-        c_, absl::Seconds(30), [&](grpc::ClientContext* ctx, HostWeightSyncStoreResponse* resp) {
-          return Learner::NewStub(c_.channel())->HostWeightSyncStore(ctx, req, resp);
-        });
+  absl::StatusOr<HostStoreResponse> HostStore(const HostStoreRequest& req) override {
+    return Unary<HostStoreResponse>(c_, absl::Seconds(30), [&](grpc::ClientContext* ctx, HostStoreResponse* resp) {
+      return Learner::NewStub(c_.channel())->HostStore(ctx, req, resp);
+    });
   }
   absl::StatusOr<PublishWeightsResponse> PublishWeights(const PublishWeightsRequest& req,
                                                         absl::Duration timeout) override {

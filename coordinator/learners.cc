@@ -1,8 +1,7 @@
 // The learner shards: configure, train and save all of them at once.
 
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "coordinator/experiment_config.h"
 #include "coordinator/run_loop.h"
@@ -13,11 +12,14 @@ absl::Status RunLoop::ConfigureLearners(int stage_index, const std::string& init
   SetPhase("configure");
   const int k = static_cast<int>(clients_->learners.size());
   const std::string stage_name = StageName(cfg().stages(stage_index));
-  const std::string store = k > 1 ? absl::StrCat("file:", o_.run_dir, "/store/", stage_index, "-", stage_name) : "";
+  // The shards rendezvous in the store learner 0 hosts (reachable from
+  // every host at sync_store_host), under a prefix of this configuration's
+  // own: a group rebuilt after a failure never reads the dead one's keys.
+  std::string store, prefix;
   if (k > 1) {
-    std::error_code ec;
-    std::filesystem::create_directories(o_.run_dir + "/store", ec);
-    std::filesystem::remove(o_.run_dir + "/store/" + std::to_string(stage_index) + "-" + stage_name, ec);
+    RLMESH_ASSIGN_OR_RETURN(int port, LearnerStorePort(/*timeout_ms=*/0));
+    store = absl::StrCat(o_.sync_store_host, ":", port);
+    prefix = absl::StrCat(o_.experiment_id, "/learners/", stage_index, "-", stage_name, "/", learner_group_generation_++);
   }
   std::vector<ConfigureResponse> responses(k);
   RLMESH_RETURN_IF_ERROR(ParallelFor(k, [&](int r) -> absl::Status {
@@ -28,6 +30,7 @@ absl::Status RunLoop::ConfigureLearners(int stage_index, const std::string& init
     req.set_rank(r);
     req.set_world_size(k);
     req.set_store_address(store);
+    req.set_store_prefix(prefix);
     req.set_checkpoint_dir(absl::StrCat(o_.run_dir, "/checkpoints/", stage_index, "-", stage_name));
     req.set_replay_buffer_address(o_.replay_buffer);
     absl::StatusOr<ConfigureResponse> resp = clients_->learners[r]->Configure(req);
@@ -40,6 +43,19 @@ absl::Status RunLoop::ConfigureLearners(int stage_index, const std::string& init
   stage_step_ = responses[0].step();
   versions_.OnConfigure(responses[0].policy_version());
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> RunLoop::LearnerStorePort(int64_t timeout_ms) {
+  if (store_port_ != 0) return store_port_;
+  HostStoreRequest req;
+  req.set_timeout_ms(timeout_ms);
+  absl::StatusOr<HostStoreResponse> resp = clients_->learners[0]->HostStore(req);
+  if (!resp.ok()) {
+    return absl::Status(resp.status().code(), absl::StrCat("learner 0 HostStore: ", resp.status().message()));
+  }
+  store_port_ = resp->port();
+  RLMESH_LOG(INFO) << "c10d store (learner 0) on " << o_.sync_store_host << ":" << store_port_;
+  return store_port_;
 }
 
 absl::StatusOr<std::string> RunLoop::SaveAll(const std::string& path) {

@@ -67,7 +67,7 @@ absl::Status RunLoop::Recover() {
   // group keeps it clear of what the dead one published.
   ++sync_generation_;
   sync_configured_ = false;
-  sync_store_port_ = 0;
+  store_port_ = 0;
   RLMESH_RETURN_IF_ERROR(ConfigureLearners(stage_index_, stage_init_));
   // The workers keep their policy while a reward model trains.
   if (cfg().stages(stage_index_).has_reward_model()) return absl::OkStatus();

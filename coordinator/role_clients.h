@@ -33,9 +33,8 @@ class LearnerClient {
   virtual absl::StatusOr<ConfigureResponse> Configure(const ConfigureRequest& request) = 0;
   virtual absl::StatusOr<SaveResponse> Save(const SaveRequest& request) = 0;
   virtual absl::StatusOr<TrainStepResponse> TrainStep(const TrainStepRequest& request) = 0;
-  // Rank 0 only: hosts the weight-sync group's c10d store (idempotent).
-  virtual absl::StatusOr<HostWeightSyncStoreResponse> HostWeightSyncStore(
-      const HostWeightSyncStoreRequest& request) = 0;
+  // Hosts the process's c10d store (idempotent); the loop asks learner 0.
+  virtual absl::StatusOr<HostStoreResponse> HostStore(const HostStoreRequest& request) = 0;
   // Rank 0 only. `timeout`: the call's deadline (the group's timeout plus
   // slack, since the publish is a collective with the rollout workers).
   virtual absl::StatusOr<PublishWeightsResponse> PublishWeights(const PublishWeightsRequest& request,

@@ -86,6 +86,9 @@ class RunLoop {
   // --- weights.cc ---------------------------------------------------------
   absl::Status SyncWeights(bool through_checkpoint = false);
   absl::Status SyncThroughGroup();
+  // The port of the c10d store learner 0 hosts (asked once, then cached
+  // until recovery). `timeout_ms`: the store server's wait timeout.
+  absl::StatusOr<int> LearnerStorePort(int64_t timeout_ms);
   absl::Status LoadIntoRollouts(const std::function<void(LoadWeightsRequest*)>& fill);
   std::string ShmPrefixBase() const;
   void RemoveSharedMemory();
@@ -146,9 +149,13 @@ class RunLoop {
   std::string stage_init_;
   // The current SFT stage met its stop rule (sft.until).
   bool until_reached_ = false;
-  // Weight-sync group state. Port of the store learner 0 hosts (0 = not
-  // asked yet); the group's generation (bumped by recovery).
-  int sync_store_port_ = 0;
+  // Port of the c10d store learner 0 hosts for the learner group and the
+  // weight-sync group (0 = not asked yet; recovery forgets it, a restarted
+  // learner hosts a new one); learner-group configurations so far (each
+  // rendezvous under a prefix of its own).
+  int store_port_ = 0;
+  int learner_group_generation_ = 0;
+  // Weight-sync group state: the group's generation (bumped by recovery).
   bool sync_unavailable_ = false;
   bool group_sync_worked_ = false;
   bool sync_configured_ = false;

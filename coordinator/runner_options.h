@@ -25,9 +25,9 @@ struct RunnerOptions {
   std::vector<std::string> learners;
   // Token every RPC carries (empty = none).
   std::string auth_token;
-  // Host of learner 0 as the rollout workers reach it: the weight-sync
-  // group's c10d store (Gloo/NCCL backends) runs there
-  // (Learner.HostWeightSyncStore).
+  // Host of learner 0 as the other learners and the rollout workers reach
+  // it: the c10d store of the learner group and of the weight-sync group
+  // (Gloo/NCCL backends) runs there (Learner.HostStore).
   std::string sync_store_host = "127.0.0.1";
   // Print a progress line and the final summary to stdout.
   bool progress = true;

@@ -63,23 +63,11 @@ absl::Status RunLoop::SyncThroughGroup() {
   spec.set_bucket_mb(cfg().weight_sync().bucket_mb());
   spec.set_shm_prefix(absl::StrCat(ShmPrefixBase(), "-g", sync_generation_));
   if (spec.backend() == WEIGHT_SYNC_GLOO || spec.backend() == WEIGHT_SYNC_NCCL) {
-    // The learner's rank 0 hosts the group's c10d TCPStore; a rebuilt group
-    // (after a failure) reuses it under a new group name, and a restarted
-    // learner hosts a new one (Recover forgets the port).
-    if (sync_store_port_ == 0) {
-      HostWeightSyncStoreRequest req;
-      req.set_world_size(n + 1);
-      req.set_timeout_ms(spec.timeout_ms());
-      absl::StatusOr<HostWeightSyncStoreResponse> resp = learner0.HostWeightSyncStore(req);
-      if (!resp.ok()) {
-        return absl::Status(resp.status().code(),
-                            absl::StrCat("learner 0 HostWeightSyncStore: ", resp.status().message()));
-      }
-      sync_store_port_ = resp->port();
-      RLMESH_LOG(INFO) << "weight-sync store on " << o_.sync_store_host << ":" << sync_store_port_;
-    }
+    // Learner 0 hosts the group's c10d store; a rebuilt group (after a
+    // failure) reuses it under a new group name.
+    RLMESH_ASSIGN_OR_RETURN(int port, LearnerStorePort(spec.timeout_ms()));
+    spec.set_store_port(port);
     spec.set_store_host(o_.sync_store_host);
-    spec.set_store_port(sync_store_port_);
   }
   if (!sync_configured_) {
     RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {

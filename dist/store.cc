@@ -1,6 +1,7 @@
 #include "dist/store.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <chrono>
 
@@ -32,6 +33,11 @@ absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> MakeTcpStore(const std::strin
                      e.what()));
   }
   return store;
+}
+
+c10::intrusive_ptr<c10d::Store> WithPrefix(c10::intrusive_ptr<c10d::Store> store, const std::string& prefix) {
+  if (prefix.empty()) return store;
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(store));
 }
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeFileStore(const std::string& path,

@@ -23,6 +23,11 @@ absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> MakeTcpStore(const std::strin
                                                                  int world_size,
                                                                  int64_t timeout_ms);
 
+// `store` with every key under `prefix` (c10d's PrefixStore), so that
+// several groups rendezvous in one store; `store` itself when prefix is
+// empty.
+c10::intrusive_ptr<c10d::Store> WithPrefix(c10::intrusive_ptr<c10d::Store> store, const std::string& prefix);
+
 // A FileStore at `path` (a shared file system path, e.g. in TEST_TMPDIR).
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> MakeFileStore(const std::string& path,
                                                               int world_size);

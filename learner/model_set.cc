@@ -154,7 +154,8 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
 }
 
 absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions& stage,
-                                 const actor::ModelConfig& cfg, const std::string& store_address, int rank,
+                                 const actor::ModelConfig& cfg, const std::string& store_address,
+                                 const std::string& store_prefix, int rank,
                                  int world_size, const dist::GlooGroupOptions& gloo, int64_t store_timeout_ms,
                                  ModelSet* models) {
   ModelSet& s = *models;
@@ -192,22 +193,26 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   // The process group and the optimizers.
   if (world_size > 1) {
     const std::string& addr = store_address;
+    c10::intrusive_ptr<c10d::Store> store;
     if (absl::StartsWith(addr, "file:")) {
-      auto store = dist::MakeFileStore(addr.substr(5), world_size);
-      if (!store.ok()) return PrefixStatus("store_address", store.status());
-      s.store = *store;
+      auto file = dist::MakeFileStore(addr.substr(5), world_size);
+      if (!file.ok()) return PrefixStatus("store_address", file.status());
+      store = *file;
     } else {
+      // A store hosted by another process (Learner.HostStore on learner 0):
+      // every rank connects as a client, from any host.
       const size_t colon = addr.rfind(':');
       int port = 0;
-      if (colon == std::string::npos || !absl::SimpleAtoi(addr.substr(colon + 1), &port) || port <= 0) {
+      if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(addr.substr(colon + 1), &port) ||
+          port <= 0 || port > 65535) {
         return absl::InvalidArgumentError(
             absl::StrCat("store_address: \"", addr, "\" is not file:/path or host:port"));
       }
-      auto store = dist::MakeTcpStore(addr.substr(0, colon), port, rank == 0, world_size,
-                                      store_timeout_ms);
-      if (!store.ok()) return PrefixStatus("store_address", store.status());
-      s.store = *store;
+      auto tcp = dist::MakeTcpStore(addr.substr(0, colon), port, /*is_server=*/false, world_size, store_timeout_ms);
+      if (!tcp.ok()) return PrefixStatus("store_address", tcp.status());
+      store = *tcp;
     }
+    s.store = dist::WithPrefix(store, store_prefix);
     auto group = dist::CreateGlooGroup(s.store, rank, world_size, gloo);
     if (!group.ok()) return group.status();
     s.group = *group;

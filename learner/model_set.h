@@ -70,10 +70,12 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& experiment, cons
 
 // The rest of the set, after LoadPolicy: reference and critic copied from
 // the policy, the process group (world_size > 1, rendezvous at
-// `store_address`: "file:/path" or "host:port") and the optimizers, with the
-// parameters broadcast from rank 0.
+// `store_address`: "file:/path" or "host:port" of a store another process
+// hosts, every rank a client; keys under `store_prefix`) and the optimizers,
+// with the parameters broadcast from rank 0.
 absl::Status BuildTrainingModels(const ExperimentConfig& experiment, const StageOptions& stage,
-                                 const actor::ModelConfig& config, const std::string& store_address, int rank,
+                                 const actor::ModelConfig& config, const std::string& store_address,
+                                 const std::string& store_prefix, int rank,
                                  int world_size, const dist::GlooGroupOptions& gloo, int64_t store_timeout_ms,
                                  ModelSet* models);
 

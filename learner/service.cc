@@ -164,29 +164,22 @@ grpc::ServerUnaryReactor* LearnerService::PublishWeights(grpc::CallbackServerCon
   });
 }
 
-grpc::ServerUnaryReactor* LearnerService::HostWeightSyncStore(grpc::CallbackServerContext* ctx,
-                                                              const HostWeightSyncStoreRequest* req,
-                                                              HostWeightSyncStoreResponse* resp) {
+grpc::ServerUnaryReactor* LearnerService::HostStore(grpc::CallbackServerContext* ctx, const HostStoreRequest* req,
+                                                    HostStoreResponse* resp) {
   return HandleUnary(ctx, *auth_, [&]() -> absl::Status {
-    if (req->world_size() < 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("world_size: must be >= 2 (learner + workers), got ", req->world_size()));
-    }
     if (req->timeout_ms() < 0) return absl::InvalidArgumentError("timeout_ms: must be >= 0");
-    // Status() is a snapshot under the trainer's own lock; no training waits.
-    if (trainer_->Status().rank() != 0) {
-      return absl::FailedPreconditionError("only rank 0 hosts the weight-sync store");
-    }
     absl::MutexLock lock(&store_mu_);
-    if (!sync_store_) {
-      // Binding a listening socket: no wait on any peer (workers connect later).
-      auto store = weight_sync::WeightSyncStore::Host("127.0.0.1", 0, req->world_size(),
+    if (!store_) {
+      // Binding a listening socket (every interface): no wait on any peer,
+      // the ranks connect when their group forms. The world size only
+      // sizes the server's bookkeeping; groups of any size share it.
+      auto store = weight_sync::WeightSyncStore::Host("127.0.0.1", 0, /*world_size=*/2,
                                                       req->timeout_ms() > 0 ? req->timeout_ms() : 60000);
       if (!store.ok()) return store.status();
-      sync_store_ = *std::move(store);
-      RLMESH_LOG(INFO) << "weight-sync store port=" << sync_store_->port();
+      store_ = *std::move(store);
+      RLMESH_LOG(INFO) << "c10d store port=" << store_->port();
     }
-    resp->set_port(sync_store_->port());
+    resp->set_port(store_->port());
     return absl::OkStatus();
   });
 }

@@ -4,7 +4,7 @@
 // Save, Load and PublishWeights run one at a time, in arrival order, on the
 // service's own worker thread (a TrainStep can take minutes; gRPC's callback
 // threads are never blocked); GetStatus answers inline from the trainer's
-// snapshot, HostWeightSyncStore inline under its own lock. Every call checks
+// snapshot, HostStore inline under its own lock. Every call checks
 // auth first and is finished exactly once.
 //
 // The replay buffer is reached through ReplayBufferGroupSource (over the
@@ -61,9 +61,8 @@ class LearnerService final : public Learner::CallbackService {
   grpc::ServerUnaryReactor* PublishWeights(grpc::CallbackServerContext* ctx,
                                            const PublishWeightsRequest* req,
                                            PublishWeightsResponse* resp) override;
-  grpc::ServerUnaryReactor* HostWeightSyncStore(grpc::CallbackServerContext* ctx,
-                                                const HostWeightSyncStoreRequest* req,
-                                                HostWeightSyncStoreResponse* resp) override;
+  grpc::ServerUnaryReactor* HostStore(grpc::CallbackServerContext* ctx, const HostStoreRequest* req,
+                                      HostStoreResponse* resp) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const LearnerStatusRequest* req,
                                       LearnerStatus* resp) override;
 
@@ -81,9 +80,10 @@ class LearnerService final : public Learner::CallbackService {
   std::unique_ptr<weight_sync::WeightPublisher> publisher_;
   std::string publisher_spec_;
 
-  // The weight-sync group's store (rank 0), for the life of the process.
+  // The c10d store this process hosts (HostStore) for the learner group and
+  // the weight-sync groups, for the life of the process.
   absl::Mutex store_mu_;
-  std::unique_ptr<weight_sync::WeightSyncStore> sync_store_ ABSL_GUARDED_BY(store_mu_);
+  std::unique_ptr<weight_sync::WeightSyncStore> store_ ABSL_GUARDED_BY(store_mu_);
 
   // One thread: calls run one at a time, in arrival order. Declared last so
   // that its tasks never outlive the members above.

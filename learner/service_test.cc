@@ -6,6 +6,7 @@
 #include <csignal>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
@@ -187,6 +188,65 @@ TEST_CASE("service: configure, train, wrong step, save, status, errors naming fi
     auto ctx = s.client->NewContext();
     CHECK_FALSE(s.stub->PublishWeights(ctx.get(), pw, &pr).ok());
   }
+}
+
+grpc::Status HostStore(Server& s, int* port) {
+  HostStoreResponse resp;
+  auto ctx = s.client->NewContext();
+  grpc::Status st = s.stub->HostStore(ctx.get(), HostStoreRequest(), &resp);
+  *port = resp.port();
+  return st;
+}
+
+TEST_CASE("service: two shards rendezvous in the store shard 0 hosts, a new prefix per configuration") {
+  Server s0, s1;
+  int port = 0, again = 0;
+  REQUIRE(HostStore(s0, &port).ok());
+  CHECK(port > 0);
+  REQUIRE(HostStore(s0, &again).ok());
+  CHECK(again == port);  // one store for the life of the process
+
+  // Both shards configure at once (the rendezvous needs both) and train one
+  // step; data parallelism makes their losses and weights agree.
+  auto configure_both = [&](const std::string& address, const std::string& prefix, grpc::Status* st0,
+                            grpc::Status* st1) {
+    auto one = [&](Server& s, int rank, grpc::Status* st) {
+      ConfigureRequest req = Configure(TinySft(2), "");
+      req.set_world_size(2);
+      req.set_rank(rank);
+      req.set_store_address(address);
+      req.set_store_prefix(prefix);
+      ConfigureResponse cr;
+      *st = Call(*s.stub, *s.client, req, &cr);
+    };
+    std::thread t1([&] { one(s1, 1, st1); });
+    one(s0, 0, st0);
+    t1.join();
+  };
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  for (const char* prefix : {"exp/learners/0-sft/0", "exp/learners/0-sft/1"}) {
+    INFO(prefix);
+    grpc::Status st0, st1;
+    configure_both(address, prefix, &st0, &st1);
+    REQUIRE(st0.ok());
+    REQUIRE(st1.ok());
+    TrainStepResponse r0, r1;
+    grpc::Status t0;
+    std::thread t([&] { t0 = Step(*s1.stub, *s1.client, 0, &r1); });
+    REQUIRE(Step(*s0.stub, *s0.client, 0, &r0).ok());
+    t.join();
+    REQUIRE(t0.ok());
+    CHECK(r0.metrics().values().at("grad_norm") == r1.metrics().values().at("grad_norm"));
+  }
+
+  // A store address that is neither file:PATH nor host:port is refused by name.
+  ConfigureRequest bad = Configure(TinySft(2), "");
+  bad.set_world_size(2);
+  bad.set_store_address("no-port-here");
+  ConfigureResponse cr;
+  grpc::Status st = Call(*s0.stub, *s0.client, bad, &cr);
+  CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(st.error_message().find("store_address") != std::string::npos);
 }
 
 TEST_CASE("service: auth is checked on every method") {

@@ -119,7 +119,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     }
   }
   // Reference, critic, process group and optimizers.
-  RLMESH_RETURN_IF_ERROR(BuildTrainingModels(exp, s.opt, cfg, req.store_address(), s.rank, s.world, options_.gloo,
+  RLMESH_RETURN_IF_ERROR(BuildTrainingModels(exp, s.opt, cfg, req.store_address(), req.store_prefix(), s.rank, s.world, options_.gloo,
                                              options_.store_timeout_ms, &s.models));
 
   s_ = std::move(st);

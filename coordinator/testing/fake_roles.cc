@@ -151,9 +151,9 @@ class FakeCluster::Learner : public LearnerClient {
     return resp;
   }
 
-  absl::StatusOr<HostWeightSyncStoreResponse> HostWeightSyncStore(const HostWeightSyncStoreRequest&) override {
-    RLMESH_RETURN_IF_ERROR(c_->Enter("learner.HostWeightSyncStore", "", log()));
-    HostWeightSyncStoreResponse resp;
+  absl::StatusOr<HostStoreResponse> HostStore(const HostStoreRequest&) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("learner.HostStore", "", log()));
+    HostStoreResponse resp;
     resp.set_port(29500);
     return resp;
   }
