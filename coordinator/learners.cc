@@ -19,7 +19,8 @@ absl::Status RunLoop::ConfigureLearners(int stage_index, const std::string& init
   if (k > 1) {
     RLMESH_ASSIGN_OR_RETURN(int port, LearnerStorePort(/*timeout_ms=*/0));
     store = absl::StrCat(o_.sync_store_host, ":", port);
-    prefix = absl::StrCat(o_.experiment_id, "/learners/", stage_index, "-", stage_name, "/", learner_group_generation_++);
+    prefix = absl::StrCat(o_.experiment_id, "/learners/", stage_index, "-", stage_name, "/",
+                          learner_group_generation_++);
   }
   std::vector<ConfigureResponse> responses(k);
   RLMESH_RETURN_IF_ERROR(ParallelFor(k, [&](int r) -> absl::Status {

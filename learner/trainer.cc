@@ -119,8 +119,8 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     }
   }
   // Reference, critic, process group and optimizers.
-  RLMESH_RETURN_IF_ERROR(BuildTrainingModels(exp, s.opt, cfg, req.store_address(), req.store_prefix(), s.rank, s.world, options_.gloo,
-                                             options_.store_timeout_ms, &s.models));
+  RLMESH_RETURN_IF_ERROR(BuildTrainingModels(exp, s.opt, cfg, req.store_address(), req.store_prefix(), s.rank,
+                                             s.world, options_.gloo, options_.store_timeout_ms, &s.models));
 
   s_ = std::move(st);
   // Resume from this stage's newest valid checkpoint, if any.
