@@ -8,12 +8,34 @@
 #include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "proto/health.grpc.pb.h"
 
 namespace rlmesh {
+
+namespace {
+
+ClientTls& MutableProcessTls() {
+  static ClientTls* tls = new ClientTls();
+  return *tls;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
+  return ss.str();
+}
+
+}  // namespace
+
+void SetProcessClientTls(ClientTls tls) { MutableProcessTls() = std::move(tls); }
+const ClientTls& ProcessClientTls() { return MutableProcessTls(); }
 
 absl::StatusOr<RpcClient> RpcClient::Create(const std::string& address,
                                             const ClientOptions& options) {
@@ -25,20 +47,19 @@ absl::StatusOr<RpcClient> RpcClient::Create(const std::string& address,
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  if (!options.tls_root_cert_file.empty()) {
-    std::ifstream in(options.tls_root_cert_file, std::ios::binary);
-    if (!in) {
-      return absl::NotFoundError(
-          absl::StrCat("cannot read TLS root certificate ", options.tls_root_cert_file));
-    }
-    std::stringstream ss;
-    ss << in.rdbuf();
+  const ClientTls& tls = options.tls.enabled() ? options.tls : ProcessClientTls();
+  if (tls.enabled()) {
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = ss.str();
-    creds = grpc::SslCredentials(ssl);
-    if (!options.tls_server_name.empty()) {
-      args.SetSslTargetNameOverride(options.tls_server_name);
+    RLMESH_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(tls.root_cert_file, "TLS root certificate"));
+    if (tls.cert_file.empty() != tls.key_file.empty()) {
+      return absl::InvalidArgumentError("tls: the client certificate and key must be set together");
     }
+    if (!tls.cert_file.empty()) {
+      RLMESH_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(tls.cert_file, "TLS client certificate"));
+      RLMESH_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(tls.key_file, "TLS client key"));
+    }
+    creds = grpc::SslCredentials(ssl);
+    if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
   } else {
     creds = grpc::InsecureChannelCredentials();
   }

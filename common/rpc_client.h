@@ -16,13 +16,36 @@
 
 namespace rlmesh {
 
+// TLS on the client side of a channel.
+struct ClientTls {
+  // PEM root certificate(s) to verify the server with; non-empty enables
+  // TLS.
+  std::string root_cert_file;
+  // PEM certificate chain and key this client presents (mutual TLS); both
+  // or neither.
+  std::string cert_file;
+  std::string key_file;
+  // Expected server name in its certificate; empty = the host dialled.
+  std::string server_name;
+
+  bool enabled() const { return !root_cert_file.empty(); }
+};
+
+// The TLS every RpcClient of this process uses when its ClientOptions
+// enable none: set once at start, before any client exists (the binaries
+// call it from their --tls_* flags, common/server_flags.h), so that every
+// channel a role opens — to the buffer, a reward server, the coordinator —
+// is verified the same way without passing certificates through each
+// layer. Not for concurrent use with RpcClient::Create.
+void SetProcessClientTls(ClientTls tls);
+const ClientTls& ProcessClientTls();
+
 struct ClientOptions {
   // Token sent as "authorization: Bearer <token>"; empty sends none.
   std::string auth_token;
-  // PEM root certificate(s) to verify the server; non-empty enables TLS.
-  std::string tls_root_cert_file;
-  // Expected server name in its certificate (TLS only); empty = the host.
-  std::string tls_server_name;
+  // TLS of this channel; when not enabled, the process's (above), else
+  // plaintext.
+  ClientTls tls;
   // Deadline of a call made with NewContext() and no explicit timeout.
   // Default 10 s.
   absl::Duration default_timeout = absl::Seconds(10);

@@ -36,6 +36,9 @@ absl::Status ServerOptions::Validate() const {
   if (tls_cert_file.empty() != tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file must be set together");
   }
+  if (!tls_client_ca_file.empty() && tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("tls_client_ca_file: mutual TLS needs tls_cert_file and tls_key_file");
+  }
   if (max_message_bytes <= 0) return absl::InvalidArgumentError("max_message_bytes: must be > 0");
   return absl::OkStatus();
 }
@@ -66,6 +69,10 @@ absl::Status RpcServer::Start() {
     RLMESH_ASSIGN_OR_RETURN(std::string key, ReadFile(options_.tls_key_file, "TLS key"));
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({key, cert});
+    if (!options_.tls_client_ca_file.empty()) {
+      RLMESH_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options_.tls_client_ca_file, "TLS client CA"));
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
     creds = grpc::SslServerCredentials(ssl);
   } else {
     creds = grpc::InsecureServerCredentials();
@@ -96,7 +103,7 @@ absl::Status RpcServer::Start() {
   }
   std::printf("rlmesh: %s listening on %s%s%s\n", options_.role.c_str(), address().c_str(),
               auth_.enabled() ? " (token auth)" : "",
-              options_.tls_cert_file.empty() ? "" : " (tls)");
+              options_.tls_cert_file.empty() ? "" : (options_.tls_client_ca_file.empty() ? " (tls)" : " (mutual tls)"));
   std::fflush(stdout);
   return absl::OkStatus();
 }

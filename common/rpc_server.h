@@ -32,6 +32,9 @@ struct ServerOptions {
   // PEM certificate chain and private key; both set enables TLS.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Mutual TLS: PEM root certificate(s) every client's certificate must
+  // chain to; a client without one is refused at the handshake. Needs TLS.
+  std::string tls_client_ca_file;
   // In-flight calls get this long to finish on shutdown before they are
   // cancelled. Default 1 s.
   absl::Duration shutdown_grace = absl::Seconds(1);

@@ -162,8 +162,8 @@ TEST_CASE("TLS: a client trusting the certificate connects, a plaintext one does
   REQUIRE(f.server.Start().ok());
 
   ClientOptions tls;
-  tls.tls_root_cert_file = dir.File("cert.pem");
-  tls.tls_server_name = "localhost";
+  tls.tls.root_cert_file = dir.File("cert.pem");
+  tls.tls.server_name = "localhost";
   auto secure = RpcClient::Create("localhost:" + std::to_string(f.server.port()), tls);
   REQUIRE(secure.ok());
   auto score = ScoreOne(*secure, 4);
@@ -172,6 +172,80 @@ TEST_CASE("TLS: a client trusting the certificate connects, a plaintext one does
 
   auto plain = RpcClient::Create(f.server.address());
   CHECK_FALSE(ScoreOne(*plain, 4, absl::Seconds(2)).ok());
+}
+
+// The certificates of scripts/make_test_certs.sh (a data dependency).
+std::string MakeCerts(const testing::TempDir& dir) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  const std::string script = std::string(srcdir == nullptr ? "." : srcdir) + "/" +
+                             (workspace == nullptr ? "rlmesh" : workspace) + "/scripts/make_test_certs.sh";
+  const std::string cmd = "bash " + script + " " + dir.File("certs") + " >/dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  return dir.File("certs") + "/";
+}
+
+TEST_CASE("mutual TLS: only a client with a certificate from the trusted CA and the token gets in") {
+  testing::TempDir dir;
+  const std::string c = MakeCerts(dir);
+  ServerOptions opts;
+  opts.auth_token = "tok";
+  opts.tls_cert_file = c + "node.pem";
+  opts.tls_key_file = c + "node.key";
+  opts.tls_client_ca_file = c + "ca.pem";
+  Fixture f(opts);
+  REQUIRE(f.server.Start().ok());
+  const std::string address = "127.0.0.1:" + std::to_string(f.server.port());
+
+  auto call = [&](const ClientOptions& o) {
+    auto client = RpcClient::Create(address, o);
+    REQUIRE(client.ok());
+    return ScoreOne(*client, 5, absl::Seconds(3)).status();
+  };
+  ClientOptions good;
+  good.auth_token = "tok";
+  good.tls = {c + "ca.pem", c + "node.pem", c + "node.key", ""};
+  CHECK(call(good).ok());
+
+  ClientOptions no_cert = good;  // verifies the server but presents nothing
+  no_cert.tls.cert_file.clear();
+  no_cert.tls.key_file.clear();
+  CHECK(call(no_cert).code() == absl::StatusCode::kUnavailable);
+
+  ClientOptions rogue = good;  // a certificate the server's CA did not sign
+  rogue.tls.cert_file = c + "rogue.pem";
+  rogue.tls.key_file = c + "rogue.key";
+  CHECK(call(rogue).code() == absl::StatusCode::kUnavailable);
+
+  ClientOptions wrong_root = good;  // cannot verify the server
+  wrong_root.tls.root_cert_file = c + "rogue-ca.pem";
+  CHECK(call(wrong_root).code() == absl::StatusCode::kUnavailable);
+
+  ClientOptions no_token = good;  // TLS is not a substitute for the token
+  no_token.auth_token.clear();
+  CHECK(call(no_token).code() == absl::StatusCode::kUnauthenticated);
+
+  ClientOptions plain;
+  plain.auth_token = "tok";
+  CHECK_FALSE(call(plain).ok());
+
+  // A client that names no TLS uses the process's (what a role's --tls_*
+  // flags set), so every channel of a role is verified the same way.
+  SetProcessClientTls(good.tls);
+  CHECK(call(plain).ok());
+  SetProcessClientTls({});
+  CHECK_FALSE(call(plain).ok());
+
+  // Half a client certificate is refused by name, not sent.
+  ClientOptions half = good;
+  half.tls.key_file.clear();
+  auto refused = RpcClient::Create(address, half);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  // Mutual TLS without a server certificate is refused at Start.
+  ServerOptions bad;
+  bad.tls_client_ca_file = c + "ca.pem";
+  RpcServer server(bad);
+  CHECK(server.Start().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("shutdown finishes within its grace period") {

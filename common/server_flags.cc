@@ -26,6 +26,12 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a shared token every RPC must carry (off if empty).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls_key enables TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_root_cert, "",
+          "PEM root certificate(s): every RPC this process makes (to other roles, the coordinator) "
+          "uses TLS and verifies the server with them. Off if empty.");
+ABSL_FLAG(bool, tls_mutual, false,
+          "Mutual TLS: this server refuses clients without a certificate chaining to --tls_root_cert, "
+          "and this process's clients present --tls_cert/--tls_key.");
 ABSL_FLAG(std::string, trace_file, "",
           "Record spans (generate, score, train phases, RPCs) and write them as a Chrome trace-event "
           "JSON file here at shutdown (Perfetto / chrome://tracing open it). Off if empty.");
@@ -55,9 +61,25 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags(const std::string& role) {
   RLMESH_ASSIGN_OR_RETURN(options.auth_token, ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file)));
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  if (absl::GetFlag(FLAGS_tls_mutual)) {
+    if (absl::GetFlag(FLAGS_tls_root_cert).empty() || options.tls_cert_file.empty()) {
+      return absl::InvalidArgumentError("--tls_mutual needs --tls_root_cert, --tls_cert and --tls_key");
+    }
+    options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_root_cert);
+  }
   options.shutdown_grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));
   RLMESH_RETURN_IF_ERROR(options.Validate());
   return options;
+}
+
+ClientTls ClientTlsFromFlags() {
+  ClientTls tls;
+  tls.root_cert_file = absl::GetFlag(FLAGS_tls_root_cert);
+  if (absl::GetFlag(FLAGS_tls_mutual)) {
+    tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+    tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  }
+  return tls;
 }
 
 std::vector<char*> InitServerProcess(int argc, char** argv, const std::string& role,
@@ -67,6 +89,7 @@ std::vector<char*> InitServerProcess(int argc, char** argv, const std::string& r
   absl::SetProgramUsageMessage(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_trace_file).empty()) EnableTracing(absl::GetFlag(FLAGS_trace_file), role);
+  SetProcessClientTls(ClientTlsFromFlags());
   return args;
 }
 

@@ -118,6 +118,7 @@ absl::Status Cluster::StartMember(Member* m) {
                                    "--port_file=" + port_file,
                                    "--bind=" + options_.bind};
   if (!options_.auth_token_file.empty()) argv.push_back("--auth_token_file=" + options_.auth_token_file);
+  for (const auto& a : options_.role_args) argv.push_back(a);
   for (const auto& a : m->extra_args) argv.push_back(a);
   if (!options_.trace_dir.empty()) argv.push_back("--trace_file=" + options_.trace_dir + "/" + m->name + ".json");
   if (options_.wire_roles && m->role == ROLE_ROLLOUT_WORKER) {

@@ -35,6 +35,8 @@ struct ClusterOptions {
   int learners = 1;
   // Token file passed to every role (empty = no auth).
   std::string auth_token_file;
+  // Flags every role gets (the coordinator's --tls_* settings).
+  std::vector<std::string> role_args;
   // Replay buffer RocksDB folder. Default <run_dir>/replay_buffer.
   std::string buffer_path;
   // How long a role may take to report its port and serve health.

@@ -51,6 +51,10 @@
 
 ABSL_DECLARE_FLAG(std::string, auth_token_file);
 ABSL_DECLARE_FLAG(int, port);
+ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, tls_key);
+ABSL_DECLARE_FLAG(std::string, tls_root_cert);
+ABSL_DECLARE_FLAG(bool, tls_mutual);
 
 ABSL_FLAG(std::string, cluster, "",
           "launch: cluster YAML (ClusterConfig). run: a cluster with launcher: slurm to run the roles on.");
@@ -262,7 +266,57 @@ RegistryOptions RegistryOptionsFromFlags() {
   return o;
 }
 
+// The --tls_* flags with their paths absolute (bazel run starts in the
+// runfiles; the user named files from where they stood), made the
+// process's client TLS again.
+void NormalizeTlsFlags() {
+  for (auto* flag : {&FLAGS_tls_cert, &FLAGS_tls_key, &FLAGS_tls_root_cert}) {
+    if (!absl::GetFlag(*flag).empty()) absl::SetFlag(flag, UserPath(absl::GetFlag(*flag)));
+  }
+  SetProcessClientTls(ClientTlsFromFlags());
+}
+
+// A cluster's tls block: fills the --tls_* flags the command line left
+// empty (so the coordinator's server and clients use it), errors naming the
+// field.
+absl::Status ApplyClusterTls(const TlsConfig& tls) {
+  if (tls.cert_file().empty() != tls.key_file().empty()) {
+    return absl::InvalidArgumentError("tls.cert_file and tls.key_file: set both or neither");
+  }
+  if (tls.mutual() && (tls.cert_file().empty() || tls.root_cert_file().empty())) {
+    return absl::InvalidArgumentError("tls.mutual: needs tls.cert_file, tls.key_file and tls.root_cert_file");
+  }
+  auto fill = [](absl::Flag<std::string>* flag, const std::string& field, const std::string& value) -> absl::Status {
+    if (value.empty() || !absl::GetFlag(*flag).empty()) return absl::OkStatus();
+    const std::string path = UserPath(value);
+    if (::access(path.c_str(), R_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat("tls.", field, ": cannot read ", path));
+    }
+    absl::SetFlag(flag, path);
+    return absl::OkStatus();
+  };
+  RLMESH_RETURN_IF_ERROR(fill(&FLAGS_tls_cert, "cert_file", tls.cert_file()));
+  RLMESH_RETURN_IF_ERROR(fill(&FLAGS_tls_key, "key_file", tls.key_file()));
+  RLMESH_RETURN_IF_ERROR(fill(&FLAGS_tls_root_cert, "root_cert_file", tls.root_cert_file()));
+  if (tls.mutual()) absl::SetFlag(&FLAGS_tls_mutual, true);
+  SetProcessClientTls(ClientTlsFromFlags());
+  return absl::OkStatus();
+}
+
+// The TLS flags every role the coordinator starts gets: its own.
+std::vector<std::string> RoleTlsArgs() {
+  std::vector<std::string> args;
+  if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+    args.push_back("--tls_cert=" + absl::GetFlag(FLAGS_tls_cert));
+    args.push_back("--tls_key=" + absl::GetFlag(FLAGS_tls_key));
+  }
+  if (!absl::GetFlag(FLAGS_tls_root_cert).empty()) args.push_back("--tls_root_cert=" + absl::GetFlag(FLAGS_tls_root_cert));
+  if (absl::GetFlag(FLAGS_tls_mutual)) args.push_back("--tls_mutual");
+  return args;
+}
+
 // A cluster YAML with its paths made absolute; `launcher` must be known.
+// Its tls block becomes this process's TLS settings.
 absl::StatusOr<ClusterConfig> LoadCluster(const std::string& path) {
   ClusterConfig config;
   YamlSource src;
@@ -271,6 +325,7 @@ absl::StatusOr<ClusterConfig> LoadCluster(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat("launcher: '", config.launcher(), "' is not \"local\" or \"slurm\""));
   }
+  RLMESH_RETURN_IF_ERROR(ApplyClusterTls(config.tls()));
   return config;
 }
 
@@ -423,6 +478,7 @@ int Launch() {
   if (bin_dir.empty()) bin_dir = DefaultBinDir();
   if (!config.tokenizer().empty() && config.tokenizer() != "char") config.set_tokenizer(UserPath(config.tokenizer()));
   ClusterOptions options = ClusterOptionsFromConfig(config, bin_dir, UserPath(run_dir));
+  options.role_args = RoleTlsArgs();
   if (!options.auth_token_file.empty()) options.auth_token_file = UserPath(options.auth_token_file);
   if (!options.buffer_path.empty()) options.buffer_path = UserPath(options.buffer_path);
   if (config.launcher() == "slurm") return LaunchSlurm(config, options);
@@ -569,6 +625,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   co.reward_servers = cfg->reward().servers();
   co.learners = cfg->learner().shards();
   co.auth_token_file = UserPath(absl::GetFlag(FLAGS_auth_token_file));
+  co.role_args = RoleTlsArgs();
   const std::string tokenizer = cfg->model().tokenizer() == "char" ? "char" : UserPath(cfg->model().tokenizer());
   co.tokenizer = tokenizer;
   // The experiment's rollout settings become the workers' flags.
@@ -730,6 +787,7 @@ int main(int argc, char** argv) {
     }
   }
   auto positional = InitServerProcess(static_cast<int>(rest.size()), rest.data(), "coordinator", kUsage);
+  NormalizeTlsFlags();
   std::vector<std::string> args(positional.begin() + 1, positional.end());
 
   if (command == "launch") return Launch();

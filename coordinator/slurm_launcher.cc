@@ -254,6 +254,7 @@ std::vector<std::string> StepCommand(const SlurmOptions& o, const std::string& j
   argv.push_back("--instance_name=" + step.name);
   if (!o.network_interface.empty()) argv.push_back("--advertise_interface=" + o.network_interface);
   if (!o.cluster.auth_token_file.empty()) argv.push_back("--auth_token_file=" + o.cluster.auth_token_file);
+  for (const auto& a : o.cluster.role_args) argv.push_back(a);
   for (const auto& a : step.role_args) argv.push_back(a);
   for (const auto& a : wiring) argv.push_back(a);
   return argv;
