@@ -37,11 +37,13 @@ def run_one(config, seed, extra, workdir, label):
     (exp_dir,) = [os.path.join(run_root, d) for d in os.listdir(run_root)
                   if os.path.isdir(os.path.join(run_root, d))]
     evals = {}
+    curves = {}  # stage -> [[step, accuracy], ...], every eval of the stage
     sft_steps = None
     for line in open(os.path.join(exp_dir, "metrics.jsonl")):
         j = json.loads(line)
         if j.get("event") == "eval":
             evals[j["stage"]] = j["accuracy"]  # the last one of a stage is its final eval
+            curves.setdefault(j["stage"], []).append([j["step"], j["accuracy"]])
             if j["stage"] == "sft":
                 sft_steps = j["step"]
     stages = [s for s in evals if s not in ("init",)]
@@ -52,7 +54,7 @@ def run_one(config, seed, extra, workdir, label):
     return {"config": label, "seed": seed, "ok": True, "wall_s": round(wall, 1),
             "init": evals.get("init"), "base": base, "final_stage": final_stage,
             "final": evals[final_stage], "gain": None if base is None else evals[final_stage] - base,
-            "sft_steps": sft_steps}
+            "sft_steps": sft_steps, "curve": curves.get(final_stage, [])}
 
 
 def fmt(values, pct=True):
