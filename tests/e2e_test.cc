@@ -102,7 +102,7 @@ TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards, 
                                 testing::Runfile("configs/grpo_arith_e2e.yaml"), "--run_dir=" + dir.File("runs"),
                                 "--bin_dir=" + testing::Runfile(""), "--set=learner.shards=2",
                                 "--set=stages[1].grpo.rl.max_staleness=1",
-                                // Weights go through a Gloo group on the coordinator's c10d store.
+                                // Weights go through a Gloo group on the c10d store learner 0 hosts.
                                 "--set=weight_sync.backend=gloo", "--set=logging.tensorboard=false"},
                                dir.File("out"));
   REQUIRE(run.ok());
@@ -111,7 +111,7 @@ TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards, 
   INFO(out);
   REQUIRE(st.ok());
   REQUIRE(*st == 0);
-  CHECK(out.find("weight-sync store on 127.0.0.1:") != std::string::npos);
+  CHECK(out.find("c10d store (learner 0) on 127.0.0.1:") != std::string::npos);
   CHECK(out.find("syncing through checkpoint folders") == std::string::npos);
   const std::string run_dir = RunDir(dir.File("runs"));
   REQUIRE(!run_dir.empty());
