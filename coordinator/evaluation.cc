@@ -30,9 +30,14 @@ absl::StatusOr<double> RunLoop::Evaluate(const std::string& label, int64_t step,
     }
     return out;
   };
-  RLMESH_ASSIGN_OR_RETURN(auto groups,
-                          Generate(prompts, 1, Sampling(true, cfg().seed()), false, step, versions_.rollout()));
-  RLMESH_ASSIGN_OR_RETURN(auto scores, Score(groups));
+  // A corpus (task kind text) has no held-out prompts: nothing to generate
+  // or score; accuracy 0 over 0 prompts.
+  std::vector<TrajectoryGroup> groups;
+  ScoreResponse scores;
+  if (!prompts.empty()) {
+    RLMESH_ASSIGN_OR_RETURN(groups, Generate(prompts, 1, Sampling(true, cfg().seed()), false, step, versions_.rollout()));
+    RLMESH_ASSIGN_OR_RETURN(scores, Score(groups));
+  }
   double correct = 0;
   for (bool r : right(scores)) correct += r ? 1 : 0;
   const double acc = groups.empty() ? 0 : correct / groups.size();

@@ -60,6 +60,42 @@ void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method
   c.Require(rl->overlong_buffer() >= 0, path + ".overlong_buffer", "must be >= 0");
 }
 
+// The dataset kinds' fields (the task itself checks its files when loaded).
+void CheckTask(Checker& c, const ExperimentConfig& config) {
+  const TaskConfig& t = config.task();
+  const std::string kind = t.kind().empty() ? "arithmetic" : t.kind();
+  c.Require(kind == "arithmetic" || kind == "countdown" || kind == "jsonl" || kind == "chat" || kind == "text",
+            "task.kind", "must be arithmetic, countdown, jsonl, chat or text");
+  c.Require(t.messages_field().empty() || kind == "chat", "task.messages_field", "only for kind chat");
+  c.Require(t.text_field().empty() || kind == "text", "task.text_field", "only for kind text");
+  c.Require(t.sequence_length() == 0 || kind == "text", "task.sequence_length", "only for kind text");
+  if (kind == "chat") {
+    c.Require(!t.train_path().empty(), "task.train_path", "required for kind chat");
+    c.Require(!t.chat_template().empty(), "task.chat_template",
+              "required for kind chat (\"model\" or a Jinja file)");
+    c.Require(t.prompt_template().empty(), "task.prompt_template",
+              "not used by kind chat (the chat template renders the turns)");
+    c.Require(t.prompt_field().empty(), "task.prompt_field", "not used by kind chat (see messages_field)");
+  }
+  if (kind != "text") return;
+  c.Require(!t.train_path().empty(), "task.train_path", "required for kind text");
+  c.Require(t.eval_path().empty(), "task.eval_path", "not used by kind text (a corpus has no held-out prompts)");
+  c.Require(t.chat_template().empty(), "task.chat_template", "not used by kind text (documents are trained on as they are)");
+  c.Require(t.system_prompt().empty(), "task.system_prompt", "not used by kind text");
+  c.Require(t.prompt_template().empty(), "task.prompt_template", "not used by kind text");
+  c.Require(t.prompt_field().empty(), "task.prompt_field", "not used by kind text (see text_field)");
+  c.Require(t.answer_field().empty(), "task.answer_field", "not used by kind text");
+  c.Require(t.sequence_length() >= 0 && t.sequence_length() <= config.model().max_positions(), "task.sequence_length",
+            "must be in [0, model.max_positions] (0 = model.max_positions)");
+  for (int i = 0; i < config.stages_size(); ++i) {
+    const Stage& st = config.stages(i);
+    const std::string p = absl::StrCat("stages[", i, "]");
+    c.Require(st.has_sft(), p, "task kind text trains SFT stages only (a corpus has no prompts or pairs)");
+    c.Require(!st.has_sft() || st.sft().until().eval_accuracy() == 0, p + ".sft.until.eval_accuracy",
+              "must be 0 with task kind text (no held-out prompts)");
+  }
+}
+
 }  // namespace
 
 std::string StageKind(const Stage& stage) {
@@ -113,6 +149,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   if (m->tokenizer().empty()) m->set_tokenizer("char");
   c.Require(m->dtype().empty() || m->dtype() == "fp32" || m->dtype() == "bf16" || m->dtype() == "fp16",
             "model.dtype", "must be fp32, bf16 or fp16");
+
+  CheckTask(c, *config);
 
   RolloutConfig* r = config->mutable_rollout();
   if (r->workers() == 0) r->set_workers(1);

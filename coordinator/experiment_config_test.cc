@@ -53,7 +53,7 @@ TEST_CASE("out-of-range values name the key path and line") {
 TEST_CASE("every shipped config loads and validates") {
   for (const char* name : {"grpo_arith_tiny", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
                            "sft_word_problems", "sft_word_problems_qwen3", "grpo_word_problems_qwen3",
-                           "grpo_countdown_tiny"}) {
+                           "grpo_countdown_tiny", "sft_word_problems_chat_qwen3", "cpt_text_sample"}) {
     INFO(name);
     ExperimentConfig cfg;
     YamlSource src;
@@ -62,6 +62,37 @@ TEST_CASE("every shipped config loads and validates") {
     INFO(s.ToString());
     CHECK(s.ok());
   }
+}
+
+TEST_CASE("chat and text dataset fields are checked by name") {
+  auto refused = [](const std::string& task, const std::string& stages, const std::string& expected) {
+    ExperimentConfig cfg;
+    absl::Status s = Normalize("name: x\nmodel: {max_positions: 64}\ntask: " + task + "\nstages: " + stages + "\n", &cfg);
+    INFO(s.ToString());
+    CHECK(s.message().find(expected) != absl::string_view::npos);
+  };
+  const std::string sft = "[{sft: {steps: 1, batch: 1, optimizer: {lr: 0.001}}}]";
+  const std::string grpo = "[{grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}}}}]";
+  refused("{kind: chats}", sft, "task.kind: must be arithmetic, countdown, jsonl, chat or text");
+  refused("{kind: chat, chat_template: model}", sft, "task.train_path: required for kind chat");
+  refused("{kind: chat, train_path: a.jsonl}", sft, "task.chat_template: required for kind chat");
+  refused("{kind: chat, train_path: a.jsonl, chat_template: model, prompt_template: 'Q: {prompt}'}", sft,
+          "task.prompt_template: not used by kind chat");
+  refused("{kind: jsonl, messages_field: m}", sft, "task.messages_field: only for kind chat");
+  refused("{kind: chat, text_field: t}", sft, "task.text_field: only for kind text");
+  refused("{kind: jsonl, sequence_length: 8}", sft, "task.sequence_length: only for kind text");
+  refused("{kind: text}", sft, "task.train_path: required for kind text");
+  refused("{kind: text, train_path: c.jsonl, sequence_length: 65}", sft, "task.sequence_length: must be in [0, model.max_positions]");
+  refused("{kind: text, train_path: c.jsonl, eval_path: d.jsonl}", sft, "task.eval_path: not used by kind text");
+  refused("{kind: text, train_path: c.jsonl, chat_template: model}", sft, "task.chat_template: not used by kind text");
+  refused("{kind: text, train_path: c.jsonl}", grpo, "stages[0]: task kind text trains SFT stages only");
+  refused("{kind: text, train_path: c.jsonl}", "[{sft: {steps: 1, batch: 1, optimizer: {lr: 0.001}, until: {eval_accuracy: 0.5}}}]",
+          "stages[0].sft.until.eval_accuracy: must be 0 with task kind text");
+  ExperimentConfig ok;
+  CHECK(Normalize("name: x\ntask: {kind: text, train_path: c.jsonl, text_field: body, sequence_length: 64}\nstages: " +
+                      sft + "\n",
+                  &ok)
+            .ok());
 }
 
 }  // namespace

@@ -28,17 +28,27 @@ Seq PromptResponseSeq(const std::vector<int>& prompt, const std::vector<int>& re
 
 Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector<int64_t>* row_lengths) {
   std::vector<std::vector<const Seq*>> rows;
-  row_lengths->clear();
+  std::vector<int64_t> used;
   for (const Seq& s : seqs) {
     const int64_t L = s.ids.size();
     size_t r = 0;
-    while (r < rows.size() && (*row_lengths)[r] + L > row_len) ++r;
+    while (r < rows.size() && used[r] + L > row_len) ++r;
     if (r == rows.size()) {
       rows.emplace_back();
-      row_lengths->push_back(0);
+      used.push_back(0);
     }
     rows[r].push_back(&s);
-    (*row_lengths)[r] += L;
+    used[r] += L;
+  }
+  return MakeRowsBatch(rows, row_lengths);
+}
+
+Batch MakeRowsBatch(const std::vector<std::vector<const Seq*>>& rows, std::vector<int64_t>* row_lengths) {
+  row_lengths->clear();
+  for (const auto& row : rows) {
+    int64_t L = 0;
+    for (const Seq* s : row) L += static_cast<int64_t>(s->ids.size());
+    row_lengths->push_back(L);
   }
   int64_t T = 1;
   for (int64_t l : *row_lengths) T = std::max(T, l);

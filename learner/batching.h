@@ -47,6 +47,11 @@ Seq PromptResponseSeq(const std::vector<int>& prompt, const std::vector<int>& re
 // `row_lengths` gets each row's used length.
 Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector<int64_t>* row_lengths);
 
+// Packed rows as given: row r holds rows[r]'s sequences in order, each its
+// own segment (positions restart, attention stays inside it), as
+// MakePackedBatch lays them out. `row_lengths` gets each row's length.
+Batch MakeRowsBatch(const std::vector<std::vector<const Seq*>>& rows, std::vector<int64_t>* row_lengths);
+
 // One row per sequence, padded to the longest; `with_behaviour` fills
 // Batch::behaviour from Seq::behaviour.
 Batch MakeBatch(const std::vector<Seq>& seqs, bool with_behaviour);

@@ -31,12 +31,47 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
   const int64_t lo = s.rank * s.opt.sft.batch / s.world, hi = (s.rank + 1) * s.opt.sft.batch / s.world;
   const int64_t max_len = s.models.policy->config().max_positions;
   std::vector<Seq> seqs;
-  for (int64_t i = lo; i < hi; ++i) {
-    std::vector<int> p = EncodePrompt(*s.tokenizer, global[i]->prompt);
-    const Example& e = *global[i];
-    std::vector<int> r = EncodeResponse(*s.tokenizer, e.sft_target.empty() ? e.answer : e.sft_target);
-    const int64_t first = s.opt.sft.train_on_prompt ? 0 : static_cast<int64_t>(p.size()) - 1;
-    seqs.push_back(PromptResponseSeq(p, r, max_len, first));
+  // Task kind text: rows of packed document pieces, one row per item.
+  std::vector<std::vector<const Seq*>> fixed_rows;
+  if (s.sft_items.empty()) {
+    for (int64_t i = lo; i < hi; ++i) {
+      std::vector<int> p = EncodePrompt(*s.tokenizer, global[i]->prompt);
+      const Example& e = *global[i];
+      std::vector<int> r = EncodeResponse(*s.tokenizer, e.sft_target.empty() ? e.answer : e.sft_target);
+      const int64_t first = s.opt.sft.train_on_prompt ? 0 : static_cast<int64_t>(p.size()) - 1;
+      seqs.push_back(PromptResponseSeq(p, r, max_len, first));
+    }
+  } else {
+    // Pre-tokenised items (task kind chat or text), cut to the context
+    // window: a row keeps its pieces while they fit.
+    std::vector<std::vector<Seq>> picked;
+    for (int64_t i = lo; i < hi; ++i) {
+      const size_t index = static_cast<size_t>(global[i] - s.loader_data->data());
+      std::vector<Seq> item;
+      int64_t room = max_len;
+      for (const Seq& q : s.sft_items[index]) {
+        if (room <= 0) break;
+        Seq cut = q;
+        if (static_cast<int64_t>(cut.ids.size()) > room) {
+          cut.ids.resize(room);
+          cut.mask.resize(room);
+          cut.mask.back() = 0.0f;  // its target is cut off
+        }
+        room -= static_cast<int64_t>(cut.ids.size());
+        item.push_back(std::move(cut));
+      }
+      picked.push_back(std::move(item));
+    }
+    for (auto& item : picked) {
+      for (Seq& q : item) seqs.push_back(std::move(q));
+    }
+    if (s.sft_items_are_rows) {
+      size_t at = 0;
+      for (const auto& item : picked) {
+        fixed_rows.emplace_back();
+        for (size_t k = 0; k < item.size(); ++k) fixed_rows.back().push_back(&seqs[at++]);
+      }
+    }
   }
   TrainStepResponse resp;
   auto& m = *resp.mutable_metrics()->mutable_values();
@@ -44,7 +79,9 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
   absl::Status st = CatchAll("sft step", [&]() -> absl::Status {
     std::vector<int64_t> lengths;
     Batch b;
-    if (s.opt.sft.packing) {
+    if (s.sft_items_are_rows) {
+      b = MakeRowsBatch(fixed_rows, &lengths);
+    } else if (s.opt.sft.packing) {
       b = MakePackedBatch(seqs, max_len, &lengths);
     } else {
       b = MakeBatch(seqs, false);

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,8 +21,11 @@
 #include "learner/model_set.h"
 #include "learner/stage_options.h"
 #include "learner/trainer_internal.h"
+#include "tasks/chat_data.h"
+#include "tasks/chat_prompts.h"
 #include "tasks/preferences.h"
 #include "tasks/task.h"
+#include "tasks/text_corpus.h"
 
 namespace rlmesh::learner {
 
@@ -230,6 +234,33 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req
   return absl::InvalidArgumentError("data: an RL stage trains on buffer or groups");
 }
 
+namespace {
+
+// Chat examples -> one sequence each: the ids of the rendered conversation
+// and, per position t, loss weight 1 when token t+1 is an assistant token
+// (all tokens after the first with train_on_prompt).
+absl::Status TokenizeChatItems(const std::vector<Example>& examples, const actor::Tokenizer& tokenizer,
+                               bool train_on_prompt, std::vector<std::vector<Seq>>* items) {
+  for (const Example& e : examples) {
+    if (e.sft_spans.empty() && !train_on_prompt) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("experiment.task: ", e.source, ": no assistant turn to train on (SFT needs one)"));
+    }
+    std::vector<ByteSpan> spans;
+    for (const auto& [a, b] : e.sft_spans) spans.push_back({a, b});
+    auto tok = TokenizeWithSpans(tokenizer, e.sft_text, spans);
+    if (!tok.ok()) return absl::InvalidArgumentError(absl::StrCat("experiment.task: ", e.source, ": ", tok.status().message()));
+    Seq q;
+    q.ids.assign(tok->ids.begin(), tok->ids.end());
+    q.mask.assign(q.ids.size(), 0.0f);
+    for (size_t t = 0; t + 1 < q.ids.size(); ++t) q.mask[t] = train_on_prompt || tok->loss[t + 1] ? 1.0f : 0.0f;
+    items->push_back({std::move(q)});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Trainer::LoadStageData(const ExperimentConfig& exp, int stage_index, State* state) {
   State& s = *state;
   if (s.opt.kind == StageKind::kSft) {
@@ -239,12 +270,35 @@ absl::Status Trainer::LoadStageData(const ExperimentConfig& exp, int stage_index
     if (s.task->train().empty()) return absl::InvalidArgumentError("experiment.task: no train examples");
     s.loader_seed = Mix(exp.seed(), static_cast<uint64_t>(stage_index));
     s.loader_data = &s.task->train();
+    if (exp.task().kind() == "chat") {
+      RLMESH_RETURN_IF_ERROR(TokenizeChatItems(s.task->train(), *s.tokenizer, s.opt.sft.train_on_prompt, &s.sft_items));
+    } else if (exp.task().kind() == "text") {
+      const int64_t L = exp.task().sequence_length() > 0 ? exp.task().sequence_length() : exp.model().max_positions();
+      std::vector<std::string> texts;
+      for (const Example& e : s.task->train()) texts.push_back(e.sft_text);
+      for (PackedRow& row : PackDocuments(*s.tokenizer, texts, L)) {
+        std::vector<Seq> item;
+        for (std::vector<int>& piece : row.pieces) item.push_back(PromptResponseSeq(piece, {}, L, 0));
+        s.sft_items.push_back(std::move(item));
+      }
+      s.sft_items_are_rows = true;
+      s.sft_row_keys.resize(s.sft_items.size());
+      for (size_t i = 0; i < s.sft_items.size(); ++i) s.sft_row_keys[i].id = absl::StrCat("row/", i);
+      s.loader_data = &s.sft_row_keys;
+    }
     s.loader = std::make_unique<PromptLoader>(s.loader_data, s.loader_seed);
   } else if (s.opt.is_pairs()) {
     const std::string& pairs_path = s.opt.pairs.pairs_path;
     const std::string fp = absl::StrCat(s.opt.field, ".", StageKindName(s.opt.kind), ".pairs_path");
     if (!pairs_path.empty()) {
-      auto pairs = ReadPreferencePairs(pairs_path);
+      // Pairs in the chat format render through the task's chat template.
+      std::optional<ChatRenderer> renderer;
+      if (!exp.task().chat_template().empty()) {
+        auto r = ChatRenderer::FromTask(exp.task(), exp.model().tokenizer());
+        if (!r.ok()) return PrefixStatus("experiment", r.status());
+        renderer = *std::move(r);
+      }
+      auto pairs = ReadPreferencePairs(pairs_path, renderer ? &*renderer : nullptr);
       if (!pairs.ok()) return PrefixStatus(fp, pairs.status());
       s.pairs = *std::move(pairs);
     } else {

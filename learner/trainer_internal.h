@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "actor/tokenizer.h"
+#include "learner/batching.h"
 #include "learner/model_set.h"
 #include "learner/stage_options.h"
 #include "learner/trainer.h"
@@ -65,6 +66,14 @@ struct Trainer::State {
   const std::vector<Example>* loader_data = nullptr;
 
   ModelSet models;
+
+  // SFT on task kind chat or text: the tokenised training items, one per
+  // key the loader walks (chat: the task's train examples; text:
+  // `sft_row_keys`). A chat item is one sequence (its loss marks the
+  // assistant tokens); a text item is one packed row of document pieces.
+  std::vector<std::vector<Seq>> sft_items;
+  bool sft_items_are_rows = false;
+  std::vector<Example> sft_row_keys;
 
   // Reward model and DPO: the pairs, and one Example per pair (id = index)
   // for the loader.

@@ -77,15 +77,11 @@ absl::StatusOr<Source> Resolve(const TaskConfig& task, const std::string& tokeni
 
 }  // namespace
 
-absl::Status ApplyChatTemplateToExamples(const TaskConfig& task, const std::string& tokenizer_spec,
-                                         std::vector<Example>* train, std::vector<Example>* eval) {
-  if (task.chat_template().empty()) return absl::OkStatus();
+absl::StatusOr<ChatRenderer> ChatRenderer::FromTask(const TaskConfig& task, const std::string& tokenizer_spec) {
+  if (task.chat_template().empty()) return absl::InvalidArgumentError("task.chat_template: required here");
   auto src = Resolve(task, tokenizer_spec);
   if (!src.ok()) return src.status();
-  auto tmpl = actor::ChatTemplate::Parse(src->text);
-  if (!tmpl.ok()) return absl::InvalidArgumentError(absl::StrCat("task.chat_template: ", tmpl.status().message()));
   actor::ChatTemplateOptions opts;
-  opts.add_generation_prompt = true;
   opts.bos_token = src->bos;
   opts.eos_token = src->eos;
   if (!task.chat_template_kwargs().empty()) {
@@ -95,12 +91,37 @@ absl::Status ApplyChatTemplateToExamples(const TaskConfig& task, const std::stri
     }
     opts.extra = std::move(extra);
   }
+  auto r = FromSource(src->text, std::move(opts));
+  if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("task.chat_template: ", r.status().message()));
+  return r;
+}
+
+absl::StatusOr<ChatRenderer> ChatRenderer::FromSource(const std::string& source, actor::ChatTemplateOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  auto tmpl = actor::ChatTemplate::Parse(source);
+  if (!tmpl.ok()) return tmpl.status();
+  return ChatRenderer(*std::move(tmpl), std::move(options));
+}
+
+absl::StatusOr<std::string> ChatRenderer::Render(const Json& messages, bool add_generation_prompt,
+                                                 const Json& tools) const {
+  actor::ChatTemplateOptions opts = options_;
+  opts.add_generation_prompt = add_generation_prompt;
+  if (!tools.is_null()) opts.tools = tools;
+  return template_.Apply(messages, opts);
+}
+
+absl::Status ApplyChatTemplateToExamples(const TaskConfig& task, const std::string& tokenizer_spec,
+                                         std::vector<Example>* train, std::vector<Example>* eval) {
+  if (task.chat_template().empty()) return absl::OkStatus();
+  auto renderer = ChatRenderer::FromTask(task, tokenizer_spec);
+  if (!renderer.ok()) return renderer.status();
   for (auto* split : {train, eval}) {
     for (Example& e : *split) {
       Json messages = Json::array();
       if (!task.system_prompt().empty()) messages.push_back({{"role", "system"}, {"content", task.system_prompt()}});
       messages.push_back({{"role", "user"}, {"content", e.prompt}});
-      auto text = tmpl->Apply(messages, opts);
+      auto text = renderer->Render(messages, /*add_generation_prompt=*/true);
       if (!text.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("task.chat_template: example ", e.id, ": ", text.status().message()));
       }

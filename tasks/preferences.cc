@@ -2,11 +2,13 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "tasks/chat_data.h"
 
 namespace rlmesh {
 
@@ -37,7 +39,58 @@ absl::StatusOr<std::vector<PreferencePair>> MakeTaskPreferencePairs(const std::v
   return out;
 }
 
-absl::StatusOr<std::vector<PreferencePair>> ReadPreferencePairs(const std::string& path) {
+namespace {
+
+using OJson = nlohmann::ordered_json;
+
+int64_t CommonPrefix(const std::string& a, const std::string& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return static_cast<int64_t>(i);
+}
+
+// A chat-format pair: prompt messages, and each response a text or the
+// messages that continue the prompt.
+absl::Status ReadChatPair(const OJson& j, const std::string& where, const ChatRenderer& renderer, PreferencePair* p) {
+  if (absl::Status s = CheckMessages(j["prompt"], where, "prompt"); !s.ok()) return s;
+  auto prompt = renderer.Render(j["prompt"], /*add_generation_prompt=*/true);
+  if (!prompt.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": prompt: ", prompt.status().message()));
+  p->prompt = *prompt;
+  for (const char* side : {"chosen", "rejected"}) {
+    std::string* out = std::string(side) == "chosen" ? &p->chosen : &p->rejected;
+    auto it = j.find(side);
+    if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat(where, ": missing field '", side, "'"));
+    if (it->is_string()) {
+      *out = it->get<std::string>();
+      continue;
+    }
+    if (absl::Status s = CheckMessages(*it, where, side); !s.ok()) return s;
+    OJson all = j["prompt"];
+    for (const auto& m : *it) all.push_back(m);
+    auto full = renderer.Render(all, /*add_generation_prompt=*/false);
+    if (!full.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", side, ": ", full.status().message()));
+    auto bare = renderer.Render(j["prompt"], /*add_generation_prompt=*/false);
+    if (!bare.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": prompt: ", bare.status().message()));
+    if (full->compare(0, bare->size(), *bare) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", side, ": the template renders the prompt differently once this reply follows"));
+    }
+    int64_t begin = CommonPrefix(*prompt, *full), end = static_cast<int64_t>(full->size());
+    while (end > begin && std::string(" \t\r\n").find((*full)[end - 1]) != std::string::npos) --end;
+    const std::optional<std::string>& eos = renderer.eos_token();
+    if (eos && !eos->empty() && end - begin >= static_cast<int64_t>(eos->size()) &&
+        full->compare(end - eos->size(), eos->size(), *eos) == 0) {
+      end -= static_cast<int64_t>(eos->size());
+    }
+    *out = full->substr(begin, end - begin);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PreferencePair>> ReadPreferencePairs(const std::string& path,
+                                                                const ChatRenderer* renderer) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read preference pairs ", path));
   std::vector<PreferencePair> out;
@@ -82,6 +135,16 @@ absl::StatusOr<std::vector<PreferencePair>> ReadPreferencePairs(const std::strin
       if (absl::Status s = ids("prompt_token_ids", &p.prompt_ids); !s.ok()) return s;
       if (absl::Status s = ids("chosen_token_ids", &p.chosen_ids); !s.ok()) return s;
       if (absl::Status s = ids("rejected_token_ids", &p.rejected_ids); !s.ok()) return s;
+      out.push_back(std::move(p));
+      continue;
+    }
+    if (j.contains("prompt") && j["prompt"].is_array()) {
+      const std::string where = absl::StrCat(path, ":", lineno);
+      if (renderer == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": prompt: a messages array needs a chat template (set task.chat_template)"));
+      }
+      if (absl::Status s = ReadChatPair(OJson::parse(line), where, *renderer, &p); !s.ok()) return s;
       out.push_back(std::move(p));
       continue;
     }

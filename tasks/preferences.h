@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tasks/chat_prompts.h"
 #include "tasks/task.h"
 
 namespace rlmesh {
@@ -56,7 +57,17 @@ absl::StatusOr<std::vector<PreferencePair>> MakeTaskPreferencePairs(const std::v
 // Reads JSONL lines {"prompt": str, "chosen": str, "rejected": str} (numbers
 // are accepted as their JSON text; blank lines skipped). Errors name
 // "path:line" and the field; a file with no pairs is INVALID_ARGUMENT.
-absl::StatusOr<std::vector<PreferencePair>> ReadPreferencePairs(const std::string& path);
+//
+// With a `renderer` (the task's chat template), lines may be in the chat
+// format too: "prompt" a messages array (rendered with the assistant header,
+// as an RL prompt is), "chosen"/"rejected" each a text or a messages array
+// that continues the prompt (usually one assistant turn). A continuation is
+// rendered after the prompt and its text is what the template writes for it
+// from where it departs from the bare generation prompt, less trailing
+// whitespace and the tokenizer's eos token at its end (EncodeResponse adds
+// the eos back). A line in the chat format without a renderer is refused.
+absl::StatusOr<std::vector<PreferencePair>> ReadPreferencePairs(const std::string& path,
+                                                                const ChatRenderer* renderer = nullptr);
 
 // The pairs as JSONL (the format ReadPreferencePairs reads).
 std::string PreferencePairsToJsonl(const std::vector<PreferencePair>& pairs);

@@ -3,9 +3,11 @@
 #include <fstream>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
+#include "tasks/chat_prompts.h"
 
 namespace rlmesh {
 namespace {
@@ -131,6 +133,47 @@ TEST_CASE("pairs JSONL as token ids (the replay buffer's DPO export): read as is
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(bad.status().message().find(":1:") != std::string::npos);
   CHECK(bad.status().message().find("chosen_token_ids") != std::string::npos);
+}
+
+TEST_CASE("chat-format pairs: prompt messages rendered with the header, replies as the template writes them") {
+  const std::string sample = testing::Runfile("configs/data/preference_chat_sample.jsonl");
+  TaskConfig task;
+  task.set_chat_template("model");
+  auto renderer = ChatRenderer::FromTask(task, testing::Runfile("configs/data/chat_tokenizer"));
+  REQUIRE(renderer.ok());
+  auto pairs = ReadPreferencePairs(sample, &*renderer);
+  INFO(pairs.status().ToString());
+  REQUIRE(pairs.ok());
+  REQUIRE(pairs->size() == 3);
+  const PreferencePair& p = (*pairs)[0];
+  CHECK(p.prompt ==
+        "<|im_start|>system\nSolve the problem. End with #### and the number.<|im_end|>\n"
+        "<|im_start|>user\nBen has 34 coins. A friend has twice as many. How many does the friend have?<|im_end|>\n"
+        "<|im_start|>assistant\n");
+  // "<|im_end|>\n" after the reply: the newline is whitespace, <|im_end|>
+  // the eos EncodeResponse adds back.
+  CHECK(p.chosen == "2*34=68 #### 68");
+  CHECK(p.rejected == "2*34=58 #### 58");
+  CHECK((*pairs)[1].prompt ==
+        "<|im_start|>system\nAnswer with the number.<|im_end|>\n<|im_start|>user\nWhat is 12 plus 30?<|im_end|>\n"
+        "<|im_start|>assistant\n");
+  CHECK((*pairs)[1].chosen == "42");
+  CHECK((*pairs)[1].rejected == "52");
+  CHECK(absl::EndsWith((*pairs)[2].prompt, "And if she gives away 7?<|im_end|>\n<|im_start|>assistant\n"));
+  CHECK((*pairs)[2].chosen == "47-7=40 #### 40");
+
+  // Without a template, or with a bad message, the line is named.
+  auto none = ReadPreferencePairs(sample);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().message() ==
+        sample + ":1: prompt: a messages array needs a chat template (set task.chat_template)");
+  testing::TempDir dir;
+  std::ofstream(dir.File("p.jsonl")) << "{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": "
+                                        "[{\"role\": \"helper\", \"content\": \"a\"}], \"rejected\": \"b\"}\n";
+  auto bad = ReadPreferencePairs(dir.File("p.jsonl"), &*renderer);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() ==
+        dir.File("p.jsonl") + ":1: chosen[0].role: \"helper\" is not system, user, assistant or tool");
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
+#include "tasks/chat_data.h"
 #include "tasks/chat_prompts.h"
+#include "tasks/text_corpus.h"
 
 namespace rlmesh {
 namespace {
@@ -285,6 +287,114 @@ class JsonlTask final : public Task {
   std::string default_verifier() const override { return "numeric_answer"; }
 };
 
+// Conversations in the chat `messages` format: the RL prompt is the
+// conversation up to its last user turn, the reference answer a field of the
+// line (else the first assistant turn after that user turn), and SFT trains
+// on the assistant turns of the whole conversation (tasks/chat_data.h).
+class ChatTask final : public Task {
+ public:
+  static absl::StatusOr<std::unique_ptr<Task>> Make(const TaskConfig& c, const std::string& tokenizer_spec) {
+    if (c.train_path().empty()) return absl::InvalidArgumentError("task.train_path: required for kind chat");
+    if (c.chat_template().empty()) {
+      return absl::InvalidArgumentError(
+          "task.chat_template: required for kind chat (\"model\" for the model's own, or a Jinja file)");
+    }
+    auto renderer = ChatRenderer::FromTask(c, tokenizer_spec);
+    if (!renderer.ok()) return renderer.status();
+    auto task = std::unique_ptr<ChatTask>(new ChatTask());
+    auto train = Read(c, *renderer, c.train_path(), "train");
+    if (!train.ok()) return train.status();
+    task->train_ = *std::move(train);
+    if (!c.eval_path().empty()) {
+      auto eval = Read(c, *renderer, c.eval_path(), "eval");
+      if (!eval.ok()) return eval.status();
+      task->eval_ = *std::move(eval);
+    }
+    return std::unique_ptr<Task>(std::move(task));
+  }
+  std::string default_verifier() const override { return "numeric_answer"; }
+
+ private:
+  static absl::StatusOr<std::vector<Example>> Read(const TaskConfig& c, const ChatRenderer& renderer,
+                                                   const std::string& path, const std::string& split) {
+    const std::string mf = c.messages_field().empty() ? "messages" : c.messages_field();
+    const std::string af = c.answer_field().empty() ? "answer" : c.answer_field();
+    auto records = ReadChatJsonl(path, mf);
+    if (!records.ok()) return records.status();
+    std::vector<Example> out;
+    for (ChatRecord& r : *records) {
+      auto fail = [&](const absl::Status& s) {
+        return absl::Status(s.code(), absl::StrCat(r.where, ": ", s.message()));
+      };
+      nlohmann::ordered_json messages = r.messages;
+      if (!c.system_prompt().empty() && messages[0].value("role", "") != "system") {
+        messages.insert(messages.begin(), nlohmann::ordered_json{{"role", "system"}, {"content", c.system_prompt()}});
+      }
+      Example e;
+      e.source = r.where;
+      auto id = r.record.find("id");
+      e.id = id != r.record.end() && id->is_string() ? id->get<std::string>() : absl::StrCat(split, "/", out.size());
+      auto prompt = RenderChatPrompt(renderer, messages, r.tools);
+      if (!prompt.ok()) return fail(prompt.status());
+      e.prompt = *std::move(prompt);
+      auto answer = r.record.find(af);
+      if (answer != r.record.end() && answer->is_string()) {
+        e.answer = answer->get<std::string>();
+      } else if (answer != r.record.end() && answer->is_number()) {
+        e.answer = answer->dump();
+      } else if (answer != r.record.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(r.where, ": field '", af, "' is not a string or number"));
+      } else {
+        // The first assistant turn after the last user turn.
+        size_t last_user = 0;
+        for (size_t i = 0; i < messages.size(); ++i) {
+          if (messages[i].value("role", "") == "user") last_user = i;
+        }
+        bool found = false;
+        for (size_t i = last_user + 1; i < messages.size() && !found; ++i) {
+          if (messages[i].value("role", "") == "assistant" && messages[i].contains("content") &&
+              messages[i]["content"].is_string()) {
+            e.answer = messages[i]["content"].get<std::string>();
+            found = true;
+          }
+        }
+        if (!found) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              r.where, ": no reference answer: no field '", af, "' and no assistant turn after the last user turn"));
+        }
+      }
+      auto rendered = RenderWithAssistantSpans(renderer, messages, r.tools);
+      if (!rendered.ok()) return fail(rendered.status());
+      e.sft_text = std::move(rendered->text);
+      for (const ByteSpan& sp : rendered->assistant) e.sft_spans.emplace_back(sp.begin, sp.end);
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+};
+
+// A corpus for continued pre-training: documents, no prompts
+// (tasks/text_corpus.h). Only SFT stages train on it.
+class TextTask final : public Task {
+ public:
+  static absl::StatusOr<std::unique_ptr<Task>> Make(const TaskConfig& c) {
+    if (c.train_path().empty()) return absl::InvalidArgumentError("task.train_path: required for kind text");
+    auto docs = ReadTextCorpus(c.train_path(), c.text_field().empty() ? "text" : c.text_field());
+    if (!docs.ok()) return absl::Status(docs.status().code(), absl::StrCat("task.train_path: ", docs.status().message()));
+    auto task = std::unique_ptr<TextTask>(new TextTask());
+    for (Document& d : *docs) {
+      Example e;
+      e.id = d.source;
+      e.source = d.source;
+      e.sft_spans.emplace_back(0, static_cast<int64_t>(d.text.size()));
+      e.sft_text = std::move(d.text);
+      task->train_.push_back(std::move(e));
+    }
+    return std::unique_ptr<Task>(std::move(task));
+  }
+  std::string default_verifier() const override { return "numeric_answer"; }
+};
+
 }  // namespace
 
 absl::Status Task::RenderPrompts(const TaskConfig& config, const std::string& tokenizer_spec) {
@@ -301,9 +411,17 @@ absl::StatusOr<std::unique_ptr<Task>> MakeTask(const TaskConfig& config, uint64_
     task = CountdownTask::Make(config, seed);
   } else if (kind == "jsonl") {
     task = JsonlTask::Make(config);
+  } else if (kind == "chat") {
+    // Renders its conversations itself.
+    return ChatTask::Make(config, tokenizer_spec);
+  } else if (kind == "text") {
+    if (!config.chat_template().empty()) {
+      return absl::InvalidArgumentError("task.chat_template: not used by kind text (documents are trained on as they are)");
+    }
+    return TextTask::Make(config);
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("task.kind: unknown task '", kind, "' (arithmetic, countdown, jsonl)"));
+        absl::StrCat("task.kind: unknown task '", kind, "' (arithmetic, countdown, jsonl, chat, text)"));
   }
   if (!task.ok()) return task;
   if (auto s = (*task)->RenderPrompts(config, tokenizer_spec); !s.ok()) return s;

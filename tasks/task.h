@@ -3,11 +3,14 @@
 // Verifiable tasks: where prompts and reference answers come from. Built-in
 // synthetic tasks (arithmetic, countdown) generate disjoint train and
 // held-out splits from a seed; JSONL datasets read {prompt, answer} lines
-// (GSM8K-style final answers).
+// (GSM8K-style final answers); chat datasets read {"messages": [...]} lines
+// (tasks/chat_data.h); text corpora hold documents for continued
+// pre-training (tasks/text_corpus.h).
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,6 +29,14 @@ struct Example {
   // only where the task was asked for imperfect SFT data
   // (task.sft_carry_errors): verifiers and evaluation always use `answer`.
   std::string sft_target;
+  // Kind chat and text: what an SFT stage trains on instead of prompt +
+  // sft_target: the whole text (a rendered conversation, a document) and
+  // the byte spans of it that carry loss (chat: the assistant turns; text:
+  // all of it). Tokenised by the learner, which knows the tokenizer.
+  std::string sft_text;
+  std::vector<std::pair<int64_t, int64_t>> sft_spans;
+  // Where the example came from ("path:line"), for errors; may be empty.
+  std::string source;
 };
 
 // Immutable after construction; safe for concurrent use.
