@@ -320,6 +320,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
     if (!(s = GetInt(j, "decoder_sparse_step", &c.decoder_sparse_step)).ok()) return s;
     if (!(s = GetBool(j, "norm_topk_prob", &c.norm_topk_prob)).ok()) return s;
     if (!(s = GetDouble(j, "router_aux_loss_coef", &c.router_aux_loss_coef)).ok()) return s;
+    if (!(s = GetBool(j, "output_router_logits", &c.output_router_logits)).ok()) return s;
     if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
       if (!it->is_array()) return absl::InvalidArgumentError("config.json: \"mlp_only_layers\" must be a list");
       for (const auto& l : *it) {
@@ -400,7 +401,7 @@ std::string ModelConfig::ToHfConfigJson(const std::string& dtype) const {
     j["decoder_sparse_step"] = decoder_sparse_step;
     j["mlp_only_layers"] = mlp_only_layers;
     j["router_aux_loss_coef"] = router_aux_loss_coef;
-    j["output_router_logits"] = false;
+    j["output_router_logits"] = output_router_logits;
   }
   if (value_head) j["num_labels"] = 1;
   j["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);

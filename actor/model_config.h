@@ -87,7 +87,9 @@ struct ModelConfig {
   // renormalised to sum to 1, every how many layers a layer is MoE (layer i
   // when (i+1) % decoder_sparse_step == 0), layers kept dense, and the
   // load-balancing loss weight. Defaults: 0 (dense), 0, 0, false, 1, none,
-  // 0.001.
+  // 0.001. `output_router_logits`: whether transformers adds the
+  // load-balancing loss (times router_aux_loss_coef) to a training loss;
+  // the learner's default for rl.router_aux_loss_coef. Default false.
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 0;
   int64_t moe_intermediate_size = 0;
@@ -95,6 +97,7 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
   // Special token ids written to config.json; -1 = none. Default -1.
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
