@@ -34,7 +34,7 @@ bool Contains(const absl::Status& s, const std::string& part) {
 const char* kModels[] = {"llama_gqa_untied",     "llama_mha_tied",       "qwen2_gqa_tied",    "qwen2_untied",
                          "llama_attention_bias", "qwen3_headdim_untied", "qwen3_bias_tied",   "llama_rope_linear",
                          "llama_rope_dynamic",   "llama_rope_llama3",    "qwen3_rope_yarn",   "llama_rope_yarn_mscale",
-                         "qwen3_moe_norm",       "qwen3_moe_sparse_step"};
+                         "qwen3_moe_norm",       "qwen3_moe_sparse_step", "qwen2_moe_shared", "qwen2_moe_nobias_norm"};
 
 torch::Tensor Positions(const torch::Tensor& ids) {
   return torch::arange(ids.size(1)).unsqueeze(0).expand_as(ids).contiguous();
@@ -63,7 +63,7 @@ TEST_CASE("Parity with transformers: logits, greedy tokens, and our writer read 
     INFO("max |logit diff| " << diff << " (logit scale " << want.abs().max().item<float>() << ")");
     CHECK(diff <= 1e-4f);
     CHECK(want.abs().max().item<float>() > 1.0f);  // the comparison is not of near-zero logits
-    if ((*model)->config().arch == "qwen3_moe") {
+    if ((*model)->config().IsMoeArch()) {
       // The router's load-balancing loss over the same tokens.
       MoeRouting routing;
       routing.record = true;

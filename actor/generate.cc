@@ -235,7 +235,9 @@ struct Generator::State {
   int64_t submitted = 0;
   torch::Device device{torch::kCPU};
 
-  bool Recording() const { return options.record_routing && model->config().NumMoeLayers() > 0; }
+  bool IsMoe() const { return model->config().NumMoeLayers() > 0; }
+  // Whether a sample of `req` gets its routes recorded.
+  bool Records(const GenerationRequest& req) const { return IsMoe() && (options.record_routing || req.record_routing); }
   int64_t RoutesPerPosition() const { return model->config().NumMoeLayers() * model->config().num_experts_per_tok; }
   // The recorded expert ids as [tokens, layers, k] int32, flattened.
   static std::vector<int32_t> RoutesOf(const MoeRouting& routing) {
@@ -375,7 +377,8 @@ struct Generator::State {
     auto lens_t = torch::from_blob(lens.data(), {P}, torch::kInt64).to(device);
     KvCache fresh;
     MoeRouting routing;
-    routing.record = Recording();
+    routing.record = false;
+    for (const auto& u : units) routing.record |= Records(u.group->request);
     torch::Tensor hidden;
     {
       RoutingScope scope(model, routing.record ? &routing : nullptr);
@@ -402,7 +405,7 @@ struct Generator::State {
           r.out.logprobs = req.resume[i].logprobs;
           for (size_t k = 0; k < r.out.tokens.size(); ++k) r.rng.Uniform();
         }
-        if (routing.record) {
+        if (Records(req)) {
           const auto begin = routes.begin() + p * T * per_pos;
           r.out.routes.assign(begin, begin + lens[p] * per_pos);
         }
@@ -491,7 +494,8 @@ struct Generator::State {
     }
     PadCapacity(&cache, max_len + 1);
     MoeRouting routing;
-    routing.record = Recording();
+    routing.record = false;
+    for (const Row& r : rows) routing.record |= Records(r.group->request);
     torch::Tensor hidden;
     {
       RoutingScope scope(model, routing.record ? &routing : nullptr);
@@ -502,6 +506,7 @@ struct Generator::State {
       const std::vector<int32_t> routes = RoutesOf(routing);  // [N, layers, k]
       const int64_t per_pos = RoutesPerPosition();
       for (int64_t i = 0; i < N; ++i) {
+        if (!Records(rows[i].group->request)) continue;
         rows[i].out.routes.insert(rows[i].out.routes.end(), routes.begin() + i * per_pos,
                                   routes.begin() + (i + 1) * per_pos);
       }

@@ -60,7 +60,8 @@ struct Completion {
   // Behaviour log-prob of each token (see SamplingOptions.temperature).
   std::vector<float> logprobs;
   FinishReason finish_reason = FinishReason::kLength;
-  // With GeneratorOptions.record_routing on an MoE model: the experts each
+  // With GeneratorOptions.record_routing or the request's record_routing on
+  // an MoE model: the experts each
   // position chose, [position][moe layer][k] flattened, for the positions the
   // model ran: the prompt and every token but the last (a resumed sample's
   // earlier positions as its re-prefill routed them). The learner replays
@@ -85,6 +86,9 @@ struct GenerationRequest {
   // its random stream resumes where it stopped, and its earlier tokens keep
   // their log-probs (they were sampled by the earlier weights).
   std::vector<Completion> resume;
+  // Record this request's MoE routing in Completion.routes (as
+  // GeneratorOptions.record_routing does for every request). Default false.
+  bool record_routing = false;
 };
 
 

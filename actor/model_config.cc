@@ -187,12 +187,17 @@ int64_t DefaultIntermediateSize(int64_t hidden_size) {
 }
 
 absl::Status ModelConfig::Validate() const {
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3_moe") {
-    return Invalid("arch", "must be \"llama\", \"qwen2\", \"qwen3\" or \"qwen3_moe\", got \"" + arch + "\"");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3_moe" && arch != "qwen2_moe") {
+    return Invalid("arch", "must be \"llama\", \"qwen2\", \"qwen3\", \"qwen3_moe\" or \"qwen2_moe\", got \"" +
+                               arch + "\"");
   }
-  if (arch != "qwen3_moe" && num_experts != 0) return Invalid("num_experts", "only qwen3_moe has experts");
-  if (arch == "qwen3_moe") {
-    if (num_experts <= 0) return Invalid("num_experts", "must be > 0 for qwen3_moe");
+  if (!IsMoeArch() && num_experts != 0) return Invalid("num_experts", "only qwen3_moe and qwen2_moe have experts");
+  if (arch != "qwen2_moe" && shared_expert_intermediate_size != 0) {
+    return Invalid("shared_expert_intermediate_size", "only qwen2_moe has a shared expert");
+  }
+  if (shared_expert_intermediate_size < 0) return Invalid("shared_expert_intermediate_size", "must be >= 0");
+  if (IsMoeArch()) {
+    if (num_experts <= 0) return Invalid("num_experts", "must be > 0 for " + arch);
     if (num_experts_per_tok <= 0 || num_experts_per_tok > num_experts) {
       return Invalid("num_experts_per_tok", absl::StrCat("must be in [1, num_experts=", num_experts, "], got ",
                                                          num_experts_per_tok));
@@ -275,6 +280,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
   } else if (model_type == "qwen3_moe") {
     c.arch = "qwen3_moe";
     c.qkv_bias = false;
+  } else if (model_type == "qwen2_moe") {
+    c.arch = "qwen2_moe";
+    c.qkv_bias = true;  // Qwen2MoeConfig.qkv_bias's default
   } else if (model_type == "llama" || model_type == "mistral") {
     c.arch = "llama";
     c.qkv_bias = false;
@@ -301,7 +309,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
   if (!(s = GetDouble(j, "rms_norm_eps", &c.rms_norm_eps)).ok()) return s;
   c.tie_embeddings = false;
   if (!(s = GetBool(j, "tie_word_embeddings", &c.tie_embeddings)).ok()) return s;
-  if (c.arch != "qwen2") {
+  if (c.arch == "qwen2_moe") {
+    if (!(s = GetBool(j, "qkv_bias", &c.qkv_bias)).ok()) return s;
+  } else if (c.arch != "qwen2") {
     if (!(s = GetBool(j, "attention_bias", &c.qkv_bias)).ok()) return s;
     bool mlp_bias = false;
     if (!(s = GetBool(j, "mlp_bias", &mlp_bias)).ok()) return s;
@@ -312,6 +322,15 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
     c.num_experts = 128;
     c.num_experts_per_tok = 8;
     c.moe_intermediate_size = 768;
+  } else if (c.arch == "qwen2_moe") {
+    // Qwen2MoeConfig's.
+    c.num_experts = 60;
+    c.num_experts_per_tok = 4;
+    c.moe_intermediate_size = 1408;
+    c.shared_expert_intermediate_size = 5632;
+    if (!(s = GetInt(j, "shared_expert_intermediate_size", &c.shared_expert_intermediate_size)).ok()) return s;
+  }
+  if (c.IsMoeArch()) {
     // The Hub's configs say num_experts; transformers 5 writes num_local_experts.
     if (!(s = GetInt(j, "num_experts", &c.num_experts)).ok()) return s;
     if (!(s = GetInt(j, "num_local_experts", &c.num_experts)).ok()) return s;
@@ -320,6 +339,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
     if (!(s = GetInt(j, "decoder_sparse_step", &c.decoder_sparse_step)).ok()) return s;
     if (!(s = GetBool(j, "norm_topk_prob", &c.norm_topk_prob)).ok()) return s;
     if (!(s = GetDouble(j, "router_aux_loss_coef", &c.router_aux_loss_coef)).ok()) return s;
+    if (!(s = GetBool(j, "output_router_logits", &c.output_router_logits)).ok()) return s;
     if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
       if (!it->is_array()) return absl::InvalidArgumentError("config.json: \"mlp_only_layers\" must be a list");
       for (const auto& l : *it) {
@@ -328,8 +348,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
       }
     }
   }
-  if (j.contains("shared_expert_intermediate_size")) {
-    return absl::InvalidArgumentError("config.json: shared experts (shared_expert_intermediate_size) are not supported");
+  if (c.arch != "qwen2_moe" && j.contains("shared_expert_intermediate_size")) {
+    return absl::InvalidArgumentError(
+        "config.json: shared experts (shared_expert_intermediate_size) are supported for qwen2_moe only");
   }
   if (c.arch != "llama") {
     bool sliding = false;
@@ -364,7 +385,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfigJsonInternal(const std::str
 std::string ModelConfig::ToHfConfigJson(const std::string& dtype) const {
   json j;
   const bool qwen = arch == "qwen2";
-  std::string base = qwen ? "Qwen2" : arch == "qwen3" ? "Qwen3" : arch == "qwen3_moe" ? "Qwen3Moe" : "Llama";
+  std::string base = qwen                 ? "Qwen2"
+                     : arch == "qwen3"     ? "Qwen3"
+                     : arch == "qwen3_moe" ? "Qwen3Moe"
+                     : arch == "qwen2_moe" ? "Qwen2Moe"
+                                           : "Llama";
   j["architectures"] = {base + (value_head ? "ForSequenceClassification" : "ForCausalLM")};
   j["model_type"] = arch;
   j["vocab_size"] = vocab_size;
@@ -387,12 +412,15 @@ std::string ModelConfig::ToHfConfigJson(const std::string& dtype) const {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
   }
-  if (!qwen) {
+  if (arch == "qwen2_moe") {
+    j["qkv_bias"] = qkv_bias;  // Qwen2MoeConfig's spelling; never an o bias
+  } else if (!qwen) {
     // Qwen2 always has q/k/v bias; the flag is implied by the model type.
     j["attention_bias"] = qkv_bias;
     j["mlp_bias"] = false;
   }
-  if (arch == "qwen3_moe") {
+  if (arch == "qwen2_moe") j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+  if (IsMoeArch()) {
     j["num_experts"] = num_experts;
     j["num_experts_per_tok"] = num_experts_per_tok;
     j["moe_intermediate_size"] = moe_intermediate_size;
@@ -400,7 +428,7 @@ std::string ModelConfig::ToHfConfigJson(const std::string& dtype) const {
     j["decoder_sparse_step"] = decoder_sparse_step;
     j["mlp_only_layers"] = mlp_only_layers;
     j["router_aux_loss_coef"] = router_aux_loss_coef;
-    j["output_router_logits"] = false;
+    j["output_router_logits"] = output_router_logits;
   }
   if (value_head) j["num_labels"] = 1;
   j["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);

@@ -44,10 +44,12 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  // "llama", "qwen2", "qwen3" or "qwen3_moe". qwen2 implies q/k/v bias (never
-  // o); qwen3 and qwen3_moe imply per-head RMSNorm on q and k (QK-norm);
-  // qwen3_moe replaces the MLP of its MoE layers by routed experts.
-  // Default "llama".
+  // "llama", "qwen2", "qwen3", "qwen3_moe" or "qwen2_moe". qwen2 implies
+  // q/k/v bias (never o); qwen2_moe has q/k/v bias when qkv_bias (config.json
+  // "qwen2_moe"'s `qkv_bias`, default true), never o; qwen3 and qwen3_moe
+  // imply per-head RMSNorm on q and k (QK-norm); the MoE archs replace the
+  // MLP of their MoE layers by routed experts (qwen2_moe: plus a shared
+  // expert behind a sigmoid gate). Default "llama".
   std::string arch = "llama";
   // Tokens in the vocabulary (rows of the embedding). Default 64.
   int64_t vocab_size = 64;
@@ -82,12 +84,14 @@ struct ModelConfig {
   // *ForSequenceClassification with num_labels=1): critic / reward model.
   // Default false.
   bool value_head = false;
-  // Mixture of experts (qwen3_moe only): experts per MoE layer, experts per
+  // Mixture of experts (qwen3_moe, qwen2_moe): experts per MoE layer, experts per
   // token (top-k), each expert's MLP width, whether the top-k weights are
   // renormalised to sum to 1, every how many layers a layer is MoE (layer i
   // when (i+1) % decoder_sparse_step == 0), layers kept dense, and the
   // load-balancing loss weight. Defaults: 0 (dense), 0, 0, false, 1, none,
-  // 0.001.
+  // 0.001. `output_router_logits`: whether transformers adds the
+  // load-balancing loss (times router_aux_loss_coef) to a training loss;
+  // the learner's default for rl.router_aux_loss_coef. Default false.
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 0;
   int64_t moe_intermediate_size = 0;
@@ -95,6 +99,10 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
+  // qwen2_moe: width of the shared expert every token also goes through
+  // (weighted by sigmoid(shared_expert_gate(x))); 0 = none. Default 0.
+  int64_t shared_expert_intermediate_size = 0;
   // Special token ids written to config.json; -1 = none. Default -1.
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
@@ -104,8 +112,10 @@ struct ModelConfig {
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
   // Whether q/k/v carry a bias (always for qwen2).
   bool HasQkvBias() const { return qkv_bias || arch == "qwen2"; }
-  // Whether o_proj carries a bias (attention_bias outside qwen2).
-  bool HasOBias() const { return qkv_bias && arch != "qwen2"; }
+  // Whether o_proj carries a bias (attention_bias outside the Qwen2 family).
+  bool HasOBias() const { return qkv_bias && arch != "qwen2" && arch != "qwen2_moe"; }
+  // Whether the architecture has routed experts (qwen3_moe, qwen2_moe).
+  bool IsMoeArch() const { return arch == "qwen3_moe" || arch == "qwen2_moe"; }
   // Per-head RMSNorm on q and k before RoPE (qwen3, qwen3_moe).
   bool HasQkNorm() const { return arch == "qwen3" || arch == "qwen3_moe"; }
   // Whether decoder layer `layer` routes its MLP through experts.

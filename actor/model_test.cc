@@ -3,6 +3,7 @@
 // full-recompute forward (parity with transformers is in checkpoint_test).
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -318,6 +319,49 @@ TEST_CASE("MoE routing replay: the rollout's recorded experts give its log-probs
   m->set_routing(&bad);
   CHECK_THROWS(m->Forward(torch::zeros({1, 2}, torch::kLong), Positions(1, 2)));
   m->set_routing(nullptr);
+}
+
+TEST_CASE("record_routing per request: only the requests that ask get routes, the same as recording all") {
+  ModelConfig c = Tiny("qwen3_moe");
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  auto m = MakeModel(c, 4);
+  SamplingOptions s;
+  s.max_new_tokens = 5;
+  s.seed = 3;
+  s.n = 2;
+  GenerationRequest asked = Req({3, 14, 15}, s, 0);
+  asked.record_routing = true;
+  Generator gen(m, {.max_batch = 8});
+  auto res = gen.Generate({asked, Req({26, 5}, s, 1)});
+  REQUIRE(res.ok());
+  Generator all(m, {.max_batch = 8, .record_routing = true});
+  auto ref = all.Generate({Req({3, 14, 15}, s, 0), Req({26, 5}, s, 1)});
+  REQUIRE(ref.ok());
+  const size_t per_pos = static_cast<size_t>(c.NumMoeLayers() * c.num_experts_per_tok);
+  for (int i = 0; i < 2; ++i) {
+    const Completion& a = (*res)[0].samples[i];
+    CHECK(a.routes.size() == (3 + a.tokens.size() - 1) * per_pos);
+    CHECK(a.routes == (*ref)[0].samples[i].routes);
+    CHECK((*res)[1].samples[i].routes.empty());
+    CHECK_FALSE((*ref)[1].samples[i].routes.empty());
+  }
+}
+
+TEST_CASE("LoadBalancingLoss equals the hand-computed Switch loss, masked tokens left out") {
+  const double l3 = std::log(3.0);
+  // Two experts, top-1. Layer 0: tokens 0 and 2 give expert 0 probability
+  // 0.75, token 1 gives it 0.25; layer 1: every token gives it 0.25.
+  auto l0 = torch::tensor({l3, 0.0, 0.0, l3, l3, 0.0}, torch::kFloat).view({3, 2});
+  auto l1 = torch::tensor({0.0, l3, 0.0, l3, 0.0, l3}, torch::kFloat).view({3, 2});
+  // All 6 (token, layer) rows: top-1 fractions (2/6, 4/6), mean
+  // probabilities (2.5/6, 3.5/6); 2 * (2 * 2.5 + 4 * 3.5) / 36.
+  CHECK(LoadBalancingLoss({l0, l1}, 2, 1).item<double>() == Approx(38.0 / 36).epsilon(1e-6));
+  // Token 2 masked out: fractions (1/4, 3/4), probabilities (1.5/4, 2.5/4);
+  // 2 * (1 * 1.5 + 3 * 2.5) / 16.
+  CHECK(LoadBalancingLoss({l0, l1}, 2, 1, torch::tensor({1.0f, 1.0f, 0.0f})).item<double>() ==
+        Approx(18.0 / 16).epsilon(1e-6));
 }
 
 TEST_CASE("A seeded sample does not depend on the batch around it") {

@@ -136,6 +136,11 @@ MoeImpl::MoeImpl(const ModelConfig& c) : top_k_(c.num_experts_per_tok), norm_top
                          torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.num_experts).bias(false)));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < c.num_experts; ++e) experts->push_back(Mlp(c, c.moe_intermediate_size));
+  if (c.shared_expert_intermediate_size > 0) {
+    shared_expert = register_module("shared_expert", Mlp(c, c.shared_expert_intermediate_size));
+    shared_expert_gate = register_module(
+        "shared_expert_gate", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, 1).bias(false)));
+  }
 }
 
 torch::Tensor MoeImpl::forward(const torch::Tensor& x, const torch::Tensor& replay, torch::Tensor* chosen,
@@ -172,6 +177,7 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const torch::Tensor& repl
     y = y * weights.index({tokens, slots}).unsqueeze(-1);
     out.index_add_(0, tokens, y.to(out.scalar_type()));
   }
+  if (shared_expert) out = out + torch::sigmoid(shared_expert_gate(flat)) * shared_expert(flat);
   return out.view(x.sizes());
 }
 

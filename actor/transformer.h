@@ -103,7 +103,9 @@ struct MoeRouting {
 
 // Qwen3-MoE's sparse block: softmax router (fp32), top-k experts, weights
 // renormalised when norm_topk_prob, each expert a SwiGLU MLP. Hugging Face
-// names: "gate" (the router) and "experts.<e>.{gate,up,down}_proj".
+// names: "gate" (the router) and "experts.<e>.{gate,up,down}_proj". Qwen2-MoE
+// adds a shared expert every token goes through, scaled by a sigmoid gate:
+// "shared_expert.{gate,up,down}_proj" and "shared_expert_gate" ([1, H]).
 class MoeImpl : public torch::nn::Module {
  public:
   explicit MoeImpl(const ModelConfig& c);
@@ -113,6 +115,9 @@ class MoeImpl : public torch::nn::Module {
                         torch::Tensor* logits);
   torch::nn::Linear gate{nullptr};
   torch::nn::ModuleList experts{nullptr};
+  // Qwen2-MoE with shared_expert_intermediate_size > 0 (null otherwise).
+  Mlp shared_expert{nullptr};
+  torch::nn::Linear shared_expert_gate{nullptr};
 
  private:
   int64_t top_k_;

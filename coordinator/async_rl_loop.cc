@@ -96,7 +96,7 @@ absl::Status RunLoop::RunRlAsync(const Stage& stage) {
         for (const Example* e : loader.NextBatch(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
         const absl::Time t0 = absl::Now();
         auto groups = Generate(prompts, rl.samples_per_prompt(), Sampling(false, RolloutSeed(stage_index, i)), true,
-                               global_base + i, min_version);
+                               global_base + i, min_version, rl.routing_replay());
         absl::MutexLock lock(&a.mu);
         if (!groups.ok()) {
           a.error = groups.status();

@@ -120,6 +120,8 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.RlStage.drop_zero_variance", "learner/stage_options.cc"},
     {"rlmesh.RlStage.overlong_buffer", "learner/stage_options.cc"},
     {"rlmesh.RlStage.overlong_penalty", "learner/stage_options.cc"},
+    {"rlmesh.RlStage.routing_replay", "learner/stage_options.cc"},
+    {"rlmesh.RlStage.router_aux_loss_coef", "learner/stage_options.cc"},
     {"rlmesh.PpoStage.gamma", "learner/stage_options.cc"},
     {"rlmesh.PpoStage.lam", "learner/stage_options.cc"},
     {"rlmesh.PpoStage.value_clip", "learner/stage_options.cc"},

@@ -58,6 +58,8 @@ void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method
   c.Require(rl->epochs() >= 0 && rl->epochs() <= 16, path + ".epochs", "must be in [0, 16]");
   c.Require(rl->mini_batches() >= 0 && rl->mini_batches() <= 64, path + ".mini_batches", "must be in [0, 64]");
   c.Require(rl->overlong_buffer() >= 0, path + ".overlong_buffer", "must be >= 0");
+  c.Require(!rl->has_router_aux_loss_coef() || rl->router_aux_loss_coef() >= 0, path + ".router_aux_loss_coef",
+            "must be >= 0");
 }
 
 // The dataset kinds' fields (the task itself checks its files when loaded).
@@ -249,6 +251,17 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
         break;
       default:
         c.Require(false, p, "names no stage kind (sft, grpo, ppo, dpo, reward_model)");
+    }
+    // MoE settings need MoE layers. A scratch model is llama/qwen2/qwen3
+    // (dense); a checkpoint's architecture is known only to the learner,
+    // which refuses there (learner/stage_options.cc, CheckMoeSettings).
+    const RlStage* rl = RlSettings(*st);
+    if (rl != nullptr && m->init() == "scratch") {
+      const std::string rp = absl::StrCat(p, ".", StageKind(*st), ".rl");
+      c.Require(!rl->routing_replay(), rp + ".routing_replay",
+                "needs a policy with MoE layers; a scratch model (model.arch " + m->arch() + ") has none");
+      c.Require(!rl->has_router_aux_loss_coef(), rp + ".router_aux_loss_coef",
+                "needs a policy with MoE layers; a scratch model (model.arch " + m->arch() + ") has none");
     }
   }
   return c.status();

@@ -50,6 +50,28 @@ TEST_CASE("out-of-range values name the key path and line") {
   CHECK(s.message().find("name: required") != absl::string_view::npos);
 }
 
+TEST_CASE("MoE settings: refused by name on a scratch (dense) model, checked on a checkpoint") {
+  const std::string stage =
+      "stages:\n  - grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}, ";
+  ExperimentConfig c1;
+  absl::Status s = Normalize("name: x\n" + stage + "routing_replay: true}}\n", &c1);
+  CHECK(s.message().find("stages[0].grpo.rl.routing_replay: needs a policy with MoE layers; a scratch model "
+                         "(model.arch llama) has none") != absl::string_view::npos);
+  ExperimentConfig c2;
+  s = Normalize("name: x\n" + stage + "router_aux_loss_coef: 0.01}}\n", &c2);
+  CHECK(s.message().find("stages[0].grpo.rl.router_aux_loss_coef: needs a policy with MoE layers") !=
+        absl::string_view::npos);
+  // A checkpoint's architecture is the learner's to check; the value is
+  // checked here.
+  const std::string ckpt = "name: x\nmodel: {init: checkpoint, path: /m}\n";
+  ExperimentConfig c3;
+  CHECK(Normalize(ckpt + stage + "routing_replay: true, router_aux_loss_coef: 0.01}}\n", &c3).ok());
+  CHECK(c3.stages(0).grpo().rl().routing_replay());
+  ExperimentConfig c4;
+  s = Normalize(ckpt + stage + "router_aux_loss_coef: -1}}\n", &c4);
+  CHECK(s.message().find("stages[0].grpo.rl.router_aux_loss_coef: must be >= 0") != absl::string_view::npos);
+}
+
 TEST_CASE("every shipped config loads and validates") {
   for (const char* name : {"grpo_arith_tiny", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
                            "sft_word_problems", "sft_word_problems_qwen3", "grpo_word_problems_qwen3",

@@ -35,7 +35,8 @@ SamplingParams RunLoop::Sampling(bool greedy, uint64_t seed) const {
 
 absl::StatusOr<std::vector<TrajectoryGroup>> RunLoop::Generate(const std::vector<Prompt>& prompts, int n,
                                                                const SamplingParams& sampling, bool pipeline,
-                                                               int64_t round, int64_t min_version) const {
+                                                               int64_t round, int64_t min_version,
+                                                               bool record_routing) const {
   const int workers = static_cast<int>(clients_->rollouts.size());
   std::vector<std::vector<TrajectoryGroup>> out(workers);
   RLMESH_RETURN_IF_ERROR(ParallelFor(workers, [&](int w) -> absl::Status {
@@ -55,6 +56,7 @@ absl::StatusOr<std::vector<TrajectoryGroup>> RunLoop::Generate(const std::vector
     req.set_pipeline(pipeline);
     req.set_min_policy_version(min_version);
     req.set_decode_text(true);
+    req.set_record_routing(record_routing);
     for (const auto& v : cfg().reward().verifiers()) *req.add_verifiers() = v;
     req.set_verifier_timeout_ms(cfg().reward().verifier_timeout_ms());
     bool not_stored = false;

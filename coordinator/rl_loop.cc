@@ -67,7 +67,7 @@ absl::Status RunLoop::RunRl(const Stage& stage) {
     for (const Example* e : loader.NextBatch(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
     RLMESH_ASSIGN_OR_RETURN(auto groups, Generate(prompts, rl.samples_per_prompt(),
                                                   Sampling(false, RolloutSeed(stage_index, stage_step_ + 1)), true,
-                                                  global_step_, versions_.rollout()));
+                                                  global_step_, versions_.rollout(), rl.routing_replay()));
     const double gen_seconds = Seconds(t0);
     double sum = 0, sq = 0, len = 0;
     int count = 0;

@@ -100,9 +100,11 @@ class RunLoop {
   SamplingParams Sampling(bool greedy, uint64_t seed) const;
   // Splits prompts over the workers and collects their groups; a worker
   // refuses (ABORTED) while it holds weights older than `min_version`.
+  // `record_routing`: the trajectories carry their MoE routes
+  // (rl.routing_replay).
   absl::StatusOr<std::vector<TrajectoryGroup>> Generate(const std::vector<Prompt>& prompts, int n,
                                                         const SamplingParams& sampling, bool pipeline, int64_t round,
-                                                        int64_t min_version) const;
+                                                        int64_t min_version, bool record_routing = false) const;
   absl::StatusOr<ScoreResponse> Score(const std::vector<TrajectoryGroup>& groups) const;
 
   // --- evaluation.cc ------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "learner/advantages.h"
 #include "learner/batching.h"
 #include "learner/losses.h"
+#include "learner/moe_routing.h"
 #include "learner/schedule.h"
 #include "learner/trainer.h"
 #include "learner/trainer_internal.h"
@@ -39,6 +41,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     int64_t group = 0;
     double reward = 0;
     int64_t response_len = 0;
+    // Trajectory.routes, kept when rl.routing_replay is on.
+    std::vector<int32_t> routes;
   };
   std::vector<Row> rows;
   std::vector<std::vector<double>> group_rewards;
@@ -68,6 +72,14 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       }
       if (!std::isfinite(t.reward())) return absl::InvalidArgumentError(tp + ".reward: not finite");
       Row row;
+      if (rl.routing_replay) {
+        if (t.routes_size() == 0) {
+          return absl::InvalidArgumentError(
+              tp + ".routes: empty while rl.routing_replay is on (the rollout did not record its routing)");
+        }
+        RLMESH_RETURN_IF_ERROR(CheckRoutes(t, s.models.policy->config(), tp));
+        row.routes.assign(t.routes().begin(), t.routes().end());
+      }
       row.seq.ids.reserve(P + R);
       for (int id : t.prompt_token_ids()) row.seq.ids.push_back(id);
       for (int id : t.response_token_ids()) row.seq.ids.push_back(id);
@@ -124,10 +136,26 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     const int64_t B = rows.size();
     std::vector<Seq> seqs;
     std::vector<int64_t> lengths;
-    for (const Row& r : rows) {
+    std::vector<std::vector<int32_t>> routes;
+    for (Row& r : rows) {
       seqs.push_back(r.seq);
       lengths.push_back(r.seq.ids.size());
+      routes.push_back(std::move(r.routes));
     }
+    // MoE policies: every policy forward records the router logits (the
+    // load-balancing loss and its metric) and, under rl.routing_replay,
+    // replays the rollout's experts. The reference and the critic route
+    // freely (docs/decisions.md, Session 6).
+    const bool moe = s.models.policy->config().NumMoeLayers() > 0;
+    auto start_routing = [&](std::optional<MoeForward>* f, int64_t a, int64_t e, int64_t T) {
+      if (moe) f->emplace(s.models.policy, rl.routing_replay ? &routes : nullptr, a, e, T);
+    };
+    // [rows, T]: 1 at the rows' real (unpadded) positions.
+    auto real_positions = [&](int64_t a, int64_t e, int64_t T) {
+      at::Tensor len = at::tensor(std::vector<int64_t>(lengths.begin() + a, lengths.begin() + e), at::kLong);
+      return at::arange(T, at::kLong).unsqueeze(0).lt(len.unsqueeze(1)).to(at::kFloat);
+    };
+    int64_t replay_differs = 0, replay_positions = 0;
     Batch b = MakeBatch(seqs, with_behaviour);
     const int64_t T_all = b.input_ids.size(1);
     m["tokens"] = static_cast<double>(b.tokens);
@@ -157,8 +185,16 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           const int64_t T = longest(a, e);
           auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
                tg = Rows(b.targets, a, e, T);
+          std::optional<MoeForward> routing;
+          start_routing(&routing, a, e, T);
           RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg,
                                                                 options_.logprob_chunk, s.opt.learner.temperature));
+          if (routing) {
+            auto [differs, replayed] = routing->Mismatch();
+            replay_differs += differs;
+            replay_positions += replayed;
+          }
+          routing.reset();
           Rows(old_logp, a, e, T).copy_(lp.logprobs);
           if (s.models.reference) {
             RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
@@ -170,6 +206,12 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       }
     }
     at::Tensor mask = b.mask;
+    if (rl.routing_replay) {
+      // Positions whose replayed experts are not what the learner's router
+      // would pick at the step's start (0 on-policy with equal numerics).
+      m["routing_replay_mismatch_frac"] =
+          replay_positions ? static_cast<double>(replay_differs) / replay_positions : 0.0;
+    }
     if (with_behaviour) {
       const double diff =
           B ? ((old_logp - b.behaviour).abs() * mask).max().item<double>() : 0.0;
@@ -280,8 +322,13 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           if (w == 0) continue;
           auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
                tg = Rows(b.targets, a, e, T);
+          std::optional<MoeForward> routing;
+          start_routing(&routing, a, e, T);
           RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg,
                                                                 options_.logprob_chunk, s.opt.learner.temperature));
+          at::Tensor aux;
+          if (routing) aux = routing->AuxLoss(real_positions(a, e, T));
+          routing.reset();
           PolicyLossInputs in;
           in.logp = lp.logprobs;
           in.old_logp = Rows(old_logp, a, e, T);
@@ -292,6 +339,11 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           in.entropy = rl.loss.entropy_coef > 0 ? lp.entropy : lp.entropy.detach();
           RLMESH_ASSIGN_OR_RETURN(LossOutput out, PolicyLoss(in, rl.loss));
           at::Tensor total = out.loss * (w / mini_w);
+          if (aux.defined()) {
+            // Weighted like the policy loss: by the micro-batch's share.
+            if (rl.router_aux_loss_coef > 0) total = total + rl.router_aux_loss_coef * aux * (w / mini_w);
+            out.metrics["router_aux_loss"] = aux.item<double>();
+          }
           if (s.models.critic) {
             at::Tensor values = s.models.Values(s.models.critic, ids, pos);
             RLMESH_ASSIGN_OR_RETURN(LossOutput vo, ValueLoss(values, Rows(old_values, a, e, T),

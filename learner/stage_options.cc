@@ -137,6 +137,13 @@ absl::Status ReadRlConfig(const RlStage& rl, const std::string& field, const Lea
   if (rl.overlong_penalty() < 0) return absl::InvalidArgumentError(field + ".overlong_penalty: must be >= 0");
   o->overlong_buffer = rl.overlong_buffer();
   o->overlong_penalty = rl.overlong_penalty();
+  o->routing_replay = rl.routing_replay();
+  if (rl.has_router_aux_loss_coef()) {
+    if (!(rl.router_aux_loss_coef() >= 0)) {
+      return absl::InvalidArgumentError(field + ".router_aux_loss_coef: must be >= 0");
+    }
+    o->router_aux_loss_coef = rl.router_aux_loss_coef();
+  }
   if (o->overlong_buffer > 0 && (learner.max_new_tokens <= 0 || o->overlong_buffer > learner.max_new_tokens)) {
     return absl::InvalidArgumentError(
         field + ".overlong_buffer: needs 0 < overlong_buffer <= experiment.rollout.sampling.max_new_tokens");
@@ -260,6 +267,23 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
   }
   o.name = stage.name().empty() ? std::string(StageKindName(o.kind)) : stage.name();
   return o;
+}
+
+absl::Status ResolveMoeSettings(const actor::ModelConfig& policy, StageOptions* stage) {
+  if (!stage->is_rl()) return absl::OkStatus();
+  RlOptions& rl = stage->rl;
+  const std::string field = absl::StrCat(stage->field, ".", StageKindName(stage->kind), ".rl");
+  if (policy.NumMoeLayers() == 0) {
+    const std::string why = absl::StrCat(": needs a policy with MoE layers; this one (", policy.arch, ") has none");
+    if (rl.routing_replay) return absl::InvalidArgumentError(field + ".routing_replay" + why);
+    if (rl.router_aux_loss_coef >= 0) return absl::InvalidArgumentError(field + ".router_aux_loss_coef" + why);
+    rl.router_aux_loss_coef = 0;
+    return absl::OkStatus();
+  }
+  if (rl.router_aux_loss_coef < 0) {
+    rl.router_aux_loss_coef = policy.output_router_logits ? policy.router_aux_loss_coef : 0.0;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rlmesh::learner

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "actor/model_config.h"
 #include "learner/advantages.h"
 #include "learner/losses.h"
 #include "learner/schedule.h"
@@ -118,6 +119,13 @@ struct RlOptions {
   OptimizerOptions optimizer;
   // PPO only: the critic's optimizer (ppo.critic_optimizer, else rl.optimizer).
   OptimizerOptions critic_optimizer;
+  // MoE (rl.routing_replay, rl.router_aux_loss_coef): replay the rollout's
+  // experts (Trajectory.routes) in the policy's forward passes; the weight
+  // of the router's load-balancing loss added to the policy loss (0 = off).
+  // `router_aux_loss_coef` is final only after ResolveMoeSettings (until
+  // then -1 stands for "unset: the policy's config.json decides").
+  bool routing_replay = false;
+  double router_aux_loss_coef = -1;
 };
 
 // One stage, validated. Only the member of `kind`'s family is meaningful.
@@ -145,6 +153,13 @@ struct StageOptions {
 // shards. REQUIRES: stage_index is inside experiment.stages.
 absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& experiment, int stage_index,
                                               int world_size);
+
+// Once the policy is loaded: refuses rl.routing_replay and a set
+// rl.router_aux_loss_coef for a policy without MoE layers (INVALID_ARGUMENT
+// naming the field), and resolves an unset router_aux_loss_coef from the
+// policy's config.json as transformers does (router_aux_loss_coef when
+// output_router_logits, else 0). No-op outside RL stages.
+absl::Status ResolveMoeSettings(const actor::ModelConfig& policy, StageOptions* stage);
 
 // Prefixes a non-OK status's message with "<prefix>.".
 absl::Status PrefixStatus(const std::string& prefix, const absl::Status& status);

@@ -109,6 +109,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   RLMESH_ASSIGN_OR_RETURN(LoadedPolicy loaded, LoadPolicy(exp, req.init_checkpoint(), s.opt, *s.tokenizer, &s.models));
   version_ = loaded.policy_version;
   const actor::ModelConfig& cfg = loaded.config;
+  RLMESH_RETURN_IF_ERROR(ResolveMoeSettings(cfg, &s.opt));
   // Pairs given as token ids must fit the model.
   for (size_t i = 0; i < s.pairs.size(); ++i) {
     const PreferencePair& p = s.pairs[i];

@@ -73,6 +73,7 @@ void RolloutWorker::Impl::Loop() {
             g.prompt.assign(req->request.prompts(i).token_ids().begin(), req->request.prompts(i).token_ids().end());
             g.sampling = req->sampling;
             g.prompt_index = StreamKey(req->request, i);
+            g.record_routing = req->request.record_routing();
             inflight[g.id] = Inflight{req, i};
             admit.emplace_back(g.id, std::move(g));
           }
@@ -94,6 +95,7 @@ void RolloutWorker::Impl::Loop() {
         g.prompt.assign(ids.begin(), ids.end());
         g.sampling = r.sampling;
         g.prompt_index = StreamKey(r.request, it->second.prompt);
+        g.record_routing = r.request.record_routing();
         g.resume = std::move(p.samples);
         if (options.on_update == RolloutWorkerOptions::OnUpdate::kAbort) {
           // Start the unfinished samples over: no sequence mixes versions.
@@ -101,6 +103,7 @@ void RolloutWorker::Impl::Loop() {
             if (c.finish_reason != actor::FinishReason::kAborted) continue;
             c.tokens.clear();
             c.logprobs.clear();
+            c.routes.clear();
           }
         }
         parked.push_back(std::move(g));

@@ -155,6 +155,9 @@ TrajectoryGroup RolloutWorker::Impl::MakeGroup(const RequestHandle& req, int pro
       t->add_loss_mask(1);
     }
     for (float lp : c.logprobs) t->add_behaviour_logprobs(lp);
+    // Empty unless the request asked (record_routing) and the model has MoE
+    // layers; the layout is the generator's (Trajectory.routes).
+    if (r.record_routing()) t->mutable_routes()->Add(c.routes.begin(), c.routes.end());
     t->set_finish_reason(ToProto(c.finish_reason));
     if (r.decode_text() && tokenizer) t->set_response_text(tokenizer->Decode(ids, /*skip_special=*/true));
   }

@@ -553,5 +553,50 @@ TEST_CASE("cancel and shutdown end requests exactly once") {
   CHECK(b.groups.empty());
 }
 
+TEST_CASE("record_routing: each trajectory carries its sample's MoE routes, only when asked") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(testing::WriteTinyMoeCheckpoint(dir.File("moe"), 3).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("dense"), 1).ok());
+  auto worker = MakeWorker();
+  REQUIRE(worker->LoadCheckpoint(dir.File("moe"), 1).ok());
+  GenerateRequest req = MakeRequest({"1+2=", "hello"}, 3, 8, 42);
+  req.set_record_routing(true);
+  Collector col;
+  REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+  REQUIRE(col.Wait().ok());
+  auto ref = ReferenceGenerate(dir.File("moe"), req);
+  REQUIRE(ref.ok());
+  for (int p = 0; p < 2; ++p) {
+    const TrajectoryGroup* g = col.Find("q" + std::to_string(p));
+    REQUIRE(g != nullptr);
+    ExpectMatches(*g, (*ref)[p]);
+    for (int i = 0; i < g->samples_size(); ++i) {
+      const Trajectory& t = g->samples(i);
+      // [prompt + response - 1 positions][2 MoE layers][k = 2].
+      CHECK(t.routes_size() == (t.prompt_token_ids_size() + t.response_token_ids_size() - 1) * 2 * 2);
+      CHECK(std::vector<int32_t>(t.routes().begin(), t.routes().end()) == (*ref)[p].samples[i].routes);
+    }
+  }
+  // Not asked: no routes (they cost (P + R - 1) x layers x k ids a sample).
+  req.set_record_routing(false);
+  Collector off;
+  REQUIRE(worker->Submit(req, off.Sink(), off.Done()).ok());
+  REQUIRE(off.Wait().ok());
+  for (auto& [g, stored] : off.groups) {
+    for (const auto& t : g.samples()) CHECK(t.routes_size() == 0);
+  }
+  // A dense model has nothing to record.
+  auto dense_worker = MakeWorker();
+  REQUIRE(dense_worker->LoadCheckpoint(dir.File("dense"), 1).ok());
+  req.set_record_routing(true);
+  Collector dense;
+  REQUIRE(dense_worker->Submit(req, dense.Sink(), dense.Done()).ok());
+  REQUIRE(dense.Wait().ok());
+  REQUIRE(dense.groups.size() == 2);
+  for (auto& [g, stored] : dense.groups) {
+    for (const auto& t : g.samples()) CHECK(t.routes_size() == 0);
+  }
+}
+
 }  // namespace
 }  // namespace rlmesh::rollout

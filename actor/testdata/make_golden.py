@@ -1,7 +1,8 @@
 """Reference data for actor/ parity tests, produced with PyPI transformers,
 tokenizers and safetensors (implementations no one in this project wrote).
 
-  make_golden.py models OUT      tiny random Llama/Qwen2/Qwen3 folders (every RoPE scaling type)
+  make_golden.py models OUT      tiny random Llama/Qwen2/Qwen3(-MoE)/Qwen2-MoE folders (every RoPE
+                                 scaling type)
                                  + logits + greedy tokens
   make_golden.py tokenizers OUT  two trained byte-level BPE tokenizer.json + held-out encodings
   make_golden.py hfload DIR IN   transformers' AutoTokenizer and AutoModelForCausalLM open a
@@ -84,6 +85,19 @@ MODELS = {
                                                 max_position_embeddings=48, moe_intermediate_size=12, num_experts=5,
                                                 num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2,
                                                 tie_word_embeddings=True)),
+    # Qwen2-MoE: q/k/v bias (qkv_bias) and a shared expert behind a sigmoid
+    # gate next to the routed ones.
+    "qwen2_moe_shared": ("qwen2_moe", dict(vocab_size=73, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                           moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                                           num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
+                                           mlp_only_layers=[0], decoder_sparse_step=1, tie_word_embeddings=False)),
+    "qwen2_moe_nobias_norm": ("qwen2_moe", dict(vocab_size=61, hidden_size=24, intermediate_size=40,
+                                                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                max_position_embeddings=48, moe_intermediate_size=12,
+                                                shared_expert_intermediate_size=20, num_experts=5,
+                                                num_experts_per_tok=3, norm_topk_prob=True, qkv_bias=False,
+                                                tie_word_embeddings=True)),
 }
 
 # Sequence length of the golden logits (default 17): past the original
@@ -102,6 +116,9 @@ def build(kind, kw):
     if kind == "qwen3_moe":
         from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
         return Qwen3MoeForCausalLM(Qwen3MoeConfig(**kw))
+    if kind == "qwen2_moe":
+        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+        return Qwen2MoeForCausalLM(Qwen2MoeConfig(**kw))
     return Qwen2ForCausalLM(Qwen2Config(**kw))
 
 
@@ -134,7 +151,7 @@ def models(out):
         with torch.no_grad():
             logits = model(input_ids=ids, position_ids=pos).logits.float()
         tensors = {"input_ids": ids, "logits": logits.contiguous()}
-        if kind == "qwen3_moe":
+        if kind in ("qwen3_moe", "qwen2_moe"):
             # The router's load-balancing loss (unscaled), over these tokens.
             with torch.no_grad():
                 res = model(input_ids=ids, position_ids=pos, output_router_logits=True)

@@ -24,6 +24,41 @@ absl::Status WriteTinyCheckpoint(const std::string& dir, uint64_t seed) {
   return actor::SaveHfModel(model, dir);
 }
 
+absl::Status WriteTinyMoeCheckpoint(const std::string& dir, uint64_t seed, double router_noise) {
+  actor::CharTokenizer tok;
+  actor::ModelConfig c;
+  c.arch = "qwen3_moe";
+  c.vocab_size = tok.vocab_size();
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.max_positions = 64;
+  c.num_experts = 6;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  c.eos_token_id = tok.eos_id();
+  at::manual_seed(seed);
+  actor::Transformer model(c);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : model->NamedParameters()) {
+      if (name.find("mlp.gate.") == std::string::npos) continue;
+      p.normal_(0, 1.0);
+    }
+    if (router_noise > 0) {
+      at::manual_seed(seed + 1);
+      for (auto& [name, p] : model->NamedParameters()) {
+        if (name.find("mlp.gate.") != std::string::npos) p.add_(at::randn_like(p) * router_noise);
+      }
+    }
+  }
+  return actor::SaveHfModel(model, dir);
+}
+
 absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(
     const std::string& dir, const GenerateRequest& request, int64_t max_batch,
     const std::vector<std::vector<actor::Completion>>* resume) {
@@ -47,6 +82,7 @@ absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(
     g.sampling.seed = sp.seed();
     g.sampling.n = request.n();
     g.prompt_index = i;
+    g.record_routing = request.record_routing();
     if (resume != nullptr) g.resume = (*resume)[i];
     reqs.push_back(std::move(g));
   }

@@ -18,8 +18,15 @@ namespace rlmesh::rollout::testing {
 // from `seed`. Saved (fp32) into `dir`.
 absl::Status WriteTinyCheckpoint(const std::string& dir, uint64_t seed);
 
+// The same shape as Qwen3-MoE: every layer routes over 6 experts (width 16),
+// top-2 renormalised; router weights drawn N(0, 1) so that routes are
+// decisive. `router_noise` > 0 adds N(0, router_noise) to the routers after
+// the seeded draw (the same model, its router moved).
+absl::Status WriteTinyMoeCheckpoint(const std::string& dir, uint64_t seed, double router_noise = 0);
+
 // What actor::Generator produces for `request` on the folder's weights:
-// one GroupResult per prompt, prompt_index = position in the request.
+// one GroupResult per prompt, prompt_index = position in the request, routes
+// recorded when the request's record_routing is set.
 // `resume` (optional): per prompt, the samples to continue (partial rollout,
 // see actor::GenerationRequest::resume).
 absl::StatusOr<std::vector<actor::GroupResult>> ReferenceGenerate(
