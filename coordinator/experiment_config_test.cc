@@ -79,7 +79,7 @@ TEST_CASE("RL algorithm switches: accepted values, and errors that name the key"
 }
 
 TEST_CASE("every shipped config loads and validates") {
-  for (const char* name : {"grpo_arith_tiny", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
+  for (const char* name : {"grpo_arith_tiny", "grpo_arith_tiny_gspo", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
                            "sft_word_problems", "sft_word_problems_qwen3", "grpo_word_problems_qwen3",
                            "grpo_countdown_tiny"}) {
     INFO(name);
