@@ -27,6 +27,9 @@ struct AsyncRollout {
   struct Generated {
     double reward_sum = 0, reward_sq = 0, length_sum = 0, seconds = 0;
     int count = 0;
+    // Groups generated (the learner takes exactly these when refilling),
+    // refill rounds run and informative groups.
+    int groups = 0, refill_rounds = 0, informative = 0;
     // Oldest version the workers were asked to hold (the step's policy).
     int64_t min_version = 0;
   };
@@ -95,17 +98,16 @@ absl::Status RunLoop::RunRlAsync(const Stage& stage) {
         std::vector<Prompt> prompts;
         for (const Example* e : loader.NextBatch(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
         const absl::Time t0 = absl::Now();
-        auto groups = Generate(prompts, rl.samples_per_prompt(), Sampling(false, RolloutSeed(stage_index, i)), true,
-                               global_base + i, min_version, rl.routing_replay());
+        auto rollouts = GenerateStep(rl, prompts, stage_index, i, global_base + i, min_version);
         absl::MutexLock lock(&a.mu);
-        if (!groups.ok()) {
-          a.error = groups.status();
+        if (!rollouts.ok()) {
+          a.error = rollouts.status();
           return;
         }
         AsyncRollout::Generated& g = a.generated[i];
         g.seconds = Seconds(t0);
         g.min_version = min_version;
-        for (const auto& group : *groups) {
+        for (const auto& group : rollouts->groups) {
           for (const auto& t : group.samples()) {
             g.reward_sum += t.reward();
             g.reward_sq += t.reward() * t.reward();
@@ -113,6 +115,10 @@ absl::Status RunLoop::RunRlAsync(const Stage& stage) {
             ++g.count;
           }
         }
+        // Only the counts travel on: the groups are in the buffer.
+        g.groups = static_cast<int>(rollouts->groups.size());
+        g.refill_rounds = rollouts->refill_rounds;
+        g.informative = rollouts->informative;
         a.produced = i;
       }
     });
@@ -138,8 +144,11 @@ absl::Status RunLoop::RunRlAsync(const Stage& stage) {
     const double wait_seconds = Seconds(t0);
     SetPhase("train");
     const absl::Time t1 = absl::Now();
-    RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl));
+    const bool refill = rl.dynamic_sampling().mode() == "refill";
+    RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl,
+                                                           refill ? gen.groups : 0));
     nlohmann::json j = StepRecord(stage, m);
+    if (refill) RecordRefill(gen.groups, gen.informative, gen.refill_rounds, &j);
     const double mean = gen.count ? gen.reward_sum / gen.count : 0;
     j["rollout_reward_mean"] = mean;
     j["rollout_reward_std"] = gen.count ? std::sqrt(std::max(0.0, gen.reward_sq / gen.count - mean * mean)) : 0;

@@ -60,6 +60,34 @@ void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method
   c.Require(rl->overlong_buffer() >= 0, path + ".overlong_buffer", "must be >= 0");
   c.Require(!rl->has_router_aux_loss_coef() || rl->router_aux_loss_coef() >= 0, path + ".router_aux_loss_coef",
             "must be >= 0");
+  const std::string& pl = rl->policy_loss();
+  c.Require(pl.empty() || pl == "ppo" || pl == "gspo" || pl == "cispo", path + ".policy_loss",
+            "must be ppo, gspo or cispo");
+  c.Require(pl != "cispo" || rl->dual_clip() == 0, path + ".dual_clip", "not used by policy_loss cispo");
+  const MismatchConfig& mm = rl->mismatch();
+  c.Require(mm.mode().empty() || mm.mode() == "none" || mm.mode() == "tis" || mm.mode() == "mis" ||
+                mm.mode() == "icepop",
+            path + ".mismatch.mode", "must be none, tis, mis or icepop");
+  c.Require(mm.level().empty() || mm.level() == "token" || mm.level() == "sequence", path + ".mismatch.level",
+            "must be token or sequence");
+  const bool tis = mm.mode().empty() || mm.mode() == "tis";
+  c.Require(rl->importance_cap() == 0 || tis, path + ".importance_cap", "only used with mismatch.mode tis");
+  c.Require(rl->importance_cap() == 0 || mm.high() == 0, path + ".mismatch.high",
+            "importance_cap is the tis cap already; set one of them");
+  c.Require(mm.low() == 0 || mm.mode() == "icepop", path + ".mismatch.low", "only mode icepop has a lower bound");
+  c.Require(mm.low() >= 0 && mm.low() <= 1, path + ".mismatch.low", "must be in [0, 1] (0 = the default 0.5)");
+  c.Require(mm.high() == 0 || mm.mode() != "none", path + ".mismatch.high", "not used with mode none");
+  c.Require(mm.high() == 0 || tis || mm.high() >= 1, path + ".mismatch.high", "must be >= 1 (0 = the default)");
+  c.Require(mm.high() >= 0, path + ".mismatch.high", "must be >= 0 (0 = the default)");
+  const DynamicSamplingConfig& ds = rl->dynamic_sampling();
+  c.Require(ds.mode().empty() || ds.mode() == "drop" || ds.mode() == "refill", path + ".dynamic_sampling.mode",
+            "must be drop or refill");
+  c.Require(ds.max_rounds() == 0 || ds.mode() == "refill", path + ".dynamic_sampling.max_rounds",
+            "only used with mode refill");
+  c.Require(ds.mode() != "refill" || rl->samples_per_prompt() >= 2, path + ".dynamic_sampling.mode",
+            "refill needs samples_per_prompt >= 2 (a group of one never varies)");
+  c.Require(ds.max_rounds() >= 0 && ds.max_rounds() <= 64, path + ".dynamic_sampling.max_rounds",
+            "must be in [0, 64] (0 = 4)");
 }
 
 // The dataset kinds' fields (the task itself checks its files when loaded).
@@ -227,10 +255,18 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
         c.Require(adv.empty() || adv == "grpo" || adv == "dr_grpo" || adv == "rloo" || adv == "reinforce_pp",
                   p + ".grpo.advantage", "must be grpo, dr_grpo, rloo or reinforce_pp");
         CheckRl(c, st->mutable_grpo()->mutable_rl(), p + ".grpo.rl", adv != "reinforce_pp");
+        // The learner takes a refill step's groups first-in first-out: a
+        // uniform or prioritized draw would mix in other steps' groups.
+        c.Require(st->grpo().rl().dynamic_sampling().mode() != "refill" || b.sample_mode().empty() ||
+                      b.sample_mode() == "fifo",
+                  p + ".grpo.rl.dynamic_sampling.mode", "refill needs buffer.sample_mode fifo");
         break;
       }
       case Stage::kPpo:
         CheckRl(c, st->mutable_ppo()->mutable_rl(), p + ".ppo.rl", false);
+        c.Require(st->ppo().rl().dynamic_sampling().mode() != "refill" || b.sample_mode().empty() ||
+                      b.sample_mode() == "fifo",
+                  p + ".ppo.rl.dynamic_sampling.mode", "refill needs buffer.sample_mode fifo");
         c.Require(st->ppo().gamma() >= 0 && st->ppo().gamma() <= 1, p + ".ppo.gamma", "must be in [0, 1]");
         c.Require(st->ppo().lam() >= 0 && st->ppo().lam() <= 1, p + ".ppo.lam", "must be in [0, 1]");
         if (st->ppo().has_critic_optimizer()) {

@@ -72,8 +72,36 @@ TEST_CASE("MoE settings: refused by name on a scratch (dense) model, checked on 
   CHECK(s.message().find("stages[0].grpo.rl.router_aux_loss_coef: must be >= 0") != absl::string_view::npos);
 }
 
+TEST_CASE("RL algorithm switches: accepted values, and errors that name the key") {
+  auto rl = [](const std::string& fields, const std::string& extra = "") {
+    ExperimentConfig cfg;
+    return Normalize("name: x\nstages:\n  - grpo: {rl: {steps: 1, prompts_per_step: 2, optimizer: {lr: 0.001}, " +
+                         fields + "}}\n" + extra,
+                     &cfg);
+  };
+  CHECK(rl("policy_loss: gspo, mismatch: {mode: icepop, level: sequence, low: 0.5, high: 2}").ok());
+  CHECK(rl("policy_loss: cispo, overlong_filter: true, dynamic_sampling: {mode: refill, max_rounds: 2}").ok());
+  CHECK(rl("importance_cap: 3, mismatch: {mode: tis, level: token}").ok());
+  auto has = [](const absl::Status& s, const std::string& text) {
+    INFO(s.ToString());
+    return s.message().find(text) != absl::string_view::npos;
+  };
+  CHECK(has(rl("policy_loss: grpo"), "stages[0].grpo.rl.policy_loss: must be ppo, gspo or cispo"));
+  CHECK(has(rl("policy_loss: cispo, dual_clip: 3"), "stages[0].grpo.rl.dual_clip: not used by policy_loss cispo"));
+  CHECK(has(rl("mismatch: {mode: is}"), "stages[0].grpo.rl.mismatch.mode"));
+  CHECK(has(rl("mismatch: {level: row}"), "stages[0].grpo.rl.mismatch.level"));
+  CHECK(has(rl("importance_cap: 3, mismatch: {mode: icepop}"), "stages[0].grpo.rl.importance_cap"));
+  CHECK(has(rl("importance_cap: 3, mismatch: {high: 4}"), "stages[0].grpo.rl.mismatch.high"));
+  CHECK(has(rl("mismatch: {mode: mis, low: 0.5}"), "stages[0].grpo.rl.mismatch.low"));
+  CHECK(has(rl("mismatch: {mode: mis, high: 0.5}"), "stages[0].grpo.rl.mismatch.high: must be >= 1"));
+  CHECK(has(rl("dynamic_sampling: {mode: resample}"), "stages[0].grpo.rl.dynamic_sampling.mode"));
+  CHECK(has(rl("dynamic_sampling: {mode: drop, max_rounds: 2}"), "stages[0].grpo.rl.dynamic_sampling.max_rounds"));
+  CHECK(has(rl("dynamic_sampling: {mode: refill}", "buffer: {sample_mode: uniform}\n"),
+            "stages[0].grpo.rl.dynamic_sampling.mode: refill needs buffer.sample_mode fifo"));
+}
+
 TEST_CASE("every shipped config loads and validates") {
-  for (const char* name : {"grpo_arith_tiny", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
+  for (const char* name : {"grpo_arith_tiny", "grpo_arith_tiny_gspo", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
                            "sft_word_problems", "sft_word_problems_qwen3", "grpo_word_problems_qwen3",
                            "grpo_countdown_tiny", "sft_word_problems_chat_qwen3", "cpt_text_sample"}) {
     INFO(name);

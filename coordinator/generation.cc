@@ -3,8 +3,11 @@
 // only what is constant while a stage runs, so the async producer thread
 // calls it too.
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "coordinator/dynamic_sampling.h"
 #include "coordinator/run_loop.h"
 #include "tasks/encoding.h"
 
@@ -81,6 +84,50 @@ absl::StatusOr<std::vector<TrajectoryGroup>> RunLoop::Generate(const std::vector
     for (auto& g : v) all.push_back(std::move(g));
   }
   return all;
+}
+
+absl::StatusOr<StepRollouts> RunLoop::GenerateStep(const RlStage& rl, const std::vector<Prompt>& prompts,
+                                                    int stage_index, int64_t step, int64_t round,
+                                                    int64_t min_version) const {
+  const uint64_t seed = RolloutSeed(stage_index, step);
+  StepRollouts out;
+  RLMESH_ASSIGN_OR_RETURN(out.groups, Generate(prompts, rl.samples_per_prompt(), Sampling(false, seed), true, round,
+                                               min_version, rl.routing_replay()));
+  if (rl.dynamic_sampling().mode() != "refill") return out;
+  out.informative = CountInformative(out.groups);
+  const int max_rounds = rl.dynamic_sampling().max_rounds() > 0 ? rl.dynamic_sampling().max_rounds() : 4;
+  const int shards = std::max<int>(1, static_cast<int>(clients_->learners.size()));
+  std::set<std::string> used;
+  for (const Prompt& p : prompts) used.insert(p.prompt_id());
+  // Every train example once, in an order fixed by (stage, step); walked
+  // lazily, skipping the prompts this step has used.
+  std::vector<const Example*> order;
+  size_t next = 0;
+  while (out.refill_rounds < max_rounds && out.informative < rl.prompts_per_step()) {
+    RLMESH_RETURN_IF_ERROR(CheckCancelled());
+    if (order.empty()) {
+      PromptLoader refill(&task_->train(), MixSeed(MixSeed(cfg().seed(), 0x4ef1 + static_cast<uint64_t>(stage_index)),
+                                                   static_cast<uint64_t>(step)));
+      order = refill.NextBatch(static_cast<int>(task_->train().size()));
+    }
+    int64_t available = 0;
+    for (size_t i = next; i < order.size(); ++i) available += used.count(order[i]->id) ? 0 : 1;
+    const int n = RefillRoundSize(rl.prompts_per_step(), static_cast<int>(out.groups.size()), out.informative,
+                                  available, shards);
+    if (n == 0) break;  // the train split has no unused prompt left
+    std::vector<Prompt> more;
+    while (static_cast<int>(more.size()) < n) {
+      const Example* e = order[next++];
+      if (used.insert(e->id).second) more.push_back(MakePrompt(*e));
+    }
+    ++out.refill_rounds;
+    RLMESH_ASSIGN_OR_RETURN(auto groups, Generate(more, rl.samples_per_prompt(),
+                                                  Sampling(false, MixSeed(seed, static_cast<uint64_t>(out.refill_rounds))),
+                                                  true, round, min_version, rl.routing_replay()));
+    out.informative += CountInformative(groups);
+    for (auto& g : groups) out.groups.push_back(std::move(g));
+  }
+  return out;
 }
 
 absl::StatusOr<ScoreResponse> RunLoop::Score(const std::vector<TrajectoryGroup>& groups) const {

@@ -95,13 +95,13 @@ absl::StatusOr<StepMetrics> RunLoop::TrainStep(const std::function<void(TrainSte
   return responses[0].metrics();
 }
 
-absl::StatusOr<StepMetrics> RunLoop::TrainFromBuffer(const Stage& stage, const RlStage& rl) {
+absl::StatusOr<StepMetrics> RunLoop::TrainFromBuffer(const Stage& stage, const RlStage& rl, int num_groups) {
   const int64_t min_version = versions_.rollout() - rl.max_staleness();
   return TrainStep([&](TrainStepRequest* r) {
     BufferSource* b = r->mutable_buffer();
     b->set_experiment_id(o_.experiment_id);
     b->set_consumer_id(absl::StrCat("learner-", StageName(stage)));
-    b->set_num_groups(rl.prompts_per_step());
+    b->set_num_groups(num_groups > 0 ? num_groups : rl.prompts_per_step());
     b->set_min_policy_version(min_version);
     b->set_mode(cfg().buffer().sample_mode());
     b->set_seed(MixSeed(RolloutSeed(stage_index_, stage_step_ + 1), 0xb0f));

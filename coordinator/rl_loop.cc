@@ -65,9 +65,9 @@ absl::Status RunLoop::RunRl(const Stage& stage) {
     const absl::Time t0 = absl::Now();
     std::vector<Prompt> prompts;
     for (const Example* e : loader.NextBatch(rl.prompts_per_step())) prompts.push_back(MakePrompt(*e));
-    RLMESH_ASSIGN_OR_RETURN(auto groups, Generate(prompts, rl.samples_per_prompt(),
-                                                  Sampling(false, RolloutSeed(stage_index, stage_step_ + 1)), true,
-                                                  global_step_, versions_.rollout(), rl.routing_replay()));
+    RLMESH_ASSIGN_OR_RETURN(StepRollouts rollouts, GenerateStep(rl, prompts, stage_index, stage_step_ + 1,
+                                                                global_step_, versions_.rollout()));
+    const std::vector<TrajectoryGroup>& groups = rollouts.groups;
     const double gen_seconds = Seconds(t0);
     double sum = 0, sq = 0, len = 0;
     int count = 0;
@@ -81,8 +81,11 @@ absl::Status RunLoop::RunRl(const Stage& stage) {
     }
     SetPhase("train");
     const absl::Time t1 = absl::Now();
-    RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl));
+    const bool refill = rl.dynamic_sampling().mode() == "refill";
+    RLMESH_ASSIGN_OR_RETURN(StepMetrics m,
+                            TrainFromBuffer(stage, rl, refill ? static_cast<int>(groups.size()) : 0));
     nlohmann::json j = StepRecord(stage, m);
+    if (refill) RecordRefill(static_cast<int>(groups.size()), rollouts.informative, rollouts.refill_rounds, &j);
     const double mean = count ? sum / count : 0;
     j["rollout_reward_mean"] = mean;
     j["rollout_reward_std"] = count ? std::sqrt(std::max(0.0, sq / count - mean * mean)) : 0;
@@ -92,6 +95,12 @@ absl::Status RunLoop::RunRl(const Stage& stage) {
     SetMetric("reward_mean", mean);
     return AfterStep(stage, total, &j);
   }, rewind);
+}
+
+void RunLoop::RecordRefill(int generated, int informative, int refill_rounds, nlohmann::json* j) {
+  (*j)["dynamic_sampling_groups_generated"] = static_cast<double>(generated);
+  (*j)["dynamic_sampling_groups_informative"] = static_cast<double>(informative);
+  (*j)["dynamic_sampling_refill_rounds"] = static_cast<double>(refill_rounds);
 }
 
 nlohmann::json RunLoop::StepRecord(const Stage& stage, const StepMetrics& m) {

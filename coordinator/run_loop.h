@@ -43,6 +43,14 @@
 
 namespace rlmesh {
 
+// One RL stage step's rollouts (RunLoop::GenerateStep).
+struct StepRollouts {
+  std::vector<TrajectoryGroup> groups;
+  // Extra (refill) rounds run, and groups whose rewards vary.
+  int refill_rounds = 0;
+  int informative = 0;
+};
+
 class RunLoop {
  public:
   // `clients`: the roles to drive; null connects to options' addresses over
@@ -80,8 +88,9 @@ class RunLoop {
   absl::StatusOr<std::string> SaveAll(const std::string& path = "");
   absl::StatusOr<StepMetrics> TrainStep(const std::function<void(TrainStepRequest*)>& fill);
   // One step on the stage's next groups from the buffer, none older than
-  // max_staleness versions.
-  absl::StatusOr<StepMetrics> TrainFromBuffer(const Stage& stage, const RlStage& rl);
+  // max_staleness versions; `num_groups` = 0 means prompts_per_step (a
+  // refill step trains on every group it generated, see GenerateStep).
+  absl::StatusOr<StepMetrics> TrainFromBuffer(const Stage& stage, const RlStage& rl, int num_groups = 0);
 
   // --- weights.cc ---------------------------------------------------------
   absl::Status SyncWeights(bool through_checkpoint = false);
@@ -106,6 +115,15 @@ class RunLoop {
                                                         const SamplingParams& sampling, bool pipeline, int64_t round,
                                                         int64_t min_version, bool record_routing = false) const;
   absl::StatusOr<ScoreResponse> Score(const std::vector<TrajectoryGroup>& groups) const;
+  // One RL stage step's rollouts (pipeline mode: stored in the buffer as
+  // they come): `prompts` first; with rl.dynamic_sampling.mode refill, then
+  // up to max_rounds extra rounds of fresh prompts (dynamic_sampling.h)
+  // until prompts_per_step groups have nonzero reward variance. Refill
+  // prompts come from a loader seeded by (stage, step), never one the step
+  // already used, so resuming a step redraws the same ones and the main
+  // loader still advances one batch per step.
+  absl::StatusOr<StepRollouts> GenerateStep(const RlStage& rl, const std::vector<Prompt>& prompts, int stage_index,
+                                            int64_t step, int64_t round, int64_t min_version) const;
 
   // --- evaluation.cc ------------------------------------------------------
   absl::StatusOr<double> Evaluate(const std::string& label, int64_t step, bool final, bool pass_at = true);
@@ -121,6 +139,10 @@ class RunLoop {
   absl::Status RunSft(const Stage& stage);
   absl::Status RunRl(const Stage& stage);
   nlohmann::json StepRecord(const Stage& stage, const StepMetrics& m);
+  // A refill step's counts into its record (dynamic_sampling_groups_generated,
+  // dynamic_sampling_groups_informative, dynamic_sampling_refill_rounds);
+  // the learner adds how many it kept (groups, refill_groups_*).
+  static void RecordRefill(int generated, int informative, int refill_rounds, nlohmann::json* record);
   absl::Status AfterStep(const Stage& stage, int64_t total, nlohmann::json* record);
   absl::Status TrimBuffer();
 

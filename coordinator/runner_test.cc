@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include "catch2/catch.hpp"
 #include "common/proto_yaml.h"
@@ -189,6 +191,75 @@ TEST_CASE("async RL: rollout runs ahead of the learner, never more than max_stal
       if (g.pipeline) rounds.push_back(g.round);
     }
     CHECK(rounds == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  }
+}
+
+// "train/<k>" -> k.
+int PromptNumber(const std::string& id) { return std::stoi(id.substr(id.rfind('/') + 1)); }
+
+TEST_CASE("dynamic sampling refill: generate fresh prompts until prompts_per_step groups vary, sync and async") {
+  for (int k : {0, 1}) {
+    for (bool never : {false, true}) {
+      INFO("max_staleness " << k << (never ? ", no group ever varies" : ""));
+      testing::TempDir dir;
+      FakeCluster::Options o;
+      // A group (2 samples) varies when sample 0 is right and 1 is not: for
+      // a third of the prompts.
+      o.right = [never](const std::string& id, int sample) {
+        return !never && sample == 0 && PromptNumber(id) % 3 == 0;
+      };
+      FakeCluster cluster(o);
+      const std::string stage =
+          "  - grpo: {rl: {steps: 4, prompts_per_step: 2, samples_per_prompt: 2, max_staleness: " +
+          std::to_string(k) + ", dynamic_sampling: {mode: refill, max_rounds: 3}, optimizer: {lr: 1.0e-4}}}\n";
+      ExperimentRunner runner(Options(Config(stage), dir.path()), cluster.MakeClients());
+      absl::Status s = runner.Run();
+      INFO(s.ToString());
+      REQUIRE(s.ok());
+      // Each step's pipeline generations, by round.
+      std::map<int64_t, std::vector<FakeCluster::Generation>> by_round;
+      for (const auto& g : cluster.generations()) {
+        if (g.pipeline) by_round[g.round].push_back(g);
+      }
+      REQUIRE(by_round.size() == 4);
+      const auto steps = Records(dir.path(), "step");
+      REQUIRE(steps.size() == 4);
+      const auto trains = cluster.trains();
+      REQUIRE(trains.size() == 4);
+      int step = 0;
+      int refilled_steps = 0;
+      for (const auto& [round, gens] : by_round) {
+        INFO("step " << step);
+        std::set<std::string> ids;
+        int generated = 0, informative = 0;
+        for (const auto& g : gens) {
+          for (const auto& id : g.prompt_ids) {
+            CHECK(ids.insert(id).second);  // no prompt twice in a step
+            ++generated;
+            if (!never && PromptNumber(id) % 3 == 0) ++informative;
+          }
+        }
+        const int rounds = static_cast<int>(gens.size()) - 1;
+        refilled_steps += rounds > 0 ? 1 : 0;
+        // It stops as soon as 2 groups vary, or after 3 extra rounds.
+        CHECK(rounds <= 3);
+        CHECK(((informative >= 2) || (rounds == 3)));
+        const nlohmann::json& j = steps[step];
+        CHECK(j["dynamic_sampling_groups_generated"].get<double>() == generated);
+        CHECK(j["dynamic_sampling_groups_informative"].get<double>() == informative);
+        CHECK(j["dynamic_sampling_refill_rounds"].get<double>() == rounds);
+        // The learner took every group the step generated, and only those.
+        CHECK(static_cast<int>(trains[step].group_versions.size()) == generated);
+        CHECK(trains[step].groups_round == round);
+        ++step;
+      }
+      // With a third of the prompts informative, 2 prompts rarely suffice.
+      CHECK(refilled_steps > 0);
+      if (never) {
+        for (const auto& j : steps) CHECK(j["dynamic_sampling_refill_rounds"].get<double>() == 3);
+      }
+      CHECK(cluster.stale_skipped() == 0);
+    }
   }
 }
 

@@ -14,6 +14,29 @@ std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int ran
                                       std::make_move_iterator(all.begin() + hi));
 }
 
+std::vector<TrajectoryGroup> KeepInformativeGroups(std::vector<TrajectoryGroup> all, int64_t keep,
+                                                   Metrics* metrics) {
+  std::vector<TrajectoryGroup> kept;
+  int64_t zero_variance = 0, surplus = 0;
+  for (TrajectoryGroup& g : all) {
+    bool varies = false;
+    for (int i = 1; i < g.samples_size() && !varies; ++i) varies = g.samples(i).reward() != g.samples(0).reward();
+    if (!varies) {
+      ++zero_variance;
+    } else if (static_cast<int64_t>(kept.size()) < keep) {
+      kept.push_back(std::move(g));
+    } else {
+      ++surplus;
+    }
+  }
+  if (metrics != nullptr) {
+    (*metrics)["refill_groups_sampled"] = static_cast<double>(all.size());
+    (*metrics)["refill_groups_zero_variance"] = static_cast<double>(zero_variance);
+    (*metrics)["refill_groups_surplus"] = static_cast<double>(surplus);
+  }
+  return kept;
+}
+
 Seq PromptResponseSeq(const std::vector<int>& prompt, const std::vector<int>& response, int64_t max_len,
                       int64_t first_masked) {
   Seq q;

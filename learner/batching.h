@@ -68,6 +68,15 @@ std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>
 // Rank r's contiguous share of a global batch of groups: [r*G/K, (r+1)*G/K).
 std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int rank, int world);
 
+// Dynamic sampling with refill: the first `keep` groups of `all`, in order,
+// whose rewards are not all equal (a one-sample group counts as zero
+// variance). Every shard calls it on the same ordered global batch, so all
+// keep the same groups. `metrics` (if not null) gets
+// refill_groups_sampled (|all|), refill_groups_zero_variance and
+// refill_groups_surplus (informative groups beyond `keep`, left out).
+std::vector<TrajectoryGroup> KeepInformativeGroups(std::vector<TrajectoryGroup> all, int64_t keep,
+                                                   Metrics* metrics);
+
 // Weighted means of metrics over micro-batches.
 class MetricMeans {
  public:

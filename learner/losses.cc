@@ -145,6 +145,26 @@ absl::StatusOr<at::Tensor> KlPenalty(const at::Tensor& logp, const at::Tensor& r
   });
 }
 
+absl::StatusOr<PolicyLossKind> ParsePolicyLoss(absl::string_view name) {
+  if (name == "ppo") return PolicyLossKind::kPpo;
+  if (name == "gspo") return PolicyLossKind::kGspo;
+  if (name == "cispo") return PolicyLossKind::kCispo;
+  return absl::InvalidArgumentError(
+      absl::StrCat("policy_loss: unknown surrogate \"", name, "\" (ppo, gspo, cispo)"));
+}
+
+const char* PolicyLossName(PolicyLossKind kind) {
+  switch (kind) {
+    case PolicyLossKind::kPpo:
+      return "ppo";
+    case PolicyLossKind::kGspo:
+      return "gspo";
+    case PolicyLossKind::kCispo:
+      return "cispo";
+  }
+  return "?";
+}
+
 absl::Status PolicyLossOptions::Validate() const {
   if (!(clip_low >= 0 && clip_low < 1)) {
     return absl::InvalidArgumentError("clip_low: must be in [0, 1)");
@@ -152,6 +172,9 @@ absl::Status PolicyLossOptions::Validate() const {
   if (!(clip_high >= 0)) return absl::InvalidArgumentError("clip_high: must be >= 0");
   if (!(dual_clip == 0 || dual_clip > 1)) {
     return absl::InvalidArgumentError("dual_clip: must be 0 (off) or > 1");
+  }
+  if (kind == PolicyLossKind::kCispo && dual_clip != 0) {
+    return absl::InvalidArgumentError("dual_clip: not used by policy_loss cispo (must be 0)");
   }
   if (!(importance_cap >= 0)) return absl::InvalidArgumentError("importance_cap: must be >= 0");
   if (!(kl_coef >= 0)) return absl::InvalidArgumentError("kl_coef: must be >= 0");
@@ -168,6 +191,7 @@ absl::StatusOr<LossOutput> PolicyLoss(const PolicyLossInputs& in,
   RLMESH_RETURN_IF_ERROR(CheckTokenTensor(in.old_logp, "old_logp", in.mask));
   RLMESH_RETURN_IF_ERROR(CheckTokenTensor(in.advantages, "advantages", in.mask));
   RLMESH_RETURN_IF_ERROR(CheckOptionalTokenTensor(in.behaviour_logp, "behaviour_logp", in.mask));
+  RLMESH_RETURN_IF_ERROR(CheckOptionalTokenTensor(in.is_weight, "is_weight", in.mask));
   RLMESH_RETURN_IF_ERROR(CheckOptionalTokenTensor(in.ref_logp, "ref_logp", in.mask));
   RLMESH_RETURN_IF_ERROR(CheckOptionalTokenTensor(in.entropy, "entropy", in.mask));
   if (options.kl_coef > 0 && !in.ref_logp.defined()) {
@@ -184,13 +208,32 @@ absl::StatusOr<LossOutput> PolicyLoss(const PolicyLossInputs& in,
     LossOutput out;
     Metrics& mt = out.metrics;
 
-    at::Tensor ratio = at::exp(logp - old_logp);
-    at::Tensor pg_unclipped = -adv * ratio;
-    at::Tensor clipped_ratio = ratio.clamp(1.0 - options.clip_low, 1.0 + options.clip_high);
-    at::Tensor pg_clipped = -adv * clipped_ratio;
-    at::Tensor pg = at::maximum(pg_unclipped, pg_clipped);
-    at::Tensor took_clip = pg_clipped.gt(pg_unclipped).logical_and(on);
+    at::Tensor ratio, pg, took_clip;
     at::Tensor dual_taken = at::zeros_like(on);
+    if (options.kind == PolicyLossKind::kCispo) {
+      // The clipped ratio only weights the REINFORCE term; no token loses
+      // its gradient to the clip.
+      ratio = at::exp(logp - old_logp).detach();
+      at::Tensor clipped_ratio = ratio.clamp(1.0 - options.clip_low, 1.0 + options.clip_high);
+      pg = -adv * clipped_ratio * logp;
+      took_clip = ratio.lt(1.0 - options.clip_low).logical_or(ratio.gt(1.0 + options.clip_high)).logical_and(on);
+    } else {
+      if (options.kind == PolicyLossKind::kGspo) {
+        // Mean log-ratio over each row's masked tokens (zero elsewhere:
+        // logp and old_logp are both kept to 0 there).
+        const at::Tensor m = on.to(logp.scalar_type());
+        const at::Tensor seq_log_ratio =
+            (logp - old_logp).sum(1, /*keepdim=*/true) / m.sum(1, /*keepdim=*/true).clamp_min(1.0);
+        ratio = at::exp(seq_log_ratio.detach()) * at::exp(logp - logp.detach());
+      } else {
+        ratio = at::exp(logp - old_logp);
+      }
+      at::Tensor pg_unclipped = -adv * ratio;
+      at::Tensor clipped_ratio = ratio.clamp(1.0 - options.clip_low, 1.0 + options.clip_high);
+      at::Tensor pg_clipped = -adv * clipped_ratio;
+      pg = at::maximum(pg_unclipped, pg_clipped);
+      took_clip = pg_clipped.gt(pg_unclipped).logical_and(on);
+    }
     if (options.dual_clip > 0) {
       at::Tensor cap = -adv * options.dual_clip;
       at::Tensor negative = adv.lt(0);
@@ -198,7 +241,11 @@ absl::StatusOr<LossOutput> PolicyLoss(const PolicyLossInputs& in,
       pg = at::where(negative, at::minimum(pg, cap), pg);
     }
 
-    if (in.behaviour_logp.defined()) {
+    if (in.is_weight.defined()) {
+      at::Tensor w = Keep(in.is_weight.detach(), on);
+      pg = pg * w;
+      mt["is_weight_mean"] = MaskedMean(w, on);
+    } else if (in.behaviour_logp.defined()) {
       at::Tensor raw_w = at::exp(old_logp - Keep(in.behaviour_logp.detach(), on));
       at::Tensor w = options.importance_cap > 0 ? raw_w.clamp_max(options.importance_cap) : raw_w;
       pg = pg * w;

@@ -67,7 +67,16 @@ absl::StatusOr<KlEstimator> ParseKlEstimator(absl::string_view name);
 absl::StatusOr<at::Tensor> KlPenalty(const at::Tensor& logp, const at::Tensor& ref_logp,
                                      KlEstimator estimator);
 
+// The surrogate PolicyLoss computes (rl.policy_loss).
+enum class PolicyLossKind { kPpo, kGspo, kCispo };
+
+// "ppo", "gspo", "cispo"; anything else is INVALID_ARGUMENT.
+absl::StatusOr<PolicyLossKind> ParsePolicyLoss(absl::string_view name);
+const char* PolicyLossName(PolicyLossKind kind);
+
 struct PolicyLossOptions {
+  // Which surrogate (see PolicyLoss). Default ppo.
+  PolicyLossKind kind = PolicyLossKind::kPpo;
   // Lower clip: the ratio is clipped below at 1 - clip_low. Default 0.2.
   double clip_low = 0.2;
   // Upper clip: above at 1 + clip_high (DAPO clip-higher uses 0.28).
@@ -106,6 +115,11 @@ struct PolicyLossInputs {
   // Optional: log pi_behaviour(token) stored by the rollout worker that
   // sampled the token (possibly an older policy version). [B, T]
   at::Tensor behaviour_logp;
+  // Optional: a precomputed importance weight per token (no grad), e.g. from
+  // MismatchCorrection (learner/mismatch.h). When given it replaces the
+  // weight PolicyLoss would compute from behaviour_logp (which is then not
+  // read). [B, T]
+  at::Tensor is_weight;
   // Optional (required when kl_coef > 0): log pi_ref(token). [B, T]
   at::Tensor ref_logp;
   // Optional (required when entropy_coef > 0): per-token entropy of pi_theta,
@@ -113,8 +127,9 @@ struct PolicyLossInputs {
   at::Tensor entropy;
 };
 
-// PPO clipped surrogate with clip-higher, dual clip, off-policy correction,
-// KL term and entropy bonus. Per token, with A the advantage:
+// The policy-gradient surrogate with clip-higher, dual clip, off-policy
+// correction, KL term and entropy bonus. kind = kPpo (the PPO clipped
+// surrogate), per token, with A the advantage:
 //   r  = exp(logp - old_logp)                      PPO ratio (carries grad)
 //   w  = min(exp(old_logp - behaviour_logp), cap)  off-policy weight, no grad
 //                                                  (w = 1 without behaviour_logp)
@@ -124,12 +139,25 @@ struct PolicyLossInputs {
 // i.e. the decoupled PPO objective: trust region around pi_old, importance
 // weight pi_old/pi_behaviour correcting for the sampling policy; the product
 // w*r equals pi_theta/pi_behaviour where nothing is clipped. On-policy
-// (behaviour == old == theta) r = w = 1 exactly.
+// (behaviour == old == theta) r = w = 1 exactly. `is_weight`, when given,
+// is w (and behaviour_logp is not read).
+// kind = kGspo (GSPO, in its token form): r is replaced on every token of
+// row b by the sequence ratio
+//   s_b = exp( sum_t m*(logp - old_logp) / sum_t m )
+// whose value is the same on all the row's tokens and whose gradient on
+// token t is s_b * grad logp_t (r_t = sg(s_b) * exp(logp_t - sg(logp_t)));
+// clipping and dual clip then act on s_b, so a whole sequence is clipped
+// or not. With seq-mean-token-mean aggregation this is the paper's
+// objective and gradient exactly (with equal advantages over a row).
+// kind = kCispo (CISPO): the clipped ratio is a weight without gradient,
+//   pg = -A * sg(clip(r, 1-clip_low, 1+clip_high)) * logp
+// so every token keeps the REINFORCE gradient, scaled; dual_clip must be 0.
+// clip_frac counts the tokens whose r lies outside the clip range.
 //   loss = agg(l) + kl_coef * agg(k(logp, ref_logp)) - entropy_coef * agg(entropy)
 // Metrics: loss, pg_loss, clip_frac (tokens where the clipped term was taken,
 // either side), clip_frac_high, clip_frac_low, dual_clip_frac, ratio_mean,
 // ratio_min, ratio_max, ppo_kl (mean of old_logp - logp), is_weight_mean,
-// is_capped_frac (only with behaviour_logp), kl (only with ref_logp), entropy
+// is_capped_frac (only with behaviour_logp and no is_weight), kl (only with ref_logp), entropy
 // (only with entropy). Token means over the mask, except pg_loss, kl and
 // entropy which use `agg`.
 absl::StatusOr<LossOutput> PolicyLoss(const PolicyLossInputs& in,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "learner/mismatch.h"
 #include "learner/schedule.h"
 
 namespace rlmesh::learner {
@@ -211,6 +212,179 @@ TEST_CASE("policy loss validates its inputs") {
   Case e;
   e.o.clip_low = 1.0;
   CHECK(PolicyLoss(e.in, e.o).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+// GSPO on two rows, old_logp = 0, clip 0.2 both sides:
+//   row 0: mask [1 1 0], logp [ln 2, 0, .]: s0 = exp(ln 2 / 2) = sqrt 2 =
+//          1.414214, A = +1 -> max(-1.414, -1.2) = -1.2 (clipped, whole row)
+//   row 1: mask [1 1 1], logp [ln .9, 0, 0]: s1 = .9^(1/3) = 0.965489,
+//          A = -1 -> max(.965489, .965489) = .965489 (inside the range)
+// token-mean = (2 * -1.2 + 3 * .965489) / 5 = 0.0992935
+// seq-mean-token-mean = (-1.2 + .965489) / 2 = -0.1172555
+// Gradient (seq-mean-token-mean): row 0 none (clipped); each row-1 token
+// -A * s1 / 3 / 2 = .965489 / 6 = 0.160915. Token-level PPO on the same
+// inputs gives (-1.2 - 1 + .9 + 1 + 1) / 5 = 0.14 instead.
+TEST_CASE("GSPO: sequence-level ratio and clipping") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  at::Tensor logp = T2({{std::log(2.0), 0, nan}, {std::log(0.9), 0, 0}}).requires_grad_(true);
+  PolicyLossInputs in;
+  in.logp = logp;
+  in.old_logp = at::zeros({2, 3});
+  in.advantages = T2({{1, 1, 1}, {-1, -1, -1}});
+  in.mask = T2({{1, 1, 0}, {1, 1, 1}});
+  PolicyLossOptions o;
+  o.kind = PolicyLossKind::kGspo;
+  auto out = PolicyLoss(in, o);
+  REQUIRE(out.ok());
+  const double s1 = std::cbrt(0.9);
+  CHECK(Val(out->loss) == Approx((2 * -1.2 + 3 * s1) / 5));
+  CHECK(out->metrics.at("clip_frac") == Approx(0.4));  // both row-0 tokens
+  CHECK(out->metrics.at("ratio_mean") == Approx((2 * std::sqrt(2.0) + 3 * s1) / 5));
+  o.agg = LossAgg::kSeqMeanTokenMean;
+  out = PolicyLoss(in, o);
+  REQUIRE(out.ok());
+  CHECK(Val(out->loss) == Approx((-1.2 + s1) / 2));
+  out->loss.backward();
+  CHECK(Diff(logp.grad(), T2({{0, 0, 0}, {s1 / 6, s1 / 6, s1 / 6}})) < 1e-6);
+  // The same inputs under token-level PPO.
+  o.kind = PolicyLossKind::kPpo;
+  o.agg = LossAgg::kTokenMean;
+  CHECK(Val(PolicyLoss(in, o)->loss) == Approx(0.14));
+}
+
+// CISPO, old_logp = 0, clip_low 0.2, clip_high 0.28, r = [1.5, .5, .5, 1]:
+//   w = clip(r) = [1.28, .8, .8, 1], A = [1, 1, -1, -1]
+//   pg = -A * w * logp = [-1.28 ln 1.5, .8 ln 2, -.8 ln 2, 0]
+//      = [-0.518995, 0.554518, -0.554518, 0]; mean = -0.129749
+// Gradient -A * w / 4 = [-.32, -.2, .2, .25]: the clipped tokens (0, 1, 2)
+// keep theirs, where PPO gives tokens 0 and 2 none.
+TEST_CASE("CISPO: clipped stop-gradient weight times log-prob, gradient on every token") {
+  at::Tensor logp = T2({{std::log(1.5), std::log(0.5), std::log(0.5), 0}}).requires_grad_(true);
+  PolicyLossInputs in;
+  in.logp = logp;
+  in.old_logp = at::zeros({1, 4});
+  in.advantages = T2({{1, 1, -1, -1}});
+  in.mask = at::ones({1, 4});
+  PolicyLossOptions o;
+  o.kind = PolicyLossKind::kCispo;
+  o.clip_low = 0.2;
+  o.clip_high = 0.28;
+  auto out = PolicyLoss(in, o);
+  REQUIRE(out.ok());
+  CHECK(Val(out->loss) == Approx((-1.28 * std::log(1.5)) / 4));
+  CHECK(out->metrics.at("clip_frac") == Approx(0.75));
+  out->loss.backward();
+  CHECK(Diff(logp.grad(), T2({{-0.32, -0.2, 0.2, 0.25}})) < 1e-6);
+  o.dual_clip = 3;
+  auto refused = PolicyLoss(in, o);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(refused.status().message().find("dual_clip") != std::string::npos);
+  CHECK(ParsePolicyLoss("gspo").value() == PolicyLossKind::kGspo);
+  CHECK(std::string(PolicyLossName(PolicyLossKind::kCispo)) == "cispo");
+  CHECK(ParsePolicyLoss("grpo").status().message().find("policy_loss") != std::string::npos);
+}
+
+// Mismatch weights w = exp(old - behaviour), behaviour = 0 so old = ln w:
+//   row 0 (mask 1 1 1): w = [3, .4, 1]; row 1 (mask 1 1 0): w = [1.5, .5, .]
+// Row products: W0 = 1.2, W1 = .75.
+struct MismatchCase {
+  at::Tensor old_logp = T2({{std::log(3.0), std::log(0.4), 0}, {std::log(1.5), std::log(0.5), 7}});
+  at::Tensor behaviour = T2({{0, 0, 0}, {0, 0, std::numeric_limits<double>::quiet_NaN()}});
+  at::Tensor mask = T2({{1, 1, 1}, {1, 1, 0}});
+  MismatchWeights Run(MismatchMode mode, MismatchLevel level, double low, double high) {
+    MismatchOptions o;
+    o.mode = mode;
+    o.level = level;
+    o.low = low;
+    o.high = high;
+    auto r = MismatchCorrection(old_logp, behaviour, mask, o);
+    REQUIRE(r.ok());
+    return *r;
+  }
+};
+
+TEST_CASE("mismatch correction: token-level TIS, MIS, IcePop and the KL metrics") {
+  MismatchCase c;
+  auto tis = c.Run(MismatchMode::kTis, MismatchLevel::kToken, 0, 2);
+  CHECK(Diff(tis.weight, T2({{2, 0.4, 1}, {1.5, 0.5, 0}})) < 1e-6);
+  CHECK(tis.metrics.at("mismatch_truncated_frac") == Approx(0.2));
+  CHECK(tis.metrics.at("mismatch_masked_frac") == 0.0);
+  CHECK(tis.metrics.at("mismatch_weight_mean") == Approx(5.4 / 5));
+  // k3: sum of w - 1 - ln w over the 5 tokens = .901388 + .316291 + 0 +
+  // .094535 + .193147 = 1.505361; k1: -mean ln w = .105361 / 5.
+  CHECK(tis.metrics.at("mismatch_kl") == Approx(1.505361 / 5).epsilon(1e-5));
+  CHECK(tis.metrics.at("mismatch_k1") == Approx(0.105361 / 5).epsilon(1e-4));
+
+  auto mis = c.Run(MismatchMode::kMis, MismatchLevel::kToken, 0, 2);
+  CHECK(Diff(mis.weight, T2({{0, 0.4, 1}, {1.5, 0.5, 0}})) < 1e-6);
+  CHECK(Diff(mis.keep.to(at::kFloat), T2({{0, 1, 1}, {1, 1, 0}})) == 0);
+  CHECK(mis.metrics.at("mismatch_masked_frac") == Approx(0.2));
+  CHECK(mis.metrics.at("mismatch_weight_mean") == Approx(3.4 / 4));
+
+  // IcePop [.5, 2]: 3 (above) and .4 (below) masked; .5 is on the bound.
+  auto ice = c.Run(MismatchMode::kIcePop, MismatchLevel::kToken, 0.5, 2);
+  CHECK(Diff(ice.weight, T2({{0, 0, 1}, {1.5, 0.5, 0}})) < 1e-6);
+  CHECK(Diff(ice.keep.to(at::kFloat), T2({{0, 0, 1}, {1, 1, 0}})) == 0);
+  CHECK(ice.metrics.at("mismatch_masked_frac") == Approx(0.4));
+
+  auto none = c.Run(MismatchMode::kNone, MismatchLevel::kToken, 0, 2);
+  CHECK(Diff(none.weight, T2({{1, 1, 1}, {1, 1, 0}})) == 0);
+  CHECK(none.metrics.at("mismatch_kl") == Approx(1.505361 / 5).epsilon(1e-5));
+}
+
+TEST_CASE("mismatch correction: sequence level uses the product of token weights") {
+  MismatchCase c;
+  // TIS cap 1.1: W0 = 1.2 -> 1.1 on all of row 0; W1 = .75.
+  auto tis = c.Run(MismatchMode::kTis, MismatchLevel::kSequence, 0, 1.1);
+  CHECK(Diff(tis.weight, T2({{1.1, 1.1, 1.1}, {0.75, 0.75, 0}})) < 1e-6);
+  CHECK(tis.metrics.at("mismatch_truncated_frac") == Approx(0.6));
+  // IcePop [.8, 2]: row 1 (.75) masked, row 0 weighted 1.2.
+  auto ice = c.Run(MismatchMode::kIcePop, MismatchLevel::kSequence, 0.8, 2);
+  CHECK(Diff(ice.weight, T2({{1.2, 1.2, 1.2}, {0, 0, 0}})) < 1e-6);
+  CHECK(ice.metrics.at("mismatch_masked_frac") == Approx(0.4));
+  // MIS 1.1: row 0 (1.2) masked.
+  auto mis = c.Run(MismatchMode::kMis, MismatchLevel::kSequence, 0, 1.1);
+  CHECK(Diff(mis.weight, T2({{0, 0, 0}, {0.75, 0.75, 0}})) < 1e-6);
+  CHECK(mis.metrics.at("mismatch_masked_frac") == Approx(0.6));
+}
+
+TEST_CASE("mismatch options are validated by name") {
+  MismatchCase c;
+  MismatchOptions o;
+  o.low = 0.5;  // tis has no lower bound
+  auto s = MismatchCorrection(c.old_logp, c.behaviour, c.mask, o).status();
+  CHECK(s.message().find("mismatch.low") != std::string::npos);
+  o = MismatchOptions();
+  o.level = MismatchLevel::kSequence;
+  o.high = 0;
+  CHECK(MismatchCorrection(c.old_logp, c.behaviour, c.mask, o).status().message().find("mismatch.high") !=
+        std::string::npos);
+  o = MismatchOptions();
+  o.mode = MismatchMode::kIcePop;  // low 0 is not in (0, 1]
+  CHECK(MismatchCorrection(c.old_logp, c.behaviour, c.mask, o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(ParseMismatchMode("icepop").value() == MismatchMode::kIcePop);
+  CHECK(ParseMismatchMode("is").status().message().find("mismatch.mode") != std::string::npos);
+  CHECK(ParseMismatchLevel("sequence").value() == MismatchLevel::kSequence);
+}
+
+TEST_CASE("token-level TIS weights reproduce the importance_cap loss bit for bit") {
+  Case c;
+  c.in.behaviour_logp = T2({{std::log(0.5), 0, -0.3, 0.2}});
+  c.o.importance_cap = 1.5;
+  auto before = PolicyLoss(c.in, c.o);
+  REQUIRE(before.ok());
+  MismatchOptions mo;
+  mo.high = 1.5;
+  auto w = MismatchCorrection(c.in.old_logp, c.in.behaviour_logp, c.in.mask, mo);
+  REQUIRE(w.ok());
+  PolicyLossInputs in = c.in;
+  in.is_weight = w->weight;
+  in.behaviour_logp = at::Tensor();
+  auto after = PolicyLoss(in, c.o);
+  REQUIRE(after.ok());
+  CHECK(Val(after->loss) == Val(before->loss));
+  CHECK(after->metrics.at("is_weight_mean") == before->metrics.at("is_weight_mean"));
 }
 
 TEST_CASE("clipped value loss") {

@@ -18,6 +18,7 @@
 #include "learner/batching.h"
 #include "learner/losses.h"
 #include "learner/moe_routing.h"
+#include "learner/mismatch.h"
 #include "learner/schedule.h"
 #include "learner/trainer.h"
 #include "learner/trainer_internal.h"
@@ -43,11 +44,14 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     int64_t response_len = 0;
     // Trajectory.routes, kept when rl.routing_replay is on.
     std::vector<int32_t> routes;
+    // Over-long filtering: the response was cut at max_new_tokens (or the
+    // context window) and stays out of the loss.
+    bool filtered = false;
   };
   std::vector<Row> rows;
   std::vector<std::vector<double>> group_rewards;
   double raw_sum = 0, raw_sq = 0, len_sum = 0;
-  int64_t raw_n = 0, zero_var = 0, kept_groups = 0;
+  int64_t raw_n = 0, zero_var = 0, kept_groups = 0, overlong_filtered = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const TrajectoryGroup& grp = groups[g];
     const std::string gp = absl::StrCat("groups[", g, "]");
@@ -97,6 +101,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       }
       row.reward = t.reward();
       row.response_len = R;
+      row.filtered = rl.overlong_filter && (t.finish_reason() == FINISH_REASON_LENGTH ||
+                                            t.finish_reason() == FINISH_REASON_CONTEXT);
       raw_sum += t.reward();
       raw_sq += t.reward() * t.reward();
       len_sum += R;
@@ -109,6 +115,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     if (zero_variance) ++zero_var;
     if (zero_variance && rl.drop_zero_variance) continue;
     for (Row& r : grows) {
+      overlong_filtered += r.filtered ? 1 : 0;
       r.group = kept_groups;
       rows.push_back(std::move(r));
     }
@@ -129,6 +136,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
   m["response_length_mean"] = raw_n ? len_sum / raw_n : 0.0;
   m["zero_variance_frac"] = groups.empty() ? 0.0 : static_cast<double>(zero_var) / groups.size();
   m["groups"] = static_cast<double>(kept_groups);
+  // Over the trained groups' responses; 0 when overlong_filter is off.
+  m["overlong_filtered_frac"] = rows.empty() ? 0.0 : static_cast<double>(overlong_filtered) / rows.size();
   m["seconds_sample"] = seconds_sample;
   double fb_seconds = 0, opt_seconds = 0;
 
@@ -216,6 +225,25 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       const double diff =
           B ? ((old_logp - b.behaviour).abs() * mask).max().item<double>() : 0.0;
       m["behaviour_logp_abs_diff_max"] = diff;
+    }
+    // Rollout/learner mismatch: the weights are fixed for the step (old_logp
+    // and the behaviour log-probs are), so they are computed once over whole
+    // rows (sequence level needs every token of a row).
+    at::Tensor is_weight;
+    at::Tensor loss_mask = mask;
+    if (with_behaviour) {
+      RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw, MismatchCorrection(old_logp, b.behaviour, mask, rl.mismatch));
+      is_weight = mw.weight;
+      loss_mask = mw.keep.to(mask.scalar_type());
+      for (const auto& [k, v] : mw.metrics) m[k] = v;
+      m["is_capped_frac"] = mw.metrics["mismatch_truncated_frac"];
+    }
+    if (rl.overlong_filter && B > 0) {
+      at::Tensor row_on = at::ones({B, 1}, mask.scalar_type());
+      for (int64_t r = 0; r < B; ++r) {
+        if (rows[r].filtered) row_on[r][0] = 0;
+      }
+      loss_mask = loss_mask * row_on;
     }
 
     // Per-token KL for rewards (KL in the reward).
@@ -314,10 +342,10 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
         s.models.dp->ZeroGrad();
         if (s.models.critic_dp) s.models.critic_dp->ZeroGrad();
         double mini_w = 0;
-        for (auto [a, e] : micro) mini_w += weight_of(Rows(mask, a, e, longest(a, e)));
+        for (auto [a, e] : micro) mini_w += weight_of(Rows(loss_mask, a, e, longest(a, e)));
         for (auto [a, e] : micro) {
           const int64_t T = longest(a, e);
-          at::Tensor mk = Rows(mask, a, e, T);
+          at::Tensor mk = Rows(loss_mask, a, e, T);
           const double w = weight_of(mk);
           if (w == 0) continue;
           auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
@@ -334,7 +362,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           in.old_logp = Rows(old_logp, a, e, T);
           in.advantages = Rows(adv, a, e, T);
           in.mask = mk;
-          if (with_behaviour) in.behaviour_logp = Rows(b.behaviour, a, e, T);
+          if (with_behaviour) in.is_weight = Rows(is_weight, a, e, T);
           if (s.models.reference) in.ref_logp = Rows(ref_logp, a, e, T);
           in.entropy = rl.loss.entropy_coef > 0 ? lp.entropy : lp.entropy.detach();
           RLMESH_ASSIGN_OR_RETURN(LossOutput out, PolicyLoss(in, rl.loss));
@@ -386,9 +414,11 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     means.Into(&vals);
     for (auto& [k, v] : vals) m[k] = v;
     // Stable names present on every step (0 when the term is off).
-    for (const char* k : {"loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean"}) {
+    for (const char* k : {"loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "mismatch_kl",
+                          "mismatch_k1", "mismatch_masked_frac", "mismatch_truncated_frac"}) {
       if (!m.count(k)) m[k] = 0.0;
     }
+    if (!m.count("mismatch_weight_mean")) m["mismatch_weight_mean"] = 1.0;
     m["grad_norm"] = opt_steps ? grad_norm_sum / opt_steps : 0.0;
     if (s.models.critic_dp) m["value_grad_norm"] = opt_steps ? value_grad_norm_sum / opt_steps : 0.0;
     m["lr"] = lr;

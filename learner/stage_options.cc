@@ -94,6 +94,57 @@ absl::StatusOr<Advantage> ParseAdvantage(const std::string& name, const std::str
       absl::StrCat(field, ": \"", name, "\" is not grpo, dr_grpo, rloo or reinforce_pp"));
 }
 
+// rl.mismatch (and rl.importance_cap, the tis cap) -> o->mismatch.
+absl::Status ReadMismatch(const RlStage& rl, const std::string& field, RlOptions* o) {
+  const MismatchConfig& mc = rl.mismatch();
+  MismatchOptions& m = o->mismatch;
+  if (!mc.mode().empty()) {
+    auto mode = ParseMismatchMode(mc.mode());
+    if (!mode.ok()) return PrefixStatus(field, mode.status());
+    m.mode = *mode;
+  }
+  if (!mc.level().empty()) {
+    auto level = ParseMismatchLevel(mc.level());
+    if (!level.ok()) return PrefixStatus(field, level.status());
+    m.level = *level;
+  }
+  if (rl.importance_cap() != 0 && m.mode != MismatchMode::kTis) {
+    return absl::InvalidArgumentError(field + ".importance_cap: only used with mismatch.mode tis");
+  }
+  if (rl.importance_cap() != 0 && mc.high() != 0) {
+    return absl::InvalidArgumentError(
+        field + ".mismatch.high: importance_cap is the tis cap already; set one of them");
+  }
+  if (mc.low() < 0 || mc.high() < 0) {
+    return absl::InvalidArgumentError(field + ".mismatch: low and high must be >= 0 (0 = the default)");
+  }
+  switch (m.mode) {
+    case MismatchMode::kNone:
+      m.high = 0;
+      break;
+    case MismatchMode::kTis:
+      m.high = mc.high() != 0 ? mc.high() : o->loss.importance_cap;
+      break;
+    case MismatchMode::kMis:
+      m.high = mc.high() != 0 ? mc.high() : 2.0;
+      break;
+    case MismatchMode::kIcePop:
+      m.low = mc.low() != 0 ? mc.low() : 0.5;
+      m.high = mc.high() != 0 ? mc.high() : 5.0;
+      break;
+  }
+  if (m.mode != MismatchMode::kIcePop && mc.low() != 0) {
+    return absl::InvalidArgumentError(field + ".mismatch.low: only mode icepop has a lower bound");
+  }
+  if (m.mode == MismatchMode::kNone && mc.high() != 0) {
+    return absl::InvalidArgumentError(field + ".mismatch.high: not used with mode none");
+  }
+  // The loss's own cap stays in step with the tis cap (PolicyLoss uses it
+  // only when called with behaviour log-probs and no precomputed weight).
+  if (m.mode == MismatchMode::kTis) o->loss.importance_cap = m.high;
+  return PrefixStatus(field, m.Validate());
+}
+
 // The fields every RL stage shares (`rl` at `field`, "...grpo.rl").
 absl::Status ReadRlConfig(const RlStage& rl, const std::string& field, const LearnerSettings& learner,
                           RlOptions* o) {
@@ -112,6 +163,11 @@ absl::Status ReadRlConfig(const RlStage& rl, const std::string& field, const Lea
   o->loss.dual_clip = rl.dual_clip();
   // Zero means the default (2); a negative cap disables truncation.
   o->loss.importance_cap = rl.importance_cap() == 0 ? 2.0 : std::max(0.0, rl.importance_cap());
+  RLMESH_RETURN_IF_ERROR(ReadMismatch(rl, field, o));
+  std::string policy_loss = rl.policy_loss().empty() ? "ppo" : rl.policy_loss();
+  auto kind = ParsePolicyLoss(policy_loss);
+  if (!kind.ok()) return PrefixStatus(field, kind.status());
+  o->loss.kind = *kind;
   o->loss.entropy_coef = rl.entropy_coef();
   if (rl.kl().coef() < 0) return absl::InvalidArgumentError(field + ".kl.coef: must be >= 0");
   o->kl_coef = rl.kl().coef();
@@ -124,8 +180,10 @@ absl::Status ReadRlConfig(const RlStage& rl, const std::string& field, const Lea
   o->loss.kl_estimator = o->kl_estimator;
   o->loss.kl_coef = o->kl_in_reward ? 0.0 : o->kl_coef;
   std::string agg = rl.loss_agg();
-  // Dr.GRPO: no length normalisation unless the config says otherwise.
+  // Dr.GRPO: no length normalisation unless the config says otherwise;
+  // GSPO: the paper's mean over sequences of token means.
   if (agg.empty()) agg = o->advantage == Advantage::kDrGrpo ? "seq-mean-token-sum-norm" : "token-mean";
+  if (rl.loss_agg().empty() && o->loss.kind == PolicyLossKind::kGspo) agg = "seq-mean-token-mean";
   auto parsed = ParseLossAgg(agg);
   if (!parsed.ok()) return PrefixStatus(field + ".loss_agg", parsed.status());
   o->loss.agg = *parsed;
@@ -133,6 +191,23 @@ absl::Status ReadRlConfig(const RlStage& rl, const std::string& field, const Lea
   o->loss.agg_normalizer = learner.max_new_tokens > 0 ? learner.max_new_tokens : 0;
   RLMESH_RETURN_IF_ERROR(PrefixStatus(field, o->loss.Validate()));
   o->drop_zero_variance = rl.drop_zero_variance();
+  const DynamicSamplingConfig& ds = rl.dynamic_sampling();
+  if (!ds.mode().empty() && ds.mode() != "drop" && ds.mode() != "refill") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".dynamic_sampling.mode: \"", ds.mode(), "\" is not drop or refill"));
+  }
+  if (ds.max_rounds() != 0 && ds.mode() != "refill") {
+    return absl::InvalidArgumentError(field + ".dynamic_sampling.max_rounds: only used with mode refill");
+  }
+  if (ds.max_rounds() < 0 || ds.max_rounds() > 64) {
+    return absl::InvalidArgumentError(field + ".dynamic_sampling.max_rounds: must be in [0, 64] (0 = 4)");
+  }
+  if (ds.mode() == "refill" && rl.prompts_per_step() <= 0) {
+    return absl::InvalidArgumentError(field + ".prompts_per_step: must be > 0 with dynamic_sampling.mode refill");
+  }
+  if (!ds.mode().empty()) o->drop_zero_variance = true;
+  o->refill_groups = ds.mode() == "refill" ? rl.prompts_per_step() : 0;
+  o->overlong_filter = rl.overlong_filter();
   if (rl.overlong_buffer() < 0) return absl::InvalidArgumentError(field + ".overlong_buffer: must be >= 0");
   if (rl.overlong_penalty() < 0) return absl::InvalidArgumentError(field + ".overlong_penalty: must be >= 0");
   o->overlong_buffer = rl.overlong_buffer();

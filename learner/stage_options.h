@@ -18,6 +18,7 @@
 #include "actor/model_config.h"
 #include "learner/advantages.h"
 #include "learner/losses.h"
+#include "learner/mismatch.h"
 #include "learner/schedule.h"
 #include "proto/learner.pb.h"
 
@@ -108,6 +109,16 @@ struct RlOptions {
   KlEstimator kl_estimator = KlEstimator::kK3;
   // Drop groups whose rewards are all equal. Default false.
   bool drop_zero_variance = false;
+  // Dynamic sampling with refill: the coordinator generated extra groups
+  // for this step; the learner keeps the first `refill_groups` groups (by
+  // group id) of nonzero reward variance out of the whole global batch and
+  // drops the rest. 0 = no refill. (Implies drop_zero_variance.)
+  int64_t refill_groups = 0;
+  // Rollout/learner mismatch correction from the stored behaviour log-probs.
+  MismatchOptions mismatch;
+  // Mask responses that stopped at max_new_tokens out of the loss.
+  // Default false.
+  bool overlong_filter = false;
   // DAPO overlong shaping: tokens before max_new_tokens where the penalty
   // starts (0 = off), and the penalty at max_new_tokens.
   int overlong_buffer = 0;

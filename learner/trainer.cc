@@ -189,7 +189,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req
           absl::StrCat("groups: ", G, " groups for ", s_->world, " shards"));
     }
     std::vector<TrajectoryGroup> all(req.groups().groups().begin(), req.groups().groups().end());
-    return TrainRl(RankSlice(std::move(all), s_->rank, s_->world), 0.0);
+    return TrainRlGlobal(std::move(all), 0.0);
   }
   if (req.data_case() == TrainStepRequest::kBuffer) {
     const BufferSource& src = req.buffer();
@@ -223,7 +223,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req
     std::stable_sort(all.begin(), all.end(), [](const TrajectoryGroup& a, const TrajectoryGroup& b) {
       return a.group_id() < b.group_id();
     });
-    auto resp = TrainRl(RankSlice(std::move(all), s_->rank, s_->world), Since(t0));
+    auto resp = TrainRlGlobal(std::move(all), Since(t0));
     if (!resp.ok()) return resp;
     if (!sampled->ack_token.empty()) {
       absl::Status acked = source_->Ack(mine, sampled->ack_token);
@@ -261,6 +261,18 @@ absl::Status TokenizeChatItems(const std::vector<Example>& examples, const actor
 }
 
 }  // namespace
+
+absl::StatusOr<TrainStepResponse> Trainer::TrainRlGlobal(std::vector<TrajectoryGroup> all,
+                                                         double seconds_sample) {
+  // Dynamic sampling with refill selects from the whole global batch, the
+  // same on every shard, before it is split.
+  Metrics refill;
+  if (s_->opt.rl.refill_groups > 0) all = KeepInformativeGroups(std::move(all), s_->opt.rl.refill_groups, &refill);
+  auto resp = TrainRl(RankSlice(std::move(all), s_->rank, s_->world), seconds_sample);
+  if (!resp.ok()) return resp;
+  for (const auto& [k, v] : refill) (*resp->mutable_metrics()->mutable_values())[k] = v;
+  return resp;
+}
 
 absl::Status Trainer::LoadStageData(const ExperimentConfig& exp, int stage_index, State* state) {
   State& s = *state;

@@ -144,6 +144,9 @@ class Trainer {
   absl::Status PairPass(const std::vector<const PreferencePair*>& pairs, bool train,
                         std::map<std::string, double>* metrics);
   absl::StatusOr<TrainStepResponse> TrainRl(std::vector<TrajectoryGroup> groups, double seconds_sample);
+  // The global batch `all` (every shard's same ordered copy): the refill
+  // selection if configured, then this shard's slice through TrainRl.
+  absl::StatusOr<TrainStepResponse> TrainRlGlobal(std::vector<TrajectoryGroup> all, double seconds_sample);
   // Counts a completed step (and a new policy version when `new_policy`),
   // publishes the status and returns `resp` with the version set.
   TrainStepResponse FinishStep(TrainStepResponse resp, bool new_policy);

@@ -7,9 +7,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -494,6 +496,159 @@ TEST_CASE("K=2 from the buffer: each shard draws the whole batch, orders it by g
   }
   CHECK(BitEqual(ranks[0], inline_ranks[0]));
   CHECK(BitEqual(ranks[1], inline_ranks[1]));
+}
+
+// One step of a fresh trainer for `e` on `groups` inline; returns metrics.
+std::map<std::string, double> StepOn(Trainer& t, const ExperimentConfig& e, const GroupList& groups) {
+  auto cfg = t.Configure(Request(e));
+  REQUIRE(cfg.ok());
+  TrainStepRequest req;
+  req.set_step(0);
+  *req.mutable_groups() = groups;
+  auto r = t.TrainStep(req);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  return {r->metrics().values().begin(), r->metrics().values().end()};
+}
+
+// Four groups of four samples, rewards 0..3 except where `flat` says the
+// group's rewards are all equal; behaviour log-probs from the policy.
+GroupList FourGroups(const ExperimentConfig& e, std::vector<bool> flat) {
+  Trainer t;
+  REQUIRE(t.Configure(Request(e)).ok());
+  int i = 0;
+  GroupList groups = Rollout(t, Prompts(e, 4), 4, 1.0f, 5, [&](const std::vector<int64_t>&) {
+    return static_cast<double>(i++ % 4);
+  });
+  for (int g = 0; g < 4; ++g) {
+    groups.mutable_groups(g)->set_group_id("exp/1/p" + std::to_string(g));
+    if (flat[g]) {
+      for (auto& t : *groups.mutable_groups(g)->mutable_samples()) t.set_reward(1.0);
+    }
+  }
+  return groups;
+}
+
+TEST_CASE("refill: the learner trains on the first prompts_per_step groups whose rewards vary") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny(21);
+  *e.add_stages() = GrpoStageOf(2, 1e-2);
+  // Group 0 is flat; 1, 2, 3 vary; two are wanted: 1 and 2 are trained.
+  GroupList groups = FourGroups(e, {true, false, false, false});
+  ExperimentConfig refill = e;
+  RlStage* rl = refill.mutable_stages(0)->mutable_grpo()->mutable_rl();
+  rl->set_prompts_per_step(2);
+  rl->mutable_dynamic_sampling()->set_mode("refill");
+  Trainer a;
+  auto m = StepOn(a, refill, groups);
+  CHECK(m.at("groups") == 2);
+  CHECK(m.at("refill_groups_sampled") == 4);
+  CHECK(m.at("refill_groups_zero_variance") == 1);
+  CHECK(m.at("refill_groups_surplus") == 1);
+  // The same update as groups 1 and 2 alone without dynamic sampling.
+  GroupList two;
+  *two.add_groups() = groups.groups(1);
+  *two.add_groups() = groups.groups(2);
+  Trainer b;
+  StepOn(b, e, two);
+  CHECK(BitEqual(a, b));
+  // And not the update on all four (what the plain step would train on).
+  Trainer c;
+  StepOn(c, e, groups);
+  CHECK_FALSE(BitEqual(a, c));
+}
+
+TEST_CASE("over-long filtering: responses cut at max_new_tokens leave the loss, not the baseline") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny(22);
+  *e.add_stages() = GrpoStageOf(2, 1e-2);
+  GroupList groups = FourGroups(e, {false, false, false, false});
+  // Samples 0 and 1 of groups 0 and 2 hit the length limit: 4 of 16.
+  GroupList masked = groups;
+  for (int g : {0, 2}) {
+    for (int i : {0, 1}) {
+      groups.mutable_groups(g)->mutable_samples(i)->set_finish_reason(FINISH_REASON_LENGTH);
+      auto* t = masked.mutable_groups(g)->mutable_samples(i);
+      for (int j = 0; j < t->loss_mask_size(); ++j) t->set_loss_mask(j, 0);
+    }
+  }
+  ExperimentConfig filter = e;
+  filter.mutable_stages(0)->mutable_grpo()->mutable_rl()->set_overlong_filter(true);
+  Trainer a;
+  auto m = StepOn(a, filter, groups);
+  CHECK(m.at("overlong_filtered_frac") == 0.25);
+  // The same as zero loss masks on those samples, rewards kept in the
+  // group baseline.
+  Trainer b;
+  auto mb = StepOn(b, e, masked);
+  CHECK(mb.at("overlong_filtered_frac") == 0.0);
+  CHECK(BitEqual(a, b));
+  // Without the switch the finish reason changes nothing.
+  Trainer c;
+  StepOn(c, e, groups);
+  CHECK_FALSE(BitEqual(a, c));
+}
+
+TEST_CASE("mismatch metrics every step; icepop masks the tokens whose weight leaves [low, high]") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny(23);
+  *e.add_stages() = GrpoStageOf(2, 1e-2);
+  GroupList groups = FourGroups(e, {false, false, false, false});
+  {
+    Trainer t;
+    auto m = StepOn(t, e, groups);  // default: tis with importance_cap 2
+    // Rollout and learner compute the same policy here: no mismatch.
+    CHECK(m.at("mismatch_kl") < 1e-6);
+    CHECK(m.at("mismatch_masked_frac") == 0.0);
+    CHECK(m.at("mismatch_truncated_frac") == 0.0);
+  }
+  // Raise the behaviour log-prob of every token of sample 0 in each group
+  // by 1: w = e^-1 = 0.37 < 0.5 there, so icepop masks exactly those tokens.
+  int64_t total = 0, raised = 0;
+  for (auto& g : *groups.mutable_groups()) {
+    for (int i = 0; i < g.samples_size(); ++i) {
+      auto* t = g.mutable_samples(i);
+      total += t->response_token_ids_size();
+      if (i != 0) continue;
+      raised += t->response_token_ids_size();
+      for (int j = 0; j < t->behaviour_logprobs_size(); ++j) t->set_behaviour_logprobs(j, t->behaviour_logprobs(j) + 1);
+    }
+  }
+  ExperimentConfig ice = e;
+  ice.mutable_stages(0)->mutable_grpo()->mutable_rl()->mutable_mismatch()->set_mode("icepop");
+  Trainer a;
+  auto m = StepOn(a, ice, groups);
+  CHECK(m.at("mismatch_masked_frac") == Approx(static_cast<double>(raised) / total));
+  // k3 of w = e^-1 on the raised tokens: e^-1 - 1 + 1 = e^-1 each.
+  CHECK(m.at("mismatch_kl") == Approx(std::exp(-1.0) * raised / total).epsilon(1e-3));
+  CHECK(m.at("mismatch_k1") == Approx(1.0 * raised / total).epsilon(1e-3));
+  // Default tis truncates nothing here (w <= 1 everywhere).
+  Trainer b;
+  auto mb = StepOn(b, e, groups);
+  CHECK(mb.at("mismatch_masked_frac") == 0.0);
+  CHECK_FALSE(BitEqual(a, b));
+}
+
+TEST_CASE("GSPO and CISPO: on-policy first step has ratio 1 and no clipping, and both learn") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny(24);
+  *e.add_stages() = GrpoStageOf(2, 1e-2);
+  GroupList groups = FourGroups(e, {false, false, false, false});
+  for (const char* kind : {"gspo", "cispo"}) {
+    INFO(kind);
+    ExperimentConfig k = e;
+    k.mutable_stages(0)->mutable_grpo()->mutable_rl()->set_policy_loss(kind);
+    Trainer t;
+    auto m = StepOn(t, k, groups);
+    CHECK(m.at("ratio_mean") == 1.0);
+    CHECK(m.at("clip_frac") == 0.0);
+    CHECK(m.at("grad_norm") > 0.0);
+  }
+  ExperimentConfig bad = e;
+  bad.mutable_stages(0)->mutable_grpo()->mutable_rl()->set_policy_loss("gpo");
+  Trainer t;
+  auto s = t.Configure(Request(bad));
+  CHECK(s.status().message().find("grpo.rl.policy_loss") != std::string::npos);
 }
 
 TEST_CASE("exact resume: N steps straight == N/2, Save, fresh trainer, N/2 (bit-identical)") {

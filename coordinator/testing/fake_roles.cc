@@ -221,7 +221,8 @@ class FakeCluster::Rollout : public RolloutClient {
         return absl::AbortedError(
             absl::StrCat("min_policy_version: ", req.min_policy_version(), " but the worker holds ", held_));
       }
-      c_->generations_.push_back({index_, req.step(), req.min_policy_version(), held_, req.pipeline(), req.n()});
+      c_->generations_.push_back({index_, req.step(), req.min_policy_version(), held_, req.pipeline(), req.n(), {}});
+      for (const Prompt& p : req.prompts()) c_->generations_.back().prompt_ids.push_back(p.prompt_id());
       for (const Prompt& p : req.prompts()) {
         GenerateResponse resp;
         TrajectoryGroup* g = resp.mutable_group();

@@ -66,6 +66,7 @@ class FakeCluster {
     int64_t held_version = 0;
     bool pipeline = false;
     int n = 0;
+    std::vector<std::string> prompt_ids;
   };
 
   explicit FakeCluster(Options options);
