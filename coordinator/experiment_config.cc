@@ -1,5 +1,7 @@
 #include "coordinator/experiment_config.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace rlmesh {
@@ -134,6 +136,29 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(r->on_update().empty() || r->on_update() == "finish" || r->on_update() == "abort" ||
                 r->on_update() == "partial",
             "rollout.on_update", "must be finish, abort or partial");
+
+  // Multi-turn rollouts (the rollout worker checks the same at Submit).
+  const EnvironmentConfig& env = config->environment();
+  if (env.address().empty()) {
+    c.Require(env.name().empty(), "environment.name", "set without environment.address");
+    c.Require(env.max_turns() == 0, "environment.max_turns", "set without environment.address");
+    c.Require(env.max_total_tokens() == 0, "environment.max_total_tokens", "set without environment.address");
+    c.Require(env.stop_markers_size() == 0, "environment.stop_markers", "set without environment.address");
+    c.Require(env.timeout_ms() == 0, "environment.timeout_ms", "set without environment.address");
+    c.Require(!env.has_reward_weight(), "environment.reward_weight", "set without environment.address");
+  } else {
+    c.Require(env.max_turns() >= 0 && env.max_turns() <= 64, "environment.max_turns", "must be in [1, 64] (0 = 4)");
+    c.Require(env.max_total_tokens() >= 0, "environment.max_total_tokens", "must be >= 0");
+    c.Require(env.stop_markers_size() > 0, "environment.stop_markers", "need at least one (e.g. \"</calc>\")");
+    for (int i = 0; i < env.stop_markers_size(); ++i) {
+      c.Require(!env.stop_markers(i).empty(), absl::StrCat("environment.stop_markers[", i, "]"), "must not be empty");
+    }
+    c.Require(env.timeout_ms() >= 0, "environment.timeout_ms", "must be >= 0 (0 = 10000)");
+    c.Require(!env.has_reward_weight() || std::isfinite(env.reward_weight()), "environment.reward_weight",
+              "must be finite");
+    c.Require(r->on_update() != "abort", "environment",
+              "multi-turn rollouts need rollout.on_update finish or partial (abort would replay the environment)");
+  }
 
   RewardConfig* rw = config->mutable_reward();
   if (rw->servers() == 0) rw->set_servers(1);
