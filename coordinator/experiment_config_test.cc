@@ -50,6 +50,27 @@ TEST_CASE("out-of-range values name the key path and line") {
   CHECK(s.message().find("name: required") != absl::string_view::npos);
 }
 
+TEST_CASE("the environment section is checked by key") {
+  const std::string base = "name: x\nstages: [{sft: {steps: 1, batch: 1, optimizer: {lr: 0.1}}}]\n";
+  ExperimentConfig ok;
+  CHECK(Normalize(base + "environment: {address: \"127.0.0.1:5\", max_turns: 3, stop_markers: [\"</calc>\"]}\n", &ok)
+            .ok());
+  ExperimentConfig orphan;
+  CHECK(Normalize(base + "environment: {max_turns: 3}\n", &orphan).message().find(
+            "environment.max_turns: set without environment.address") != absl::string_view::npos);
+  ExperimentConfig no_marker;
+  CHECK(Normalize(base + "environment: {address: \"h:1\"}\n", &no_marker).message().find(
+            "environment.stop_markers: need at least one") != absl::string_view::npos);
+  ExperimentConfig turns;
+  CHECK(Normalize(base + "environment: {address: \"h:1\", max_turns: 65, stop_markers: [x]}\n", &turns)
+            .message()
+            .find("environment.max_turns: must be in [1, 64]") != absl::string_view::npos);
+  ExperimentConfig abort;
+  CHECK(Normalize(base + "rollout: {on_update: abort}\nenvironment: {address: \"h:1\", stop_markers: [x]}\n", &abort)
+            .message()
+            .find("multi-turn rollouts need rollout.on_update finish or partial") != absl::string_view::npos);
+}
+
 TEST_CASE("every shipped config loads and validates") {
   for (const char* name : {"grpo_arith_tiny", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
                            "sft_word_problems", "sft_word_problems_qwen3", "grpo_word_problems_qwen3",
