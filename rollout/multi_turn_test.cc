@@ -13,11 +13,12 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "actor/tokenizer.h"
-#include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "environment/client.h"
 #include "rollout/rollout_worker.h"
 #include "rollout/testing/tiny_model.h"
+// Last: LibTorch (through tiny_model.h) defines a CHECK of its own.
+#include "catch2/catch.hpp"
 
 namespace rlmesh::rollout {
 namespace {

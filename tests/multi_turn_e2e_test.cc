@@ -9,13 +9,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "actor/tokenizer.h"
-#include "catch2/catch.hpp"
 #include "common/grpc_status.h"
 #include "common/rpc_client.h"
 #include "common/subprocess.h"
 #include "common/testing/test_util.h"
 #include "proto/rollout.grpc.pb.h"
 #include "rollout/testing/tiny_model.h"
+// Last: LibTorch (through tiny_model.h) defines a CHECK of its own.
+#include "catch2/catch.hpp"
 
 namespace rlmesh {
 namespace {
