@@ -60,6 +60,11 @@ absl::Status SamplingOptions::Validate() const {
   if (!(top_p > 0 && top_p <= 1)) return absl::InvalidArgumentError("sampling.top_p: must be in (0, 1]");
   if (max_new_tokens <= 0) return absl::InvalidArgumentError("sampling.max_new_tokens: must be > 0");
   if (n <= 0) return absl::InvalidArgumentError("sampling.n: must be > 0");
+  for (size_t i = 0; i < stop_sequences.size(); ++i) {
+    if (stop_sequences[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.stop_sequences[", i, "]: must not be empty"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -255,6 +260,13 @@ struct Generator::State {
     if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), token) != sp.stop_token_ids.end()) {
       row.out.finish_reason = FinishReason::kStop;
       return true;
+    }
+    for (const auto& seq : sp.stop_sequences) {
+      const auto& t = row.out.tokens;
+      if (seq.size() <= t.size() && std::equal(seq.begin(), seq.end(), t.end() - static_cast<int64_t>(seq.size()))) {
+        row.out.finish_reason = FinishReason::kStop;
+        return true;
+      }
     }
     if (static_cast<int>(row.out.tokens.size()) >= sp.max_new_tokens) {
       row.out.finish_reason = FinishReason::kLength;

@@ -38,6 +38,10 @@ struct SamplingOptions {
   int max_new_tokens = 16;
   // Generation stops after sampling one of these (the stop token is kept).
   std::vector<int64_t> stop_token_ids;
+  // Generation also stops once the completion ends with one of these token
+  // sequences (kept; finish reason kStop). Multi-turn rollouts stop a model
+  // turn at a tool-call marker this way. Each must be non-empty.
+  std::vector<std::vector<int64_t>> stop_sequences;
   // Seed of the request. Default 0.
   uint64_t seed = 0;
   // Samples per prompt; > 0. Default 1.

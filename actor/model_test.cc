@@ -489,6 +489,18 @@ TEST_CASE("Stop tokens and finish reasons") {
   CHECK(c.finish_reason == FinishReason::kStop);
   CHECK(c.tokens.size() == first + 1);
   CHECK(std::equal(c.tokens.begin(), c.tokens.end(), toks.begin()));
+  // A stop sequence (tokens 3..4) ends it where the sequence first ends
+  // (multi-turn tool-call markers); a longer, absent one changes nothing.
+  size_t seq_end = 2;
+  while (!(toks[seq_end - 2] == toks[3] && toks[seq_end - 1] == toks[4])) ++seq_end;
+  auto q = g;
+  q.stop_sequences = {{toks[3], toks[4]}, {99, 98, 97}};
+  auto seq = gen.Generate({Req({1, 2, 3}, q)});
+  REQUIRE(seq.ok());
+  CHECK((*seq)[0].samples[0].finish_reason == FinishReason::kStop);
+  CHECK((*seq)[0].samples[0].tokens.size() == seq_end);
+  q.stop_sequences = {{}};
+  CHECK(q.Validate().message() == "sampling.stop_sequences[0]: must not be empty");
   // Context: max_positions 64, prompt 60 -> 4 tokens.
   auto ctx = gen.Generate({Req(std::vector<int64_t>(60, 7), g), Req(std::vector<int64_t>(64, 7), g)});
   REQUIRE(ctx.ok());

@@ -133,6 +133,16 @@ std::string SamplesJson(const QueryResponse& resp, DashboardSource* source) {
       absl::StrAppend(&out, i == 0 ? "" : ",", "{\"text\":", JsonString(i < texts.size() ? texts[i] : ""),
                       ",\"logprob\":", JsonNumber(lp), ",\"trained\":", trained ? "true" : "false", "}");
     }
+    // Multi-turn: who wrote which token range (environment tokens are the
+    // untrained ones above).
+    out += "],\"turns\":[";
+    for (int k = 0; k < t.turns_size(); ++k) {
+      const Turn& turn = t.turns(k);
+      absl::StrAppend(&out, k == 0 ? "" : ",", "{\"source\":",
+                      JsonString(turn.source() == Turn::SOURCE_ENVIRONMENT ? "environment" : "model"),
+                      ",\"start\":", turn.token_start(), ",\"end\":", turn.token_end(),
+                      ",\"reward\":", JsonNumber(turn.reward()), "}");
+    }
     out += "]}";
   }
   absl::StrAppend(&out, "],\"next_page_token\":", JsonString(resp.next_page_token()), "}");

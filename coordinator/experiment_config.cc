@@ -1,5 +1,7 @@
 #include "coordinator/experiment_config.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace rlmesh {
@@ -203,6 +205,29 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
                 r->on_update() == "partial",
             "rollout.on_update", "must be finish, abort or partial");
 
+  // Multi-turn rollouts (the rollout worker checks the same at Submit).
+  const EnvironmentConfig& env = config->environment();
+  if (env.address().empty()) {
+    c.Require(env.name().empty(), "environment.name", "set without environment.address");
+    c.Require(env.max_turns() == 0, "environment.max_turns", "set without environment.address");
+    c.Require(env.max_total_tokens() == 0, "environment.max_total_tokens", "set without environment.address");
+    c.Require(env.stop_markers_size() == 0, "environment.stop_markers", "set without environment.address");
+    c.Require(env.timeout_ms() == 0, "environment.timeout_ms", "set without environment.address");
+    c.Require(!env.has_reward_weight(), "environment.reward_weight", "set without environment.address");
+  } else {
+    c.Require(env.max_turns() >= 0 && env.max_turns() <= 64, "environment.max_turns", "must be in [1, 64] (0 = 4)");
+    c.Require(env.max_total_tokens() >= 0, "environment.max_total_tokens", "must be >= 0");
+    c.Require(env.stop_markers_size() > 0, "environment.stop_markers", "need at least one (e.g. \"</calc>\")");
+    for (int i = 0; i < env.stop_markers_size(); ++i) {
+      c.Require(!env.stop_markers(i).empty(), absl::StrCat("environment.stop_markers[", i, "]"), "must not be empty");
+    }
+    c.Require(env.timeout_ms() >= 0, "environment.timeout_ms", "must be >= 0 (0 = 10000)");
+    c.Require(!env.has_reward_weight() || std::isfinite(env.reward_weight()), "environment.reward_weight",
+              "must be finite");
+    c.Require(r->on_update() != "abort", "environment",
+              "multi-turn rollouts need rollout.on_update finish or partial (abort would replay the environment)");
+  }
+
   RewardConfig* rw = config->mutable_reward();
   if (rw->servers() == 0) rw->set_servers(1);
   c.Require(rw->servers() > 0 && rw->servers() <= 64, "reward.servers", "must be in [1, 64]");
@@ -292,6 +317,12 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
     // (dense); a checkpoint's architecture is known only to the learner,
     // which refuses there (learner/stage_options.cc, CheckMoeSettings).
     const RlStage* rl = RlSettings(*st);
+    if (rl != nullptr && !config->environment().address().empty()) {
+      // Multi-turn episodes are assembled from several generations; their
+      // routes are not stitched together (yet).
+      c.Require(!rl->routing_replay(), absl::StrCat(p, ".", StageKind(*st), ".rl.routing_replay"),
+                "not supported with multi-turn rollouts (environment.address)");
+    }
     if (rl != nullptr && m->init() == "scratch") {
       const std::string rp = absl::StrCat(p, ".", StageKind(*st), ".rl");
       c.Require(!rl->routing_replay(), rp + ".routing_replay",

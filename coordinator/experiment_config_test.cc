@@ -70,6 +70,11 @@ TEST_CASE("MoE settings: refused by name on a scratch (dense) model, checked on 
   ExperimentConfig c4;
   s = Normalize(ckpt + stage + "router_aux_loss_coef: -1}}\n", &c4);
   CHECK(s.message().find("stages[0].grpo.rl.router_aux_loss_coef: must be >= 0") != absl::string_view::npos);
+  ExperimentConfig c5;
+  s = Normalize(ckpt + "environment: {address: \"h:1\", stop_markers: [x]}\n" + stage + "routing_replay: true}}\n",
+                &c5);
+  CHECK(s.message().find("stages[0].grpo.rl.routing_replay: not supported with multi-turn rollouts") !=
+        absl::string_view::npos);
 }
 
 TEST_CASE("RL algorithm switches: accepted values, and errors that name the key") {
@@ -98,6 +103,27 @@ TEST_CASE("RL algorithm switches: accepted values, and errors that name the key"
   CHECK(has(rl("dynamic_sampling: {mode: drop, max_rounds: 2}"), "stages[0].grpo.rl.dynamic_sampling.max_rounds"));
   CHECK(has(rl("dynamic_sampling: {mode: refill}", "buffer: {sample_mode: uniform}\n"),
             "stages[0].grpo.rl.dynamic_sampling.mode: refill needs buffer.sample_mode fifo"));
+}
+
+TEST_CASE("the environment section is checked by key") {
+  const std::string base = "name: x\nstages: [{sft: {steps: 1, batch: 1, optimizer: {lr: 0.1}}}]\n";
+  ExperimentConfig ok;
+  CHECK(Normalize(base + "environment: {address: \"127.0.0.1:5\", max_turns: 3, stop_markers: [\"</calc>\"]}\n", &ok)
+            .ok());
+  ExperimentConfig orphan;
+  CHECK(Normalize(base + "environment: {max_turns: 3}\n", &orphan).message().find(
+            "environment.max_turns: set without environment.address") != absl::string_view::npos);
+  ExperimentConfig no_marker;
+  CHECK(Normalize(base + "environment: {address: \"h:1\"}\n", &no_marker).message().find(
+            "environment.stop_markers: need at least one") != absl::string_view::npos);
+  ExperimentConfig turns;
+  CHECK(Normalize(base + "environment: {address: \"h:1\", max_turns: 65, stop_markers: [x]}\n", &turns)
+            .message()
+            .find("environment.max_turns: must be in [1, 64]") != absl::string_view::npos);
+  ExperimentConfig abort;
+  CHECK(Normalize(base + "rollout: {on_update: abort}\nenvironment: {address: \"h:1\", stop_markers: [x]}\n", &abort)
+            .message()
+            .find("multi-turn rollouts need rollout.on_update finish or partial") != absl::string_view::npos);
 }
 
 TEST_CASE("every shipped config loads and validates") {

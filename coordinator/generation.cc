@@ -62,6 +62,8 @@ absl::StatusOr<std::vector<TrajectoryGroup>> RunLoop::Generate(const std::vector
     req.set_record_routing(record_routing);
     for (const auto& v : cfg().reward().verifiers()) *req.add_verifiers() = v;
     req.set_verifier_timeout_ms(cfg().reward().verifier_timeout_ms());
+    // Multi-turn rollouts (training and held-out evaluation alike).
+    if (!cfg().environment().address().empty()) *req.mutable_environment() = cfg().environment();
     bool not_stored = false;
     absl::Status s = clients_->rollouts[w]->Generate(req, [&](GenerateResponse& resp) -> absl::Status {
       if (pipeline && !resp.stored()) {

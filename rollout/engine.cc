@@ -25,11 +25,15 @@ void RolloutWorker::Impl::OnGroup(actor::GroupResult result) {
     if (it == inflight.end()) return;  // cannot happen: ids live until here
     entry = std::move(it->second);
     inflight.erase(it);
-    inflight_rows -= entry.req->request.n();
-    if (entry.req->request.pipeline() && !entry.req->cancelled) ++pipeline_busy;
+    inflight_rows -= entry.rows;
+    if (!entry.episodes && entry.req->request.pipeline() && !entry.req->cancelled) ++pipeline_busy;
     generated_tokens += tokens;
     rate.emplace_back(absl::Now(), tokens);
     while (absl::Now() - rate.front().first > options.rate_window) rate.pop_front();
+  }
+  if (entry.episodes) {
+    OnTurn(std::move(entry), std::move(result));
+    return;
   }
   TrajectoryGroup group = MakeGroup(*entry.req, entry.prompt, &result, &entry.switches);
   if (entry.req->request.pipeline() && !entry.req->cancelled) {
@@ -42,24 +46,45 @@ void RolloutWorker::Impl::OnGroup(actor::GroupResult result) {
   }
 }
 
+namespace {
+
+// Whether the engine thread has something to do (else it sleeps in Await):
+// a stop; an update it can apply now or sequences to step toward it; a
+// queued request that fits; sequences decoding; model turns to submit.
+bool EngineHasWork(RolloutWorker::Impl* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+  if (s->stop || !s->inflight.empty() || !s->ready.empty()) return true;
+  if (s->update != nullptr) {
+    // kFinish waits for running episodes too (they hold no generator row
+    // while their environment answers); the others apply at once.
+    return s->options.on_update != RolloutWorkerOptions::OnUpdate::kFinish || s->episode_groups.empty();
+  }
+  if (s->pending.empty()) return false;
+  const auto& req = s->pending.front()->request;
+  const int64_t rows = static_cast<int64_t>(req.prompts_size()) * req.n();
+  return s->inflight_rows == 0 || s->inflight_rows + rows <= s->options.max_batch;
+}
+
+}  // namespace
+
 void RolloutWorker::Impl::Loop() {
   while (true) {
     std::vector<std::pair<uint64_t, actor::GenerationRequest>> admit;
+    std::vector<std::shared_ptr<EpisodeGroup>> start;
     bool interrupt = false;
     std::shared_ptr<Update> apply;
     {
       absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(
-          +[](Impl* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-            return s->stop || s->update != nullptr || !s->pending.empty() || !s->inflight.empty();
-          },
-          this));
+      mu.Await(absl::Condition(&EngineHasWork, this));
       if (stop) break;
       if (update) {
         // kAbort/kPartial: interrupt what runs now, swap, then regenerate
-        // or continue it.
+        // or continue it. kFinish: wait for in-flight sequences and
+        // episodes to end.
         interrupt = !inflight.empty() && options.on_update != RolloutWorkerOptions::OnUpdate::kFinish;
-        if (inflight.empty() || interrupt) apply = update;
+        const bool quiet = options.on_update == RolloutWorkerOptions::OnUpdate::kFinish
+                               ? inflight.empty() && episode_groups.empty()
+                               : inflight.empty();
+        if (quiet || interrupt) apply = update;
       } else {
         while (!pending.empty()) {
           auto& req = pending.front();
@@ -67,21 +92,43 @@ void RolloutWorker::Impl::Loop() {
           if (inflight_rows > 0 && inflight_rows + rows > options.max_batch) break;
           req->version = version;
           req->model_id = model_id;
+          const bool multi_turn = !req->request.environment().address().empty();
           for (int i = 0; i < req->request.prompts_size(); ++i) {
+            if (multi_turn) {
+              start.push_back(NewEpisodeGroup(req, i));
+              continue;
+            }
             actor::GenerationRequest g;
             g.id = next_gen_id++;
             g.prompt.assign(req->request.prompts(i).token_ids().begin(), req->request.prompts(i).token_ids().end());
             g.sampling = req->sampling;
             g.prompt_index = StreamKey(req->request, i);
+            Inflight& e = inflight[g.id];
+            e.req = req;
+            e.prompt = i;
+            e.rows = req->request.n();
+            e.start_version = version;
             g.record_routing = req->request.record_routing();
-            inflight[g.id] = Inflight{req, i};
             admit.emplace_back(g.id, std::move(g));
           }
           inflight_rows += rows;
           pending.pop_front();
         }
       }
+      // Model turns whose environment answered (not when the weights are
+      // swapped in this iteration: the next one submits them).
+      if (!apply) {
+        while (!ready.empty()) {
+          auto [g, sample] = std::move(ready.front());
+          ready.pop_front();
+          if (g->ended) continue;
+          actor::GenerationRequest turn = MakeTurn(g, sample);
+          const uint64_t id = turn.id;
+          admit.emplace_back(id, std::move(turn));
+        }
+      }
     }
+    for (auto& g : start) StartEpisodes(g);
     if (interrupt && gen) {
       std::vector<actor::GroupResult> partial = gen->Abort();
       absl::MutexLock lock(&mu);
@@ -91,10 +138,17 @@ void RolloutWorker::Impl::Loop() {
         const RequestHandle& r = *it->second.req;
         actor::GenerationRequest g;
         g.id = p.id;
-        const auto& ids = r.request.prompts(it->second.prompt).token_ids();
-        g.prompt.assign(ids.begin(), ids.end());
-        g.sampling = r.sampling;
-        g.prompt_index = StreamKey(r.request, it->second.prompt);
+        if (it->second.episodes) {
+          // A model turn: its prompt holds the earlier turns.
+          g.prompt = it->second.turn_prompt;
+          g.sampling = it->second.turn_sampling;
+          g.prompt_index = it->second.turn_stream;
+        } else {
+          const auto& ids = r.request.prompts(it->second.prompt).token_ids();
+          g.prompt.assign(ids.begin(), ids.end());
+          g.sampling = r.sampling;
+          g.prompt_index = StreamKey(r.request, it->second.prompt);
+        }
         g.record_routing = r.request.record_routing();
         g.resume = std::move(p.samples);
         if (options.on_update == RolloutWorkerOptions::OnUpdate::kAbort) {
@@ -147,7 +201,7 @@ void RolloutWorker::Impl::Loop() {
           for (size_t i = 0; i < g.resume.size(); ++i) {
             if (g.resume[i].finish_reason != actor::FinishReason::kAborted) continue;
             auto& sw = it->second.switches[static_cast<int>(i)];
-            const int64_t last = sw.empty() ? it->second.req->version : sw.back().second;
+            const int64_t last = sw.empty() ? it->second.start_version : sw.back().second;
             if (last == version) continue;  // the swap failed: same weights
             sw.emplace_back(static_cast<int>(g.resume[i].tokens.size()), version);
           }
@@ -187,6 +241,12 @@ void RolloutWorker::Impl::Loop() {
     pending.clear();
     for (auto& [id, e] : inflight) ends.push_back(e.req);
     inflight.clear();
+    for (auto& [key, g] : episode_groups) {
+      g->ended = true;
+      ends.push_back(g->req);
+    }
+    episode_groups.clear();
+    ready.clear();
   }
   for (auto& r : ends) EndUndelivered(r, absl::CancelledError("rollout worker shutting down"));
 }
@@ -199,7 +259,11 @@ void RolloutWorker::Impl::FailInflight(uint64_t gen_id, const absl::Status& s) {
     if (it == inflight.end()) return;
     e = std::move(it->second);
     inflight.erase(it);
-    inflight_rows -= e.req->request.n();
+    inflight_rows -= e.rows;
+  }
+  if (e.episodes) {
+    FailEpisodes(e.episodes, s);
+    return;
   }
   FinishOne(e.req, s);
 }
@@ -208,13 +272,21 @@ void RolloutWorker::Impl::FailAllInflight(const absl::Status& s) {
   std::vector<Inflight> all;
   {
     absl::MutexLock lock(&mu);
-    for (auto& [id, e] : inflight) all.push_back(std::move(e));
+    for (auto& [id, e] : inflight) {
+      inflight_rows -= e.rows;
+      all.push_back(std::move(e));
+    }
     inflight.clear();
-    inflight_rows = 0;
   }
   gen.reset();
   parked.clear();
-  for (auto& e : all) FinishOne(e.req, s);
+  for (auto& e : all) {
+    if (e.episodes) {
+      FailEpisodes(e.episodes, s);
+    } else {
+      FinishOne(e.req, s);
+    }
+  }
 }
 
 // Posts `u` and waits until the engine applied it at the fence.

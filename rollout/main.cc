@@ -24,6 +24,8 @@ ABSL_FLAG(std::string, on_update, "finish",
           "regenerate on the new ones, or 'partial': continue them from their tokens on the new ones.");
 ABSL_FLAG(std::string, dtype, "fp32", "Parameter dtype of loaded checkpoints: fp32, bf16 or fp16.");
 ABSL_FLAG(std::string, checkpoint, "", "Hugging Face folder to load at start (version 1); optional.");
+ABSL_FLAG(int, environment_threads, 16,
+          "Threads calling environment servers in multi-turn rollouts (one per turn awaiting its environment).");
 ABSL_FLAG(double, client_timeout_seconds, 30.0, "Deadline of one reward/replay attempt.");
 ABSL_FLAG(double, client_retry_seconds, 120.0, "Give up on a reward/replay call after this long.");
 
@@ -64,6 +66,8 @@ int main(int argc, char** argv) {
   worker_options.max_queue = absl::GetFlag(FLAGS_max_queue);
   worker_options.max_batch = absl::GetFlag(FLAGS_max_batch);
   worker_options.dtype = absl::GetFlag(FLAGS_dtype);
+  worker_options.environment_threads = absl::GetFlag(FLAGS_environment_threads);
+  worker_options.environment_auth_token = options->auth_token;  // one shared cluster token
   auto on_update = rlmesh::rollout::ParseOnUpdate(absl::GetFlag(FLAGS_on_update));
   if (!on_update.ok()) return fail(on_update.status());
   worker_options.on_update = *on_update;

@@ -102,6 +102,13 @@ absl::Status RolloutWorker::Impl::ScoreAndStore(const GenerateRequest& r, Trajec
     const ScoreResult& res = scored->results(i);
     t->set_reward(res.reward());
     *t->mutable_reward_components() = res.components();
+    if (!r.environment().address().empty()) {
+      // Multi-turn: the verifiers' reward plus the weighted sum of the
+      // environment's step rewards (component "environment").
+      const double weight = r.environment().has_reward_weight() ? r.environment().reward_weight() : 1.0;
+      t->set_reward(res.reward() + weight * t->environment_reward());
+      (*t->mutable_reward_components())["environment"] = t->environment_reward();
+    }
     t->mutable_provenance()->set_reward_source(scored->reward_source());
     t->set_scored_unix_micros(now);
   }

@@ -88,6 +88,7 @@ absl::Status RolloutWorker::Impl::Validate(const GenerateRequest& r, actor::Samp
   sampling->stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
   sampling->seed = sp.seed();
   sampling->n = r.n();
+  RLMESH_RETURN_IF_ERROR(ValidateEnvironment(r, sampling));
   return sampling->Validate();
 }
 

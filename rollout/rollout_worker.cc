@@ -20,6 +20,7 @@ absl::Status RolloutWorkerOptions::Validate() const {
   if (max_batch <= 0) return absl::InvalidArgumentError("max_batch: must be > 0");
   if (max_prefill_tokens <= 0) return absl::InvalidArgumentError("max_prefill_tokens: must be > 0");
   if (pipeline_threads <= 0) return absl::InvalidArgumentError("pipeline_threads: must be > 0");
+  if (environment_threads <= 0) return absl::InvalidArgumentError("environment_threads: must be > 0");
   if (rate_window <= absl::ZeroDuration()) return absl::InvalidArgumentError("rate_window: must be > 0");
   actor::LoadOptions lo;
   lo.dtype = dtype;
@@ -37,8 +38,8 @@ absl::StatusOr<RolloutWorkerOptions::OnUpdate> ParseOnUpdate(const std::string& 
 }
 
 RolloutWorker::RolloutWorker(RolloutWorkerOptions options, std::unique_ptr<actor::Tokenizer> tokenizer,
-                             RewardClient* reward, ReplayBufferClient* replay)
-    : impl_(std::make_unique<Impl>(std::move(options), std::move(tokenizer), reward, replay)) {
+                             RewardClient* reward, ReplayBufferClient* replay, EnvironmentClient* environment)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(tokenizer), reward, replay, environment)) {
   impl_->engine = std::thread([this] { impl_->Loop(); });
 }
 
@@ -48,8 +49,12 @@ RolloutWorker::~RolloutWorker() {
     impl_->stop = true;
     for (auto& r : impl_->pending) r->cancelled = true;
     for (auto& [id, e] : impl_->inflight) e.req->cancelled = true;
+    for (auto& [key, g] : impl_->episode_groups) g->req->cancelled = true;
   }
   impl_->engine.join();
+  // Environment calls still queued or running see `stop` and drop their
+  // episodes (each call ends by its deadline); then the pipeline drains.
+  impl_->env_pool.Stop();
   impl_->pipeline.Stop();
 }
 
@@ -116,7 +121,8 @@ bool RolloutWorker::WaitIdle(absl::Duration timeout) const {
   absl::MutexLock lock(&impl_->mu);
   return impl_->mu.AwaitWithTimeout(absl::Condition(
                                         +[](Impl* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-                                          return s->pending.empty() && s->inflight.empty() && s->pipeline_busy == 0;
+                                          return s->pending.empty() && s->inflight.empty() && s->episode_groups.empty() &&
+                                                 s->pipeline_busy == 0;
                                         },
                                         impl_.get()),
                                     timeout);

@@ -22,8 +22,19 @@
 // Back-pressure: at most max_queue requests wait for admission; Submit
 // answers RESOURCE_EXHAUSTED beyond that.
 //
-// Safe for concurrent use. Callbacks run on the engine thread or a pipeline
-// thread and must not call back into the worker.
+// Multi-turn rollouts (GenerateRequest.environment): every sample is an
+// episode of an environment server. A model turn decodes like any sequence
+// until a stop marker or stop token; the environment's answer is awaited on
+// an environment thread (other sequences keep decoding), its observation's
+// tokens are appended with loss_mask 0 and the next turn is submitted with
+// the whole sequence as its prompt (token-in, token-out: nothing is ever
+// re-tokenised). Rows for the group's n episodes are reserved at admission.
+// Under kFinish a weight update waits for running episodes to end; under
+// kPartial the next turn runs on the new weights (a version switch at its
+// first token); kAbort refuses multi-turn requests (FAILED_PRECONDITION).
+//
+// Safe for concurrent use. Callbacks run on the engine thread, a pipeline
+// thread or an environment thread and must not call back into the worker.
 
 #include <cstdint>
 #include <functional>
@@ -34,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "actor/tokenizer.h"
+#include "environment/client.h"
 #include "proto/rollout.pb.h"
 #include "replay_buffer/client.h"
 #include "reward_server/client.h"
@@ -64,6 +76,12 @@ struct RolloutWorkerOptions {
   std::string device = "cpu";
   // Pipeline threads scoring and storing finished groups. Default 4.
   int pipeline_threads = 4;
+  // Threads calling environment servers (multi-turn rollouts); a model
+  // turn waiting on its environment holds one. Default 16.
+  int environment_threads = 16;
+  // Token sent to environment servers ("authorization: Bearer"); empty
+  // sends none. Default empty.
+  std::string environment_auth_token;
   // Window of the tokens/s figure in GetStatus. Default 10 s.
   absl::Duration rate_window = absl::Seconds(10);
 
@@ -98,10 +116,13 @@ class RolloutWorker {
 
   // `tokenizer` is required (provenance hash, decode_text). `reward` and
   // `replay` may be null; pipeline requests then fail with
-  // FAILED_PRECONDITION naming --reward_server / --replay_buffer. Not owned;
-  // they must outlive the worker.
+  // FAILED_PRECONDITION naming --reward_server / --replay_buffer.
+  // `environment`, when set, serves every multi-turn request whatever its
+  // environment.address (tests); when null the worker connects to each
+  // request's address. Not owned; they must outlive the worker.
   RolloutWorker(RolloutWorkerOptions options, std::unique_ptr<actor::Tokenizer> tokenizer,
-                RewardClient* reward = nullptr, ReplayBufferClient* replay = nullptr);
+                RewardClient* reward = nullptr, ReplayBufferClient* replay = nullptr,
+                EnvironmentClient* environment = nullptr);
   // Stops the engine: pending and in-flight requests end with CANCELLED.
   // REQUIRES: no method call in progress (the service is destroyed first).
   ~RolloutWorker();

@@ -7,12 +7,13 @@
 //   requests.cc        request validation, trajectories from generator output;
 //   pipeline.cc        delivery to the caller, scoring and storing a group;
 //   engine.cc          the engine thread: admission, generation, the fence;
+//   episodes.cc        multi-turn rollouts: episodes of an environment server;
 //   weights.cc         checkpoint loads and weight sync.
 //
 // Thread-safety: Impl is shared by the caller threads (Submit, Cancel, loads,
-// Status), the engine thread and the pipeline threads; each member says what
-// guards it. Lock order: load_mu before mu; RequestHandle::deliver_mu is
-// taken without mu held.
+// Status), the engine thread, the environment threads and the pipeline
+// threads; each member says what guards it. Lock order: load_mu before mu;
+// RequestHandle::deliver_mu is taken without mu held.
 
 #include <atomic>
 #include <cstdint>
@@ -35,6 +36,7 @@
 #include "actor/tokenizer.h"
 #include "actor/transformer.h"
 #include "common/thread_pool.h"
+#include "environment/client.h"
 #include "rollout/rollout_worker.h"
 #include "weight_sync/weight_sync.h"
 
@@ -67,6 +69,45 @@ class RequestHandle {
   int64_t submitted_us = 0;
 };
 
+// Multi-turn rollouts: the n episodes of one prompt of a request whose
+// `environment` is set. An episode is touched by one thread at a time: the
+// engine thread while its model turn decodes and is recorded, an environment
+// thread while the environment answers; the hand-offs (the environment
+// pool's queue, Impl::ready under mu) order those accesses, so its fields
+// need no lock of their own. `remaining` and `ended` are guarded by Impl::mu.
+struct EpisodeGroup {
+  struct Episode {
+    std::string episode_id;
+    // Response so far: model and environment tokens, their behaviour
+    // log-probs (0 for environment tokens) and loss mask.
+    std::vector<int64_t> tokens;
+    std::vector<float> logprobs;
+    std::vector<int32_t> mask;
+    std::vector<Turn> turns;
+    double env_reward = 0;
+    int model_turns = 0;
+    actor::FinishReason finish = actor::FinishReason::kStop;
+    // Where a newer weights version took over (response index, version),
+    // and the version of the latest model turn.
+    std::vector<std::pair<int, int64_t>> switches;
+    int64_t last_version = 0;
+  };
+  // Constant after creation.
+  std::shared_ptr<RequestHandle> req;
+  int prompt = 0;
+  uint64_t key = 0;           // in Impl::episode_groups
+  int64_t vocab_size = 0;     // of the weights at admission
+  int64_t max_positions = 0;
+  int max_turns = 0;
+  int64_t max_total_tokens = 0;
+  absl::Duration timeout;
+  // See above.
+  std::vector<Episode> episodes;
+  // Guarded by Impl::mu.
+  int remaining = 0;
+  bool ended = false;  // delivered or failed; later events are dropped
+};
+
 struct RolloutWorker::Impl {
   struct ParamInfo {
     std::vector<int64_t> shape;
@@ -88,6 +129,19 @@ struct RolloutWorker::Impl {
     // Per sample: (response token index, version) where a resumed sample
     // switched to newer weights (partial rollout).
     std::map<int, std::vector<std::pair<int, int64_t>>> switches;
+    // KV-cache rows reserved for it (released when it ends): n for a
+    // single-turn group, 0 for a model turn (its episode group holds them).
+    int64_t rows = 0;
+    // Weights version when it was submitted.
+    int64_t start_version = 0;
+    // A model turn of a multi-turn episode: its group, sample, and the
+    // request as submitted (prompt = prompt + response so far), which a
+    // partial-rollout interruption resubmits.
+    std::shared_ptr<EpisodeGroup> episodes;
+    int sample = 0;
+    std::vector<int64_t> turn_prompt;
+    actor::SamplingOptions turn_sampling;
+    int64_t turn_stream = 0;
   };
 
   // Constant after construction.
@@ -96,6 +150,9 @@ struct RolloutWorker::Impl {
   const std::string tokenizer_hash;
   RewardClient* const reward;
   ReplayBufferClient* const replay;
+  // When set, every multi-turn request uses it (tests); else a gRPC client
+  // per environment address (env_clients).
+  EnvironmentClient* const environment;
 
   mutable absl::Mutex mu;
   std::deque<std::shared_ptr<RequestHandle>> pending ABSL_GUARDED_BY(mu);
@@ -114,6 +171,12 @@ struct RolloutWorker::Impl {
   uint64_t next_request_id ABSL_GUARDED_BY(mu) = 1;
   uint64_t next_gen_id ABSL_GUARDED_BY(mu) = 1;
   std::atomic<int> active_sequences{0};
+  // Multi-turn: episode groups not yet delivered, and model turns whose
+  // environment answered, waiting for the engine to submit them.
+  std::map<uint64_t, std::shared_ptr<EpisodeGroup>> episode_groups ABSL_GUARDED_BY(mu);
+  uint64_t next_episode_group ABSL_GUARDED_BY(mu) = 1;
+  std::deque<std::pair<std::shared_ptr<EpisodeGroup>, int>> ready ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::unique_ptr<EnvironmentClient>> env_clients ABSL_GUARDED_BY(mu);
 
   // Serialises weight loads (one update at a time) and guards the receiver.
   absl::Mutex load_mu;
@@ -132,15 +195,21 @@ struct RolloutWorker::Impl {
   // Scores and stores finished groups (pipeline mode). Stopped (drained)
   // after the engine thread has ended, so Schedule never refuses.
   ThreadPool pipeline;
+  // Calls the environment servers (Reset/Step/Close), so the engine thread
+  // never waits on one. Stopped after the engine thread, before pipeline.
+  ThreadPool env_pool;
   std::thread engine;
 
-  Impl(RolloutWorkerOptions o, std::unique_ptr<actor::Tokenizer> t, RewardClient* r, ReplayBufferClient* b)
+  Impl(RolloutWorkerOptions o, std::unique_ptr<actor::Tokenizer> t, RewardClient* r, ReplayBufferClient* b,
+       EnvironmentClient* e)
       : options(std::move(o)),
         tokenizer(std::move(t)),
         tokenizer_hash(tokenizer ? tokenizer->Hash() : ""),
         reward(r),
         replay(b),
-        pipeline(options.pipeline_threads, "rollout-pipe") {}
+        environment(e),
+        pipeline(options.pipeline_threads, "rollout-pipe"),
+        env_pool(options.environment_threads, "rollout-env") {}
 
 
   // ---- requests and trajectories (requests.cc) ---------------------------
@@ -169,6 +238,36 @@ struct RolloutWorker::Impl {
   void RunPipeline(std::shared_ptr<RequestHandle> req, TrajectoryGroup group);
 
   absl::Status ScoreAndStore(const GenerateRequest& r, TrajectoryGroup* group);
+
+  // ---- multi-turn episodes (episodes.cc) -----------------------------------
+
+  // Validates request.environment; fills the turn stop sequences.
+  absl::Status ValidateEnvironment(const GenerateRequest& r, actor::SamplingOptions* sampling)
+      ABSL_SHARED_LOCKS_REQUIRED(mu);
+
+  // Admission: makes the episode group of prompt `prompt` (rows already
+  // reserved) and returns it; StartEpisodes (mu not held) resets them.
+  std::shared_ptr<EpisodeGroup> NewEpisodeGroup(const std::shared_ptr<RequestHandle>& req, int prompt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void StartEpisodes(const std::shared_ptr<EpisodeGroup>& g);
+
+  // Engine thread: the model turn `ready` to decode, registered in inflight.
+  actor::GenerationRequest MakeTurn(const std::shared_ptr<EpisodeGroup>& g, int sample)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Engine thread (mu not held): a model turn ended; hands it to the
+  // environment on an environment thread.
+  void OnTurn(Inflight entry, actor::GroupResult result);
+
+  // Environment threads.
+  absl::StatusOr<EnvironmentClient*> EnvClient(const std::string& address);
+  void ContinueOrEnd(const std::shared_ptr<EpisodeGroup>& g, int sample);
+  void EndEpisode(const std::shared_ptr<EpisodeGroup>& g, int sample);
+  // Ends the group with `s` (its episodes are closed, best effort).
+  void FailEpisodes(const std::shared_ptr<EpisodeGroup>& g, const absl::Status& s);
+
+  // The trajectories of a finished group.
+  TrajectoryGroup MakeEpisodeGroup(const EpisodeGroup& g);
 
   // ---- the engine thread and the update fence (engine.cc) -----------------
 
