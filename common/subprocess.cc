@@ -18,8 +18,14 @@
 namespace rlmesh {
 
 absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
-                                             const std::string& log_path) {
+                                             const std::string& log_path,
+                                             const std::vector<std::string>& env) {
   if (argv.empty()) return absl::InvalidArgumentError("argv: empty");
+  for (const std::string& kv : env) {
+    if (kv.find('=') == std::string::npos || kv.front() == '=') {
+      return absl::InvalidArgumentError(absl::StrCat("env: \"", kv, "\" is not NAME=VALUE"));
+    }
+  }
   if (::access(argv[0].c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("not an executable: ", argv[0]));
   }
@@ -34,6 +40,20 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
+  // The child's environment: this process's, with `env` replacing (or
+  // adding) its names. Built before fork: the child only calls execve.
+  std::vector<std::string> child_env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv(*e);
+    const std::string name = kv.substr(0, kv.find('='));
+    bool replaced = false;
+    for (const std::string& o : env) replaced = replaced || o.compare(0, name.size() + 1, name + "=") == 0;
+    if (!replaced) child_env.push_back(kv);
+  }
+  for (const std::string& o : env) child_env.push_back(o);
+  std::vector<char*> cenv;
+  for (const auto& kv : child_env) cenv.push_back(const_cast<char*>(kv.c_str()));
+  cenv.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -55,7 +75,7 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
     }
-    ::execv(cargv[0], cargv.data());
+    ::execve(cargv[0], cargv.data(), cenv.data());
     ::_exit(127);
   }
   if (log_fd >= 0) ::close(log_fd);

@@ -23,9 +23,11 @@ class Subprocess {
   // (appended) when non-empty, else are inherited. The child gets SIGTERM
   // and SIGINT unblocked, runs in a process group of its own (a terminal's
   // Ctrl-C reaches only the parent) and dies with its parent
-  // (PR_SET_PDEATHSIG).
+  // (PR_SET_PDEATHSIG). `env` entries ("NAME=VALUE") replace or add to the
+  // environment the child inherits (INVALID_ARGUMENT for one without '=').
   static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
-                                          const std::string& log_path = "");
+                                          const std::string& log_path = "",
+                                          const std::vector<std::string>& env = {});
 
   Subprocess(Subprocess&& other) noexcept;
   Subprocess& operator=(Subprocess&& other) noexcept;

@@ -54,6 +54,27 @@ TEST_CASE("output goes to the log file and bad paths are errors") {
   CHECK(missing.status().code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("env entries replace or add to the inherited environment") {
+  testing::TempDir dir;
+  ::setenv("RLMESH_SUBPROCESS_TEST_KEEP", "kept", 1);
+  ::setenv("RLMESH_SUBPROCESS_TEST_SET", "old", 1);
+  auto p = Subprocess::Start(
+      {"/bin/sh", "-c",
+       "echo \"$RLMESH_SUBPROCESS_TEST_KEEP $RLMESH_SUBPROCESS_TEST_SET $CUDA_VISIBLE_DEVICES\"; "
+       "env | grep -c '^RLMESH_SUBPROCESS_TEST_SET='"},
+      dir.File("log"), {"RLMESH_SUBPROCESS_TEST_SET=new", "CUDA_VISIBLE_DEVICES=3"});
+  REQUIRE(p.ok());
+  REQUIRE(p->Wait(absl::Seconds(10)).ok());
+  std::ifstream in(dir.File("log"));
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(all == "kept new 3\n1\n");  // replaced once, not appended twice
+  ::unsetenv("RLMESH_SUBPROCESS_TEST_KEEP");
+  ::unsetenv("RLMESH_SUBPROCESS_TEST_SET");
+
+  CHECK(Subprocess::Start({"/bin/true"}, "", {"NOVALUE"}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Subprocess::Start({"/bin/true"}, "", {"=x"}).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("ReadPortFile waits for the file and times out") {
   testing::TempDir dir;
   auto none = ReadPortFile(dir.File("port"), absl::Milliseconds(100));

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/device_spec.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -24,6 +26,64 @@ std::string RoleBinary(const std::string& bin_dir, Role role) {
   }
 }
 
+int GpuOf(const ClusterOptions& options, Role role, int index) {
+  const std::vector<int>* gpus = nullptr;
+  switch (role) {
+    case ROLE_LEARNER: gpus = &options.learner_gpus; break;
+    case ROLE_ROLLOUT_WORKER: gpus = &options.rollout_gpus; break;
+    case ROLE_REWARD_SERVER: gpus = &options.reward_gpus; break;
+    default: return -1;
+  }
+  if (gpus->empty()) return -1;
+  return (*gpus)[index % gpus->size()];
+}
+
+absl::Status ClusterOptions::ValidateGpus() const {
+  struct Use {
+    Role role;
+    std::string name;
+  };
+  std::map<int, std::vector<Use>> by_gpu;
+  const struct {
+    Role role;
+    const char* field;
+    const char* prefix;
+    int count;
+    const std::vector<int>* gpus;
+  } roles[] = {{ROLE_LEARNER, "gpus.learner", "learner-", learners, &learner_gpus},
+               {ROLE_ROLLOUT_WORKER, "gpus.rollout_worker", "rollout-", rollout_workers, &rollout_gpus},
+               {ROLE_REWARD_SERVER, "gpus.reward_server", "reward-", reward_servers, &reward_gpus}};
+  for (const auto& r : roles) {
+    for (size_t i = 0; i < r.gpus->size(); ++i) {
+      const int g = (*r.gpus)[i];
+      if (g < 0 || g >= kMaxCudaDevices) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(r.field, "[", i, "]: ", g, " is not a GPU index in [0, ", kMaxCudaDevices - 1, "]"));
+      }
+    }
+    if (r.gpus->empty()) continue;
+    for (int i = 0; i < r.count; ++i) by_gpu[GpuOf(*this, r.role, i)].push_back({r.role, absl::StrCat(r.prefix, i)});
+  }
+  for (const auto& [gpu, uses] : by_gpu) {
+    for (size_t a = 0; a < uses.size(); ++a) {
+      for (size_t b = a + 1; b < uses.size(); ++b) {
+        if (uses[a].role == uses[b].role) {
+          return absl::InvalidArgumentError(absl::StrCat("gpus: ", uses[a].name, " and ", uses[b].name,
+                                                         " would share GPU ", gpu,
+                                                         " (one GPU per process of a role; NCCL refuses two ranks "
+                                                         "on one device)"));
+        }
+        if (!colocate_gpus) {
+          return absl::InvalidArgumentError(absl::StrCat("gpus: ", uses[a].name, " and ", uses[b].name,
+                                                         " would share GPU ", gpu,
+                                                         "; set gpus.colocate: true to colocate them"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ClusterOptions::Validate() const {
   if (bin_dir.empty()) return absl::InvalidArgumentError("bin_dir: empty");
   if (run_dir.empty()) return absl::InvalidArgumentError("run_dir: empty");
@@ -36,6 +96,7 @@ absl::Status ClusterOptions::Validate() const {
   if (learners < 0 || learners > 64) {
     return absl::InvalidArgumentError(absl::StrCat("learners: ", learners, " not in [0, 64]"));
   }
+  RLMESH_RETURN_IF_ERROR(ValidateGpus());
   for (Role r : {ROLE_ROLLOUT_WORKER, ROLE_REWARD_SERVER, ROLE_REPLAY_BUFFER, ROLE_LEARNER}) {
     const std::string bin = RoleBinary(bin_dir, r);
     if (::access(bin.c_str(), X_OK) != 0) {
@@ -58,6 +119,10 @@ ClusterOptions ClusterOptionsFromConfig(const ClusterConfig& config, const std::
   o.auth_token_file = config.auth_token_file();
   o.buffer_path = config.buffer_path();
   if (!config.tokenizer().empty()) o.tokenizer = config.tokenizer();
+  o.learner_gpus.assign(config.gpus().learner().begin(), config.gpus().learner().end());
+  o.rollout_gpus.assign(config.gpus().rollout_worker().begin(), config.gpus().rollout_worker().end());
+  o.reward_gpus.assign(config.gpus().reward_server().begin(), config.gpus().reward_server().end());
+  o.colocate_gpus = config.gpus().colocate();
   o.rollout_args.push_back("--tokenizer=" + o.tokenizer);
   o.reward_args.push_back("--tokenizer=" + o.tokenizer);
   return o;
@@ -82,6 +147,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Launch(ClusterOptions options)
       m->name = name;
       m->role = role;
       m->extra_args = std::move(extra);
+      int index = 0;
+      for (const auto& other : cluster->members_) index += other->role == role ? 1 : 0;
+      m->gpu = GpuOf(o, role, index);
+      // After the role's own flags: the placement decides the device.
+      if (m->gpu >= 0) m->extra_args.push_back("--device=cuda");
       cluster->members_.push_back(std::move(m));
     };
     add(ROLE_REPLAY_BUFFER, "replay_buffer", {"--db_path=" + o.buffer_path});
@@ -131,7 +201,9 @@ absl::Status Cluster::StartMember(Member* m) {
     argv.push_back("--replay_buffer=" + AddressLocked(ROLE_REPLAY_BUFFER, 0));
     argv.push_back("--reward_server=" + AddressLocked(ROLE_REWARD_SERVER, index % std::max(1, options_.reward_servers)));
   }
-  RLMESH_ASSIGN_OR_RETURN(Subprocess proc, Subprocess::Start(argv, log));
+  std::vector<std::string> env;
+  if (m->gpu >= 0) env.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", m->gpu));
+  RLMESH_ASSIGN_OR_RETURN(Subprocess proc, Subprocess::Start(argv, log, env));
   m->process = std::make_unique<Subprocess>(std::move(proc));
   // Poll the port file, but give up at once if the role exits (a bad flag or
   // a port in use should not cost the whole start timeout).
@@ -156,7 +228,8 @@ absl::Status Cluster::StartMember(Member* m) {
   if (!serving.ok()) {
     return absl::UnavailableError(absl::StrCat(m->name, " is not serving: ", serving.message(), "; see ", log));
   }
-  RLMESH_LOG(INFO) << "started role=" << m->name << " pid=" << m->process->pid() << " port=" << m->port;
+  RLMESH_LOG(INFO) << "started role=" << m->name << " pid=" << m->process->pid() << " port=" << m->port
+                   << (m->gpu >= 0 ? absl::StrCat(" gpu=", m->gpu) : "");
   return absl::OkStatus();
 }
 

@@ -59,8 +59,21 @@ struct ClusterOptions {
   // When set, every role records spans to <trace_dir>/<role name>.json
   // (--trace_file), written when it stops.
   std::string trace_dir;
+  // GPU index of each process of a role, round robin (process i takes entry
+  // i % size); empty = the role computes on the CPU. A listed process gets
+  // CUDA_VISIBLE_DEVICES=<index> and --device=cuda. See GpuConfig.
+  std::vector<int> learner_gpus;
+  std::vector<int> rollout_gpus;
+  std::vector<int> reward_gpus;
+  // Allow processes of different roles on one GPU. Default false.
+  bool colocate_gpus = false;
 
+  // Checks the role binaries and the GPU lists.
   absl::Status Validate() const;
+  // The GPU lists alone: indices in range, no two processes of one role on
+  // a GPU, different roles only with colocate_gpus. Errors name the field or
+  // both processes ("gpus: learner-0 and rollout-0 would share GPU 0").
+  absl::Status ValidateGpus() const;
 };
 
 // Builds options from a ClusterConfig (proto, loaded from YAML).
@@ -93,6 +106,8 @@ class Cluster {
     std::string name;
     Role role;
     std::vector<std::string> extra_args;
+    // CUDA device index the process is given, or -1 (CPU).
+    int gpu = -1;
     int port = 0;
     int restarts = 0;
     std::unique_ptr<Subprocess> process;
@@ -111,6 +126,10 @@ class Cluster {
   std::atomic<bool> stopping_{false};
   std::thread monitor_;
 };
+
+// The GPU process `index` of `role` gets under `options` (round robin over
+// the role's list), or -1 for the CPU.
+int GpuOf(const ClusterOptions& options, Role role, int index);
 
 // The role binary path for a role under bin_dir.
 std::string RoleBinary(const std::string& bin_dir, Role role);

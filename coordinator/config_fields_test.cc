@@ -162,6 +162,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.RolloutConfig.max_batch", "coordinator/main.cc"},
     {"rlmesh.RolloutConfig.on_update", "coordinator/main.cc"},
     {"rlmesh.RolloutConfig.max_queue", "coordinator/main.cc"},
+    {"rlmesh.RolloutConfig.device", "coordinator/main.cc"},
     {"rlmesh.ExperimentConfig.reward", "coordinator/rl_loop.cc"},
     {"rlmesh.RewardConfig.servers", "coordinator/main.cc"},
     {"rlmesh.RewardConfig.verifiers", "coordinator/evaluation.cc"},

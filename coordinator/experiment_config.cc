@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/device_spec.h"
 
 namespace rlmesh {
 namespace {
@@ -181,12 +182,20 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   if (m->tokenizer().empty()) m->set_tokenizer("char");
   c.Require(m->dtype().empty() || m->dtype() == "fp32" || m->dtype() == "bf16" || m->dtype() == "fp16",
             "model.dtype", "must be fp32, bf16 or fp16");
+  {
+    // The learner resolves the device when it loads the model (dist/device.h):
+    // here only the text, with the same rule.
+    absl::StatusOr<int> device = ParseDeviceSpec(m->device(), "model.device");
+    c.Require(device.ok(), "model.device", "must be cpu, cuda or cuda:<index> (index in [0, 63])");
+  }
 
   CheckTask(c, *config);
 
   RolloutConfig* r = config->mutable_rollout();
   if (r->workers() == 0) r->set_workers(1);
   c.Require(r->workers() > 0 && r->workers() <= 64, "rollout.workers", "must be in [1, 64]");
+  c.Require(ParseDeviceSpec(r->device(), "rollout.device").ok(), "rollout.device",
+            "must be cpu, cuda or cuda:<index> (index in [0, 63])");
   SamplingParams* s = r->mutable_sampling();
   if (s->temperature() == 0) s->set_temperature(1.0f);
   if (s->max_new_tokens() == 0) s->set_max_new_tokens(16);

@@ -50,6 +50,25 @@ TEST_CASE("out-of-range values name the key path and line") {
   CHECK(s.message().find("name: required") != absl::string_view::npos);
 }
 
+TEST_CASE("model.device takes cpu, cuda and cuda:<index>; anything else is refused by key and line") {
+  const std::string stages = "stages: [{sft: {steps: 1, batch: 1, optimizer: {lr: 0.001}}}]\n";
+  for (const char* ok : {"cpu", "cuda", "cuda:0", "cuda:7"}) {
+    ExperimentConfig cfg;
+    INFO(ok);
+    CHECK(Normalize(std::string("name: x\nmodel: {device: \"") + ok + "\"}\n" + stages, &cfg).ok());
+  }
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:64", "cuda:-1"}) {
+    ExperimentConfig cfg;
+    INFO(bad);
+    absl::Status s = Normalize(std::string("name: x\nmodel:\n  device: \"") + bad + "\"\n" + stages, &cfg);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find("e.yaml:3: model.device: must be cpu, cuda or cuda:<index>") != absl::string_view::npos);
+    ExperimentConfig r;
+    s = Normalize(std::string("name: x\nrollout:\n  device: \"") + bad + "\"\n" + stages, &r);
+    CHECK(s.message().find("e.yaml:3: rollout.device: must be cpu, cuda or cuda:<index>") != absl::string_view::npos);
+  }
+}
+
 TEST_CASE("MoE settings: refused by name on a scratch (dense) model, checked on a checkpoint") {
   const std::string stage =
       "stages:\n  - grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}, ";

@@ -481,7 +481,15 @@ int Launch() {
   options.role_args = RoleTlsArgs();
   if (!options.auth_token_file.empty()) options.auth_token_file = UserPath(options.auth_token_file);
   if (!options.buffer_path.empty()) options.buffer_path = UserPath(options.buffer_path);
-  if (config.launcher() == "slurm") return LaunchSlurm(config, options);
+  if (config.launcher() == "slurm") {
+    if (config.has_gpus()) {
+      // Slurm binds GPUs itself (gres); mapping this block onto it is not
+      // built yet, and a placement silently dropped would be worse.
+      return Fail("launch", absl::InvalidArgumentError(
+                                "gpus: only the local launcher places GPUs; remove it for launcher: slurm"));
+    }
+    return LaunchSlurm(config, options);
+  }
   auto cluster = Cluster::Launch(options);
   if (!cluster.ok()) return Fail("launch", cluster.status());
   return Serve(cluster->get(), config.coordinator_port());
@@ -636,6 +644,10 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   if (cfg->rollout().max_batch() > 0) co.rollout_args.push_back(absl::StrCat("--max_batch=", cfg->rollout().max_batch()));
   if (cfg->rollout().max_queue() > 0) co.rollout_args.push_back(absl::StrCat("--max_queue=", cfg->rollout().max_queue()));
   if (!cfg->rollout().on_update().empty()) co.rollout_args.push_back("--on_update=" + cfg->rollout().on_update());
+  // rollout.device, else model.device (validated by name when the config
+  // loaded; each worker resolves it at start and fails naming it).
+  const std::string rollout_device = !cfg->rollout().device().empty() ? cfg->rollout().device() : cfg->model().device();
+  if (!rollout_device.empty()) co.rollout_args.push_back("--device=" + rollout_device);
   co.reward_args = {"--tokenizer=" + tokenizer};
   if (!cfg->reward().reward_model().empty()) {
     co.reward_args.push_back("--reward_model=" + UserPath(cfg->reward().reward_model()));

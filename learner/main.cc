@@ -10,6 +10,8 @@
 
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = all hardware threads.");
 ABSL_FLAG(std::string, name, "learner", "Name of this shard in logs (e.g. learner-1).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where this shard trains when the experiment's model.device is empty: cpu, cuda or cuda:<index>.");
 
 int main(int argc, char** argv) {
   rlmesh::InitServerProcess(argc, argv, "learner", "learner --port=0 --port_file=PATH [--threads=N]");
@@ -28,7 +30,14 @@ int main(int argc, char** argv) {
   // The replay buffer shares the cluster's token.
   client_options.auth_token = options->auth_token;
   rlmesh::RpcServer server(*options);
-  rlmesh::learner::Trainer trainer;
+  rlmesh::learner::TrainerOptions trainer_options;
+  trainer_options.device = absl::GetFlag(FLAGS_device);
+  absl::Status valid = trainer_options.Validate();
+  if (!valid.ok()) {
+    std::fprintf(stderr, "learner: --%s\n", std::string(valid.message()).c_str());
+    return 2;
+  }
+  rlmesh::learner::Trainer trainer(trainer_options);
   rlmesh::learner::LearnerService service(&trainer, &server.auth(), client_options);
   server.AddService(&service);
   return rlmesh::ServeUntilSignal(server);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "actor/checkpoint.h"
 #include "common/status_macros.h"
+#include "dist/device.h"
 #include "learner/checkpoint.h"
 #include "learner/trainer_internal.h"
 
@@ -58,17 +59,29 @@ class AutocastScope {
 
 }  // namespace
 
+// The device boundary of the learner: batches are built on the CPU, the
+// model may sit on a GPU. Inputs go to the model's device, per-token outputs
+// ([B, T], small next to the forward pass) come back to the CPU, where the
+// losses are computed; `to` is differentiable, so the backward pass reaches
+// the parameters wherever they are. On the CPU every `to` is a no-op.
 absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer& m, const at::Tensor& ids,
                                                               const at::Tensor& pos, const at::Tensor& targets,
                                                               int64_t chunk, double temperature,
                                                               const at::Tensor& attention_mask) {
   AutocastScope ac(autocast_bf16, device_type);
-  return actor::TokenLogProbs(m, ids, pos, targets, chunk, temperature, attention_mask);
+  const c10::Device dev = m->LmHeadWeight().device();
+  const at::Tensor mask = attention_mask.defined() ? attention_mask.to(dev) : attention_mask;
+  auto out = actor::TokenLogProbs(m, ids.to(dev), pos.to(dev), targets.to(dev), chunk, temperature, mask);
+  if (!out.ok() || dev.is_cpu()) return out;
+  out->logprobs = out->logprobs.to(at::kCPU);
+  if (out->entropy.defined()) out->entropy = out->entropy.to(at::kCPU);
+  return out;
 }
 
 at::Tensor ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
   AutocastScope ac(autocast_bf16, device_type);
-  return m->Values(ids, pos).to(at::kFloat);
+  const c10::Device dev = m->LmHeadWeight().device();
+  return m->Values(ids.to(dev), pos.to(dev)).to(at::kFloat).to(at::kCPU);
 }
 
 absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::string& init_checkpoint,
@@ -83,10 +96,10 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
     return absl::InvalidArgumentError("experiment.model.dtype: the learner trains fp32 master weights");
   }
   const std::string device = mc.device().empty() ? "cpu" : mc.device();
-  RLMESH_RETURN_IF_ERROR(CatchAll("experiment.model.device", [&]() -> absl::Status {
-    s.device_type = torch::Device(device).type();
-    return absl::OkStatus();
-  }));
+  // Loads LibTorch's CUDA backend for a CUDA device; the error names the
+  // device and what is missing (no GPU, no driver, index past the visible).
+  RLMESH_ASSIGN_OR_RETURN(const c10::Device resolved, dist::ResolveDevice(device, "learner experiment.model.device"));
+  s.device_type = resolved.type();
   std::string init_path = init_checkpoint;
   const std::string init = mc.init().empty() ? "scratch" : mc.init();
   if (init_path.empty() && init == "checkpoint") {
@@ -191,6 +204,15 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   }));
 
   // The process group and the optimizers.
+  if (world_size > 1 && s.device_type != c10::DeviceType::CPU) {
+    // DataParallel's collectives run on Gloo over CPU tensors; a CUDA group
+    // (ProcessGroupNCCL) is not built yet, and staging every gradient
+    // through the host untested would be worse than a clear refusal.
+    return absl::UnimplementedError(absl::StrCat("experiment.model.device: ", exp.model().device(),
+                                                 " with learner.shards = ", world_size,
+                                                 ": data parallelism on GPUs (NCCL) is not built yet; use "
+                                                 "learner.shards: 1 on a GPU, or the CPU"));
+  }
   if (world_size > 1) {
     const std::string& addr = store_address;
     c10::intrusive_ptr<c10d::Store> store;

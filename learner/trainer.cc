@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actor/tokenizer.h"
+#include "common/device_spec.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "learner/batching.h"
@@ -35,6 +36,7 @@ absl::Status TrainerOptions::Validate() const {
     return absl::InvalidArgumentError("sample_timeout: must be > 0");
   }
   if (store_timeout_ms < 1) return absl::InvalidArgumentError("store_timeout_ms: must be >= 1");
+  RLMESH_RETURN_IF_ERROR(ParseDeviceSpec(device, "device").status());
   return gloo.Validate();
 }
 
@@ -78,6 +80,9 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   auto st = std::make_unique<State>();
   State& s = *st;
   s.request = req;
+  if (s.request.experiment().model().device().empty()) {
+    s.request.mutable_experiment()->mutable_model()->set_device(options_.device);
+  }
   const ExperimentConfig& exp = s.request.experiment();
   if (req.world_size() < 1) return absl::InvalidArgumentError("world_size: must be >= 1");
   if (req.rank() < 0 || req.rank() >= req.world_size()) {

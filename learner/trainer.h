@@ -79,6 +79,10 @@ struct TrainerOptions {
   // Timeout of the c10d store connect/rendezvous, milliseconds. Default
   // 300000.
   int64_t store_timeout_ms = 300'000;
+  // Where this shard trains when experiment.model.device is empty: "cpu",
+  // "cuda" or "cuda:<index>" (the launcher's --device for the process).
+  // Default "cpu".
+  std::string device = "cpu";
 
   absl::Status Validate() const;
 };

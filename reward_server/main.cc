@@ -9,6 +9,7 @@
 #include "actor/tokenizer.h"
 #include "common/proto_yaml.h"
 #include "common/server_flags.h"
+#include "dist/device.h"
 #include "reward_server/reward_model.h"
 #include "reward_server/scorer.h"
 #include "reward_server/service.h"
@@ -28,6 +29,8 @@ ABSL_FLAG(int, rm_max_batch, 32, "Reward model: most items in one forward pass."
 ABSL_FLAG(double, rm_max_wait_ms, 5.0, "Reward model: longest wait for a fuller batch, milliseconds.");
 ABSL_FLAG(int64_t, rm_cache_size, 65536, "Reward model: results kept in the LRU cache; 0 disables it.");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = all hardware threads.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the reward model runs: cpu, cuda or cuda:<index> (of the devices CUDA_VISIBLE_DEVICES shows).");
 ABSL_FLAG(double, reward_model_weight, 0,
           "Weight of the reward model's score in the summed reward; 0 = the experiment's, else 1.");
 
@@ -66,6 +69,9 @@ int main(int argc, char** argv) {
     rm_options.max_batch = absl::GetFlag(FLAGS_rm_max_batch);
     rm_options.max_wait = absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_rm_max_wait_ms) * 1000));
     rm_options.cache_size = absl::GetFlag(FLAGS_rm_cache_size);
+    auto device = rlmesh::dist::ResolveDevice(absl::GetFlag(FLAGS_device), "reward_server --device");
+    if (!device.ok()) return fail(device.status());
+    rm_options.device = device->str();
     // LibTorch defaults to one thread on these machines: always set it.
     rm_options.threads = absl::GetFlag(FLAGS_threads) > 0
                              ? absl::GetFlag(FLAGS_threads)

@@ -8,6 +8,7 @@
 #include "actor/transformer.h"
 #include "common/rpc_client.h"
 #include "common/server_flags.h"
+#include "dist/device.h"
 #include "reward_server/client.h"
 #include "rollout/rollout_worker.h"
 #include "rollout/service.h"
@@ -23,6 +24,8 @@ ABSL_FLAG(std::string, on_update, "finish",
           "Weight update during generation: 'finish' in-flight sequences on the old weights, 'abort' them and "
           "regenerate on the new ones, or 'partial': continue them from their tokens on the new ones.");
 ABSL_FLAG(std::string, dtype, "fp32", "Parameter dtype of loaded checkpoints: fp32, bf16 or fp16.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the policy generates: cpu, cuda or cuda:<index> (of the devices CUDA_VISIBLE_DEVICES shows).");
 ABSL_FLAG(std::string, checkpoint, "", "Hugging Face folder to load at start (version 1); optional.");
 ABSL_FLAG(int, environment_threads, 16,
           "Threads calling environment servers in multi-turn rollouts (one per turn awaiting its environment).");
@@ -66,6 +69,11 @@ int main(int argc, char** argv) {
   worker_options.max_queue = absl::GetFlag(FLAGS_max_queue);
   worker_options.max_batch = absl::GetFlag(FLAGS_max_batch);
   worker_options.dtype = absl::GetFlag(FLAGS_dtype);
+  // Resolved before anything loads, so a missing GPU fails the start with
+  // the worker and the device named, not the first weight load.
+  auto device = rlmesh::dist::ResolveDevice(absl::GetFlag(FLAGS_device), worker_options.name + " --device");
+  if (!device.ok()) return fail(device.status());
+  worker_options.device = device->str();
   worker_options.environment_threads = absl::GetFlag(FLAGS_environment_threads);
   worker_options.environment_auth_token = options->auth_token;  // one shared cluster token
   auto on_update = rlmesh::rollout::ParseOnUpdate(absl::GetFlag(FLAGS_on_update));

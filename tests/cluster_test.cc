@@ -11,11 +11,14 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+
 #include "catch2/catch.hpp"
 #include "common/grpc_status.h"
 #include "common/rpc_client.h"
 #include "common/subprocess.h"
 #include "common/testing/test_util.h"
+#include "dist/cuda_api.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/learner.grpc.pb.h"
 #include "proto/replay_buffer.grpc.pb.h"
@@ -321,6 +324,64 @@ TEST_CASE("coordinator launch --exit_after_health prints the table and exits 0")
   }
   CHECK(out.find("NOT_SERVING") == std::string::npos);
   CHECK(out.find("all roles were serving") != std::string::npos);
+}
+
+// The local launcher's GPU placement, end to end: the rollout worker it
+// starts gets CUDA_VISIBLE_DEVICES and --device=cuda and resolves it at
+// start. Without a GPU (this machine) the launch fails naming the worker, the
+// device and the variable; where the CUDA runtime sees a GPU it must serve.
+TEST_CASE("coordinator launch gives a role its GPU; without one the start fails naming role and device") {
+  TempDir dir;
+  std::ofstream(dir.File("cluster.yaml")) << "name: t\ncoordinator_port: 0\ngpus: {rollout_worker: [0]}\n";
+  auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch",
+                                  "--cluster=" + dir.File("cluster.yaml"), "--run_dir=" + dir.File("run"),
+                                  "--bin_dir=" + Runfile(""), "--exit_after_health"},
+                                 dir.File("out"));
+  REQUIRE(coord.ok());
+  auto st = coord->Wait(absl::Seconds(60));
+  const std::string out = ReadAll(dir.File("out"));
+  const std::string log = ReadAll(dir.File("run/logs/rollout-0.log"));
+  INFO(out << "\nrollout-0.log:\n" << log);
+  REQUIRE(st.ok());
+  if (dist::CudaDeviceCount().ok()) {
+    CHECK(*st == 0);
+    CHECK(out.find("all roles were serving") != std::string::npos);
+  } else {
+    CHECK(*st != 0);
+    CHECK(out.find("rollout-0 did not start (exited)") != std::string::npos);
+    CHECK(log.find("rollout-0 --device=cuda:0: no CUDA device visible (CUDA_VISIBLE_DEVICES \"0\"") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("GPU lists that put two processes on one GPU are refused by name") {
+  TempDir dir;
+  struct Case {
+    const char* yaml;
+    const char* message;
+  } cases[] = {
+      {"gpus: {learner: [0], rollout_worker: [0]}\n",
+       "gpus: learner-0 and rollout-0 would share GPU 0; set gpus.colocate: true"},
+      {"rollout_workers: 2\ngpus: {rollout_worker: [1]}\n",
+       "gpus: rollout-0 and rollout-1 would share GPU 1 (one GPU per process of a role"},
+      {"gpus: {reward_server: [64]}\n", "gpus.reward_server[0]: 64 is not a GPU index in [0, 63]"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    const std::string yaml = dir.File(absl::StrCat("c", i++, ".yaml"));
+    std::ofstream(yaml) << "name: t\ncoordinator_port: 0\n" << c.yaml;
+    auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch", "--cluster=" + yaml,
+                                    "--run_dir=" + dir.File("run"), "--bin_dir=" + Runfile("")},
+                                   dir.File("out"));
+    REQUIRE(coord.ok());
+    auto st = coord->Wait(absl::Seconds(20));
+    REQUIRE(st.ok());
+    CHECK(*st != 0);
+    const std::string out = ReadAll(dir.File("out"));
+    INFO(out);
+    CHECK(out.find(c.message) != std::string::npos);
+    std::remove(dir.File("out").c_str());
+  }
 }
 
 TEST_CASE("a bad cluster config names the key and line") {

@@ -1,0 +1,101 @@
+"""Writes the markdown report of scripts/device_check.sh from its work folder.
+
+    python3 bench/gpu_report.py WORK_DIR DRY_RUN(0|1) > gpu.md
+
+WORK_DIR holds machine.txt, libraries.txt and, per check, NAME.log and
+NAME.rc; gpu_bench.log has one JSON object per line. Each figure is set
+against issue 12's target, as a ratio to a reference measured in the same
+run on the same GPU.
+"""
+import json
+import os
+import sys
+
+CHECKS = ["device_test", "weight_sync_gpu_test", "gpu_bench"]
+
+
+def read(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def catch2_summary(log):
+    for line in reversed(log.splitlines()):
+        if line.startswith(("All tests passed", "test cases:")):
+            return line.strip()
+    return "(no Catch2 summary)"
+
+
+def main():
+    work, dry = sys.argv[1], sys.argv[2] == "1"
+    out = []
+    out.append("# GPU checks (scripts/device_check.sh)\n")
+    if dry:
+        out.append("**Dry run on a machine without a GPU**: every GPU check below is expected to fail, naming the "
+                   "missing device. No figure here is a GPU measurement.\n")
+    out.append("## Machine\n\n```\n" + read(os.path.join(work, "machine.txt")).strip() + "\n```\n")
+    libs = read(os.path.join(work, "libraries.txt")).strip()
+    out.append("Libraries not from the bundle, torch or glibc: " + ("none" if not libs else "\n```\n" + libs + "\n```") + "\n")
+    out.append("## Checks\n\n| check | exit | result |\n|---|---|---|")
+    for c in CHECKS:
+        rc = read(os.path.join(work, c + ".rc"), "?").strip()
+        log = read(os.path.join(work, c + ".log"))
+        if c == "gpu_bench":
+            result = "timed out" if rc == "124" else ("ok" if rc == "0" else (log.strip().splitlines() or ["?"])[-1])
+        else:
+            result = catch2_summary(log)
+        out.append(f"| {c} | {rc} | {result[:200]} |")
+    out.append("")
+    figures = {}
+    for line in read(os.path.join(work, "gpu_bench.log")).splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            figures.setdefault(d["what"], []).append(d)
+    if figures:
+        out.append("## Figures (medians of the repeats; min..max in brackets)\n")
+        out.append("| figure | value | target | met |\n|---|---|---|---|")
+        def span(d):
+            return f"[{d['seconds_min']:.4g}..{d['seconds_max']:.4g} s]"
+        for d in figures.get("matmul_bf16", []):
+            out.append(f"| bf16 matmul {d['n']}³ (reference) | {d['tflops']:.1f} TFLOP/s {span(d)} | - | - |")
+        for d in figures.get("copy_d2d", []):
+            out.append(f"| device copy 1 GiB (reference) | {d['gb_per_s']:.0f} GB/s copied, "
+                       f"{d['read_plus_write_gb_per_s']:.0f} GB/s read+write {span(d)} | - | - |")
+        for d in figures.get("parity_logits", []):
+            tol = 0.05 * d["logit_abs_max"]
+            out.append(f"| fp32 GPU vs fp32 CPU logits, max abs | {d['fp32_gpu_vs_cpu_max_abs']:.3g} | ≤ 1e-3 | "
+                       f"{'yes' if d['fp32_gpu_vs_cpu_max_abs'] <= 1e-3 else 'no'} |")
+            out.append(f"| bf16 GPU vs fp32 CPU logits, max abs (logits up to {d['logit_abs_max']:.3g}) | "
+                       f"{d['bf16_gpu_vs_fp32_cpu_max_abs']:.3g}; argmax agreement {d['bf16_argmax_agreement']:.3f} | "
+                       f"≤ 5% of the largest logit ({tol:.3g}) | {'yes' if d['bf16_gpu_vs_fp32_cpu_max_abs'] <= tol else 'no'} |")
+        for d in figures.get("train_step", []):
+            out.append(f"| learner step, {d['non_embedding_params'] / 1e6:.0f}M non-embedding params, "
+                       f"{int(d['tokens'])} tokens | {d['tokens_per_s']:.0f} tok/s, {d['tflops']:.1f} TFLOP/s, "
+                       f"MFU {100 * d['mfu_of_measured_matmul']:.1f}% of the measured matmul {span(d)} | ≥ 30% | "
+                       f"{'yes' if d['mfu_of_measured_matmul'] >= 0.30 else 'no'} |")
+        for d in figures.get("decode_bf16", []):
+            if d["batch"] == 1:
+                frac = d["fraction_of_roofline_per_sequence"]
+                out.append(f"| decode batch 1, {d['weight_bytes'] / 1e6:.0f} MB of weights | {d['tokens_per_s']:.0f} tok/s = "
+                           f"{100 * frac:.1f}% of the roofline {d['batch1_roofline_tokens_per_s']:.0f} tok/s {span(d)} | "
+                           f"≥ 50% | {'yes' if frac >= 0.5 else 'no'} |")
+            else:
+                out.append(f"| decode batch {d['batch']} | {d['tokens_per_s']:.0f} tok/s {span(d)} | ≥ 2× transformers "
+                           f"generate() (not carried: no transformers on the GPU machine) | not measured |")
+        out.append("")
+    out.append("## Logs (last lines)\n")
+    for c in CHECKS:
+        tail = "\n".join(read(os.path.join(work, c + ".log")).splitlines()[-15:])
+        out.append(f"### {c}\n\n```\n{tail}\n```\n")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+#include "dist/device.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+
+#include <torch/cuda.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/device_spec.h"
+
+namespace rlmesh::dist {
+
+absl::Status LoadCudaBackend() {
+  static const absl::Status* loaded = [] {
+    // libtorch_cuda.so resolves its own CUDA libraries (cuBLAS, cuDNN,
+    // NCCL...) through its RPATH into the nvidia wheels beside torch.
+    void* h = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL);
+    if (h == nullptr) {
+      const char* e = dlerror();
+      return new absl::Status(absl::FailedPreconditionError(absl::StrCat(
+          "libtorch_cuda.so not found (dlopen: ", e != nullptr ? e : "unknown error",
+          "); the torch wheel must be a CUDA build and its lib/ on the library path")));
+    }
+    return new absl::Status();
+  }();
+  return *loaded;
+}
+
+absl::StatusOr<int> TorchCudaDeviceCount() {
+  absl::Status s = LoadCudaBackend();
+  if (!s.ok()) return s;
+  return static_cast<int>(torch::cuda::device_count());
+}
+
+absl::StatusOr<c10::Device> ParseDevice(absl::string_view spec, absl::string_view who) {
+  absl::StatusOr<int> index = ParseDeviceSpec(spec, who);
+  if (!index.ok()) return index.status();
+  if (*index < 0) return c10::Device(c10::kCPU);
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(*index));
+}
+
+absl::StatusOr<c10::Device> ResolveDevice(absl::string_view spec, absl::string_view who) {
+  absl::StatusOr<c10::Device> d = ParseDevice(spec, who);
+  if (!d.ok() || d->is_cpu()) return d;
+  const std::string named = absl::StrCat(who, "=", d->str());
+  absl::StatusOr<int> count = TorchCudaDeviceCount();
+  if (!count.ok()) return absl::FailedPreconditionError(absl::StrCat(named, ": ", count.status().message()));
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string env = visible == nullptr ? "unset" : absl::StrCat("\"", visible, "\"");
+  if (*count == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(named, ": no CUDA device visible (CUDA_VISIBLE_DEVICES ", env, "; no GPU or no driver)"));
+  }
+  if (d->index() >= *count) {
+    return absl::FailedPreconditionError(absl::StrCat(named, ": only ", *count, " CUDA device(s) visible (",
+                                                      "CUDA_VISIBLE_DEVICES ", env, ")"));
+  }
+  return d;
+}
+
+}  // namespace rlmesh::dist

@@ -1,0 +1,48 @@
+#pragma once
+
+// Where a role computes: "cpu", "cuda" or "cuda:<index>", resolved once per
+// process with an error that names the role and the device.
+//
+// The binaries link only LibTorch's CPU libraries. LibTorch's CUDA backend
+// (libtorch_cuda.so, which registers the CUDA kernels with the dispatcher
+// when it is loaded) is opened with dlopen the first time a CUDA device is
+// asked for: a CPU process pays nothing for it (linked, it cost every
+// process ~0.3 s at start and ~350 MB of resident memory on these machines;
+// docs/decisions.md, Session 7), and a machine without a GPU, a driver or
+// the CUDA wheels still runs every binary.
+//
+// Thread-safety: every function is safe for concurrent use; the backend is
+// loaded at most once per process.
+
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rlmesh::dist {
+
+// Opens LibTorch's CUDA backend (RTLD_GLOBAL, kept for the process's life).
+// The first call's result is kept. FAILED_PRECONDITION
+// "libtorch_cuda.so not found (dlopen: ...)" when the wheel has no CUDA
+// build or the library is not on the search path.
+absl::Status LoadCudaBackend();
+
+// Devices torch sees once the backend is loaded (0 without a GPU or driver).
+// Loads the backend; its error when that fails.
+absl::StatusOr<int> TorchCudaDeviceCount();
+
+// Parses and checks `spec` for the process named by `who` (e.g.
+// "learner-0 model.device"): "" and "cpu" give the CPU; "cuda" is device 0.
+// INVALID_ARGUMENT `<who>: "gpu" is not cpu, cuda or cuda:<index>`;
+// FAILED_PRECONDITION `<who>=cuda:1: ...` when the backend cannot load, no
+// device is visible (the message gives CUDA_VISIBLE_DEVICES) or the index is
+// past the visible devices.
+absl::StatusOr<c10::Device> ResolveDevice(absl::string_view spec, absl::string_view who);
+
+// Only the syntax (no backend, no device): what config validation uses.
+absl::StatusOr<c10::Device> ParseDevice(absl::string_view spec, absl::string_view who);
+
+}  // namespace rlmesh::dist
