@@ -99,7 +99,7 @@ absl::Status RolloutWorker::Impl::ScoreAndStore(const GenerateRequest& r, Trajec
     policy.set_breaker_failures(0);
   }
   CircuitBreaker* breaker = nullptr;
-  if (policy.breaker_failures() != 0) {
+  if (BreakerOptions(policy).failures_to_open > 0) {  // unset = the default 5
     reward_breaker.SetOptions(BreakerOptions(policy));
     breaker = &reward_breaker;
   }
