@@ -32,6 +32,7 @@ struct AsyncRollout {
     int groups = 0, refill_rounds = 0, informative = 0;
     // Oldest version the workers were asked to hold (the step's policy).
     int64_t min_version = 0;
+    StragglerCounts stragglers;
   };
   absl::Mutex mu;
   // Stage steps whose groups are all stored in the buffer.
@@ -119,6 +120,7 @@ absl::Status RunLoop::RunRlAsync(const Stage& stage) {
         g.groups = static_cast<int>(rollouts->groups.size());
         g.refill_rounds = rollouts->refill_rounds;
         g.informative = rollouts->informative;
+        g.stragglers = rollouts->stragglers;
         a.produced = i;
       }
     });
@@ -145,10 +147,11 @@ absl::Status RunLoop::RunRlAsync(const Stage& stage) {
     SetPhase("train");
     const absl::Time t1 = absl::Now();
     const bool refill = rl.dynamic_sampling().mode() == "refill";
-    RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl,
-                                                           refill ? gen.groups : 0));
+    RLMESH_ASSIGN_OR_RETURN(const int train_groups, GroupsToTrain(rl, gen.groups, gen.stragglers));
+    RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl, train_groups));
     nlohmann::json j = StepRecord(stage, m);
     if (refill) RecordRefill(gen.groups, gen.informative, gen.refill_rounds, &j);
+    RecordStragglers(gen.stragglers, &j);
     const double mean = gen.count ? gen.reward_sum / gen.count : 0;
     j["rollout_reward_mean"] = mean;
     j["rollout_reward_std"] = gen.count ? std::sqrt(std::max(0.0, gen.reward_sq / gen.count - mean * mean)) : 0;

@@ -213,6 +213,11 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(r->on_update().empty() || r->on_update() == "finish" || r->on_update() == "abort" ||
                 r->on_update() == "partial",
             "rollout.on_update", "must be finish, abort or partial");
+  c.Require(r->request_timeout_ms() >= 0, "rollout.request_timeout_ms", "must be >= 0 (0 = no straggler deadline)");
+  c.Require(r->on_timeout().empty() || r->on_timeout() == "redispatch" || r->on_timeout() == "drop",
+            "rollout.on_timeout", "must be redispatch or drop");
+  c.Require(r->on_timeout().empty() || r->request_timeout_ms() > 0, "rollout.on_timeout",
+            "set without rollout.request_timeout_ms");
 
   // Multi-turn rollouts (the rollout worker checks the same at Submit).
   const EnvironmentConfig& env = config->environment();
@@ -243,6 +248,18 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   if (rw->verifiers_size() == 0) rw->add_verifiers()->set_name("numeric_answer");
   if (rw->verifier_timeout_ms() == 0) rw->set_verifier_timeout_ms(1000);
   c.Require(rw->verifier_timeout_ms() > 0, "reward.verifier_timeout_ms", "must be > 0");
+  RewardCallPolicy* call = rw->mutable_call();
+  if (call->on_failure().empty()) call->set_on_failure("retry");
+  if (!call->has_retries()) call->set_retries(2);
+  if (!call->has_breaker_failures()) call->set_breaker_failures(5);
+  if (call->breaker_cooldown_ms() == 0) call->set_breaker_cooldown_ms(10000);
+  c.Require(call->timeout_ms() >= 0, "reward.call.timeout_ms", "must be >= 0 (0 = the worker's own)");
+  c.Require(call->on_failure() == "retry" || call->on_failure() == "zero" || call->on_failure() == "drop_group",
+            "reward.call.on_failure", "must be retry, zero or drop_group");
+  c.Require(call->retries() >= 0 && call->retries() <= 100, "reward.call.retries", "must be in [0, 100]");
+  c.Require(call->breaker_failures() >= 0 && call->breaker_failures() <= 1000, "reward.call.breaker_failures",
+            "must be in [0, 1000] (0 = no circuit breaker)");
+  c.Require(call->breaker_cooldown_ms() > 0, "reward.call.breaker_cooldown_ms", "must be > 0");
 
   LearnerConfig* l = config->mutable_learner();
   if (l->shards() == 0) l->set_shards(1);

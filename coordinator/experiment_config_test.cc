@@ -145,6 +145,43 @@ TEST_CASE("the environment section is checked by key") {
             .find("multi-turn rollouts need rollout.on_update finish or partial") != absl::string_view::npos);
 }
 
+TEST_CASE("straggler and reward-call settings are checked by key, with their defaults") {
+  const std::string base = "name: x\nstages: [{sft: {steps: 1, batch: 1, optimizer: {lr: 0.1}}}]\n";
+  auto message = [&](const std::string& extra) {
+    ExperimentConfig cfg;
+    return std::string(Normalize(base + extra, &cfg).message());
+  };
+  ExperimentConfig defaults;
+  REQUIRE(Normalize(base, &defaults).ok());
+  CHECK(defaults.rollout().request_timeout_ms() == 0);
+  CHECK(defaults.reward().call().on_failure() == "retry");
+  CHECK(defaults.reward().call().retries() == 2);
+  CHECK(defaults.reward().call().breaker_failures() == 5);
+  CHECK(defaults.reward().call().breaker_cooldown_ms() == 10000);
+  ExperimentConfig set;
+  REQUIRE(Normalize(base + "rollout: {request_timeout_ms: 500, on_timeout: drop}\n"
+                           "reward: {call: {on_failure: drop_group, retries: 0, breaker_failures: 0}}\n",
+                    &set)
+              .ok());
+  CHECK(set.reward().call().retries() == 0);  // an explicit 0 stays 0
+  CHECK(set.reward().call().breaker_failures() == 0);
+  CHECK(message("rollout: {request_timeout_ms: -1}\n").find("rollout.request_timeout_ms: must be >= 0") !=
+        std::string::npos);
+  CHECK(message("rollout: {request_timeout_ms: 5, on_timeout: skip}\n")
+            .find("rollout.on_timeout: must be redispatch or drop") != std::string::npos);
+  CHECK(message("rollout: {on_timeout: drop}\n").find("rollout.on_timeout: set without rollout.request_timeout_ms") !=
+        std::string::npos);
+  CHECK(message("reward: {call: {on_failure: ignore}}\n")
+            .find("reward.call.on_failure: must be retry, zero or drop_group") != std::string::npos);
+  CHECK(message("reward: {call: {retries: 101}}\n").find("reward.call.retries: must be in [0, 100]") !=
+        std::string::npos);
+  CHECK(message("reward: {call: {timeout_ms: -5}}\n").find("reward.call.timeout_ms: must be >= 0") !=
+        std::string::npos);
+  CHECK(message("reward: {call: {breaker_failures: -1}}\n").find("reward.call.breaker_failures") != std::string::npos);
+  CHECK(message("reward: {call: {breaker_cooldown_ms: -1}}\n").find("reward.call.breaker_cooldown_ms: must be > 0") !=
+        std::string::npos);
+}
+
 TEST_CASE("every shipped config loads and validates") {
   for (const char* name : {"grpo_arith_tiny", "grpo_arith_tiny_gspo", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
                            "sft_word_problems", "sft_word_problems_qwen3", "grpo_word_problems_qwen3",

@@ -6,12 +6,26 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "coordinator/dynamic_sampling.h"
 #include "coordinator/run_loop.h"
 #include "tasks/encoding.h"
 
 namespace rlmesh {
+namespace {
+
+// "a,b,c" for a log line; the first 16 ids and a count beyond.
+std::string PromptIds(const std::vector<Prompt>& prompts) {
+  std::string out;
+  for (size_t i = 0; i < prompts.size() && i < 16; ++i) absl::StrAppend(&out, i ? "," : "", prompts[i].prompt_id());
+  if (prompts.size() > 16) absl::StrAppend(&out, ",+", prompts.size() - 16);
+  return out;
+}
+
+}  // namespace
 
 Prompt RunLoop::MakePrompt(const Example& e) const {
   Prompt p;
@@ -39,8 +53,17 @@ SamplingParams RunLoop::Sampling(bool greedy, uint64_t seed) const {
 absl::StatusOr<std::vector<TrajectoryGroup>> RunLoop::Generate(const std::vector<Prompt>& prompts, int n,
                                                                const SamplingParams& sampling, bool pipeline,
                                                                int64_t round, int64_t min_version,
-                                                               bool record_routing) const {
+                                                               bool record_routing, StragglerCounts* counts) const {
   const int workers = static_cast<int>(clients_->rollouts.size());
+  const RolloutConfig& rc = cfg().rollout();
+  const absl::Duration timeout =
+      rc.request_timeout_ms() > 0 ? absl::Milliseconds(rc.request_timeout_ms()) : absl::InfiniteDuration();
+  const bool redispatch = rc.on_timeout() != "drop";
+  // Shared by the per-worker threads of this call: which workers timed out
+  // (never a redispatch target again in this call) and what happened.
+  absl::Mutex mu;
+  std::vector<bool> timed_out(workers, false);
+  StragglerCounts local;
   std::vector<std::vector<TrajectoryGroup>> out(workers);
   RLMESH_RETURN_IF_ERROR(ParallelFor(workers, [&](int w) -> absl::Status {
     GenerateRequest req;
@@ -62,28 +85,106 @@ absl::StatusOr<std::vector<TrajectoryGroup>> RunLoop::Generate(const std::vector
     req.set_record_routing(record_routing);
     for (const auto& v : cfg().reward().verifiers()) *req.add_verifiers() = v;
     req.set_verifier_timeout_ms(cfg().reward().verifier_timeout_ms());
+    if (pipeline) *req.mutable_reward_call() = cfg().reward().call();
     // Multi-turn rollouts (training and held-out evaluation alike).
     if (!cfg().environment().address().empty()) *req.mutable_environment() = cfg().environment();
-    bool not_stored = false;
-    absl::Status s = clients_->rollouts[w]->Generate(req, [&](GenerateResponse& resp) -> absl::Status {
-      if (pipeline && !resp.stored()) {
-        not_stored = true;
-        return absl::DataLossError(absl::StrCat("rollout ", w, ": group ", resp.group().group_id(), " not stored"));
+    // Prompts of this slice whose group came back (or was dropped by the
+    // reward policy): what a redispatch leaves out, and what keeps a group
+    // from counting twice.
+    std::set<std::string> done;
+    int reward_dropped = 0;
+    int target = w;
+    for (;;) {
+      // Groups of this call the worker did not store: dropped by the reward
+      // policy if the call then ends OK, else lost to the call's error.
+      std::vector<std::pair<std::string, std::string>> unstored;  // (prompt id, group id)
+      absl::Status s = clients_->rollouts[target]->Generate(req, timeout, [&](GenerateResponse& resp) -> absl::Status {
+        if (pipeline && !resp.stored()) {
+          unstored.emplace_back(resp.group().prompt_id(), resp.group().group_id());
+          return absl::OkStatus();
+        }
+        if (done.insert(resp.group().prompt_id()).second) out[w].push_back(std::move(*resp.mutable_group()));
+        return absl::OkStatus();
+      });
+      if (s.ok()) {
+        for (const auto& [prompt_id, group_id] : unstored) {
+          if (!done.insert(prompt_id).second) continue;
+          ++reward_dropped;
+          RLMESH_LOG(WARNING) << "rollout worker=" << target << " round=" << round << " group=" << group_id
+                              << " dropped by reward.call.on_failure";
+        }
+        break;
       }
-      out[w].push_back(std::move(*resp.mutable_group()));
-      return absl::OkStatus();
-    });
-    if (not_stored) return s;
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("rollout ", w, " Generate: ", s.message()));
-    if (static_cast<int>(out[w].size()) != req.prompts_size()) {
-      return absl::DataLossError(
-          absl::StrCat("rollout ", w, ": ", out[w].size(), " groups for ", req.prompts_size(), " prompts"));
+      const bool straggler = s.code() == absl::StatusCode::kDeadlineExceeded && timeout != absl::InfiniteDuration();
+      if (!unstored.empty() && !straggler) {
+        return absl::DataLossError(absl::StrCat("rollout ", target, ": group ", unstored[0].second,
+                                                " not stored: ", s.message()));
+      }
+      if (!straggler) {
+        return absl::Status(s.code(), absl::StrCat("rollout ", target, " Generate: ", s.message()));
+      }
+      // A straggler: its call was cancelled at the deadline. The prompts
+      // still missing keep their ids, stream keys and round, so wherever
+      // they run they sample and are keyed as they would have been.
+      std::vector<Prompt> missing;
+      for (const Prompt& p : req.prompts()) {
+        if (!done.count(p.prompt_id())) missing.push_back(p);
+      }
+      int next = -1;
+      {
+        absl::MutexLock lock(&mu);
+        timed_out[target] = true;
+        ++local.timed_out_requests;
+        for (int k = 1; k < workers && redispatch; ++k) {
+          const int v = (target + k) % workers;
+          if (!timed_out[v]) {
+            next = v;
+            break;
+          }
+        }
+        if (!redispatch) local.dropped_prompts += static_cast<int>(missing.size());
+        if (next >= 0) local.redispatched_prompts += static_cast<int>(missing.size());
+      }
+      if (!redispatch) {
+        RLMESH_LOG(WARNING) << "rollout straggler worker=" << target << " round=" << round
+                            << " timeout_ms=" << rc.request_timeout_ms() << " missing=" << missing.size()
+                            << " prompts=" << PromptIds(missing) << " action=drop";
+        break;
+      }
+      if (next < 0) {
+        return absl::DeadlineExceededError(absl::StrCat("rollout ", target, " Generate: no answer within ",
+                                                        rc.request_timeout_ms(), " ms (rollout.request_timeout_ms)"
+                                                        " and no worker left to redispatch ", missing.size(),
+                                                        " prompts to"));
+      }
+      RLMESH_LOG(WARNING) << "rollout straggler worker=" << target << " round=" << round
+                          << " timeout_ms=" << rc.request_timeout_ms() << " missing=" << missing.size()
+                          << " prompts=" << PromptIds(missing) << " action=redispatch to_worker=" << next;
+      if (missing.empty()) break;  // every group had arrived: only the end was late
+      req.clear_prompts();
+      for (Prompt& p : missing) *req.add_prompts() = std::move(p);
+      target = next;
+    }
+    {
+      absl::MutexLock lock(&mu);
+      local.dropped_groups += reward_dropped;
     }
     return absl::OkStatus();
   }));
+  if (counts != nullptr) {
+    counts->timed_out_requests += local.timed_out_requests;
+    counts->redispatched_prompts += local.redispatched_prompts;
+    counts->dropped_prompts += local.dropped_prompts;
+    counts->dropped_groups += local.dropped_groups;
+  }
   std::vector<TrajectoryGroup> all;
   for (auto& v : out) {
     for (auto& g : v) all.push_back(std::move(g));
+  }
+  // Every prompt has its group, unless dropped on purpose.
+  const size_t expected = prompts.size() - static_cast<size_t>(local.dropped_prompts + local.dropped_groups);
+  if (all.size() != expected) {
+    return absl::DataLossError(absl::StrCat("rollout: ", all.size(), " groups for ", expected, " prompts"));
   }
   return all;
 }
@@ -94,7 +195,7 @@ absl::StatusOr<StepRollouts> RunLoop::GenerateStep(const RlStage& rl, const std:
   const uint64_t seed = RolloutSeed(stage_index, step);
   StepRollouts out;
   RLMESH_ASSIGN_OR_RETURN(out.groups, Generate(prompts, rl.samples_per_prompt(), Sampling(false, seed), true, round,
-                                               min_version, rl.routing_replay()));
+                                               min_version, rl.routing_replay(), &out.stragglers));
   if (rl.dynamic_sampling().mode() != "refill") return out;
   out.informative = CountInformative(out.groups);
   const int max_rounds = rl.dynamic_sampling().max_rounds() > 0 ? rl.dynamic_sampling().max_rounds() : 4;
@@ -125,7 +226,8 @@ absl::StatusOr<StepRollouts> RunLoop::GenerateStep(const RlStage& rl, const std:
     ++out.refill_rounds;
     RLMESH_ASSIGN_OR_RETURN(auto groups, Generate(more, rl.samples_per_prompt(),
                                                   Sampling(false, MixSeed(seed, static_cast<uint64_t>(out.refill_rounds))),
-                                                  true, round, min_version, rl.routing_replay()));
+                                                  true, round, min_version, rl.routing_replay(),
+                                                  &out.stragglers));
     out.informative += CountInformative(groups);
     for (auto& g : groups) out.groups.push_back(std::move(g));
   }
@@ -147,7 +249,7 @@ absl::StatusOr<ScoreResponse> RunLoop::Score(const std::vector<TrajectoryGroup>&
       item->set_max_new_tokens(cfg().rollout().sampling().max_new_tokens());
     }
   }
-  return clients_->rewards[0]->Score(req);
+  return clients_->rewards[0]->Score(req, absl::InfiniteDuration());
 }
 
 }  // namespace rlmesh

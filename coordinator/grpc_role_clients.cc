@@ -1,5 +1,6 @@
 #include "coordinator/grpc_role_clients.h"
 
+#include <algorithm>
 #include <functional>
 #include <utility>
 
@@ -87,10 +88,12 @@ class GrpcRolloutClient : public RolloutClient {
       return RolloutService::NewStub(c_.channel())->GetStatus(ctx, RolloutStatusRequest(), st);
     });
   }
-  absl::Status Generate(const GenerateRequest& req,
+  absl::Status Generate(const GenerateRequest& req, absl::Duration timeout,
                         const std::function<absl::Status(GenerateResponse&)>& on_response) override {
     auto stub = RolloutService::NewStub(c_.channel());
-    auto ctx = c_.NewContext(absl::Minutes(30));
+    // The deadline cancels the stream on both ends: the worker drops the
+    // request's queued and running sequences.
+    auto ctx = c_.NewContext(std::min(timeout, absl::Minutes(30)));
     auto reader = stub->Generate(ctx.get(), req);
     GenerateResponse resp;
     while (reader->Read(&resp)) {
@@ -111,8 +114,9 @@ class GrpcRolloutClient : public RolloutClient {
 class GrpcRewardClient : public RewardClient {
  public:
   explicit GrpcRewardClient(RpcClient c) : c_(std::move(c)) {}
-  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& req) override {
-    return Unary<ScoreResponse>(c_, absl::Minutes(5), [&](grpc::ClientContext* ctx, ScoreResponse* resp) {
+  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& req, absl::Duration timeout) override {
+    return Unary<ScoreResponse>(c_, std::min(timeout, absl::Minutes(5)), [&](grpc::ClientContext* ctx,
+                                                                          ScoreResponse* resp) {
       return RewardService::NewStub(c_.channel())->Score(ctx, req, resp);
     });
   }

@@ -82,10 +82,12 @@ absl::Status RunLoop::RunRl(const Stage& stage) {
     SetPhase("train");
     const absl::Time t1 = absl::Now();
     const bool refill = rl.dynamic_sampling().mode() == "refill";
-    RLMESH_ASSIGN_OR_RETURN(StepMetrics m,
-                            TrainFromBuffer(stage, rl, refill ? static_cast<int>(groups.size()) : 0));
+    RLMESH_ASSIGN_OR_RETURN(const int train_groups,
+                            GroupsToTrain(rl, static_cast<int>(groups.size()), rollouts.stragglers));
+    RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl, train_groups));
     nlohmann::json j = StepRecord(stage, m);
     if (refill) RecordRefill(static_cast<int>(groups.size()), rollouts.informative, rollouts.refill_rounds, &j);
+    RecordStragglers(rollouts.stragglers, &j);
     const double mean = count ? sum / count : 0;
     j["rollout_reward_mean"] = mean;
     j["rollout_reward_std"] = count ? std::sqrt(std::max(0.0, sq / count - mean * mean)) : 0;
@@ -101,6 +103,33 @@ void RunLoop::RecordRefill(int generated, int informative, int refill_rounds, nl
   (*j)["dynamic_sampling_groups_generated"] = static_cast<double>(generated);
   (*j)["dynamic_sampling_groups_informative"] = static_cast<double>(informative);
   (*j)["dynamic_sampling_refill_rounds"] = static_cast<double>(refill_rounds);
+}
+
+void RunLoop::RecordStragglers(const StragglerCounts& c, nlohmann::json* j) {
+  if (cfg().rollout().request_timeout_ms() > 0) {
+    (*j)["rollout_timeouts"] = static_cast<double>(c.timed_out_requests);
+    (*j)["rollout_redispatched_prompts"] = static_cast<double>(c.redispatched_prompts);
+    (*j)["rollout_dropped_prompts"] = static_cast<double>(c.dropped_prompts);
+    AddMetric("rollout_timeouts", c.timed_out_requests);
+    AddMetric("rollout_redispatched_prompts", c.redispatched_prompts);
+    AddMetric("rollout_dropped_prompts", c.dropped_prompts);
+  }
+  if (cfg().reward().call().on_failure() == "drop_group") {
+    (*j)["reward_dropped_groups"] = static_cast<double>(c.dropped_groups);
+    AddMetric("reward_dropped_groups", c.dropped_groups);
+  }
+}
+
+absl::StatusOr<int> RunLoop::GroupsToTrain(const RlStage& rl, int groups, const StragglerCounts& c) const {
+  const bool refill = rl.dynamic_sampling().mode() == "refill";
+  if (!refill && c.missing() == 0) return 0;
+  // The learner must not wait for groups that will never be stored.
+  if (groups == 0) {
+    return absl::UnavailableError(absl::StrCat("step ", stage_step_ + 1, ": no group to train on (",
+                                               c.dropped_prompts, " prompts dropped at the rollout deadline, ",
+                                               c.dropped_groups, " groups dropped by reward.call.on_failure)"));
+  }
+  return groups;
 }
 
 nlohmann::json RunLoop::StepRecord(const Stage& stage, const StepMetrics& m) {

@@ -52,7 +52,9 @@ class RolloutClient {
   // Streams the request's groups to `on_response` as they finish. When
   // `on_response` returns an error the stream is cancelled and Generate
   // returns that error; else Generate returns the stream's final status.
-  virtual absl::Status Generate(const GenerateRequest& request,
+  // At `timeout` the call is cancelled and returns DEADLINE_EXCEEDED (the
+  // groups already handed to `on_response` stay delivered; none follows).
+  virtual absl::Status Generate(const GenerateRequest& request, absl::Duration timeout,
                                 const std::function<absl::Status(GenerateResponse&)>& on_response) = 0;
 };
 

@@ -43,12 +43,28 @@
 
 namespace rlmesh {
 
+// What the straggler deadline (rollout.request_timeout_ms) and the reward
+// policy (reward.call.on_failure drop_group) did to Generate calls.
+struct StragglerCounts {
+  // Worker calls cancelled at the deadline.
+  int timed_out_requests = 0;
+  // Prompts re-sent to another worker, and prompts given up (on_timeout
+  // drop).
+  int redispatched_prompts = 0;
+  int dropped_prompts = 0;
+  // Groups a worker dropped because their Score call failed.
+  int dropped_groups = 0;
+  // Prompts that yield no group this step.
+  int missing() const { return dropped_prompts + dropped_groups; }
+};
+
 // One RL stage step's rollouts (RunLoop::GenerateStep).
 struct StepRollouts {
   std::vector<TrajectoryGroup> groups;
   // Extra (refill) rounds run, and groups whose rewards vary.
   int refill_rounds = 0;
   int informative = 0;
+  StragglerCounts stragglers;
 };
 
 class RunLoop {
@@ -110,10 +126,17 @@ class RunLoop {
   // Splits prompts over the workers and collects their groups; a worker
   // refuses (ABORTED) while it holds weights older than `min_version`.
   // `record_routing`: the trajectories carry their MoE routes
-  // (rl.routing_replay).
+  // (rl.routing_replay). A worker call that outlives
+  // rollout.request_timeout_ms is cancelled and its missing prompts are
+  // re-sent to the next worker that has not timed out in this call (same
+  // ids, stream keys and round: the same trajectory ids, which the replay
+  // buffer stores once) or dropped (rollout.on_timeout); `counts`, when
+  // set, is added what happened. Groups dropped by the reward policy are
+  // left out and counted too.
   absl::StatusOr<std::vector<TrajectoryGroup>> Generate(const std::vector<Prompt>& prompts, int n,
                                                         const SamplingParams& sampling, bool pipeline, int64_t round,
-                                                        int64_t min_version, bool record_routing = false) const;
+                                                        int64_t min_version, bool record_routing = false,
+                                                        StragglerCounts* counts = nullptr) const;
   absl::StatusOr<ScoreResponse> Score(const std::vector<TrajectoryGroup>& groups) const;
   // One RL stage step's rollouts (pipeline mode: stored in the buffer as
   // they come): `prompts` first; with rl.dynamic_sampling.mode refill, then
@@ -143,6 +166,15 @@ class RunLoop {
   // dynamic_sampling_groups_informative, dynamic_sampling_refill_rounds);
   // the learner adds how many it kept (groups, refill_groups_*).
   static void RecordRefill(int generated, int informative, int refill_rounds, nlohmann::json* record);
+  // A step's straggler and dropped-group counts into its record
+  // (rollout_timeouts, rollout_redispatched_prompts, rollout_dropped_prompts
+  // when rollout.request_timeout_ms is set; reward_dropped_groups under
+  // on_failure drop_group) and the status's running totals.
+  void RecordStragglers(const StragglerCounts& counts, nlohmann::json* record);
+  // How many groups the learner takes for a step that generated `groups`:
+  // 0 (prompts_per_step) unless refilling or some prompts yield no group;
+  // UNAVAILABLE when none is left to train on.
+  absl::StatusOr<int> GroupsToTrain(const RlStage& rl, int groups, const StragglerCounts& counts) const;
   absl::Status AfterStep(const Stage& stage, int64_t total, nlohmann::json* record);
   absl::Status TrimBuffer();
 

@@ -439,5 +439,113 @@ TEST_CASE("held-out eval reports greedy accuracy and the unbiased pass@k") {
   CHECK(sampled == 2);
 }
 
+// Sync GRPO on two fake workers, 4 prompts a step (2 per worker), with the
+// straggler settings `rollout`, e.g. "request_timeout_ms: 300".
+RunnerOptions StragglerOptions(const std::string& rollout, const std::string& run_dir) {
+  ExperimentConfig cfg;
+  YamlSource src;
+  const std::string yaml =
+      "name: t\nseed: 7\nmodel: {tokenizer: char}\n"
+      "task: {kind: arithmetic, digits: 1, train: 64, eval: 8}\n"
+      "stages:\n"
+      "  - grpo: {rl: {steps: 2, prompts_per_step: 4, samples_per_prompt: 2, optimizer: {lr: 1.0e-4}}}\n"
+      "rollout: {workers: 2, sampling: {temperature: 1.0, max_new_tokens: 3}, " +
+      rollout + "}\nlearner: {shards: 1}\n";
+  absl::Status s = MergeYaml(yaml, &cfg, &src);
+  if (s.ok()) s = NormalizeExperiment(&cfg, src);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  RunnerOptions o = Options(cfg, run_dir);
+  o.rollout_workers = {"fake:3", "fake:5"};
+  return o;
+}
+
+// The pipeline generations of round `round`, in call order.
+std::vector<FakeCluster::Generation> Round(const FakeCluster& c, int64_t round) {
+  std::vector<FakeCluster::Generation> out;
+  for (const auto& g : c.generations()) {
+    if (g.pipeline && g.round == round) out.push_back(g);
+  }
+  return out;
+}
+
+TEST_CASE("a stuck rollout worker: its missing prompts go to the other worker, keyed as before, stored once") {
+  testing::TempDir dir;
+  FakeCluster cluster({.rollouts = 2});
+  // Worker 0 streams one of its two groups of step 1, then hangs; when its
+  // call is cancelled it still stores the other (a put already in flight).
+  cluster.HangGenerate(0, 1, /*deliver_first=*/1, /*store_late=*/true);
+  ExperimentRunner runner(StragglerOptions("request_timeout_ms: 300", dir.path()), cluster.MakeClients());
+  const absl::Time start = absl::Now();
+  absl::Status s = runner.Run();
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  // Bounded by the deadline, far below the fake's 10 s cap for a call
+  // nobody cancels (which would have failed the step into a recovery).
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(runner.status().metrics().count("recoveries") == 0);
+
+  const auto gens = Round(cluster, 1);
+  REQUIRE(gens.size() == 3);
+  // Worker 0 hung on prompts 0 and 2 of the step; prompt 2 (its stream key
+  // 2: its place in the step) was re-sent to worker 1 in the same round.
+  const auto hung = std::find_if(gens.begin(), gens.end(), [](const auto& g) { return g.hung; });
+  REQUIRE(hung != gens.end());
+  CHECK(hung->worker == 0);
+  REQUIRE(hung->prompt_ids.size() == 2);
+  const FakeCluster::Generation& again = gens.back();
+  CHECK(again.worker == 1);
+  CHECK(again.prompt_ids == std::vector<std::string>{hung->prompt_ids[1]});
+  CHECK(again.stream_keys == std::vector<int64_t>{2});
+
+  // The late copy and the redispatched one have one group id: stored once,
+  // and the learner trained on exactly the step's four groups.
+  CHECK(cluster.duplicate_puts() == 1);
+  const auto trains = cluster.trains();
+  REQUIRE(trains.size() == 2);
+  std::set<std::string> want;
+  for (const auto& g : gens) {
+    for (const auto& id : g.prompt_ids) want.insert("exp/1/" + id);
+  }
+  REQUIRE(want.size() == 4);
+  CHECK(std::set<std::string>(trains[0].group_ids.begin(), trains[0].group_ids.end()) == want);
+  CHECK(trains[0].group_ids.size() == 4);
+  CHECK(trains[1].group_ids.size() == 4);
+  for (const auto& id : trains[1].group_ids) CHECK(id.rfind("exp/2/", 0) == 0);
+
+  const auto steps = Records(dir.path(), "step");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0]["rollout_timeouts"].get<double>() == 1);
+  CHECK(steps[0]["rollout_redispatched_prompts"].get<double>() == 1);
+  CHECK(steps[0]["rollout_dropped_prompts"].get<double>() == 0);
+  CHECK(steps[1]["rollout_timeouts"].get<double>() == 0);
+  CHECK(runner.status().metrics().at("rollout_timeouts") == 1);
+}
+
+TEST_CASE("a stuck rollout worker under on_timeout drop: the step trains on the groups that arrived") {
+  testing::TempDir dir;
+  FakeCluster cluster({.rollouts = 2});
+  cluster.HangGenerate(1, 1, /*deliver_first=*/0);
+  ExperimentRunner runner(StragglerOptions("request_timeout_ms: 300, on_timeout: drop", dir.path()),
+                          cluster.MakeClients());
+  const absl::Time start = absl::Now();
+  absl::Status s = runner.Run();
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(runner.status().metrics().count("recoveries") == 0);
+  CHECK(Round(cluster, 1).size() == 2);  // nothing re-sent
+  const auto trains = cluster.trains();
+  REQUIRE(trains.size() == 2);
+  // Worker 0's two groups only; the learner does not wait for the others.
+  CHECK(trains[0].group_ids.size() == 2);
+  CHECK(trains[1].group_ids.size() == 4);
+  const auto steps = Records(dir.path(), "step");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0]["rollout_timeouts"].get<double>() == 1);
+  CHECK(steps[0]["rollout_dropped_prompts"].get<double>() == 2);
+  CHECK(steps[0]["rollout_redispatched_prompts"].get<double>() == 0);
+}
+
 }  // namespace
 }  // namespace rlmesh

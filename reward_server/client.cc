@@ -1,5 +1,7 @@
 #include "reward_server/client.h"
 
+#include <algorithm>
+
 #include "common/grpc_status.h"
 #include "proto/reward.grpc.pb.h"
 
@@ -13,9 +15,12 @@ class GrpcRewardClient final : public RewardClient {
   GrpcRewardClient(RpcClient client, RetryOptions retry)
       : client_(std::move(client)), retry_(retry), stub_(RewardService::NewStub(client_.channel())) {}
 
-  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request) override {
+  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request, absl::Duration timeout) override {
+    RetryOptions retry = retry_;
+    retry.total_timeout = std::min(retry.total_timeout, timeout);
+    retry.attempt_timeout = std::min(retry.attempt_timeout, timeout);
     ScoreResponse response;
-    absl::Status s = CallWithRetry(client_, retry_, "reward server", [&](grpc::ClientContext* ctx) {
+    absl::Status s = CallWithRetry(client_, retry, "reward server", [&](grpc::ClientContext* ctx) {
       response.Clear();
       return stub_->Score(ctx, request, &response);
     });

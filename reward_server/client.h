@@ -19,11 +19,15 @@ namespace rlmesh {
 class RewardClient {
  public:
   virtual ~RewardClient() = default;
-  virtual absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request) = 0;
+  // One call, retries inside the client included, that returns by
+  // `timeout` (DEADLINE_EXCEEDED then); InfiniteDuration() leaves the
+  // client's own deadline.
+  virtual absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request, absl::Duration timeout) = 0;
 };
 
 // Retries UNAVAILABLE and DEADLINE_EXCEEDED attempts (a restarting server)
-// with exponential backoff (CallWithRetry); other errors return at once.
+// with exponential backoff (CallWithRetry) within retry.total_timeout and
+// the call's `timeout`, whichever ends first; other errors return at once.
 std::unique_ptr<RewardClient> MakeGrpcRewardClient(RpcClient client, RetryOptions retry = {});
 
 }  // namespace rlmesh

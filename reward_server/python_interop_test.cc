@@ -57,7 +57,7 @@ TEST_CASE("a Python reward server scores for the C++ client") {
   b->set_item_id("b");
   b->set_completion_text("41");
   b->set_reference_answer("42");
-  auto resp = client->Score(req);
+  auto resp = client->Score(req, absl::InfiniteDuration());
   REQUIRE(resp.ok());
   REQUIRE(resp->results_size() == 2);
   CHECK(resp->reward_source() == "python:endswith");

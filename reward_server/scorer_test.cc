@@ -107,14 +107,14 @@ TEST_CASE("served over gRPC with auth, through the retrying client") {
   auto client = MakeGrpcRewardClient(*RpcClient::Create(server.address(), co));
   ScoreRequest req;
   *req.add_items() = Item(tok, "12", "12");
-  auto resp = client->Score(req);
+  auto resp = client->Score(req, absl::InfiniteDuration());
   REQUIRE(resp.ok());
   CHECK(resp->results(0).reward() == 1.0);
 
   RetryOptions quick;
   quick.total_timeout = absl::Seconds(1);
   auto anonymous = MakeGrpcRewardClient(*RpcClient::Create(server.address()), quick);
-  CHECK(anonymous->Score(req).status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(anonymous->Score(req, absl::InfiniteDuration()).status().code() == absl::StatusCode::kUnauthenticated);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
+#include "reward_server/reward_call.h"
 
 namespace rlmesh::rollout {
 
@@ -60,18 +61,23 @@ void RolloutWorker::Impl::EndUndelivered(const std::shared_ptr<RequestHandle>& r
 }
 
 void RolloutWorker::Impl::RunPipeline(std::shared_ptr<RequestHandle> req, TrajectoryGroup group) {
-  absl::Status s = ScoreAndStore(req->request, &group);
-  if (!s.ok()) {
+  bool dropped = false;
+  absl::Status s = ScoreAndStore(req->request, &group, &dropped);
+  if (dropped) {
+    RLMESH_LOG(WARNING) << "pipeline dropped group=" << group.group_id() << " (reward_call.on_failure drop_group)";
+    absl::MutexLock lock(&mu);
+    ++dropped_groups;
+  } else if (!s.ok()) {
     RLMESH_LOG(WARNING) << "pipeline failed group=" << group.group_id() << ": " << s.message();
     absl::MutexLock lock(&mu);
     ++failed_groups;
   }
-  Deliver(req, std::move(group), s.ok(), s);
+  Deliver(req, std::move(group), s.ok() && !dropped, s);
   absl::MutexLock lock(&mu);
   --pipeline_busy;
 }
 
-absl::Status RolloutWorker::Impl::ScoreAndStore(const GenerateRequest& r, TrajectoryGroup* group) {
+absl::Status RolloutWorker::Impl::ScoreAndStore(const GenerateRequest& r, TrajectoryGroup* group, bool* dropped) {
   ScoreRequest sr;
   sr.set_experiment_id(r.experiment_id());
   *sr.mutable_verifiers() = r.verifiers();
@@ -85,13 +91,34 @@ absl::Status RolloutWorker::Impl::ScoreAndStore(const GenerateRequest& r, Trajec
     *item->mutable_metadata() = t.metadata();
     item->set_max_new_tokens(r.sampling().max_new_tokens());
   }
-  absl::StatusOr<ScoreResponse> scored = [&] {
-    TraceSpan span("score", "rollout");
-    return reward->Score(sr);
-  }();
-  if (!scored.ok()) {
-    return absl::Status(scored.status().code(), absl::StrCat("reward server: ", scored.status().message()));
+  // A request without a reward_call keeps the old behaviour: one call
+  // under the client's own deadline and retries, no breaker.
+  RewardCallPolicy policy = r.reward_call();
+  if (!r.has_reward_call()) {
+    policy.set_retries(0);
+    policy.set_breaker_failures(0);
   }
+  CircuitBreaker* breaker = nullptr;
+  if (BreakerOptions(policy).failures_to_open > 0) {  // unset = the default 5
+    reward_breaker.SetOptions(BreakerOptions(policy));
+    breaker = &reward_breaker;
+  }
+  absl::StatusOr<ScoreOutcome> outcome = [&] {
+    TraceSpan span("score", "rollout");
+    return ScoreWithPolicy(*reward, breaker, policy, sr, absl::InfiniteDuration());
+  }();
+  if (!outcome.ok()) {
+    return absl::Status(outcome.status().code(), absl::StrCat("reward server: ", outcome.status().message()));
+  }
+  if (outcome->kind == ScoreOutcome::Kind::kDropped) {
+    *dropped = true;
+    return absl::OkStatus();
+  }
+  if (outcome->kind == ScoreOutcome::Kind::kZeroed) {
+    RLMESH_LOG(WARNING) << "pipeline zeroed group=" << group->group_id()
+                        << " (reward_call.on_failure zero): " << outcome->failure.message();
+  }
+  const ScoreResponse* scored = &outcome->response;
   if (scored->results_size() != group->samples_size()) {
     return absl::InternalError(absl::StrCat("reward server: ", scored->results_size(), " results for ",
                                             group->samples_size(), " items"));

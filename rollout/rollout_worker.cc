@@ -102,6 +102,7 @@ RolloutStatus RolloutWorker::Status() const {
   s.set_queued_requests(static_cast<int32_t>(impl_->pending.size()));
   s.set_generated_tokens(impl_->generated_tokens);
   s.set_failed_groups(impl_->failed_groups);
+  s.set_dropped_groups(impl_->dropped_groups);
   if (impl_->update) s.set_pending_update_version(impl_->update->version);
   if (!impl_->rate.empty()) {
     int64_t tokens = 0;

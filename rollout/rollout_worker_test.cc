@@ -442,9 +442,16 @@ TEST_CASE("weights through the in-process sync change the output and bump the ve
 
 class FakeReward : public RewardClient {
  public:
-  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request) override {
+  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request, absl::Duration timeout) override {
     calls++;
     if (fail) return absl::UnavailableError("reward server down");
+    if (hang) {
+      // Stuck until the call's deadline; 20 s at most, so a caller that
+      // sets none fails its test instead of hanging it.
+      absl::Notification never;
+      never.WaitForNotificationWithTimeout(std::min(timeout, absl::Seconds(20)));
+      return absl::DeadlineExceededError("fake reward server: stuck");
+    }
     last_verifiers = request.verifiers_size();
     ScoreResponse r;
     r.set_reward_source("fake:length");
@@ -458,6 +465,7 @@ class FakeReward : public RewardClient {
   }
   std::atomic<int> calls{0};
   std::atomic<bool> fail{false};
+  std::atomic<bool> hang{false};
   std::atomic<int> last_verifiers{0};
 };
 
@@ -529,6 +537,47 @@ TEST_CASE("pipeline: a group the reward server cannot take is returned unstored 
   CHECK(worker->Status().failed_groups() == 2);
   absl::MutexLock lock(&replay.mu);
   CHECK(replay.stored.empty());
+}
+
+TEST_CASE("pipeline: a reward server that hangs is cut by reward_call.timeout_ms and its policy applied") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  FakeReward reward;
+  reward.hang = true;
+  FakeReplay replay;
+  auto worker = MakeWorker({}, &reward, &replay);
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  for (const std::string policy : {"zero", "drop_group"}) {
+    INFO("on_failure " << policy);
+    GenerateRequest req = MakeRequest({"a", "b"}, 2, 4, 11);
+    req.set_pipeline(true);
+    req.mutable_reward_call()->set_on_failure(policy);
+    req.mutable_reward_call()->set_timeout_ms(100);
+    req.mutable_reward_call()->set_breaker_failures(0);
+    Collector col;
+    const absl::Time start = absl::Now();
+    REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+    // The fake hangs 20 s when no deadline cuts it.
+    REQUIRE(col.Wait(absl::Seconds(15)).ok());
+    CHECK(absl::Now() - start < absl::Seconds(10));
+    REQUIRE(col.groups.size() == 2);
+    absl::MutexLock lock(&replay.mu);
+    if (policy == "zero") {
+      for (auto& [g, stored] : col.groups) {
+        CHECK(stored);
+        for (const auto& t : g.samples()) {
+          CHECK(t.reward() == 0);
+          CHECK(t.provenance().reward_source() == "failed");
+        }
+      }
+      CHECK(replay.stored.size() == 2);
+    } else {
+      for (auto& [g, stored] : col.groups) CHECK_FALSE(stored);  // and the call still ended OK
+      CHECK(replay.stored.size() == 2);                          // nothing more stored
+      CHECK(worker->Status().dropped_groups() == 2);
+      CHECK(worker->Status().failed_groups() == 0);
+    }
+  }
 }
 
 TEST_CASE("cancel and shutdown end requests exactly once") {

@@ -37,6 +37,7 @@
 #include "actor/transformer.h"
 #include "common/thread_pool.h"
 #include "environment/client.h"
+#include "reward_server/circuit_breaker.h"
 #include "rollout/rollout_worker.h"
 #include "weight_sync/weight_sync.h"
 
@@ -166,6 +167,7 @@ struct RolloutWorker::Impl {
   std::map<std::string, ParamInfo> params ABSL_GUARDED_BY(mu);
   int64_t generated_tokens ABSL_GUARDED_BY(mu) = 0;
   int64_t failed_groups ABSL_GUARDED_BY(mu) = 0;
+  int64_t dropped_groups ABSL_GUARDED_BY(mu) = 0;
   int64_t pipeline_busy ABSL_GUARDED_BY(mu) = 0;
   std::deque<std::pair<absl::Time, int64_t>> rate ABSL_GUARDED_BY(mu);  // (time, tokens) per step
   uint64_t next_request_id ABSL_GUARDED_BY(mu) = 1;
@@ -191,6 +193,10 @@ struct RolloutWorker::Impl {
   // Groups interrupted by an update (partial rollout), resubmitted with
   // their tokens so far once the new weights are in.
   std::vector<actor::GenerationRequest> parked;
+
+  // The reward server's circuit breaker (reward_call.breaker_*; the options
+  // of the latest request). Safe for concurrent use: its own lock.
+  CircuitBreaker reward_breaker{CircuitBreakerOptions{}};
 
   // Scores and stores finished groups (pipeline mode). Stopped (drained)
   // after the engine thread has ended, so Schedule never refuses.
@@ -237,7 +243,9 @@ struct RolloutWorker::Impl {
 
   void RunPipeline(std::shared_ptr<RequestHandle> req, TrajectoryGroup group);
 
-  absl::Status ScoreAndStore(const GenerateRequest& r, TrajectoryGroup* group);
+  // Scores `group` under r.reward_call and stores it. `dropped`: the policy
+  // dropped it after a failed Score call (OK returned, nothing stored).
+  absl::Status ScoreAndStore(const GenerateRequest& r, TrajectoryGroup* group, bool* dropped);
 
   // ---- multi-turn episodes (episodes.cc) -----------------------------------
 

@@ -29,6 +29,24 @@ void FakeCluster::FailNext(const std::string& method, absl::Status status, int t
   failures_[method] = {std::move(status), times};
 }
 
+void FakeCluster::HangGenerate(int worker, int times, int deliver_first, bool store_late) {
+  absl::MutexLock lock(&mu_);
+  hangs_[worker] = {times, deliver_first, store_late};
+}
+
+void FakeCluster::PutGroup(Group g) {
+  if (!stored_ids_.insert(g.id).second) {
+    ++duplicate_puts_;
+    return;
+  }
+  buffer_.push_back(std::move(g));
+}
+
+int FakeCluster::duplicate_puts() const {
+  absl::MutexLock lock(&mu_);
+  return duplicate_puts_;
+}
+
 void FakeCluster::CrashLearnerAt(int rank, int64_t step, absl::Status status) {
   absl::MutexLock lock(&mu_);
   crash_at_[rank] = {step, std::move(status)};
@@ -136,6 +154,7 @@ class FakeCluster::Learner : public LearnerClient {
         }
         if (t.group_versions.empty()) t.groups_round = g.round;
         t.group_versions.push_back(g.version);
+        t.group_ids.push_back(g.id);
       }
       if (static_cast<int>(t.group_versions.size()) < b.num_groups()) {
         return absl::InvalidArgumentError(
@@ -209,10 +228,14 @@ class FakeCluster::Rollout : public RolloutClient {
     return st;
   }
 
-  absl::Status Generate(const GenerateRequest& req,
+  absl::Status Generate(const GenerateRequest& req, absl::Duration timeout,
                         const std::function<absl::Status(GenerateResponse&)>& on_response) override {
+    const absl::Time deadline = absl::Now() + timeout;
     RLMESH_RETURN_IF_ERROR(c_->Enter("rollout.Generate", req.pipeline() ? "pipeline" : "eval", log()));
     std::vector<GenerateResponse> out;
+    // Groups a hung call holds back (stored late with store_late).
+    std::vector<Group> late;
+    bool hung = false, store_late = false;
     {
       absl::MutexLock cl(&c_->mu_);
       absl::MutexLock lock(&mu_);
@@ -221,8 +244,20 @@ class FakeCluster::Rollout : public RolloutClient {
         return absl::AbortedError(
             absl::StrCat("min_policy_version: ", req.min_policy_version(), " but the worker holds ", held_));
       }
-      c_->generations_.push_back({index_, req.step(), req.min_policy_version(), held_, req.pipeline(), req.n(), {}});
-      for (const Prompt& p : req.prompts()) c_->generations_.back().prompt_ids.push_back(p.prompt_id());
+      int deliver = req.prompts_size();
+      auto hang = c_->hangs_.find(index_);
+      if (req.pipeline() && hang != c_->hangs_.end() && hang->second.times > 0) {
+        --hang->second.times;
+        hung = true;
+        store_late = hang->second.store_late;
+        deliver = std::min(deliver, hang->second.deliver_first);
+      }
+      c_->generations_.push_back({index_, req.step(), req.min_policy_version(), held_, req.pipeline(), req.n(), {},
+                                  {}, hung});
+      for (const Prompt& p : req.prompts()) {
+        c_->generations_.back().prompt_ids.push_back(p.prompt_id());
+        c_->generations_.back().stream_keys.push_back(p.has_stream_key() ? p.stream_key() : -1);
+      }
       for (const Prompt& p : req.prompts()) {
         GenerateResponse resp;
         TrajectoryGroup* g = resp.mutable_group();
@@ -241,15 +276,29 @@ class FakeCluster::Rollout : public RolloutClient {
           t->set_policy_version(held_);
           if (req.pipeline()) t->set_reward(right ? 1 : 0);
         }
+        if (static_cast<int>(out.size()) >= deliver) {
+          if (req.pipeline()) late.push_back({held_, req.step(), g->group_id()});
+          continue;
+        }
         if (req.pipeline()) {
-          c_->buffer_.push_back({held_, req.step()});
+          c_->PutGroup({held_, req.step(), g->group_id()});
           resp.set_stored(true);
         }
         out.push_back(std::move(resp));
       }
     }
     for (auto& resp : out) RLMESH_RETURN_IF_ERROR(on_response(resp));
-    return absl::OkStatus();
+    if (!hung) return absl::OkStatus();
+    // Stuck: nothing more until the deadline cancels the call (capped, so a
+    // caller without a deadline fails rather than hangs).
+    const absl::Time cap = absl::Now() + absl::Seconds(10);
+    absl::SleepFor(std::min(deadline, cap) - absl::Now());
+    if (store_late) {
+      absl::MutexLock cl(&c_->mu_);
+      for (auto& g : late) c_->PutGroup(std::move(g));
+    }
+    if (deadline <= cap) return absl::DeadlineExceededError("fake rollout: deadline exceeded (stuck worker)");
+    return absl::UnavailableError("fake rollout: stuck past the fake's 10 s cap (no deadline set)");
   }
 
  private:
@@ -267,7 +316,7 @@ class FakeCluster::Rollout : public RolloutClient {
 class FakeCluster::Reward : public RewardClient {
  public:
   explicit Reward(FakeCluster* c) : c_(c) {}
-  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& req) override {
+  absl::StatusOr<ScoreResponse> Score(const ScoreRequest& req, absl::Duration) override {
     RLMESH_RETURN_IF_ERROR(c_->Enter("reward.Score", "", true));
     const VerifierConfig& v = req.verifiers(0);
     const std::string label = v.label().empty() ? v.name() : v.label();

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,7 @@ class FakeCluster {
     int64_t min_policy_version = 0;  // the request's buffer bound
     std::vector<int64_t> group_versions;  // versions of the groups it took
     int64_t groups_round = 0;        // rollout round of its first group
+    std::vector<std::string> group_ids;  // ids of the groups it took
     bool from_task = false;
   };
   // One LoadWeights on a worker.
@@ -67,6 +69,8 @@ class FakeCluster {
     bool pipeline = false;
     int n = 0;
     std::vector<std::string> prompt_ids;
+    std::vector<int64_t> stream_keys;
+    bool hung = false;  // a HangGenerate call
   };
 
   explicit FakeCluster(Options options);
@@ -81,6 +85,16 @@ class FakeCluster {
   // "learner.Save", "learner.PublishWeights", "rollout.Generate",
   // "rollout.LoadWeights", "reward.Score", "health.Wait".
   void FailNext(const std::string& method, absl::Status status, int times = 1);
+  // The next `times` pipeline Generate calls on worker `worker`
+  // stream their first `deliver_first` groups and then hang, as a stuck
+  // worker does: they answer nothing more until the call's deadline
+  // (DEADLINE_EXCEEDED) or, with no deadline, until a cap of 10 s
+  // (UNAVAILABLE, so a loop that never cancels fails instead of hanging the
+  // test). With `store_late`, a hung call still puts its other groups into
+  // the buffer when it ends (a pipeline already in flight at the
+  // cancellation); the fake buffer, like the real one, keeps one copy per
+  // group id.
+  void HangGenerate(int worker, int times = 1, int deliver_first = 0, bool store_late = false);
   // Learner rank `rank` dies when asked for train step `step` (0-based): it
   // answers `status` and, like a restarted process, forgets everything but
   // its saved checkpoints. Once.
@@ -97,6 +111,8 @@ class FakeCluster {
   // Groups older than a train step's min_policy_version that the buffer
   // skipped (a real buffer never hands them out either).
   int stale_skipped() const;
+  // Puts of a group id already in the buffer (kept once).
+  int duplicate_puts() const;
 
  private:
   class Learner;
@@ -112,7 +128,15 @@ class FakeCluster {
   struct Group {
     int64_t version = 0;
     int64_t round = 0;
+    std::string id;
   };
+  struct Hang {
+    int times = 0;
+    int deliver_first = 0;
+    bool store_late = false;
+  };
+  // Appends `g` unless its id is stored already (then counts a duplicate).
+  void PutGroup(Group g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Checkpoint {
     int64_t step = 0;
     int64_t version = 0;
@@ -128,7 +152,10 @@ class FakeCluster {
   std::map<int, std::pair<int64_t, absl::Status>> crash_at_ ABSL_GUARDED_BY(mu_);
   // The replay buffer: FIFO of stored groups.
   std::deque<Group> buffer_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> stored_ids_ ABSL_GUARDED_BY(mu_);
   int stale_skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  int duplicate_puts_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, Hang> hangs_ ABSL_GUARDED_BY(mu_);
   // Newest checkpoint per checkpoint dir (what a restarted learner resumes
   // from), and every folder saved by path.
   std::map<std::string, Checkpoint> newest_ ABSL_GUARDED_BY(mu_);
