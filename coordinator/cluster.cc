@@ -13,17 +13,6 @@
 
 namespace rlmesh {
 
-std::string RoleBinary(const std::string& bin_dir, Role role) {
-  switch (role) {
-    case ROLE_ROLLOUT_WORKER: return bin_dir + "/rollout/rollout_worker";
-    case ROLE_REWARD_SERVER: return bin_dir + "/reward_server/reward_server";
-    case ROLE_REPLAY_BUFFER: return bin_dir + "/replay_buffer/replay_buffer";
-    case ROLE_LEARNER: return bin_dir + "/learner/learner";
-    case ROLE_COORDINATOR: return bin_dir + "/coordinator/coordinator";
-    default: return "";
-  }
-}
-
 absl::Status ClusterOptions::Validate() const {
   if (bin_dir.empty()) return absl::InvalidArgumentError("bin_dir: empty");
   if (run_dir.empty()) return absl::InvalidArgumentError("run_dir: empty");

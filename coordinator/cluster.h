@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "common/rpc_client.h"
 #include "common/subprocess.h"
+#include "coordinator/role_command.h"
 #include "proto/coordinator.pb.h"
 
 namespace rlmesh {
@@ -111,8 +112,5 @@ class Cluster {
   std::atomic<bool> stopping_{false};
   std::thread monitor_;
 };
-
-// The role binary path for a role under bin_dir.
-std::string RoleBinary(const std::string& bin_dir, Role role);
 
 }  // namespace rlmesh
