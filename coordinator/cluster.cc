@@ -15,17 +15,6 @@
 
 namespace rlmesh {
 
-std::string RoleBinary(const std::string& bin_dir, Role role) {
-  switch (role) {
-    case ROLE_ROLLOUT_WORKER: return bin_dir + "/rollout/rollout_worker";
-    case ROLE_REWARD_SERVER: return bin_dir + "/reward_server/reward_server";
-    case ROLE_REPLAY_BUFFER: return bin_dir + "/replay_buffer/replay_buffer";
-    case ROLE_LEARNER: return bin_dir + "/learner/learner";
-    case ROLE_COORDINATOR: return bin_dir + "/coordinator/coordinator";
-    default: return "";
-  }
-}
-
 int GpuOf(const ClusterOptions& options, Role role, int index) {
   const std::vector<int>* gpus = nullptr;
   switch (role) {

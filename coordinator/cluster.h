@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "common/rpc_client.h"
 #include "common/subprocess.h"
+#include "coordinator/role_command.h"
 #include "proto/coordinator.pb.h"
 
 namespace rlmesh {
@@ -130,8 +131,5 @@ class Cluster {
 // The GPU process `index` of `role` gets under `options` (round robin over
 // the role's list), or -1 for the CPU.
 int GpuOf(const ClusterOptions& options, Role role, int index);
-
-// The role binary path for a role under bin_dir.
-std::string RoleBinary(const std::string& bin_dir, Role role);
 
 }  // namespace rlmesh

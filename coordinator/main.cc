@@ -3,7 +3,8 @@
 //
 // Over 600 lines because it is every subcommand's wiring (flags → options →
 // the parts in this folder, which hold the logic): launch and run on the
-// local and the Slurm launcher, submit/status/list/cancel. Splitting it
+// local and the Slurm launcher, launch in a Kubernetes pod and the k8s
+// manifests, submit/status/list/cancel. Splitting it
 // would scatter the flag definitions that each command reads.
 #include <pthread.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -40,6 +42,7 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/dashboard_source.h"
 #include "coordinator/hang_watch.h"
+#include "coordinator/k8s_manifests.h"
 #include "coordinator/experiment_config.h"
 #include "coordinator/experiments.h"
 #include "coordinator/prometheus.h"
@@ -82,7 +85,11 @@ ABSL_FLAG(int, dashboard_port, -1,
           "coordinator's --bind interface (loopback by default), with the cluster's token.");
 ABSL_FLAG(bool, dry_run, false,
           "launch/run with a Slurm cluster (--cluster, launcher: slurm): print the sbatch script "
-          "and the srun step of every role, then exit without submitting. Also --dry-run.");
+          "and the srun step of every role, then exit without submitting; launch with a "
+          "kubernetes cluster: print its manifests (as `coordinator k8s`). Also --dry-run.");
+ABSL_FLAG(std::string, out, "",
+          "k8s: write one file per object into this folder (for `kubectl apply -f DIR`) instead of "
+          "printing one multi-document YAML to stdout.");
 ABSL_FLAG(double, heartbeat_timeout_seconds, 5.0,
           "A registered role without a heartbeat for this long is shown DEAD.");
 ABSL_FLAG(int, metrics_port, -1,
@@ -105,6 +112,10 @@ commands:
   run EXPERIMENT.yaml             launch + submit + follow + clean shutdown
                                   (--cluster SLURM.yaml runs the roles as Slurm steps;
                                   --dry-run prints the batch script)
+  k8s --cluster K8S.yaml [--out DIR]
+                                  render the Kubernetes manifests of a cluster with
+                                  launcher: kubernetes (`launch --dry-run` prints them too;
+                                  `launch` inside the coordinator's pod waits for the roles)
 
 common flags: --address=HOST:PORT (client commands), --auth_token_file=FILE,
   --port, --port_file, --bind, --tls_cert/--tls_key (server commands),
@@ -321,10 +332,12 @@ absl::StatusOr<ClusterConfig> LoadCluster(const std::string& path) {
   ClusterConfig config;
   YamlSource src;
   RLMESH_RETURN_IF_ERROR(LoadYamlFile(UserPath(path), &config, &src));
-  if (!config.launcher().empty() && config.launcher() != "local" && config.launcher() != "slurm") {
+  if (!config.launcher().empty() && config.launcher() != "local" && config.launcher() != "slurm" &&
+      config.launcher() != "kubernetes") {
     return absl::InvalidArgumentError(
-        absl::StrCat("launcher: '", config.launcher(), "' is not \"local\" or \"slurm\""));
+        absl::StrCat("launcher: '", config.launcher(), "' is not \"local\", \"slurm\" or \"kubernetes\""));
   }
+  if (config.launcher() == "kubernetes") RLMESH_RETURN_IF_ERROR(ValidateKubernetesCluster(config));
   RLMESH_RETURN_IF_ERROR(ApplyClusterTls(config.tls()));
   return config;
 }
@@ -465,12 +478,147 @@ int LaunchSlurm(const ClusterConfig& config, const ClusterOptions& options) {
   return code;
 }
 
+// The files a cluster's Secrets carry, read from where the user named them.
+absl::StatusOr<K8sSecretFiles> ReadK8sSecrets(const ClusterConfig& config) {
+  auto read = [](const std::string& field, const std::string& path, std::string* out) -> absl::Status {
+    if (path.empty()) return absl::OkStatus();
+    std::ifstream in(UserPath(path), std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in || text.str().empty()) return absl::NotFoundError(absl::StrCat(field, ": cannot read ", UserPath(path)));
+    *out = text.str();
+    return absl::OkStatus();
+  };
+  K8sSecretFiles f;
+  RLMESH_RETURN_IF_ERROR(read("auth_token_file", config.auth_token_file(), &f.auth_token));
+  RLMESH_RETURN_IF_ERROR(read("tls.cert_file", config.tls().cert_file(), &f.tls_cert));
+  RLMESH_RETURN_IF_ERROR(read("tls.key_file", config.tls().key_file(), &f.tls_key));
+  RLMESH_RETURN_IF_ERROR(read("tls.root_cert_file", config.tls().root_cert_file(), &f.tls_root_cert));
+  return f;
+}
+
+// `k8s` and `launch --dry-run` of a kubernetes cluster: the manifests on
+// stdout, or one file per object under --out.
+int RenderK8s(const std::string& what, const ClusterConfig& config) {
+  auto secrets = ReadK8sSecrets(config);
+  if (!secrets.ok()) return Fail(what, secrets.status());
+  auto manifests = RenderKubernetes(config, *secrets);
+  if (!manifests.ok()) return Fail(what, manifests.status());
+  const bool has_secrets = !config.auth_token_file().empty() || !config.tls().cert_file().empty() ||
+                           !config.tls().root_cert_file().empty();
+  const std::string out = UserPath(absl::GetFlag(FLAGS_out));
+  if (out.empty()) {
+    std::fputs(JoinManifests(*manifests).c_str(), stdout);
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(out, ec);
+    if (ec) return Fail(what, absl::PermissionDeniedError(absl::StrCat("cannot create ", out, ": ", ec.message())));
+    for (const auto& m : *manifests) {
+      absl::Status w = WriteFileAtomically(out + "/" + m.file, m.yaml);
+      if (!w.ok()) return Fail(what, w);
+    }
+    std::printf("rlmesh: %zu objects in %s; apply them with: kubectl apply -f %s\n", manifests->size(), out.c_str(),
+                out.c_str());
+  }
+  if (has_secrets) {
+    std::fprintf(stderr, "coordinator %s: note: the output holds the token/TLS keys (Secrets, base64); keep it "
+                 "out of version control\n", what.c_str());
+  }
+  return 0;
+}
+
+int K8s() {
+  const std::string path = absl::GetFlag(FLAGS_cluster);
+  if (path.empty()) return Fail("k8s", absl::InvalidArgumentError("--cluster: required"));
+  auto loaded = LoadCluster(path);
+  if (!loaded.ok()) return Fail("k8s", loaded.status());
+  if (loaded->launcher() != "kubernetes") {
+    return Fail("k8s", absl::InvalidArgumentError(
+                           absl::StrCat("launcher: '", loaded->launcher(), "' is not \"kubernetes\"")));
+  }
+  return RenderK8s("k8s", *loaded);
+}
+
+// launch with launcher: kubernetes, in the coordinator's pod: Kubernetes
+// started the roles (StatefulSets); serve the RPC, wait for every role to
+// register, then take experiments. A pod that restarts registers again at
+// the same DNS name and port, so the addresses stay valid.
+int LaunchKubernetes(const ClusterConfig& config) {
+  auto server_options = ServerOptionsFromFlags("coordinator");
+  if (!server_options.ok()) return Fail("launch", server_options.status());
+  const ClusterConfig pod = PodClusterConfig(config);
+  if (server_options->port == 0) server_options->port = pod.coordinator_port();
+  Registry registry(RegistryOptionsFromFlags());
+  RpcServer server(*server_options);
+  CoordinatorServiceImpl service(&server.auth(), nullptr, nullptr, &registry);
+  server.AddService(&service);
+  absl::Status started = server.Start();
+  if (!started.ok()) return Fail("launch", started);
+  const std::vector<std::string> names = KubernetesRoleNames(pod);
+  std::printf("rlmesh: coordinator %s waiting for %zu roles to register at %s\n", server.address().c_str(),
+              names.size(), KubernetesCoordinatorAddress(pod).c_str());
+  std::fflush(stdout);
+  const absl::Time deadline = absl::Now() + absl::Seconds(pod.kubernetes().start_timeout_seconds());
+  std::map<std::string, std::string> address;
+  for (const auto& name : names) {
+    auto info = registry.WaitFor(name, 0, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!info.ok()) {
+      server.Shutdown();
+      return Fail("launch", absl::DeadlineExceededError(absl::StrCat(
+                                name, " did not register within ", pod.kubernetes().start_timeout_seconds(),
+                                " s (kubernetes.start_timeout_seconds); see `kubectl -n ", pod.kubernetes().namespace_(),
+                                " get pods` and the pod's log")));
+    }
+    address[name] = info->address();
+  }
+  ClusterAddresses a;
+  a.replay_buffer = address.at("replay_buffer");
+  for (int i = 0; i < pod.reward_servers(); ++i) a.reward_servers.push_back(address.at(absl::StrCat("reward-", i)));
+  for (int i = 0; i < pod.rollout_workers(); ++i) a.rollout_workers.push_back(address.at(absl::StrCat("rollout-", i)));
+  for (int i = 0; i < pod.learners(); ++i) a.learners.push_back(address.at(absl::StrCat("learner-", i)));
+  a.auth_token = server_options->auth_token;
+  a.tokenizer = pod.tokenizer();
+  a.run_root = pod.run_dir() + "/experiments";
+  // Learner 0 hosts the c10d store: the workers and the other learners
+  // reach it at the stable DNS name it advertised (learner-0.learner...).
+  a.sync_store_host = HostOf(a.learners[0]);
+  std::error_code ec;
+  std::filesystem::create_directories(a.run_root, ec);
+  if (ec) RLMESH_LOG(WARNING) << "cannot create " << a.run_root << ": " << ec.message();
+  ExperimentManager experiments(a);
+  service.SetExperiments(&experiments);
+  WriteFileAtomically(pod.run_dir() + "/coordinator.address", server.address() + "\n").IgnoreError();
+  std::printf("rlmesh: cluster up on kubernetes (coordinator %s)\n", server.address().c_str());
+  PrintRoles(registry.Roles());
+  int code = 0;
+  if (absl::GetFlag(FLAGS_exit_after_health)) {
+    for (const auto& r : registry.Roles()) code = r.health() == "SERVING" ? code : 1;
+  } else {
+    const int sig = WaitForTerminationSignal();
+    RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
+  }
+  experiments.Shutdown();
+  service.SetExperiments(nullptr);
+  server.Shutdown();
+  return code;
+}
+
 int Launch() {
   const std::string path = absl::GetFlag(FLAGS_cluster);
   if (path.empty()) return Fail("launch", absl::InvalidArgumentError("--cluster: required"));
   auto loaded = LoadCluster(path);
   if (!loaded.ok()) return Fail("launch", loaded.status());
   ClusterConfig config = *loaded;
+  if (config.has_gpus() && !config.launcher().empty() && config.launcher() != "local") {
+    // Slurm binds GPUs itself (gres) and Kubernetes through
+    // kubernetes.*.gpus; mapping this block onto them is not built, and a
+    // placement silently dropped would be worse.
+    return Fail("launch", absl::InvalidArgumentError(absl::StrCat("gpus: only the local launcher places GPUs; remove "
+                                                                  "it for launcher: ", config.launcher())));
+  }
+  if (config.launcher() == "kubernetes") {
+    return absl::GetFlag(FLAGS_dry_run) ? RenderK8s("launch", config) : LaunchKubernetes(config);
+  }
   std::string run_dir = absl::GetFlag(FLAGS_run_dir);
   if (run_dir.empty()) run_dir = config.run_dir();
   if (run_dir.empty()) run_dir = absl::StrCat("runs/", config.name().empty() ? "local" : config.name());
@@ -481,15 +629,7 @@ int Launch() {
   options.role_args = RoleTlsArgs();
   if (!options.auth_token_file.empty()) options.auth_token_file = UserPath(options.auth_token_file);
   if (!options.buffer_path.empty()) options.buffer_path = UserPath(options.buffer_path);
-  if (config.launcher() == "slurm") {
-    if (config.has_gpus()) {
-      // Slurm binds GPUs itself (gres); mapping this block onto it is not
-      // built yet, and a placement silently dropped would be worse.
-      return Fail("launch", absl::InvalidArgumentError(
-                                "gpus: only the local launcher places GPUs; remove it for launcher: slurm"));
-    }
-    return LaunchSlurm(config, options);
-  }
+  if (config.launcher() == "slurm") return LaunchSlurm(config, options);
   auto cluster = Cluster::Launch(options);
   if (!cluster.ok()) return Fail("launch", cluster.status());
   return Serve(cluster->get(), config.coordinator_port());
@@ -809,6 +949,7 @@ int main(int argc, char** argv) {
   if (command == "cancel") return Cancel(args);
   if (command == "submit") return Submit(args, sets);
   if (command == "run") return Run(args, sets);
+  if (command == "k8s") return K8s();
   std::fprintf(stderr, "coordinator: unknown command '%s'\n%s", command.c_str(), kUsage);
   return 2;
 }

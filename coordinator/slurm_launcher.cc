@@ -247,16 +247,19 @@ std::vector<std::string> StepCommand(const SlurmOptions& o, const std::string& j
                                    "--unbuffered"};
   argv.push_back(o.network_interface.empty() ? "--export=ALL"
                                              : "--export=ALL,GLOO_SOCKET_IFNAME=" + o.network_interface);
-  argv.push_back(RoleBinary(o.cluster.bin_dir, step.role));
-  argv.push_back(absl::StrCat("--port=", port));
-  argv.push_back("--bind=" + o.cluster.bind);
-  argv.push_back("--coordinator=" + o.coordinator_address);
-  argv.push_back("--instance_name=" + step.name);
-  if (!o.network_interface.empty()) argv.push_back("--advertise_interface=" + o.network_interface);
-  if (!o.cluster.auth_token_file.empty()) argv.push_back("--auth_token_file=" + o.cluster.auth_token_file);
-  for (const auto& a : o.cluster.role_args) argv.push_back(a);
-  for (const auto& a : step.role_args) argv.push_back(a);
-  for (const auto& a : wiring) argv.push_back(a);
+  RoleCommand role;
+  role.bin_dir = o.cluster.bin_dir;
+  role.role = step.role;
+  role.port = port;
+  role.bind = o.cluster.bind;
+  role.coordinator = o.coordinator_address;
+  role.instance_name = step.name;
+  role.advertise_interface = o.network_interface;
+  role.auth_token_file = o.cluster.auth_token_file;
+  role.common_args = o.cluster.role_args;
+  role.role_args = step.role_args;
+  role.wiring = wiring;
+  for (auto& a : RoleArgv(role)) argv.push_back(std::move(a));
   return argv;
 }
 
