@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "common/rpc_client.h"
@@ -45,6 +46,7 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
   // The last eval of each stage (the stage's final one).
   std::map<std::string, nlohmann::json> final_eval;
   int grpo_steps = 0, until_checks = 0;
+  std::vector<double> train_reward;  // per GRPO step: mean reward of its 256 samples
   std::istringstream metrics(ReadAll(run_dir + "/metrics.jsonl"));
   std::string line;
   while (std::getline(metrics, line)) {
@@ -59,6 +61,7 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
     if (j["event"] == "step" && j["stage"] == "grpo") {
       ++grpo_steps;
       CHECK(j.contains("rollout_reward_mean"));
+      if (j.contains("rollout_reward_mean")) train_reward.push_back(j["rollout_reward_mean"].get<double>());
       CHECK(j.contains("seconds_generate"));
       CHECK(j.contains("seconds_sync"));
     }
@@ -79,15 +82,27 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
   REQUIRE(final_acc.count("sft"));
   REQUIRE(final_acc.count("grpo"));
   INFO("init " << final_acc["init"] << " sft " << final_acc["sft"] << " grpo " << final_acc["grpo"]);
-  // Margins that held for every seed tried (bench/learning.md; this config
-  // with seed = 1, 2, 3, 4, 5, 1234): SFT stops at its first check >= 40%
-  // (measured 43.7-46.7%); 20 GRPO steps then gained +2.7 to +14.0 points
-  // (1234: 45.7% -> 50.0%) and ended at 48.3-57.7%. With the GRPO learning
-  // rate at 1e-12 (learning broken) the gain was 0 and the second check
-  // failed.
+  // SFT stops at its first check >= 40%. Over 20 GRPO steps the held-out
+  // greedy answer moves by less than the 300-prompt eval's noise on some
+  // CPUs: on session 5's machine greedy gained +2.7 to +14.0 points over
+  // seeds 1-5 and 1234; on session 7's (AMD EPYC) seeds 1, 2, 3, 1234 gained
+  // +1.7, +3.7, +4.7, -3.3 greedy, and even sampled pass@1 rose +2.75 with
+  // learning broken (eval sampling noise). What GRPO optimises, the reward
+  // of its own samples (256 per step), separates the two: the mean of the
+  // last 5 steps minus the first 5 was +4.4, +8.5, +7.0 points for seeds 1,
+  // 2, 3 and -1.0 with the GRPO learning rate at 1e-12 (learning broken).
+  // So the learning check is on that, and greedy accuracy must not collapse.
   CHECK(final_acc["sft"] >= 0.4);
   CHECK(final_acc["grpo"] >= final_acc["init"] + 0.3);
-  CHECK(final_acc["grpo"] >= final_acc["sft"] + 0.02);
+  CHECK(final_acc["grpo"] >= final_acc["sft"] - 0.10);
+  REQUIRE(train_reward.size() == 20);
+  double first = 0, last = 0;
+  for (int k = 0; k < 5; ++k) {
+    first += train_reward[k] / 5;
+    last += train_reward[15 + k] / 5;
+  }
+  INFO("training reward, mean of the first 5 steps " << first << ", of the last 5 " << last);
+  CHECK(last >= first + 0.02);
   // TensorBoard event files were written.
   bool events = false;
   for (const auto& e : std::filesystem::directory_iterator(run_dir + "/tensorboard")) {
