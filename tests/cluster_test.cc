@@ -10,6 +10,8 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -102,6 +104,28 @@ Running StartBinary(const Binary& b, const TempDir& dir, const std::vector<std::
   INFO(b.name << " log:\n" << ReadAll(dir.File(b.name + ".log")));
   REQUIRE(port.ok());
   return {b, std::move(*p), *port};
+}
+
+// `coordinator launch` on `yaml` (written to <dir>/<name>), run until it
+// exits within `timeout`: its wait status and everything it printed.
+struct LaunchResult {
+  int status = -1;
+  std::string out;
+};
+
+LaunchResult LaunchToExit(const TempDir& dir, const std::string& name, const std::string& yaml,
+                          const std::vector<std::string>& extra, absl::Duration timeout) {
+  std::ofstream(dir.File(name)) << yaml;
+  std::vector<std::string> argv = {Runfile("coordinator/coordinator"), "launch", "--cluster=" + dir.File(name),
+                                   "--bin_dir=" + Runfile("")};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  const std::string out_file = dir.File(name + ".out");
+  auto coord = Subprocess::Start(argv, out_file);
+  REQUIRE(coord.ok());
+  auto st = coord->Wait(timeout);
+  INFO(ReadAll(out_file));
+  REQUIRE(st.ok());
+  return {*st, ReadAll(out_file)};
 }
 
 void ExpectCleanStop(Running& r, const TempDir& dir) {
@@ -308,17 +332,11 @@ TEST_CASE("coordinator launch starts the cluster, reports health, restarts a kil
 
 TEST_CASE("coordinator launch --exit_after_health prints the table and exits 0") {
   TempDir dir;
-  std::ofstream(dir.File("cluster.yaml")) << "name: t\ncoordinator_port: 0\n";
-  auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch",
-                                  "--cluster=" + dir.File("cluster.yaml"), "--run_dir=" + dir.File("run"),
-                                  "--bin_dir=" + Runfile(""), "--exit_after_health"},
-                                 dir.File("out"));
-  REQUIRE(coord.ok());
-  auto st = coord->Wait(absl::Seconds(60));
-  const std::string out = ReadAll(dir.File("out"));
+  const LaunchResult r = LaunchToExit(dir, "cluster.yaml", "name: t\ncoordinator_port: 0\n",
+                                      {"--run_dir=" + dir.File("run"), "--exit_after_health"}, absl::Seconds(60));
+  const std::string& out = r.out;
   INFO(out);
-  REQUIRE(st.ok());
-  CHECK(*st == 0);
+  CHECK(r.status == 0);
   for (const char* name : {"replay_buffer", "reward-0", "rollout-0", "learner-0"}) {
     CHECK(out.find(name) != std::string::npos);
   }
@@ -332,22 +350,17 @@ TEST_CASE("coordinator launch --exit_after_health prints the table and exits 0")
 // device and the variable; where the CUDA runtime sees a GPU it must serve.
 TEST_CASE("coordinator launch gives a role its GPU; without one the start fails naming role and device") {
   TempDir dir;
-  std::ofstream(dir.File("cluster.yaml")) << "name: t\ncoordinator_port: 0\ngpus: {rollout_worker: [0]}\n";
-  auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch",
-                                  "--cluster=" + dir.File("cluster.yaml"), "--run_dir=" + dir.File("run"),
-                                  "--bin_dir=" + Runfile(""), "--exit_after_health"},
-                                 dir.File("out"));
-  REQUIRE(coord.ok());
-  auto st = coord->Wait(absl::Seconds(60));
-  const std::string out = ReadAll(dir.File("out"));
+  const LaunchResult r =
+      LaunchToExit(dir, "cluster.yaml", "name: t\ncoordinator_port: 0\ngpus: {rollout_worker: [0]}\n",
+                   {"--run_dir=" + dir.File("run"), "--exit_after_health"}, absl::Seconds(60));
+  const std::string& out = r.out;
   const std::string log = ReadAll(dir.File("run/logs/rollout-0.log"));
   INFO(out << "\nrollout-0.log:\n" << log);
-  REQUIRE(st.ok());
   if (dist::CudaDeviceCount().ok()) {
-    CHECK(*st == 0);
+    CHECK(r.status == 0);
     CHECK(out.find("all roles were serving") != std::string::npos);
   } else {
-    CHECK(*st != 0);
+    CHECK(r.status != 0);
     CHECK(out.find("rollout-0 did not start (exited)") != std::string::npos);
     CHECK(log.find("rollout-0 --device=cuda:0: no CUDA device visible (CUDA_VISIBLE_DEVICES \"0\"") !=
           std::string::npos);
@@ -368,34 +381,20 @@ TEST_CASE("GPU lists that put two processes on one GPU are refused by name") {
   };
   int i = 0;
   for (const Case& c : cases) {
-    const std::string yaml = dir.File(absl::StrCat("c", i++, ".yaml"));
-    std::ofstream(yaml) << "name: t\ncoordinator_port: 0\n" << c.yaml;
-    auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch", "--cluster=" + yaml,
-                                    "--run_dir=" + dir.File("run"), "--bin_dir=" + Runfile("")},
-                                   dir.File("out"));
-    REQUIRE(coord.ok());
-    auto st = coord->Wait(absl::Seconds(20));
-    REQUIRE(st.ok());
-    CHECK(*st != 0);
-    const std::string out = ReadAll(dir.File("out"));
-    INFO(out);
-    CHECK(out.find(c.message) != std::string::npos);
-    std::remove(dir.File("out").c_str());
+    const LaunchResult r = LaunchToExit(dir, absl::StrCat("c", i++, ".yaml"),
+                                        std::string("name: t\ncoordinator_port: 0\n") + c.yaml,
+                                        {"--run_dir=" + dir.File("run")}, absl::Seconds(20));
+    INFO(r.out);
+    CHECK(r.status != 0);
+    CHECK(r.out.find(c.message) != std::string::npos);
   }
 }
 
 TEST_CASE("a bad cluster config names the key and line") {
   TempDir dir;
-  std::ofstream(dir.File("cluster.yaml")) << "name: t\nrollout_workerz: 2\n";
-  auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch",
-                                  "--cluster=" + dir.File("cluster.yaml"), "--bin_dir=" + Runfile("")},
-                                 dir.File("out"));
-  REQUIRE(coord.ok());
-  auto st = coord->Wait(absl::Seconds(20));
-  REQUIRE(st.ok());
-  CHECK(*st != 0);
-  const std::string out = ReadAll(dir.File("out"));
-  CHECK(out.find("cluster.yaml:2: rollout_workerz: unknown key") != std::string::npos);
+  const LaunchResult r = LaunchToExit(dir, "cluster.yaml", "name: t\nrollout_workerz: 2\n", {}, absl::Seconds(20));
+  CHECK(r.status != 0);
+  CHECK(r.out.find("cluster.yaml:2: rollout_workerz: unknown key") != std::string::npos);
 }
 
 }  // namespace
