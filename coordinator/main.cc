@@ -433,6 +433,27 @@ int Serve(Cluster* cluster, int port_override) {
 
 // launch with launcher: slurm. The RPC server starts first: the roles
 // register with it while the steps start.
+// The end of a launch whose roles register (Slurm, Kubernetes): prints the
+// registered roles, then with --exit_after_health returns 1 unless every one
+// serves, else waits for SIGTERM/SIGINT; either way stops taking
+// experiments and shuts the server down. The caller stops its launcher.
+int ServeRegisteredRoles(Registry* registry, ExperimentManager* experiments, CoordinatorServiceImpl* service,
+                         RpcServer* server) {
+  const auto roles = registry->Roles();
+  PrintRoles(roles);
+  int code = 0;
+  if (absl::GetFlag(FLAGS_exit_after_health)) {
+    for (const auto& r : roles) code = r.health() == "SERVING" ? code : 1;
+  } else {
+    const int sig = WaitForTerminationSignal();
+    RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
+  }
+  experiments->Shutdown();
+  service->SetExperiments(nullptr);
+  server->Shutdown();
+  return code;
+}
+
 int LaunchSlurm(const ClusterConfig& config, const ClusterOptions& options) {
   auto server_options = ServerOptionsFromFlags("coordinator");
   if (!server_options.ok()) return Fail("launch", server_options.status());
@@ -461,18 +482,7 @@ int LaunchSlurm(const ClusterConfig& config, const ClusterOptions& options) {
   WriteFileAtomically(options.run_dir + "/coordinator.address", server.address() + "\n").IgnoreError();
   std::printf("rlmesh: cluster up on slurm job %s (coordinator %s)\n", (*slurm)->job_id().c_str(),
               server.address().c_str());
-  const auto roles = registry.Roles();
-  PrintRoles(roles);
-  int code = 0;
-  if (absl::GetFlag(FLAGS_exit_after_health)) {
-    for (const auto& r : roles) code = r.health() == "SERVING" ? code : 1;
-  } else {
-    const int sig = WaitForTerminationSignal();
-    RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
-  }
-  experiments.Shutdown();
-  service.SetExperiments(nullptr);
-  server.Shutdown();
+  const int code = ServeRegisteredRoles(&registry, &experiments, &service, &server);
   (*slurm)->Stop();
   std::printf("rlmesh: slurm job %s cancelled\n", (*slurm)->job_id().c_str());
   return code;
@@ -589,18 +599,7 @@ int LaunchKubernetes(const ClusterConfig& config) {
   service.SetExperiments(&experiments);
   WriteFileAtomically(pod.run_dir() + "/coordinator.address", server.address() + "\n").IgnoreError();
   std::printf("rlmesh: cluster up on kubernetes (coordinator %s)\n", server.address().c_str());
-  PrintRoles(registry.Roles());
-  int code = 0;
-  if (absl::GetFlag(FLAGS_exit_after_health)) {
-    for (const auto& r : registry.Roles()) code = r.health() == "SERVING" ? code : 1;
-  } else {
-    const int sig = WaitForTerminationSignal();
-    RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
-  }
-  experiments.Shutdown();
-  service.SetExperiments(nullptr);
-  server.Shutdown();
-  return code;
+  return ServeRegisteredRoles(&registry, &experiments, &service, &server);
 }
 
 int Launch() {
