@@ -8,6 +8,7 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
 
+#include "actor/attention_inputs.h"
 #include "actor/rope.h"
 
 namespace rlmesh::actor {
@@ -291,45 +292,14 @@ TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
 
 std::pair<torch::Tensor, torch::Tensor> TransformerImpl::Rope(const torch::Tensor& positions,
                                                               c10::ScalarType dtype) {
-  torch::Tensor inv = inv_freq_;
-  if (config_.rope.type == "dynamic" && positions.numel() > 0) {
-    // As transformers: the longest position in the batch picks the base.
-    // Generation never gets here past max_positions (it stops there), so
-    // this only changes scoring of sequences longer than the context.
-    const int64_t seq_len = positions.max().item<int64_t>() + 1;
-    if (seq_len > config_.max_positions) inv = ComputeRope(config_, seq_len).inv_freq;
-  }
-  inv = inv.to(positions.device());
-  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv;  // [..., D/2]
-  auto emb = torch::cat({freqs, freqs}, -1);
-  auto cos = emb.cos(), sin = emb.sin();
-  if (rope_scaling_ != 1.0) {
-    cos = cos * rope_scaling_;
-    sin = sin * rope_scaling_;
-  }
-  return {cos.to(dtype), sin.to(dtype)};
+  return RopeCosSin(config_, RopeFrequencies{inv_freq_, rope_scaling_}, positions, dtype);
 }
 
 torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
                                              const torch::Tensor& attention_mask) {
   auto h = model->embed_tokens(input_ids);
   auto [cos, sin] = Rope(position_ids, h.scalar_type());
-  torch::Tensor mask;
-  if (attention_mask.defined()) {
-    const int64_t T = input_ids.size(1);
-    auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(h.device())).tril();
-    auto eye = torch::eye(T, torch::TensorOptions().dtype(torch::kBool).device(h.device()));
-    if (attention_mask.is_floating_point() || attention_mask.scalar_type() == torch::kBool) {
-      auto keys = attention_mask.to(torch::kBool).view({-1, 1, 1, T});
-      mask = causal.logical_and(keys.logical_or(eye));  // [B,1,T,T]
-    } else {
-      // Segment ids (packing): a query sees earlier keys of its own segment.
-      auto seg = attention_mask.to(torch::kLong);
-      auto same = seg.view({-1, 1, T, 1}).eq(seg.view({-1, 1, 1, T}));
-      auto keys = seg.view({-1, 1, 1, T}).gt(0);
-      mask = causal.logical_and(same.logical_and(keys).logical_or(eye));
-    }
-  }
+  torch::Tensor mask = AttentionMask4d(attention_mask, input_ids.size(1), h.device());
   for (const auto& m : *model->layers) {
     auto* layer = m->as<DecoderLayerImpl>();
     h = h + layer->self_attn->Full(layer->input_layernorm(h), cos, sin, mask, nullptr, nullptr);

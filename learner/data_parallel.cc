@@ -26,11 +26,23 @@ void Wait(const c10::intrusive_ptr<c10d::Work>& work) {
   work->wait();
 }
 
+// torch's clip_grad_norm_ coefficient, given the norm.
+void ClipToNorm(at::Tensor& grads, double norm, double max_norm) {
+  if (max_norm <= 0) return;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) grads.mul_(coef);
+}
+
 }  // namespace
 
 absl::Status DataParallelOptions::Validate() const {
   if (bucket_bytes < 1024) return absl::InvalidArgumentError("bucket_bytes: must be >= 1024");
   if (!(grad_clip >= 0)) return absl::InvalidArgumentError("grad_clip: must be >= 0");
+  for (double w : norm_weights) {
+    if (!(w >= 0) || !std::isfinite(w)) {
+      return absl::InvalidArgumentError("norm_weights: every weight must be finite and >= 0");
+    }
+  }
   return adamw.Validate();
 }
 
@@ -51,6 +63,10 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("params[", i, "]: dtype and device must match params[0]"));
     }
+  }
+  if (!options.norm_weights.empty() && options.norm_weights.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("norm_weights: ", options.norm_weights.size(),
+                                                   " weights for ", params.size(), " parameters"));
   }
   std::unique_ptr<DataParallel> dp(new DataParallel());
   dp->group_ = group;
@@ -130,6 +146,27 @@ void DataParallel::AllReduceBuckets(at::Tensor& flat, int64_t n) {
   for (auto& w : works) Wait(w);
 }
 
+absl::StatusOr<double> DataParallel::WeightedSquaredNorm(const at::Tensor& grads, int64_t begin) const {
+  const int64_t end = begin + grads.numel();
+  double sq = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t lo = std::max(begin, offsets_[i]);
+    const int64_t hi = std::min(end, offsets_[i] + params_[i].numel());
+    if (lo >= hi) continue;
+    RLMESH_ASSIGN_OR_RETURN(const double n, GlobalNorm({grads.narrow(0, lo - begin, hi - lo)}));
+    sq += (options_.norm_weights.empty() ? 1.0 : options_.norm_weights[i]) * n * n;
+  }
+  return sq;
+}
+
+void DataParallel::SumOverModelShards(double& sq) const {
+  if (!options_.norm_group) return;
+  at::Tensor t = at::full({1}, sq, at::TensorOptions().dtype(at::kDouble));
+  std::vector<at::Tensor> v = {t};
+  Wait(options_.norm_group->allreduce(v));
+  sq = t.item<double>();
+}
+
 absl::Status DataParallel::AllReduceSum(at::Tensor& t) {
   if (!t.defined() || !t.is_contiguous() || !t.device().is_cpu()) {
     return absl::InvalidArgumentError("t: expected a defined contiguous CPU tensor");
@@ -201,7 +238,14 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepReplicated(double local_
   stats.reduce_seconds = SecondsSince(t0);
 
   absl::Time t1 = absl::Now();
-  RLMESH_ASSIGN_OR_RETURN(stats.grad_norm, ClipGradNorm({grads}, options_.grad_clip));
+  if (options_.norm_group || !options_.norm_weights.empty()) {
+    RLMESH_ASSIGN_OR_RETURN(double sq, WeightedSquaredNorm(grads, 0));
+    RLMESH_RETURN_IF_ERROR(Collective("gradient norm over model shards", [&] { SumOverModelShards(sq); }));
+    stats.grad_norm = std::sqrt(sq);
+    if (std::isfinite(stats.grad_norm)) ClipToNorm(grads, stats.grad_norm, options_.grad_clip);
+  } else {
+    RLMESH_ASSIGN_OR_RETURN(stats.grad_norm, ClipGradNorm({grads}, options_.grad_clip));
+  }
   if (!std::isfinite(stats.grad_norm)) {
     stats.skipped = true;
     return stats;
@@ -229,8 +273,8 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weigh
     if (world_size_ == 1) {
       PackGrads(flat_grads_, 1.0);
       shard_grads_.copy_(flat_grads_);
-      const double norm = *GlobalNorm({shard_grads_});
-      sum_sq = norm * norm;
+      sum_sq = *WeightedSquaredNorm(shard_grads_, shard_begin_);
+      SumOverModelShards(sum_sq);
       return;
     }
     PackGrads(flat_grads_, local_weight);
@@ -243,12 +287,12 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weigh
     // W and the squared norm of the (unnormalised) sum travel together.
     at::Tensor scalars = at::empty({2}, flat_grads_.options().dtype(at::kDouble));
     scalars[0].fill_(local_weight);
-    const double shard_norm = *GlobalNorm({shard_grads_});
-    scalars[1].fill_(shard_norm * shard_norm);
+    scalars[1].fill_(*WeightedSquaredNorm(shard_grads_, shard_begin_));
     std::vector<at::Tensor> v = {scalars};
     Wait(group_->allreduce(v));
     global_weight = scalars[0].item<double>();
     sum_sq = scalars[1].item<double>();
+    SumOverModelShards(sum_sq);
   }));
   stats.global_weight = global_weight;
   if (!(global_weight > 0)) {
@@ -265,10 +309,7 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepZero1(double local_weigh
 
   absl::Time t1 = absl::Now();
   RLMESH_RETURN_IF_ERROR(internal::CatchTorch([&]() -> absl::Status {
-    if (options_.grad_clip > 0) {
-      const double coef = options_.grad_clip / (stats.grad_norm + 1e-6);
-      if (coef < 1.0) shard_grads_.mul_(coef);
-    }
+    ClipToNorm(shard_grads_, stats.grad_norm, options_.grad_clip);
     PackParams(flat_params_);
     shard_params_.copy_(flat_params_.narrow(0, shard_begin_, shard));
     return AdamWUpdate(shard_params_, shard_grads_, exp_avg_, exp_avg_sq_, steps_ + 1, lr,

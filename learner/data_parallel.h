@@ -62,6 +62,16 @@ struct DataParallelOptions {
   // Clip the global norm of the averaged gradient to this; 0 = no clipping.
   // Default 0.
   double grad_clip = 0.0;
+  // Model parallelism (learner/tensor_parallel.h): when the parameters are
+  // this rank's slices of a model split over `norm_group`, the gradient norm
+  // (reported, clipped to) is the whole model's: each rank's squared norm,
+  // parameter i weighted by norm_weights[i], is summed over `norm_group`.
+  // A parameter every model-parallel rank holds whole (a norm's weight) gets
+  // weight 1/size so that it counts once; a slice gets 1. Null = the
+  // parameters are the whole model. Default null.
+  c10::intrusive_ptr<c10d::Backend> norm_group;
+  // One weight per parameter (empty = all 1). Default empty.
+  std::vector<double> norm_weights;
 
   absl::Status Validate() const;
 };
@@ -133,6 +143,11 @@ class DataParallel {
   void PackGrads(at::Tensor& flat, double scale) const;
   // All-reduce (SUM) of flat[0, n) in buckets; waits for all of them.
   void AllReduceBuckets(at::Tensor& flat, int64_t n);
+  // Squared L2 norm of `grads`, the flat elements [begin, begin + numel)
+  // of the parameters, each parameter's part weighted by norm_weights.
+  absl::StatusOr<double> WeightedSquaredNorm(const at::Tensor& grads, int64_t begin) const;
+  // Sums `sq` over options_.norm_group (a no-op without one).
+  void SumOverModelShards(double& sq) const;
   absl::StatusOr<DataParallelStepStats> StepReplicated(double local_weight, double lr);
   absl::StatusOr<DataParallelStepStats> StepZero1(double local_weight, double lr);
 

@@ -1,0 +1,33 @@
+#pragma once
+
+// The per-call inputs every decoder layer takes besides the hidden states:
+// RoPE's cos/sin tables for the positions and the 4-D attention mask. Shared
+// by the transformer and its tensor-parallel form (learner/tensor_parallel.h)
+// so that both rotate and mask with the same bits.
+
+#include <cstdint>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+
+#include "actor/model_config.h"
+#include "actor/rope.h"
+
+namespace rlmesh::actor {
+
+// cos and sin [..., D] for int64 `positions` of any shape, in `dtype`, from
+// the model's frequencies `base` (ComputeRope(config)). "dynamic" RoPE
+// recomputes the frequencies when the longest position exceeds
+// max_positions, as transformers does from the forward pass.
+std::pair<at::Tensor, at::Tensor> RopeCosSin(const ModelConfig& config, const RopeFrequencies& base,
+                                             const at::Tensor& positions, c10::ScalarType dtype);
+
+// The bool mask [B,1,T,T] (true = may attend) for scaled_dot_product_attention
+// from a [B,T] `attention_mask`: float or bool (1 = real token; padding keys
+// hidden) or integer segment ids (packing: a query sees earlier keys of its
+// own segment, 0 = padding). Causal either way, and every query sees itself
+// (a padded query's output is garbage the caller ignores, never NaN).
+// Undefined `attention_mask` gives an undefined mask (plain causal).
+at::Tensor AttentionMask4d(const at::Tensor& attention_mask, int64_t T, c10::Device device);
+
+}  // namespace rlmesh::actor

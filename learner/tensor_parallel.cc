@@ -1,0 +1,368 @@
+#include "learner/tensor_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "actor/attention_inputs.h"
+#include "common/status_macros.h"
+#include "dist/collective.h"
+
+namespace rlmesh::learner {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels through autograd's saved data as an integer: the
+// TensorParallelModel that owns it outlives every graph it builds.
+int64_t GroupKey(c10d::Backend* g) { return reinterpret_cast<int64_t>(g); }
+c10d::Backend* GroupOf(AutogradContext* ctx) {
+  return reinterpret_cast<c10d::Backend*>(ctx->saved_data["group"].toInt());
+}
+
+at::Tensor AllReduced(c10d::Backend* g, const at::Tensor& x, c10d::ReduceOp op = c10d::ReduceOp::SUM) {
+  std::vector<at::Tensor> v = {x.contiguous().clone()};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  g->allreduce(v, opts)->wait();
+  return v[0];
+}
+
+// [N, ...] -> [size * N, ...]: every rank's rows, in rank order.
+at::Tensor AllGathered(c10d::Backend* g, const at::Tensor& x) {
+  auto in = x.contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] *= g->getSize();
+  at::Tensor out = at::empty(shape, in.options());
+  g->_allgather_base(out, in)->wait();
+  return out;
+}
+
+// [size * N, ...] -> [N, ...]: this rank's rows of the sum over ranks.
+at::Tensor ReduceScattered(c10d::Backend* g, const at::Tensor& x) {
+  auto in = x.contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] /= g->getSize();
+  at::Tensor out = at::empty(shape, in.options());
+  g->_reduce_scatter_base(out, in)->wait();
+  return out;
+}
+
+// Megatron's "f": identity forward, gradient summed over the group. Enters
+// a column-parallel region from a replicated activation.
+struct CopyToShards : public torch::autograd::Function<CopyToShards> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {AllReduced(GroupOf(ctx), g[0]), at::Tensor()};
+  }
+};
+
+// Megatron's "g": sum over the group forward, identity backward. Leaves a
+// row-parallel region (partial products) into a replicated activation.
+struct ReduceFromShards : public torch::autograd::Function<ReduceFromShards> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    return AllReduced(reinterpret_cast<c10d::Backend*>(group), x);
+  }
+  static variable_list backward(AutogradContext*, variable_list g) { return {g[0], at::Tensor()}; }
+};
+
+// Sequence parallelism's entry to a block: all-gather of the rows forward,
+// reduce-scatter of the gradient backward.
+struct GatherRows : public torch::autograd::Function<GatherRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return AllGathered(reinterpret_cast<c10d::Backend*>(group), x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {ReduceScattered(GroupOf(ctx), g[0]), at::Tensor()};
+  }
+};
+
+// Sequence parallelism's exit from a block: reduce-scatter forward,
+// all-gather backward.
+struct ScatterRows : public torch::autograd::Function<ScatterRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return ReduceScattered(reinterpret_cast<c10d::Backend*>(group), x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {AllGathered(GroupOf(ctx), g[0]), at::Tensor()};
+  }
+};
+
+bool EndsWithAny(const std::string& name, std::initializer_list<const char*> suffixes) {
+  for (const char* s : suffixes) {
+    if (absl::EndsWith(name, s)) return true;
+  }
+  return false;
+}
+
+// Replicated parameters whose gradient each rank sees only in part: Qwen3's
+// per-head q/k norms (each rank applies them to its own heads) and, under
+// sequence parallelism, every RMSNorm (each rank normalises its own rows).
+bool GradientIsPartial(const std::string& name, bool sequence_parallel) {
+  if (EndsWithAny(name, {"q_norm.weight", "k_norm.weight"})) return true;
+  return sequence_parallel && absl::StrContains(name, "norm.weight");
+}
+
+at::Tensor Slice(const at::Tensor& full, int dim, int rank, int size) {
+  const int64_t n = full.size(dim) / size;
+  return full.narrow(dim, rank * n, n);
+}
+
+}  // namespace
+
+int TensorParallelSplitDim(const std::string& name) {
+  if (EndsWithAny(name, {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
+                         "v_proj.bias", "gate_proj.weight", "up_proj.weight", "embed_tokens.weight",
+                         "lm_head.weight"})) {
+    return 0;
+  }
+  if (EndsWithAny(name, {"o_proj.weight", "down_proj.weight"})) return 1;
+  return -1;
+}
+
+absl::Status ValidateTensorParallel(const actor::ModelConfig& c, int tp) {
+  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tp: must be >= 1, got ", tp));
+  RLMESH_RETURN_IF_ERROR(c.Validate());
+  auto divides = [&](const char* field, int64_t value) -> absl::Status {
+    if (value % tp == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.", field, " (", value, ") is not divisible by tp (", tp, ")"));
+  };
+  if (c.IsMoeArch()) {
+    return absl::UnimplementedError(absl::StrCat("model.arch ", c.arch,
+                                                 ": tensor parallelism of MoE layers is not built (expert "
+                                                 "parallelism is a separate layout)"));
+  }
+  if (c.num_kv_heads < tp) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.num_kv_heads (", c.num_kv_heads, ") < tp (", tp,
+        "): replicating key/value heads over ranks is not built; use tp <= num_kv_heads"));
+  }
+  RLMESH_RETURN_IF_ERROR(divides("num_heads", c.num_heads));
+  RLMESH_RETURN_IF_ERROR(divides("num_kv_heads", c.num_kv_heads));
+  RLMESH_RETURN_IF_ERROR(divides("intermediate_size", c.intermediate_size));
+  RLMESH_RETURN_IF_ERROR(divides("vocab_size", c.vocab_size));
+  if (c.HasOBias()) {
+    return absl::UnimplementedError("model.qkv_bias (attention_bias) with an o_proj bias: a row-parallel bias "
+                                    "under tensor parallelism is not built");
+  }
+  if (c.value_head) {
+    return absl::UnimplementedError("model.value_head: a value head under tensor parallelism is not built");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create(
+    const actor::ModelConfig& config, c10::intrusive_ptr<c10d::Backend> group,
+    const TensorParallelOptions& options) {
+  const int size = group ? group->getSize() : 1;
+  RLMESH_RETURN_IF_ERROR(ValidateTensorParallel(config, size));
+  std::unique_ptr<TensorParallelModel> m(new TensorParallelModel());
+  m->config_ = config;
+  m->options_ = options;
+  m->group_ = group;
+  m->size_ = size;
+  m->rank_ = group ? group->getRank() : 0;
+  actor::ModelConfig s = config;
+  s.head_dim = config.HeadDim();
+  s.num_heads /= size;
+  s.num_kv_heads /= size;
+  s.intermediate_size /= size;
+  s.vocab_size /= size;
+  m->shard_config_ = s;
+  try {
+    m->shard_ = actor::Transformer(s);
+    m->rope_ = actor::ComputeRope(config);
+    if (size > 1) {
+      const int64_t key = GroupKey(group.get());
+      for (auto& [name, p] : m->shard_->NamedParameters()) {
+        if (!GradientIsPartial(name, options.sequence_parallel)) continue;
+        p.register_hook([key](const at::Tensor& g) {
+          return AllReduced(reinterpret_cast<c10d::Backend*>(key), g);
+        });
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("tensor-parallel model: ", e.what_without_backtrace()));
+  }
+  return m;
+}
+
+absl::Status TensorParallelModel::LoadFromFull(const std::vector<std::pair<std::string, at::Tensor>>& full) {
+  std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  at::NoGradGuard no_grad;
+  for (auto& [name, p] : shard_->NamedParameters()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": missing"));
+    const int dim = TensorParallelSplitDim(name);
+    const at::Tensor& src = it->second;
+    std::vector<int64_t> want = p.sizes().vec();
+    if (dim >= 0) want[dim] *= size_;
+    if (src.sizes().vec() != want) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": expected shape ", c10::str(want),
+                                                     ", got ", c10::str(src.sizes())));
+    }
+    p.copy_(dim >= 0 ? Slice(src, dim, rank_, size_) : src);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::GatherFull() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  RLMESH_RETURN_IF_ERROR(dist::Collective("tensor-parallel gather", [&] {
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : shard_->NamedParameters()) {
+      const int dim = TensorParallelSplitDim(name);
+      if (dim < 0 || size_ == 1) {
+        out.emplace_back(name, p.detach().clone());
+        continue;
+      }
+      // Slices stacked along a new leading dim, then laid side by side
+      // along the split dim.
+      at::Tensor stacked = AllGathered(group_.get(), p.detach().unsqueeze(0));
+      out.emplace_back(name, at::cat(stacked.unbind(0), dim));
+    }
+  }));
+  return out;
+}
+
+at::Tensor TensorParallelModel::ForwardHidden(const at::Tensor& ids, const at::Tensor& positions,
+                                              const at::Tensor& attention_mask) {
+  const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
+  const bool tp = size_ > 1;
+  const bool sp = tp && options_.sequence_parallel;
+  const int64_t key = GroupKey(group_.get());
+  auto* backbone = shard_->model.get();
+  // Rows of the flattened [B*T, H] stream, padded to a multiple of tp under
+  // sequence parallelism so that every rank holds the same number.
+  const int64_t rows = B * T;
+  const int64_t padded = sp ? (rows + size_ - 1) / size_ * size_ : rows;
+  auto to_rows = [&](const at::Tensor& x) {  // [B,T,H] -> [padded, H]
+    auto flat = x.reshape({rows, H});
+    return padded == rows ? flat : at::constant_pad_nd(flat, {0, 0, 0, padded - rows});
+  };
+  auto from_rows = [&](const at::Tensor& x) {  // [padded, H] -> [B,T,H]
+    return x.narrow(0, 0, rows).reshape({B, T, H});
+  };
+
+  // Vocabulary-parallel embedding: this rank's rows, zeros for other ids.
+  const int64_t v_local = shard_config_.vocab_size, v_begin = rank_ * v_local;
+  auto in_range = ids.ge(v_begin).logical_and(ids.lt(v_begin + v_local));
+  auto local_ids = at::where(in_range, ids - v_begin, at::zeros_like(ids));
+  at::Tensor h = backbone->embed_tokens(local_ids) * in_range.unsqueeze(-1).to(backbone->embed_tokens->weight.dtype());
+  if (sp) {
+    h = ScatterRows::apply(to_rows(h), key);  // [padded / tp, H]
+  } else if (tp) {
+    h = ReduceFromShards::apply(h, key);
+  }
+  auto [cos, sin] = actor::RopeCosSin(config_, rope_, positions, h.scalar_type());
+  at::Tensor mask = actor::AttentionMask4d(attention_mask, T, h.device());
+
+  // A block's input: the replicated [B,T,H] a column-parallel projection takes.
+  auto enter = [&](const at::Tensor& x) {
+    if (sp) return from_rows(GatherRows::apply(x, key));
+    return tp ? CopyToShards::apply(x, key) : x;
+  };
+  // A block's partial output back into the stream's layout.
+  auto leave = [&](const at::Tensor& y) {
+    if (sp) return ScatterRows::apply(to_rows(y), key);
+    return tp ? ReduceFromShards::apply(y, key) : y;
+  };
+  for (const auto& module : *backbone->layers) {
+    auto* layer = module->as<actor::DecoderLayerImpl>();
+    h = h + leave(layer->self_attn->Full(enter(layer->input_layernorm(h)), cos, sin, mask, nullptr, nullptr));
+    h = h + leave(layer->mlp(enter(layer->post_attention_layernorm(h))));
+  }
+  h = backbone->norm(h);
+  // The output projection is column-parallel over the vocabulary.
+  return enter(h);
+}
+
+absl::StatusOr<actor::TokenLogProbsOutput> TensorParallelModel::TokenLogProbs(const at::Tensor& ids,
+                                                                             const at::Tensor& positions,
+                                                                             const at::Tensor& targets,
+                                                                             double temperature,
+                                                                             const at::Tensor& attention_mask) {
+  if (!(temperature > 0)) return absl::InvalidArgumentError("temperature: must be > 0");
+  auto check = [&](const char* name, const at::Tensor& t) -> absl::Status {
+    if (t.defined() && t.dim() == 2 && t.scalar_type() == at::kLong && ids.defined() && t.sizes() == ids.sizes()) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(name, ": expected int64 [B,T] matching input_ids"));
+  };
+  RLMESH_RETURN_IF_ERROR(check("input_ids", ids));
+  RLMESH_RETURN_IF_ERROR(check("positions", positions));
+  RLMESH_RETURN_IF_ERROR(check("targets", targets));
+  try {
+    if (ids.numel() > 0) {
+      const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+      const int64_t tmax = targets.max().item<int64_t>();
+      if (lo < 0 || hi >= config_.vocab_size || tmax >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("input_ids and targets: ids must be in [0, ",
+                                                       config_.vocab_size, ")"));
+      }
+    }
+    const bool tp = size_ > 1;
+    const int64_t key = GroupKey(group_.get());
+    at::Tensor hidden = ForwardHidden(ids, positions, attention_mask);
+    // This rank's slice of the scaled logits, fp32 [B,T,V/tp].
+    at::Tensor z = at::matmul(hidden, shard_->LmHeadWeight().t()).to(at::kFloat) * (1.0 / temperature);
+    // The max only shifts the exponentials: a constant for the gradient.
+    at::Tensor m = std::get<0>(z.detach().max(-1, /*keepdim=*/true));
+    if (tp) m = AllReduced(group_.get(), m, c10d::ReduceOp::MAX);
+    at::Tensor e = (z - m).exp();
+    at::Tensor sum_e = e.sum(-1, /*keepdim=*/true);
+    at::Tensor sum_ez = (e * z).sum(-1, /*keepdim=*/true);
+    const int64_t v_local = shard_config_.vocab_size, v_begin = rank_ * v_local;
+    auto mine = targets.ge(v_begin).logical_and(targets.lt(v_begin + v_local));
+    auto local_t = at::where(mine, targets - v_begin, at::zeros_like(targets));
+    at::Tensor picked = z.gather(-1, local_t.unsqueeze(-1)) * mine.unsqueeze(-1).to(at::kFloat);
+    if (tp) {
+      sum_e = ReduceFromShards::apply(sum_e, key);
+      sum_ez = ReduceFromShards::apply(sum_ez, key);
+      picked = ReduceFromShards::apply(picked, key);
+    }
+    at::Tensor log_z = m + sum_e.log();
+    at::Tensor lp = (picked - log_z).squeeze(-1);
+    lp = at::where(targets.ge(0), lp, at::zeros_like(lp));
+    // H = log Z - E_p[z].
+    at::Tensor entropy = (log_z - sum_ez / sum_e).squeeze(-1);
+    return actor::TokenLogProbsOutput{lp, entropy};
+  } catch (const std::exception& e) {
+    return absl::AbortedError(absl::StrCat("tensor-parallel log-probs failed: ", e.what()));
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> TensorParallelModel::NamedParameters() const {
+  return shard_->NamedParameters();
+}
+
+std::vector<at::Tensor> TensorParallelModel::Parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, p] : shard_->NamedParameters()) out.push_back(p);
+  return out;
+}
+
+std::vector<double> TensorParallelModel::NormWeights() const {
+  std::vector<double> out;
+  for (auto& [name, p] : shard_->NamedParameters()) {
+    out.push_back(TensorParallelSplitDim(name) >= 0 ? 1.0 : 1.0 / size_);
+  }
+  return out;
+}
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,131 @@
+#pragma once
+
+// Megatron-style tensor parallelism for the Llama / Qwen2 / Qwen3 family over
+// a c10d group of `tp` ranks (Gloo on CPU; the same calls on NCCL).
+//
+// Each rank holds a slice of every large weight:
+//   - column-parallel (rows of the [out, in] weight): q/k/v_proj (and their
+//     biases), gate_proj, up_proj: rank r computes heads / tp query heads,
+//     kv_heads / tp key/value heads and intermediate / tp MLP channels;
+//   - row-parallel (columns): o_proj, down_proj: each rank's partial product
+//     is summed over the group (one all-reduce per attention and per MLP);
+//   - vocabulary-parallel: embed_tokens and lm_head rows [r V/tp, (r+1) V/tp):
+//     the embedding looks up the rank's rows (zeros elsewhere) and sums over
+//     the group; log-probs and entropies come from a vocabulary-parallel
+//     log-softmax (max, sum of exponentials and target logit all-reduced), so
+//     no rank ever holds the [tokens, V] logits.
+// Norm weights (and Qwen3's q/k norms, which act per head) are replicated:
+// every rank holds them whole and computes the same gradient for them.
+//
+// Sequence parallelism (options.sequence_parallel): between the blocks the
+// residual stream is split over the ranks along the tokens (each holds
+// B*T/tp of the flattened rows), so the RMSNorms and residual adds run on a
+// slice; an all-gather enters each block and a reduce-scatter replaces its
+// all-reduce. Same results, 1/tp of the activations outside the blocks.
+//
+// The forward pass and its gradients equal the single-process model's up to
+// floating-point summation order (learner/tensor_parallel_test.cc: 1e-5 in
+// fp32 after three AdamW steps). Refused by name: heads, KV heads,
+// intermediate size or vocabulary not divisible by tp (GQA with fewer KV
+// heads than ranks would need replicated KV heads, not built), MoE
+// architectures (expert parallelism is separate), an o_proj bias.
+//
+// Collectives: every rank must make the same calls in the same order with
+// the same shapes. A failed collective throws inside the autograd graph;
+// the public calls turn it into ABORTED (the group is then unusable).
+//
+// Not thread-safe: one TensorParallelModel per rank, used by one thread.
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actor/logprobs.h"
+#include "actor/model_config.h"
+#include "actor/rope.h"
+#include "actor/transformer.h"
+
+namespace rlmesh::learner {
+
+// OK when `config` can be split over `tp` ranks; otherwise
+// INVALID_ARGUMENT / UNIMPLEMENTED naming the field.
+absl::Status ValidateTensorParallel(const actor::ModelConfig& config, int tp);
+
+// How a Hugging Face parameter is split: the dimension cut into tp equal
+// slices, or -1 when every rank holds it whole.
+int TensorParallelSplitDim(const std::string& hf_name);
+
+struct TensorParallelOptions {
+  // Split the residual stream along the tokens between blocks. Default off.
+  bool sequence_parallel = false;
+};
+
+class TensorParallelModel {
+ public:
+  // A rank's slice of a model of shape `config` over `group` (rank and size
+  // from the group; null = one rank, the whole model). Weights are left as
+  // the shard module initialises them: call LoadFromFull.
+  static absl::StatusOr<std::unique_ptr<TensorParallelModel>> Create(
+      const actor::ModelConfig& config, c10::intrusive_ptr<c10d::Backend> group,
+      const TensorParallelOptions& options = {});
+
+  // Copies this rank's slice of every weight from `full` (Hugging Face names
+  // and shapes, e.g. actor::TransformerImpl::NamedParameters(); a tied
+  // lm_head may be absent). INVALID_ARGUMENT naming a missing or misshapen
+  // parameter.
+  absl::Status LoadFromFull(const std::vector<std::pair<std::string, at::Tensor>>& full);
+
+  // The whole model's weights under Hugging Face names, gathered from every
+  // rank (every rank receives them): what a checkpoint writes. ABORTED when
+  // a collective fails.
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> GatherFull();
+
+  // Per-token log-probs of `targets` and entropies, [B,T] fp32, exactly as
+  // actor::TokenLogProbs on the whole model (temperature divides the
+  // logits; target < 0 gives log-prob 0). ids, positions, targets [B,T]
+  // int64; `attention_mask` as TransformerImpl::ForwardHidden. Every rank
+  // passes the same batch and gets the same result. Differentiable.
+  absl::StatusOr<actor::TokenLogProbsOutput> TokenLogProbs(const at::Tensor& input_ids,
+                                                           const at::Tensor& positions,
+                                                           const at::Tensor& targets, double temperature = 1.0,
+                                                           const at::Tensor& attention_mask = {});
+
+  // This rank's parameters with their Hugging Face names (slices where
+  // split), in a fixed order.
+  std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
+  std::vector<at::Tensor> Parameters() const;
+  // DataParallelOptions::norm_weights for Parameters(): 1 for a slice,
+  // 1/tp for a replicated parameter.
+  std::vector<double> NormWeights() const;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const actor::ModelConfig& config() const { return config_; }
+  // The shard's own shape (heads / tp, ...), for memory accounting.
+  const actor::ModelConfig& shard_config() const { return shard_config_; }
+
+ private:
+  TensorParallelModel() = default;
+  at::Tensor ForwardHidden(const at::Tensor& input_ids, const at::Tensor& positions,
+                           const at::Tensor& attention_mask);
+
+  actor::ModelConfig config_;
+  actor::ModelConfig shard_config_;
+  TensorParallelOptions options_;
+  c10::intrusive_ptr<c10d::Backend> group_;
+  int rank_ = 0;
+  int size_ = 1;
+  // The shard's layers and norms, built from shard_config_ (its embedding
+  // and lm_head hold the vocabulary slice).
+  actor::Transformer shard_{nullptr};
+  actor::RopeFrequencies rope_;
+};
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,336 @@
+// Tensor parallelism must reproduce one process: Gloo groups on threads over
+// a HashStore, each rank a TensorParallelModel, trained three AdamW steps
+// (gradient clipping active) on the same batch as the whole model; the
+// losses, gradient norms and gathered weights must agree within 1e-5 (fp32),
+// for tp = 2 with and without sequence parallelism, and tp = 2 x dp = 2.
+#include "learner/tensor_parallel.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "dist/gloo.h"
+#include "dist/store.h"
+#include "learner/data_parallel.h"
+#include "learner/schedule.h"
+
+namespace rlmesh::learner {
+namespace {
+
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+actor::ModelConfig SmallConfig(const std::string& arch) {
+  actor::ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 48;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_positions = 32;
+  c.tie_embeddings = arch == "qwen3";
+  return c;
+}
+
+struct Batch {
+  at::Tensor ids, pos, targets, mask;
+};
+
+// Three rows of seven tokens, the last row padded after four; targets are
+// the next token (-1 past each row's end), so some rows score fewer tokens.
+Batch MakeBatch() {
+  at::manual_seed(11);
+  Batch b;
+  b.ids = at::randint(0, 48, {3, 7}, at::kLong);
+  b.pos = at::arange(7, at::kLong).unsqueeze(0).expand({3, 7}).contiguous();
+  b.mask = at::ones({3, 7}, at::kFloat);
+  b.mask[2].narrow(0, 4, 3).zero_();
+  b.targets = at::full({3, 7}, -1, at::kLong);
+  b.targets.narrow(1, 0, 6).copy_(b.ids.narrow(1, 1, 6));
+  b.targets[2].narrow(0, 3, 4).fill_(-1);
+  return b;
+}
+
+Batch Rows(const Batch& b, int64_t begin, int64_t n) {
+  return {b.ids.narrow(0, begin, n), b.pos.narrow(0, begin, n), b.targets.narrow(0, begin, n),
+          b.mask.narrow(0, begin, n)};
+}
+
+// Token-mean of -log p plus an entropy bonus: both heads of the
+// vocabulary-parallel log-softmax carry gradient.
+at::Tensor Loss(const actor::TokenLogProbsOutput& out, const at::Tensor& targets) {
+  auto valid = targets.ge(0).to(at::kFloat);
+  auto w = valid.sum();
+  return -(out.logprobs * valid).sum() / w - 0.01 * (out.entropy * valid).sum() / w;
+}
+
+double Weight(const Batch& b) { return b.targets.ge(0).sum().item<double>(); }
+
+DataParallelOptions Optimizer() {
+  DataParallelOptions o;
+  o.grad_clip = 0.5;  // below the first step's norm: clipping acts
+  o.adamw.weight_decay = 0.01;
+  return o;
+}
+
+constexpr int kSteps = 3;
+constexpr double kLr = 3e-3;
+
+struct Run {
+  std::vector<double> losses, norms;
+  Named weights;
+};
+
+Named InitialWeights(const actor::ModelConfig& c) {
+  at::manual_seed(5);
+  actor::Transformer m(c);
+  Named out;
+  for (auto& [name, p] : m->NamedParameters()) out.emplace_back(name, p.detach().clone());
+  return out;
+}
+
+Run Reference(const actor::ModelConfig& c, const Named& init, const Batch& batch) {
+  actor::Transformer m(c);
+  {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> src(init.begin(), init.end());
+    for (auto& [name, p] : m->NamedParameters()) p.copy_(src.at(name));
+  }
+  auto dp = DataParallel::Create(nullptr, m->parameters(), Optimizer());
+  REQUIRE(dp.ok());
+  Run r;
+  for (int step = 0; step < kSteps; ++step) {
+    (*dp)->ZeroGrad();
+    auto out = actor::TokenLogProbs(m, batch.ids, batch.pos, batch.targets, /*chunk_size=*/4, 0.9, batch.mask);
+    REQUIRE(out.ok());
+    at::Tensor loss = Loss(*out, batch.targets);
+    loss.backward();
+    auto stats = (*dp)->Step(1.0, kLr);
+    REQUIRE(stats.ok());
+    r.losses.push_back(loss.item<double>());
+    r.norms.push_back(stats->grad_norm);
+  }
+  r.weights = m->NamedParameters();
+  return r;
+}
+
+// What one rank returns; the groups die only after every rank is done.
+struct RankResult {
+  absl::StatusOr<Run> run = absl::UnknownError("not run");
+  std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
+};
+
+absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Named& init, const Batch& batch,
+                              c10::intrusive_ptr<c10d::Backend> tp_group,
+                              c10::intrusive_ptr<c10d::Backend> dp_group, bool sequence_parallel) {
+  TensorParallelOptions tpo;
+  tpo.sequence_parallel = sequence_parallel;
+  auto model = TensorParallelModel::Create(c, tp_group, tpo);
+  if (!model.ok()) return model.status();
+  absl::Status s = (*model)->LoadFromFull(init);
+  if (!s.ok()) return s;
+  DataParallelOptions o = Optimizer();
+  o.norm_group = tp_group;
+  o.norm_weights = (*model)->NormWeights();
+  auto dp = DataParallel::Create(dp_group, (*model)->Parameters(), o);
+  if (!dp.ok()) return dp.status();
+  Run r;
+  for (int step = 0; step < kSteps; ++step) {
+    (*dp)->ZeroGrad();
+    auto out = (*model)->TokenLogProbs(batch.ids, batch.pos, batch.targets, 0.9, batch.mask);
+    if (!out.ok()) return out.status();
+    at::Tensor loss = Loss(*out, batch.targets);
+    loss.backward();
+    auto stats = (*dp)->Step(Weight(batch), kLr);
+    if (!stats.ok()) return stats.status();
+    r.losses.push_back(loss.item<double>());
+    r.norms.push_back(stats->grad_norm);
+  }
+  auto full = (*model)->GatherFull();
+  if (!full.ok()) return full.status();
+  r.weights = *full;
+  return r;
+}
+
+// tp x dp ranks on threads: rank = d * tp + t; the dp replicas split the
+// batch's rows.
+std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Named& init, const Batch& batch, int tp, int dp,
+                             bool sequence_parallel) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<RankResult>> futures;
+  const int64_t rows = batch.ids.size(0);
+  for (int rank = 0; rank < tp * dp; ++rank) {
+    futures.push_back(std::async(std::launch::async, [=]() {
+      RankResult r;
+      const int t = rank % tp, d = rank / tp;
+      dist::GlooGroupOptions gloo;
+      gloo.timeout_ms = 60'000;
+      c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
+      if (tp > 1) {
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, absl::StrCat("tp", d)), t, tp, gloo);
+        if (!g.ok()) {
+          r.run = g.status();
+          return r;
+        }
+        tp_group = *g;
+        r.groups.push_back(tp_group);
+      }
+      if (dp > 1) {
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, absl::StrCat("dp", t)), d, dp, gloo);
+        if (!g.ok()) {
+          r.run = g.status();
+          return r;
+        }
+        dp_group = *g;
+        r.groups.push_back(dp_group);
+      }
+      // Replica d's rows: an even split, the remainder to the last.
+      const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
+      r.run = TrainRank(c, init, Rows(batch, begin, n), tp_group, dp_group, sequence_parallel);
+      return r;
+    }));
+  }
+  std::vector<RankResult> results;
+  for (auto& f : futures) {
+    REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    results.push_back(f.get());
+  }
+  std::vector<Run> out;
+  for (RankResult& r : results) {
+    INFO(r.run.status().ToString());
+    REQUIRE(r.run.ok());
+    out.push_back(*r.run);
+  }
+  return out;
+}
+
+double MaxAbsDiff(const Named& a, const Named& b) {
+  std::map<std::string, at::Tensor> bm(b.begin(), b.end());
+  double worst = 0;
+  for (const auto& [name, t] : a) {
+    REQUIRE(bm.count(name) == 1);
+    REQUIRE(bm[name].sizes() == t.sizes());
+    worst = std::max(worst, (t - bm[name]).abs().max().item<double>());
+  }
+  REQUIRE(a.size() == b.size());
+  return worst;
+}
+
+void CheckEqualsReference(const std::string& arch, int tp, int dp, bool sequence_parallel) {
+  CAPTURE(arch, tp, dp, sequence_parallel);
+  const actor::ModelConfig c = SmallConfig(arch);
+  const Named init = InitialWeights(c);
+  const Batch batch = MakeBatch();
+  const Run ref = Reference(c, init, batch);
+  // Not vacuous: clipping acted and the weights moved.
+  REQUIRE(ref.norms[0] > Optimizer().grad_clip);
+  REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
+  for (const Run& r : TrainLayout(c, init, batch, tp, dp, sequence_parallel)) {
+    for (int step = 0; step < kSteps; ++step) {
+      CAPTURE(step);
+      CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
+      // A dp replica's loss is over its own rows; compare where it is the
+      // whole batch's.
+      if (dp == 1) CHECK(std::abs(r.losses[step] - ref.losses[step]) < 1e-5);
+    }
+    CHECK(MaxAbsDiff(r.weights, ref.weights) < 1e-5);
+  }
+}
+
+TEST_CASE("tp=2 equals one process: llama, qwen2 (q/k/v bias), qwen3 (QK-norm, tied embeddings)") {
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) CheckEqualsReference(arch, 2, 1, false);
+}
+
+TEST_CASE("tp=2 with sequence parallelism equals one process (21 rows: padded to 22)") {
+  for (const char* arch : {"llama", "qwen3"}) CheckEqualsReference(arch, 2, 1, true);
+}
+
+TEST_CASE("tp=2 x dp=2 equals one process") { CheckEqualsReference("qwen3", 2, 2, false); }
+
+TEST_CASE("one rank: the log-probs and entropies are the whole model's") {
+  const actor::ModelConfig c = SmallConfig("llama");
+  const Named init = InitialWeights(c);
+  const Batch b = MakeBatch();
+  actor::Transformer full(c);
+  {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> src(init.begin(), init.end());
+    for (auto& [name, p] : full->NamedParameters()) p.copy_(src.at(name));
+  }
+  auto ref = actor::TokenLogProbs(full, b.ids, b.pos, b.targets, 7, 1.3, b.mask);
+  REQUIRE(ref.ok());
+  auto m = TensorParallelModel::Create(c, nullptr);
+  REQUIRE(m.ok());
+  REQUIRE((*m)->LoadFromFull(init).ok());
+  auto out = (*m)->TokenLogProbs(b.ids, b.pos, b.targets, 1.3, b.mask);
+  REQUIRE(out.ok());
+  CHECK((out->logprobs - ref->logprobs).abs().max().item<double>() < 1e-5);
+  CHECK((out->entropy - ref->entropy).abs().max().item<double>() < 1e-5);
+  CHECK(out->logprobs.abs().sum().item<double>() > 1.0);
+  // The gather of one rank is the model itself, bit for bit.
+  auto gathered = (*m)->GatherFull();
+  REQUIRE(gathered.ok());
+  CHECK(MaxAbsDiff(*gathered, init) == 0.0);
+}
+
+TEST_CASE("layouts the model cannot take are refused by name") {
+  actor::ModelConfig c = SmallConfig("llama");
+  CHECK(ValidateTensorParallel(c, 2).ok());
+  CHECK(ValidateTensorParallel(c, 4).code() == absl::StatusCode::kUnimplemented);  // 2 KV heads
+  CHECK(absl::StrContains(ValidateTensorParallel(c, 4).message(), "num_kv_heads"));
+  c.num_kv_heads = 4;
+  c.vocab_size = 50;
+  CHECK(absl::StrContains(ValidateTensorParallel(c, 4).message(), "vocab_size (50)"));
+  c.vocab_size = 48;
+  c.intermediate_size = 66;
+  CHECK(absl::StrContains(ValidateTensorParallel(c, 4).message(), "intermediate_size (66)"));
+  c = SmallConfig("llama");
+  c.num_kv_heads = 4;
+  CHECK(absl::StrContains(ValidateTensorParallel(c, 3).message(), "num_heads (4) is not divisible by tp (3)"));
+  c = SmallConfig("llama");
+  c.arch = "qwen3_moe";
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  CHECK(ValidateTensorParallel(c, 2).code() == absl::StatusCode::kUnimplemented);
+  c = SmallConfig("llama");
+  c.qkv_bias = true;
+  CHECK(absl::StrContains(ValidateTensorParallel(c, 2).message(), "o_proj bias"));
+  CHECK(ValidateTensorParallel(SmallConfig("llama"), 0).code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("LoadFromFull names a missing or misshapen parameter") {
+  const actor::ModelConfig c = SmallConfig("llama");
+  auto m = TensorParallelModel::Create(c, nullptr);
+  REQUIRE(m.ok());
+  Named init = InitialWeights(c);
+  Named missing(init.begin() + 1, init.end());
+  CHECK(absl::StrContains((*m)->LoadFromFull(missing).message(), init[0].first + ": missing"));
+  init[1].second = at::zeros({3, 3});
+  CHECK(absl::StrContains((*m)->LoadFromFull(init).message(), init[1].first + ": expected shape"));
+}
+
+TEST_CASE("split dimensions follow Megatron's column / row / vocabulary layout") {
+  CHECK(TensorParallelSplitDim("model.layers.0.self_attn.q_proj.weight") == 0);
+  CHECK(TensorParallelSplitDim("model.layers.0.self_attn.v_proj.bias") == 0);
+  CHECK(TensorParallelSplitDim("model.layers.3.mlp.up_proj.weight") == 0);
+  CHECK(TensorParallelSplitDim("model.embed_tokens.weight") == 0);
+  CHECK(TensorParallelSplitDim("lm_head.weight") == 0);
+  CHECK(TensorParallelSplitDim("model.layers.0.self_attn.o_proj.weight") == 1);
+  CHECK(TensorParallelSplitDim("model.layers.1.mlp.down_proj.weight") == 1);
+  CHECK(TensorParallelSplitDim("model.layers.0.input_layernorm.weight") == -1);
+  CHECK(TensorParallelSplitDim("model.layers.0.self_attn.q_norm.weight") == -1);
+  CHECK(TensorParallelSplitDim("model.norm.weight") == -1);
+}
+
+}  // namespace
+}  // namespace rlmesh::learner
