@@ -1,0 +1,168 @@
+// One rank of a tensor-parallel training step (learner/tensor_parallel.h),
+// for bench/tensor_parallel.py, which starts the ranks of each layout as
+// separate processes (so that each has its own peak RSS) and alternates the
+// layouts.
+//
+// Builds a Llama of the given shape from a fixed seed (every rank the same
+// full weights, then its slice), runs --warmup + --steps training steps
+// (vocabulary-parallel log-probs, token-mean loss, backward, AdamW through
+// DataParallel with the norm over the TP group) on a fixed random batch, and
+// writes one JSON line to --out: seconds per timed step, the first loss, the
+// resident memory before the model was built, after the training state was
+// set up and at its peak, and the
+// rank's parameter count.
+//
+//   bench/tensor_parallel.py   (runs this binary; see bench/tensor_parallel.md)
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <malloc.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "actor/transformer.h"
+#include "dist/gloo.h"
+#include "dist/store.h"
+#include "learner/data_parallel.h"
+#include "learner/tensor_parallel.h"
+
+ABSL_FLAG(int, tp, 1, "tensor-parallel ranks");
+ABSL_FLAG(int, rank, 0, "this process's rank");
+ABSL_FLAG(std::string, store, "", "FileStore path shared by the ranks (tp > 1)");
+ABSL_FLAG(bool, sp, false, "sequence parallelism");
+ABSL_FLAG(int64_t, hidden, 512, "hidden size");
+ABSL_FLAG(int64_t, layers, 8, "decoder layers");
+ABSL_FLAG(int64_t, heads, 8, "query heads");
+ABSL_FLAG(int64_t, kv_heads, 4, "key/value heads");
+ABSL_FLAG(int64_t, intermediate, 1408, "MLP width");
+ABSL_FLAG(int64_t, vocab, 32000, "vocabulary");
+ABSL_FLAG(int64_t, batch, 4, "rows per step");
+ABSL_FLAG(int64_t, seq, 128, "tokens per row");
+ABSL_FLAG(int, warmup, 1, "untimed steps");
+ABSL_FLAG(int, steps, 3, "timed steps");
+ABSL_FLAG(int, threads, 1, "intra-op threads");
+ABSL_FLAG(std::string, out, "", "JSON line written here");
+
+namespace rlmesh::learner {
+namespace {
+
+// Resident set now, bytes (/proc/self/statm's second field, in pages).
+double RssBytes() {
+  std::ifstream f("/proc/self/statm");
+  long pages = 0, resident = 0;
+  f >> pages >> resident;
+  return static_cast<double>(resident) * 4096.0;
+}
+
+double PeakRssBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "tensor_parallel_bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int Main() {
+  at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  const int tp = absl::GetFlag(FLAGS_tp), rank = absl::GetFlag(FLAGS_rank);
+  // LibTorch's own start-up memory, before any model exists.
+  [[maybe_unused]] at::Tensor warm = at::randn({64, 64}).matmul(at::randn({64, 64}));
+  const double rss_before = RssBytes();
+
+  actor::ModelConfig c;
+  c.hidden_size = absl::GetFlag(FLAGS_hidden);
+  c.num_layers = absl::GetFlag(FLAGS_layers);
+  c.num_heads = absl::GetFlag(FLAGS_heads);
+  c.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  c.intermediate_size = absl::GetFlag(FLAGS_intermediate);
+  c.vocab_size = absl::GetFlag(FLAGS_vocab);
+  c.max_positions = absl::GetFlag(FLAGS_seq);
+
+  c10::intrusive_ptr<c10d::Backend> group;
+  if (tp > 1) {
+    auto store = dist::MakeFileStore(absl::GetFlag(FLAGS_store), tp);
+    if (!store.ok()) return Fail(store.status());
+    auto g = dist::CreateGlooGroup(*store, rank, tp);
+    if (!g.ok()) return Fail(g.status());
+    group = *g;
+  }
+  TensorParallelOptions options;
+  options.sequence_parallel = absl::GetFlag(FLAGS_sp);
+  auto model = TensorParallelModel::Create(c, group, options);
+  if (!model.ok()) return Fail(model.status());
+  {
+    // The full weights exist once, transiently, as a checkpoint load would
+    // bring them: built, sliced, dropped.
+    at::manual_seed(1);
+    actor::Transformer full(c);
+    absl::Status s = (*model)->LoadFromFull(full->NamedParameters());
+    if (!s.ok()) return Fail(s);
+  }
+  DataParallelOptions o;
+  o.grad_clip = 1.0;
+  o.norm_group = group;
+  o.norm_weights = (*model)->NormWeights();
+  auto dp = DataParallel::Create(nullptr, (*model)->Parameters(), o);
+  if (!dp.ok()) return Fail(dp.status());
+  // The training state is in place once DataParallel exists (its flat
+  // buffers and AdamW moments are allocated by Create); gradients come with
+  // the first backward.
+  // malloc_trim hands the dropped full weights back to the system first.
+  malloc_trim(0);
+  const double rss_setup = RssBytes();
+  int64_t local_params = 0;
+  for (const at::Tensor& p : (*model)->Parameters()) local_params += p.numel();
+
+  at::manual_seed(2);
+  const int64_t B = absl::GetFlag(FLAGS_batch), T = absl::GetFlag(FLAGS_seq);
+  at::Tensor ids = at::randint(0, c.vocab_size, {B, T}, at::kLong);
+  at::Tensor pos = at::arange(T, at::kLong).unsqueeze(0).expand({B, T}).contiguous();
+  at::Tensor targets = at::full({B, T}, -1, at::kLong);
+  targets.narrow(1, 0, T - 1).copy_(ids.narrow(1, 1, T - 1));
+
+  std::vector<double> seconds;
+  double first_loss = 0;
+  const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
+  for (int step = 0; step < warmup + steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    (*dp)->ZeroGrad();
+    auto out = (*model)->TokenLogProbs(ids, pos, targets);
+    if (!out.ok()) return Fail(out.status());
+    auto valid = targets.ge(0).to(at::kFloat);
+    at::Tensor loss = -(out->logprobs * valid).sum() / valid.sum();
+    loss.backward();
+    auto stats = (*dp)->Step(1.0, 1e-4);
+    if (!stats.ok()) return Fail(stats.status());
+    if (step == 0) first_loss = loss.item<double>();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step >= warmup) seconds.push_back(s);
+  }
+  std::string line = absl::StrCat(
+      "{\"tp\": ", tp, ", \"sp\": ", options.sequence_parallel ? "true" : "false", ", \"rank\": ", rank,
+      ", \"threads\": ", absl::GetFlag(FLAGS_threads), ", \"seconds\": [", absl::StrJoin(seconds, ", "),
+      "], \"first_loss\": ", absl::StrFormat("%.9g", first_loss), ", \"rss_before\": ", rss_before,
+      ", \"rss_setup\": ", rss_setup, ", \"peak_rss\": ", PeakRssBytes(), ", \"local_params\": ", local_params, "}\n");
+  std::ofstream(absl::GetFlag(FLAGS_out)) << line;
+  std::fputs(line.c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace rlmesh::learner
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return rlmesh::learner::Main();
+}
