@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace rlmesh {
 namespace {
@@ -41,14 +42,20 @@ void AttachToken(absl::string_view token, grpc::ClientContext* context) {
   context->AddMetadata(kAuthMetadataKey, absl::StrCat("Bearer ", token));
 }
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  if (path.empty()) return std::string();
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", path));
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " file ", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(ss.str()));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  if (ss.str().empty()) return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " is empty"));
+  return ss.str();
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  if (path.empty()) return std::string();
+  RLMESH_ASSIGN_OR_RETURN(std::string text, ReadCredentialFile(path, "token"));
+  std::string token(absl::StripAsciiWhitespace(text));
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is blank"));
   return token;
 }
 

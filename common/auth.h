@@ -41,4 +41,9 @@ void AttachToken(absl::string_view token, grpc::ClientContext* context);
 // Reads a token file (whitespace trimmed). Empty path -> empty token.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
+// The whole of a credential file (a token, a PEM certificate or key):
+// NOT_FOUND "cannot read <what> file <path>" when it cannot be opened,
+// INVALID_ARGUMENT "<what> file <path> is empty" when it holds nothing.
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& path, absl::string_view what);
+
 }  // namespace rlmesh

@@ -1,7 +1,5 @@
 #include "common/rpc_client.h"
 
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -23,15 +21,6 @@ ClientTls& MutableProcessTls() {
   return *tls;
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
-  return ss.str();
-}
-
 }  // namespace
 
 void SetProcessClientTls(ClientTls tls) { MutableProcessTls() = std::move(tls); }
@@ -50,13 +39,13 @@ absl::StatusOr<RpcClient> RpcClient::Create(const std::string& address,
   const ClientTls& tls = options.tls.enabled() ? options.tls : ProcessClientTls();
   if (tls.enabled()) {
     grpc::SslCredentialsOptions ssl;
-    RLMESH_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(tls.root_cert_file, "TLS root certificate"));
+    RLMESH_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadCredentialFile(tls.root_cert_file, "TLS root certificate"));
     if (tls.cert_file.empty() != tls.key_file.empty()) {
       return absl::InvalidArgumentError("tls: the client certificate and key must be set together");
     }
     if (!tls.cert_file.empty()) {
-      RLMESH_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(tls.cert_file, "TLS client certificate"));
-      RLMESH_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(tls.key_file, "TLS client key"));
+      RLMESH_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadCredentialFile(tls.cert_file, "TLS client certificate"));
+      RLMESH_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadCredentialFile(tls.key_file, "TLS client key"));
     }
     creds = grpc::SslCredentials(ssl);
     if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);

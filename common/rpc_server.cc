@@ -4,11 +4,10 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/auth.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -16,17 +15,6 @@
 #include "grpcpp/server_builder.h"
 
 namespace rlmesh {
-namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 absl::Status ServerOptions::Validate() const {
   if (port < 0 || port > 65535) {
@@ -65,12 +53,12 @@ absl::Status RpcServer::Start() {
 
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!options_.tls_cert_file.empty()) {
-    RLMESH_ASSIGN_OR_RETURN(std::string cert, ReadFile(options_.tls_cert_file, "TLS certificate"));
-    RLMESH_ASSIGN_OR_RETURN(std::string key, ReadFile(options_.tls_key_file, "TLS key"));
+    RLMESH_ASSIGN_OR_RETURN(std::string cert, ReadCredentialFile(options_.tls_cert_file, "TLS certificate"));
+    RLMESH_ASSIGN_OR_RETURN(std::string key, ReadCredentialFile(options_.tls_key_file, "TLS key"));
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({key, cert});
     if (!options_.tls_client_ca_file.empty()) {
-      RLMESH_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options_.tls_client_ca_file, "TLS client CA"));
+      RLMESH_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadCredentialFile(options_.tls_client_ca_file, "TLS client CA"));
       ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
     creds = grpc::SslServerCredentials(ssl);

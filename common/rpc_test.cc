@@ -6,7 +6,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "catch2/catch.hpp"
+#include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/rpc_client.h"
 #include "common/rpc_handler.h"
@@ -145,6 +147,31 @@ TEST_CASE("token auth rejects calls without the right token") {
   auto score = ScoreOne(*good, 2);
   REQUIRE(score.ok());
   CHECK(*score == 2);
+}
+
+TEST_CASE("credential files: a missing, empty or blank file is named, a server with an empty certificate does not start") {
+  testing::TempDir dir;
+  std::ofstream(dir.File("empty.pem")).flush();
+  std::ofstream(dir.File("blank.token")) << "  \n";
+  std::ofstream(dir.File("ok.token")) << " secret\n";
+  auto missing = ReadCredentialFile(dir.File("nope.pem"), "TLS key");
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK(missing.status().message() == "cannot read TLS key file " + dir.File("nope.pem"));
+  auto empty = ReadCredentialFile(dir.File("empty.pem"), "TLS certificate");
+  CHECK(empty.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(empty.status().message() == "TLS certificate file " + dir.File("empty.pem") + " is empty");
+  CHECK(ReadTokenFile(dir.File("blank.token")).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(*ReadTokenFile(dir.File("ok.token")) == "secret");
+  CHECK(ReadTokenFile("")->empty());
+
+  ServerOptions options;
+  options.port = 0;
+  options.tls_cert_file = dir.File("empty.pem");
+  options.tls_key_file = dir.File("empty.pem");
+  RpcServer server(options);
+  absl::Status started = server.Start();
+  CHECK(started.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(started.message(), "TLS certificate file"));
 }
 
 TEST_CASE("TLS: a client trusting the certificate connects, a plaintext one does not") {
