@@ -202,9 +202,10 @@ absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create
   return m;
 }
 
-absl::Status TensorParallelModel::LoadFromFull(const std::vector<std::pair<std::string, at::Tensor>>& full) {
+absl::StatusOr<std::vector<at::Tensor>> TensorParallelModel::SliceOf(
+    const std::vector<std::pair<std::string, at::Tensor>>& full) const {
   std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
-  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> out;
   for (auto& [name, p] : shard_->NamedParameters()) {
     auto it = by_name.find(name);
     if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": missing"));
@@ -212,28 +213,54 @@ absl::Status TensorParallelModel::LoadFromFull(const std::vector<std::pair<std::
     const at::Tensor& src = it->second;
     std::vector<int64_t> want = p.sizes().vec();
     if (dim >= 0) want[dim] *= size_;
-    if (src.sizes().vec() != want) {
+    if (!src.defined() || src.sizes().vec() != want) {
       return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": expected shape ", c10::str(want),
-                                                     ", got ", c10::str(src.sizes())));
+                                                     ", got ", src.defined() ? c10::str(src.sizes()) : "none"));
     }
-    p.copy_(dim >= 0 ? Slice(src, dim, rank_, size_) : src);
+    out.push_back(dim >= 0 ? Slice(src, dim, rank_, size_) : src);
   }
+  return out;
+}
+
+absl::Status TensorParallelModel::LoadFromFull(const std::vector<std::pair<std::string, at::Tensor>>& full) {
+  RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> slices, SliceOf(full));
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> params = Parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(slices[i]);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::GatherFull() {
+  return GatherFullOf(Parameters());
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::GatherFullOf(
+    const std::vector<at::Tensor>& local) {
+  const auto named = shard_->NamedParameters();
+  if (local.size() != named.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local: ", local.size(), " tensors for ", named.size(), " parameters"));
+  }
+  for (size_t i = 0; i < local.size(); ++i) {
+    if (!local[i].defined() || local[i].sizes() != named[i].second.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat("local[", i, "] (", named[i].first, "): expected shape ",
+                                                     c10::str(named[i].second.sizes())));
+    }
+  }
   std::vector<std::pair<std::string, at::Tensor>> out;
   RLMESH_RETURN_IF_ERROR(dist::Collective("tensor-parallel gather", [&] {
     at::NoGradGuard no_grad;
-    for (auto& [name, p] : shard_->NamedParameters()) {
+    for (size_t i = 0; i < named.size(); ++i) {
+      const std::string& name = named[i].first;
+      const at::Tensor t = local[i].detach();
       const int dim = TensorParallelSplitDim(name);
       if (dim < 0 || size_ == 1) {
-        out.emplace_back(name, p.detach().clone());
+        out.emplace_back(name, t.clone());
         continue;
       }
       // Slices stacked along a new leading dim, then laid side by side
       // along the split dim.
-      at::Tensor stacked = AllGathered(group_.get(), p.detach().unsqueeze(0));
+      at::Tensor stacked = AllGathered(group_.get(), t.unsqueeze(0));
       out.emplace_back(name, at::cat(stacked.unbind(0), dim));
     }
   }));

@@ -87,6 +87,17 @@ class TensorParallelModel {
   // a collective fails.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> GatherFull();
 
+  // The same for any per-parameter state shaped like Parameters() (AdamW's
+  // moments), so that a checkpoint holds it in the layout-free form and
+  // resumes under another tp: GatherFullOf gathers `local` (one tensor per
+  // parameter, in Parameters() order); SliceOf cuts this rank's slices out
+  // of full-layout tensors (INVALID_ARGUMENT naming a missing or misshapen
+  // one).
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> GatherFullOf(
+      const std::vector<at::Tensor>& local);
+  absl::StatusOr<std::vector<at::Tensor>> SliceOf(
+      const std::vector<std::pair<std::string, at::Tensor>>& full) const;
+
   // Per-token log-probs of `targets` and entropies, [B,T] fp32, exactly as
   // actor::TokenLogProbs on the whole model (temperature divides the
   // logits; target < 0 gives log-prob 0). ids, positions, targets [B,T]

@@ -85,10 +85,36 @@ DataParallelOptions Optimizer() {
 constexpr int kSteps = 3;
 constexpr double kLr = 3e-3;
 
+// A checkpoint in the layout-free (Hugging Face) form: weights and AdamW
+// moments under parameter names, and the optimizer's step count.
+struct Checkpoint {
+  Named weights, exp_avg, exp_avg_sq;
+  int64_t steps = 0;
+};
+
 struct Run {
   std::vector<double> losses, norms;
   Named weights;
+  Checkpoint checkpoint;
 };
+
+// DataParallel's flat moments (no ZeRO-1: every element) as one tensor per
+// parameter, and back.
+std::vector<at::Tensor> Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (const at::Tensor& p : params) {
+    out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+  return out;
+}
+
+at::Tensor Flatten(const std::vector<at::Tensor>& parts) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : parts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
 
 Named InitialWeights(const actor::ModelConfig& c) {
   at::manual_seed(5);
@@ -129,22 +155,32 @@ struct RankResult {
   std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
 };
 
-absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Named& init, const Batch& batch,
+// Trains `steps` steps from `start` (weights; moments and step count when
+// start.steps > 0) and returns the run with its checkpoint gathered.
+absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch,
                               c10::intrusive_ptr<c10d::Backend> tp_group,
-                              c10::intrusive_ptr<c10d::Backend> dp_group, bool sequence_parallel) {
+                              c10::intrusive_ptr<c10d::Backend> dp_group, bool sequence_parallel, int steps) {
   TensorParallelOptions tpo;
   tpo.sequence_parallel = sequence_parallel;
   auto model = TensorParallelModel::Create(c, tp_group, tpo);
   if (!model.ok()) return model.status();
-  absl::Status s = (*model)->LoadFromFull(init);
+  absl::Status s = (*model)->LoadFromFull(start.weights);
   if (!s.ok()) return s;
   DataParallelOptions o = Optimizer();
   o.norm_group = tp_group;
   o.norm_weights = (*model)->NormWeights();
   auto dp = DataParallel::Create(dp_group, (*model)->Parameters(), o);
   if (!dp.ok()) return dp.status();
+  if (start.steps > 0) {
+    auto m = (*model)->SliceOf(start.exp_avg);
+    auto v = (*model)->SliceOf(start.exp_avg_sq);
+    if (!m.ok()) return m.status();
+    if (!v.ok()) return v.status();
+    s = (*dp)->LoadOptimizerState(Flatten(*m), Flatten(*v), start.steps);
+    if (!s.ok()) return s;
+  }
   Run r;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     (*dp)->ZeroGrad();
     auto out = (*model)->TokenLogProbs(batch.ids, batch.pos, batch.targets, 0.9, batch.mask);
     if (!out.ok()) return out.status();
@@ -158,13 +194,19 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Named& init, co
   auto full = (*model)->GatherFull();
   if (!full.ok()) return full.status();
   r.weights = *full;
+  const std::vector<at::Tensor> params = (*model)->Parameters();
+  auto m = (*model)->GatherFullOf(Unflatten((*dp)->exp_avg(), params));
+  auto v = (*model)->GatherFullOf(Unflatten((*dp)->exp_avg_sq(), params));
+  if (!m.ok()) return m.status();
+  if (!v.ok()) return v.status();
+  r.checkpoint = {*full, *m, *v, (*dp)->steps()};
   return r;
 }
 
 // tp x dp ranks on threads: rank = d * tp + t; the dp replicas split the
 // batch's rows.
-std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Named& init, const Batch& batch, int tp, int dp,
-                             bool sequence_parallel) {
+std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch, int tp,
+                             int dp, bool sequence_parallel, int steps = kSteps) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::future<RankResult>> futures;
   const int64_t rows = batch.ids.size(0);
@@ -195,7 +237,7 @@ std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Named& init, con
       }
       // Replica d's rows: an even split, the remainder to the last.
       const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
-      r.run = TrainRank(c, init, Rows(batch, begin, n), tp_group, dp_group, sequence_parallel);
+      r.run = TrainRank(c, start, Rows(batch, begin, n), tp_group, dp_group, sequence_parallel, steps);
       return r;
     }));
   }
@@ -234,7 +276,7 @@ void CheckEqualsReference(const std::string& arch, int tp, int dp, bool sequence
   // Not vacuous: clipping acted and the weights moved.
   REQUIRE(ref.norms[0] > Optimizer().grad_clip);
   REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
-  for (const Run& r : TrainLayout(c, init, batch, tp, dp, sequence_parallel)) {
+  for (const Run& r : TrainLayout(c, Checkpoint{init}, batch, tp, dp, sequence_parallel)) {
     for (int step = 0; step < kSteps; ++step) {
       CAPTURE(step);
       CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
@@ -255,6 +297,34 @@ TEST_CASE("tp=2 with sequence parallelism equals one process (21 rows: padded to
 }
 
 TEST_CASE("tp=2 x dp=2 equals one process") { CheckEqualsReference("qwen3", 2, 2, false); }
+
+TEST_CASE("a checkpoint gathered under one layout resumes under another") {
+  const actor::ModelConfig c = SmallConfig("qwen3");
+  const Batch batch = MakeBatch();
+  const Checkpoint init{InitialWeights(c)};
+  // Five steps in one process, against three under one layout and two more
+  // under the other, both ways.
+  const Run straight = TrainLayout(c, init, batch, 1, 1, false, 5)[0];
+  REQUIRE(straight.checkpoint.steps == 5);
+  for (auto [first, second] : {std::pair<int, int>{2, 1}, std::pair<int, int>{1, 2}}) {
+    CAPTURE(first, second);
+    const Run a = TrainLayout(c, init, batch, first, 1, false, 3)[0];
+    REQUIRE(a.checkpoint.steps == 3);
+    // The gathered moments are full-shaped and not zero.
+    REQUIRE(a.checkpoint.exp_avg_sq.size() == init.weights.size());
+    CHECK(a.checkpoint.exp_avg_sq[0].second.abs().sum().item<double>() > 0);
+    for (const Run& b : TrainLayout(c, a.checkpoint, batch, second, 1, false, 2)) {
+      CHECK(b.checkpoint.steps == 5);
+      CHECK(b.norms[1] == Approx(straight.norms[4]).epsilon(1e-5));
+      CHECK(MaxAbsDiff(b.weights, straight.weights) < 1e-5);
+      CHECK(MaxAbsDiff(b.checkpoint.exp_avg, straight.checkpoint.exp_avg) < 1e-6);
+    }
+    // Resuming without the moments is measurably different: they matter.
+    Checkpoint weights_only{a.checkpoint.weights};
+    const Run fresh = TrainLayout(c, weights_only, batch, second, 1, false, 2)[0];
+    CHECK(MaxAbsDiff(fresh.weights, straight.weights) > 1e-4);
+  }
+}
 
 TEST_CASE("one rank: the log-probs and entropies are the whole model's") {
   const actor::ModelConfig c = SmallConfig("llama");
