@@ -286,11 +286,7 @@ at::Tensor TensorParallelModel::ForwardHidden(const at::Tensor& ids, const at::T
     return x.narrow(0, 0, rows).reshape({B, T, H});
   };
 
-  // Vocabulary-parallel embedding: this rank's rows, zeros for other ids.
-  const int64_t v_local = shard_config_.vocab_size, v_begin = rank_ * v_local;
-  auto in_range = ids.ge(v_begin).logical_and(ids.lt(v_begin + v_local));
-  auto local_ids = at::where(in_range, ids - v_begin, at::zeros_like(ids));
-  at::Tensor h = backbone->embed_tokens(local_ids) * in_range.unsqueeze(-1).to(backbone->embed_tokens->weight.dtype());
+  at::Tensor h = Embed(ids);
   if (sp) {
     h = ScatterRows::apply(to_rows(h), key);  // [padded / tp, H]
   } else if (tp) {
@@ -372,6 +368,81 @@ absl::StatusOr<actor::TokenLogProbsOutput> TensorParallelModel::TokenLogProbs(co
   } catch (const std::exception& e) {
     return absl::AbortedError(absl::StrCat("tensor-parallel log-probs failed: ", e.what()));
   }
+}
+
+at::Tensor TensorParallelModel::Prefill(const at::Tensor& ids, const at::Tensor& lens, int64_t capacity,
+                                        actor::KvCache* cache) {
+  at::NoGradGuard no_grad;
+  const int64_t B = ids.size(0), T = ids.size(1);
+  TORCH_CHECK(capacity >= T, "Prefill: capacity ", capacity, " < prompt width ", T);
+  auto* backbone = shard_->model.get();
+  auto positions = at::arange(T, ids.options()).unsqueeze(0).expand({B, T});
+  at::Tensor h = SumOverShards(Embed(ids));
+  auto [cos, sin] = actor::RopeCosSin(config_, rope_, positions, h.scalar_type());
+  cache->k.clear();
+  cache->v.clear();
+  const int64_t kvh = shard_config_.num_kv_heads, d = shard_config_.HeadDim();
+  for (const auto& module : *backbone->layers) {
+    auto* layer = module->as<actor::DecoderLayerImpl>();
+    at::Tensor k, v;
+    h = h + SumOverShards(layer->self_attn->Full(layer->input_layernorm(h), cos, sin, {}, &k, &v));
+    h = h + SumOverShards(layer->mlp(layer->post_attention_layernorm(h)));
+    auto kc = at::zeros({B, kvh, capacity, d}, k.options());
+    auto vc = at::zeros({B, kvh, capacity, d}, v.options());
+    kc.narrow(2, 0, T).copy_(k);
+    vc.narrow(2, 0, T).copy_(v);
+    cache->k.push_back(kc);
+    cache->v.push_back(vc);
+  }
+  auto last = (lens - 1).clamp_min(0);
+  h = h.index({at::arange(B, lens.options()), last});
+  return backbone->norm(h);
+}
+
+at::Tensor TensorParallelModel::DecodeStep(const at::Tensor& ids, const at::Tensor& lens, int64_t max_len,
+                                           actor::KvCache* cache) {
+  at::NoGradGuard no_grad;
+  const int64_t N = ids.size(0), used = max_len + 1;
+  auto* backbone = shard_->model.get();
+  at::Tensor h = SumOverShards(Embed(ids.view({N, 1})));
+  auto [cos, sin] = actor::RopeCosSin(config_, rope_, lens.view({N, 1}), h.scalar_type());
+  auto key_mask = at::arange(used, lens.options()).view({1, used}).le(lens.view({N, 1})).view({N, 1, 1, used});
+  size_t i = 0;
+  for (const auto& module : *backbone->layers) {
+    auto* layer = module->as<actor::DecoderLayerImpl>();
+    h = h + SumOverShards(layer->self_attn->Decode(layer->input_layernorm(h), cos, sin, cache->k[i], cache->v[i],
+                                                   lens, key_mask, used));
+    h = h + SumOverShards(layer->mlp(layer->post_attention_layernorm(h)));
+    ++i;
+  }
+  return backbone->norm(h).squeeze(1);
+}
+
+std::pair<at::Tensor, at::Tensor> TensorParallelModel::GreedyNext(const at::Tensor& hidden) {
+  at::NoGradGuard no_grad;
+  at::Tensor z = at::matmul(hidden, shard_->LmHeadWeight().t()).to(at::kFloat);  // [N, V/tp]
+  auto [local_max, local_arg] = z.max(-1);
+  const int64_t v_begin = rank_ * shard_config_.vocab_size;
+  at::Tensor best = size_ > 1 ? AllReduced(group_.get(), local_max, c10d::ReduceOp::MAX) : local_max;
+  // Among the ranks holding the maximum, the lowest id wins.
+  at::Tensor candidate = at::where(local_max.eq(best), local_arg + v_begin,
+                                   at::full_like(local_arg, std::numeric_limits<int64_t>::max()));
+  at::Tensor id = size_ > 1 ? AllReduced(group_.get(), candidate, c10d::ReduceOp::MIN) : candidate;
+  at::Tensor sum_e = (z - best.unsqueeze(-1)).exp().sum(-1);
+  if (size_ > 1) sum_e = AllReduced(group_.get(), sum_e);
+  return {id, -sum_e.log()};
+}
+
+at::Tensor TensorParallelModel::Embed(const at::Tensor& ids) {
+  auto* backbone = shard_->model.get();
+  const int64_t v_local = shard_config_.vocab_size, v_begin = rank_ * v_local;
+  auto in_range = ids.ge(v_begin).logical_and(ids.lt(v_begin + v_local));
+  auto local_ids = at::where(in_range, ids - v_begin, at::zeros_like(ids));
+  return backbone->embed_tokens(local_ids) * in_range.unsqueeze(-1).to(backbone->embed_tokens->weight.dtype());
+}
+
+at::Tensor TensorParallelModel::SumOverShards(const at::Tensor& partial) {
+  return size_ > 1 ? AllReduced(group_.get(), partial) : partial;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> TensorParallelModel::NamedParameters() const {

@@ -108,6 +108,18 @@ class TensorParallelModel {
                                                            const at::Tensor& targets, double temperature = 1.0,
                                                            const at::Tensor& attention_mask = {});
 
+  // Generation, the ranks in lockstep (no gradient): TransformerImpl's
+  // Prefill and DecodeStep with this rank's key/value heads in `cache`,
+  // returning the replicated final hidden states [B,H] / [N,H].
+  at::Tensor Prefill(const at::Tensor& input_ids, const at::Tensor& lens, int64_t capacity,
+                     actor::KvCache* cache);
+  at::Tensor DecodeStep(const at::Tensor& ids, const at::Tensor& lens, int64_t max_len, actor::KvCache* cache);
+
+  // The greedy next token over the whole vocabulary from hidden [N,H] (ties
+  // to the lowest id, as argmax) and its log-prob, fp32 [N]; the logits
+  // stay vocabulary-parallel.
+  std::pair<at::Tensor, at::Tensor> GreedyNext(const at::Tensor& hidden);
+
   // This rank's parameters with their Hugging Face names (slices where
   // split), in a fixed order.
   std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
@@ -126,6 +138,11 @@ class TensorParallelModel {
   TensorParallelModel() = default;
   at::Tensor ForwardHidden(const at::Tensor& input_ids, const at::Tensor& positions,
                            const at::Tensor& attention_mask);
+  // Vocabulary-parallel embedding: this rank's rows, zeros for other ids
+  // (the caller sums over the ranks).
+  at::Tensor Embed(const at::Tensor& ids);
+  // All-reduce of a row-parallel partial product, outside autograd.
+  at::Tensor SumOverShards(const at::Tensor& partial);
 
   actor::ModelConfig config_;
   actor::ModelConfig shard_config_;
