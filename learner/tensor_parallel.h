@@ -32,7 +32,8 @@
 //
 // Collectives: every rank must make the same calls in the same order with
 // the same shapes. A failed collective throws inside the autograd graph;
-// the public calls turn it into ABORTED (the group is then unusable).
+// TokenLogProbs and the gathers turn it into ABORTED (the group is then
+// unusable); the generation calls throw, as TransformerImpl's do.
 //
 // Not thread-safe: one TensorParallelModel per rank, used by one thread.
 
