@@ -2,7 +2,8 @@
 // a HashStore, each rank a TensorParallelModel, trained three AdamW steps
 // (gradient clipping active) on the same batch as the whole model; the
 // losses, gradient norms and gathered weights must agree within 1e-5 (fp32),
-// for tp = 2 with and without sequence parallelism, and tp = 2 x dp = 2.
+// for tp = 2 with and without sequence parallelism, and tp = 2 x dp = 2
+// (plain and ZeRO-1).
 #include "learner/tensor_parallel.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -159,7 +160,8 @@ struct RankResult {
 // start.steps > 0) and returns the run with its checkpoint gathered.
 absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch,
                               c10::intrusive_ptr<c10d::Backend> tp_group,
-                              c10::intrusive_ptr<c10d::Backend> dp_group, bool sequence_parallel, int steps) {
+                              c10::intrusive_ptr<c10d::Backend> dp_group, bool sequence_parallel, int steps,
+                              bool zero1) {
   TensorParallelOptions tpo;
   tpo.sequence_parallel = sequence_parallel;
   auto model = TensorParallelModel::Create(c, tp_group, tpo);
@@ -167,6 +169,7 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
   absl::Status s = (*model)->LoadFromFull(start.weights);
   if (!s.ok()) return s;
   DataParallelOptions o = Optimizer();
+  o.zero1 = zero1;
   o.norm_group = tp_group;
   o.norm_weights = (*model)->NormWeights();
   auto dp = DataParallel::Create(dp_group, (*model)->Parameters(), o);
@@ -194,19 +197,24 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
   auto full = (*model)->GatherFull();
   if (!full.ok()) return full.status();
   r.weights = *full;
+  r.checkpoint = {*full, {}, {}, (*dp)->steps()};
+  // The moments as a checkpoint holds them; ZeRO-1 keeps only a flat shard
+  // of them per rank (not gathered here).
+  if (zero1) return r;
   const std::vector<at::Tensor> params = (*model)->Parameters();
   auto m = (*model)->GatherFullOf(Unflatten((*dp)->exp_avg(), params));
   auto v = (*model)->GatherFullOf(Unflatten((*dp)->exp_avg_sq(), params));
   if (!m.ok()) return m.status();
   if (!v.ok()) return v.status();
-  r.checkpoint = {*full, *m, *v, (*dp)->steps()};
+  r.checkpoint.exp_avg = *m;
+  r.checkpoint.exp_avg_sq = *v;
   return r;
 }
 
 // tp x dp ranks on threads: rank = d * tp + t; the dp replicas split the
 // batch's rows.
 std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch, int tp,
-                             int dp, bool sequence_parallel, int steps = kSteps) {
+                             int dp, bool sequence_parallel, int steps = kSteps, bool zero1 = false) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::future<RankResult>> futures;
   const int64_t rows = batch.ids.size(0);
@@ -237,7 +245,7 @@ std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Checkpoint& star
       }
       // Replica d's rows: an even split, the remainder to the last.
       const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
-      r.run = TrainRank(c, start, Rows(batch, begin, n), tp_group, dp_group, sequence_parallel, steps);
+      r.run = TrainRank(c, start, Rows(batch, begin, n), tp_group, dp_group, sequence_parallel, steps, zero1);
       return r;
     }));
   }
@@ -267,8 +275,8 @@ double MaxAbsDiff(const Named& a, const Named& b) {
   return worst;
 }
 
-void CheckEqualsReference(const std::string& arch, int tp, int dp, bool sequence_parallel) {
-  CAPTURE(arch, tp, dp, sequence_parallel);
+void CheckEqualsReference(const std::string& arch, int tp, int dp, bool sequence_parallel, bool zero1 = false) {
+  CAPTURE(arch, tp, dp, sequence_parallel, zero1);
   const actor::ModelConfig c = SmallConfig(arch);
   const Named init = InitialWeights(c);
   const Batch batch = MakeBatch();
@@ -276,7 +284,7 @@ void CheckEqualsReference(const std::string& arch, int tp, int dp, bool sequence
   // Not vacuous: clipping acted and the weights moved.
   REQUIRE(ref.norms[0] > Optimizer().grad_clip);
   REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
-  for (const Run& r : TrainLayout(c, Checkpoint{init}, batch, tp, dp, sequence_parallel)) {
+  for (const Run& r : TrainLayout(c, Checkpoint{init}, batch, tp, dp, sequence_parallel, kSteps, zero1)) {
     for (int step = 0; step < kSteps; ++step) {
       CAPTURE(step);
       CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
@@ -296,7 +304,10 @@ TEST_CASE("tp=2 with sequence parallelism equals one process (21 rows: padded to
   for (const char* arch : {"llama", "qwen3"}) CheckEqualsReference(arch, 2, 1, true);
 }
 
-TEST_CASE("tp=2 x dp=2 equals one process") { CheckEqualsReference("qwen3", 2, 2, false); }
+TEST_CASE("tp=2 x dp=2 equals one process, plain DP and ZeRO-1") {
+  CheckEqualsReference("qwen3", 2, 2, false);
+  CheckEqualsReference("qwen3", 2, 2, false, /*zero1=*/true);
+}
 
 TEST_CASE("a checkpoint gathered under one layout resumes under another") {
   const actor::ModelConfig c = SmallConfig("qwen3");
