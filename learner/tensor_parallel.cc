@@ -57,50 +57,36 @@ at::Tensor ReduceScattered(c10d::Backend* g, const at::Tensor& x) {
   return out;
 }
 
+at::Tensor Unchanged(c10d::Backend*, const at::Tensor& x) { return x; }
+at::Tensor Summed(c10d::Backend* g, const at::Tensor& x) { return AllReduced(g, x); }
+
+using GroupFn = at::Tensor (*)(c10d::Backend*, const at::Tensor&);
+
+// A collective with its conjugate as the gradient: Forward(x) forward,
+// Backward(grad) backward, both over the group passed as GroupKey.
+template <GroupFn Forward, GroupFn Backward>
+struct Conjugate : public torch::autograd::Function<Conjugate<Forward, Backward>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return Forward(reinterpret_cast<c10d::Backend*>(group), x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {Backward(GroupOf(ctx), g[0]), at::Tensor()};
+  }
+};
+
 // Megatron's "f": identity forward, gradient summed over the group. Enters
 // a column-parallel region from a replicated activation.
-struct CopyToShards : public torch::autograd::Function<CopyToShards> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return x;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {AllReduced(GroupOf(ctx), g[0]), at::Tensor()};
-  }
-};
-
+using CopyToShards = Conjugate<Unchanged, Summed>;
 // Megatron's "g": sum over the group forward, identity backward. Leaves a
 // row-parallel region (partial products) into a replicated activation.
-struct ReduceFromShards : public torch::autograd::Function<ReduceFromShards> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
-    return AllReduced(reinterpret_cast<c10d::Backend*>(group), x);
-  }
-  static variable_list backward(AutogradContext*, variable_list g) { return {g[0], at::Tensor()}; }
-};
-
+using ReduceFromShards = Conjugate<Summed, Unchanged>;
 // Sequence parallelism's entry to a block: all-gather of the rows forward,
 // reduce-scatter of the gradient backward.
-struct GatherRows : public torch::autograd::Function<GatherRows> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return AllGathered(reinterpret_cast<c10d::Backend*>(group), x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {ReduceScattered(GroupOf(ctx), g[0]), at::Tensor()};
-  }
-};
-
+using GatherRows = Conjugate<AllGathered, ReduceScattered>;
 // Sequence parallelism's exit from a block: reduce-scatter forward,
 // all-gather backward.
-struct ScatterRows : public torch::autograd::Function<ScatterRows> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return ReduceScattered(reinterpret_cast<c10d::Backend*>(group), x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {AllGathered(GroupOf(ctx), g[0]), at::Tensor()};
-  }
-};
+using ScatterRows = Conjugate<ReduceScattered, AllGathered>;
 
 bool EndsWithAny(const std::string& name, std::initializer_list<const char*> suffixes) {
   for (const char* s : suffixes) {

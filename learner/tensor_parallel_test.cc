@@ -224,24 +224,22 @@ std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Checkpoint& star
       const int t = rank % tp, d = rank / tp;
       dist::GlooGroupOptions gloo;
       gloo.timeout_ms = 60'000;
+      // This rank's group among `size` ranks (null for one), keys under `prefix`.
+      auto join = [&](const std::string& prefix, int group_rank, int size,
+                      c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
+        if (size == 1) return absl::OkStatus();
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
+        if (!g.ok()) return g.status();
+        *group = *g;
+        r.groups.push_back(*g);
+        return absl::OkStatus();
+      };
       c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
-      if (tp > 1) {
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, absl::StrCat("tp", d)), t, tp, gloo);
-        if (!g.ok()) {
-          r.run = g.status();
-          return r;
-        }
-        tp_group = *g;
-        r.groups.push_back(tp_group);
-      }
-      if (dp > 1) {
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, absl::StrCat("dp", t)), d, dp, gloo);
-        if (!g.ok()) {
-          r.run = g.status();
-          return r;
-        }
-        dp_group = *g;
-        r.groups.push_back(dp_group);
+      absl::Status joined = join(absl::StrCat("tp", d), t, tp, &tp_group);
+      if (joined.ok()) joined = join(absl::StrCat("dp", t), d, dp, &dp_group);
+      if (!joined.ok()) {
+        r.run = joined;
+        return r;
       }
       // Replica d's rows: an even split, the remainder to the last.
       const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
