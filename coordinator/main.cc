@@ -431,8 +431,6 @@ int Serve(Cluster* cluster, int port_override) {
   return 0;
 }
 
-// launch with launcher: slurm. The RPC server starts first: the roles
-// register with it while the steps start.
 // The end of a launch whose roles register (Slurm, Kubernetes): prints the
 // registered roles, then with --exit_after_health returns 1 unless every one
 // serves, else waits for SIGTERM/SIGINT; either way stops taking
@@ -454,6 +452,8 @@ int ServeRegisteredRoles(Registry* registry, ExperimentManager* experiments, Coo
   return code;
 }
 
+// launch with launcher: slurm. The RPC server starts first: the roles
+// register with it while the steps start.
 int LaunchSlurm(const ClusterConfig& config, const ClusterOptions& options) {
   auto server_options = ServerOptionsFromFlags("coordinator");
   if (!server_options.ok()) return Fail("launch", server_options.status());
