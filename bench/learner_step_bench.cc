@@ -40,6 +40,8 @@ ABSL_FLAG(int, group_size, 4, "Samples per group.");
 ABSL_FLAG(int, prompt_len, 32, "Prompt tokens per sample.");
 ABSL_FLAG(int, response_len, 96, "Response tokens per sample.");
 ABSL_FLAG(int, logprob_chunk, 64, "TrainerOptions.logprob_chunk (time steps per log-prob chunk).");
+ABSL_FLAG(bool, recompute_old_logprobs, false,
+          "TrainerOptions.recompute_old_logprobs: run the no-grad old log-prob pass even on one epoch, one mini-batch.");
 ABSL_FLAG(double, lr, 1e-5, "AdamW learning rate.");
 ABSL_FLAG(bool, grad_norms, false,
           "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
@@ -108,6 +110,7 @@ int Run() {
   req.set_world_size(1);
   learner::TrainerOptions opts;
   opts.logprob_chunk = absl::GetFlag(FLAGS_logprob_chunk);
+  opts.recompute_old_logprobs = absl::GetFlag(FLAGS_recompute_old_logprobs);
   learner::Trainer trainer(opts);
   auto cfg = trainer.Configure(req);
   if (!cfg.ok()) {

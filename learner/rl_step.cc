@@ -182,6 +182,19 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     };
 
     // Old log-probs (and reference log-probs, old values) without grad.
+    // When every micro-batch is trained exactly once before the one update
+    // (one epoch, one mini-batch), the training forward computes the same
+    // log-probs bit for bit, so they are taken from it instead (detached)
+    // and this pass is skipped: a third of the step's model work. It stays
+    // when something before the loop needs them: KL in the reward, a
+    // mismatch mode that masks tokens (the loss weights depend on it), MoE
+    // routing metrics; or when TrainerOptions asks for it.
+    const bool masking_mismatch =
+        rl.mismatch.mode == MismatchMode::kMis || rl.mismatch.mode == MismatchMode::kIcePop;
+    const bool reuse_forward = !options_.recompute_old_logprobs && rl.epochs == 1 && rl.mini_batches == 1 &&
+                               !moe && !(s.models.reference && rl.kl_in_reward) &&
+                               !(with_behaviour && masking_mismatch);
+    m["old_logprobs_recomputed"] = reuse_forward ? 0.0 : 1.0;
     const auto t0 = Clock::now();
     at::Tensor old_logp = at::zeros({B, T_all}, at::kFloat);
     at::Tensor ref_logp, old_values;
@@ -194,17 +207,19 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           const int64_t T = longest(a, e);
           auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
                tg = Rows(b.targets, a, e, T);
-          std::optional<MoeForward> routing;
-          start_routing(&routing, a, e, T);
-          RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg,
-                                                                options_.logprob_chunk, s.opt.learner.temperature));
-          if (routing) {
-            auto [differs, replayed] = routing->Mismatch();
-            replay_differs += differs;
-            replay_positions += replayed;
+          if (!reuse_forward) {
+            std::optional<MoeForward> routing;
+            start_routing(&routing, a, e, T);
+            RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg,
+                                                                  options_.logprob_chunk, s.opt.learner.temperature));
+            if (routing) {
+              auto [differs, replayed] = routing->Mismatch();
+              replay_differs += differs;
+              replay_positions += replayed;
+            }
+            routing.reset();
+            Rows(old_logp, a, e, T).copy_(lp.logprobs);
           }
-          routing.reset();
-          Rows(old_logp, a, e, T).copy_(lp.logprobs);
           if (s.models.reference) {
             RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
                                                                    options_.logprob_chunk, s.opt.learner.temperature));
@@ -221,22 +236,26 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       m["routing_replay_mismatch_frac"] =
           replay_positions ? static_cast<double>(replay_differs) / replay_positions : 0.0;
     }
-    if (with_behaviour) {
-      const double diff =
-          B ? ((old_logp - b.behaviour).abs() * mask).max().item<double>() : 0.0;
-      m["behaviour_logp_abs_diff_max"] = diff;
-    }
     // Rollout/learner mismatch: the weights are fixed for the step (old_logp
     // and the behaviour log-probs are), so they are computed once over whole
-    // rows (sequence level needs every token of a row).
+    // rows (sequence level needs every token of a row) -- or, when the
+    // training forward supplies old_logp, per micro-batch of whole rows in
+    // the loop (no mode that masks, so loss_mask does not depend on them).
     at::Tensor is_weight;
     at::Tensor loss_mask = mask;
-    if (with_behaviour) {
-      RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw, MismatchCorrection(old_logp, b.behaviour, mask, rl.mismatch));
+    double behaviour_diff = 0;
+    MetricMeans mismatch_means;  // token-weighted over micro-batches (reuse_forward)
+    auto correct_mismatch = [&](const at::Tensor& old, const at::Tensor& behaviour,
+                                const at::Tensor& mk) -> absl::StatusOr<MismatchWeights> {
+      if (old.size(0) > 0) behaviour_diff = std::max(behaviour_diff, ((old - behaviour).abs() * mk).max().item<double>());
+      RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw, MismatchCorrection(old, behaviour, mk, rl.mismatch));
+      mismatch_means.Add(mw.metrics, mk.sum().item<double>());
+      return mw;
+    };
+    if (with_behaviour && !reuse_forward) {
+      RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw, correct_mismatch(old_logp, b.behaviour, mask));
       is_weight = mw.weight;
       loss_mask = mw.keep.to(mask.scalar_type());
-      for (const auto& [k, v] : mw.metrics) m[k] = v;
-      m["is_capped_frac"] = mw.metrics["mismatch_truncated_frac"];
     }
     if (rl.overlong_filter && B > 0) {
       at::Tensor row_on = at::ones({B, 1}, mask.scalar_type());
@@ -359,10 +378,16 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           routing.reset();
           PolicyLossInputs in;
           in.logp = lp.logprobs;
-          in.old_logp = Rows(old_logp, a, e, T);
+          in.old_logp = reuse_forward ? lp.logprobs.detach() : Rows(old_logp, a, e, T);
           in.advantages = Rows(adv, a, e, T);
           in.mask = mk;
-          if (with_behaviour) in.is_weight = Rows(is_weight, a, e, T);
+          if (with_behaviour && reuse_forward) {
+            RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw,
+                                    correct_mismatch(in.old_logp, Rows(b.behaviour, a, e, T), Rows(mask, a, e, T)));
+            in.is_weight = mw.weight;
+          } else if (with_behaviour) {
+            in.is_weight = Rows(is_weight, a, e, T);
+          }
           if (s.models.reference) in.ref_logp = Rows(ref_logp, a, e, T);
           in.entropy = rl.loss.entropy_coef > 0 ? lp.entropy : lp.entropy.detach();
           RLMESH_ASSIGN_OR_RETURN(LossOutput out, PolicyLoss(in, rl.loss));
@@ -412,6 +437,11 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     }
     std::map<std::string, double> vals;
     means.Into(&vals);
+    if (with_behaviour) {
+      m["behaviour_logp_abs_diff_max"] = behaviour_diff;
+      mismatch_means.Into(&vals);
+      vals["is_capped_frac"] = vals["mismatch_truncated_frac"];
+    }
     for (auto& [k, v] : vals) m[k] = v;
     // Stable names present on every step (0 when the term is off).
     for (const char* k : {"loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "mismatch_kl",

@@ -83,6 +83,11 @@ struct TrainerOptions {
   // "cuda" or "cuda:<index>" (the launcher's --device for the process).
   // Default "cpu".
   std::string device = "cpu";
+  // RL steps: run the no-grad pass for the old log-probs even when the
+  // training forward could supply them (one epoch, one mini-batch; see
+  // TrainRl). The two give the same step bit for bit; this exists to test
+  // that and to measure what the pass costs. Default false.
+  bool recompute_old_logprobs = false;
 
   absl::Status Validate() const;
 };

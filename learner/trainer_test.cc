@@ -651,6 +651,58 @@ TEST_CASE("GSPO and CISPO: on-policy first step has ratio 1 and no clipping, and
   CHECK(s.status().message().find("grpo.rl.policy_loss") != std::string::npos);
 }
 
+TEST_CASE("one epoch, one mini-batch: old log-probs from the training forward give the same steps bit for bit") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny(25);
+  *e.add_stages() = GrpoStageOf(3, 1e-2);
+  // Several micro-batches per step, so the per-micro-batch mismatch weights
+  // and their metrics are exercised.
+  e.mutable_learner()->set_micro_batch_tokens(64);
+  GroupList groups = FourGroups(e, {false, false, false, false});
+  for (const char* level : {"token", "sequence"}) {
+    INFO(level);
+    ExperimentConfig k = e;
+    k.mutable_stages(0)->mutable_grpo()->mutable_rl()->mutable_mismatch()->set_level(level);
+    if (std::string(level) == "sequence") k.mutable_stages(0)->mutable_grpo()->mutable_rl()->mutable_mismatch()->set_high(1.5);
+    TrainerOptions recompute;
+    recompute.recompute_old_logprobs = true;
+    Trainer reuse, again(recompute);
+    REQUIRE(reuse.Configure(Request(k)).ok());
+    REQUIRE(again.Configure(Request(k)).ok());
+    // The same (stale after step 0) groups every step: from step 1 the
+    // behaviour log-probs differ from the policy's, so the truncated IS
+    // weights are not all 1.
+    for (int step = 0; step < 3; ++step) {
+      TrainStepRequest req;
+      req.set_step(step);
+      *req.mutable_groups() = groups;
+      auto a = reuse.TrainStep(req);
+      auto b = again.TrainStep(req);
+      REQUIRE(a.ok());
+      REQUIRE(b.ok());
+      const auto& ma = a->metrics().values();
+      const auto& mb = b->metrics().values();
+      CHECK(ma.at("old_logprobs_recomputed") == 0.0);
+      CHECK(mb.at("old_logprobs_recomputed") == 1.0);
+      CHECK(ma.at("ratio_mean") == 1.0);
+      CHECK(ma.at("loss") == mb.at("loss"));
+      CHECK(ma.at("grad_norm") == mb.at("grad_norm"));
+      for (const char* key : {"mismatch_kl", "mismatch_k1", "mismatch_weight_mean", "mismatch_truncated_frac",
+                              "behaviour_logp_abs_diff_max"}) {
+        INFO(key);
+        CHECK(ma.at(key) == Approx(mb.at(key)).margin(1e-9));
+      }
+      if (step > 0) CHECK(mb.at("mismatch_kl") > 1e-6);
+    }
+    CHECK(BitEqual(reuse, again));
+  }
+  // Two mini-batches: the second trains after an update, so the pass runs.
+  ExperimentConfig two = e;
+  two.mutable_stages(0)->mutable_grpo()->mutable_rl()->set_mini_batches(2);
+  Trainer t;
+  CHECK(StepOn(t, two, groups).at("old_logprobs_recomputed") == 1.0);
+}
+
 TEST_CASE("exact resume: N steps straight == N/2, Save, fresh trainer, N/2 (bit-identical)") {
   actor::ConfigureThreads(2);
   rlmesh::testing::TempDir dir;
