@@ -27,6 +27,50 @@
 #include "tasks/task.h"
 
 namespace rlmesh::learner {
+namespace {
+
+// Long-tailed response lengths: a micro-batch pads its rows to its longest,
+// so a mix of short and long rows wastes most of its slots on padding. When
+// a mini-batch (the same row ranges TrainRl uses) needs more than one
+// micro-batch, its rows are put in order of length (stable), so each
+// micro-batch pads to about its own rows' length. Mini-batches keep their
+// rows. With one micro-batch the padding is the longest row's whatever the
+// order, so nothing moves (and such steps are bit-identical to unsorted
+// ones). Returns, per group, the positions of its rows in sample order; empty
+// when no row moved (groups are then contiguous in order).
+template <typename RowT, typename LengthFn, typename GroupFn>
+std::vector<std::vector<int64_t>> SortRowsForMicroBatches(std::vector<RowT>* rows, LengthFn length_of,
+                                                          GroupFn group_of, int64_t num_groups, int mini_batches,
+                                                          int64_t micro_tokens) {
+  const int64_t B = rows->size();
+  std::vector<int64_t> lengths(B), order(B);
+  for (int64_t r = 0; r < B; ++r) {
+    lengths[r] = length_of((*rows)[r]);
+    order[r] = r;
+  }
+  bool moved = false;
+  for (int k = 0; k < mini_batches; ++k) {
+    const int64_t a = k * B / mini_batches, e = (k + 1) * B / mini_batches;
+    if (MicroBatches(lengths, a, e, micro_tokens).size() <= 1) continue;
+    std::stable_sort(order.begin() + a, order.begin() + e,
+                     [&](int64_t x, int64_t y) { return lengths[x] < lengths[y]; });
+    for (int64_t r = a; r < e; ++r) moved |= order[r] != r;
+  }
+  if (!moved) return {};
+  std::vector<RowT> sorted;
+  sorted.reserve(B);
+  std::vector<int64_t> position(B);
+  for (int64_t p = 0; p < B; ++p) {
+    position[order[p]] = p;
+    sorted.push_back(std::move((*rows)[order[p]]));
+  }
+  std::vector<std::vector<int64_t>> members(num_groups);
+  for (int64_t r = 0; r < B; ++r) members[group_of(sorted[position[r]])].push_back(position[r]);
+  *rows = std::move(sorted);
+  return members;
+}
+
+}  // namespace
 
 absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> groups,
                                                    double seconds_sample) {
@@ -143,6 +187,12 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
 
   absl::Status st = CatchAll("rl step", [&]() -> absl::Status {
     const int64_t B = rows.size();
+    // members[g]: the rows of kept group g, in the group's sample order.
+    std::vector<std::vector<int64_t>> members = SortRowsForMicroBatches(
+        &rows, [](const Row& r) { return static_cast<int64_t>(r.seq.ids.size()); },
+        [](const Row& r) { return r.group; }, static_cast<int64_t>(group_rewards.size()), rl.mini_batches,
+        s.opt.learner.micro_tokens);
+    m["rows_sorted"] = members.empty() ? 0.0 : 1.0;
     std::vector<Seq> seqs;
     std::vector<int64_t> lengths;
     std::vector<std::vector<int32_t>> routes;
@@ -180,6 +230,14 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     auto longest = [&](int64_t a, int64_t e) {
       return *std::max_element(lengths.begin() + a, lengths.begin() + e);
     };
+    // Padding: the share of the micro-batches' [rows, T] slots that are not
+    // tokens of a row.
+    double slots = 0, real = 0;
+    for (const auto& micro : minis) {
+      for (auto [a, e] : micro) slots += static_cast<double>(e - a) * longest(a, e);
+    }
+    for (int64_t l : lengths) real += l;
+    m["pad_frac"] = slots > 0 ? 1.0 - real / slots : 0.0;
 
     // Old log-probs (and reference log-probs, old values) without grad.
     // When every micro-batch is trained exactly once before the one update
@@ -311,7 +369,10 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       int64_t r0 = 0;
       for (size_t g = 0; g < group_rewards.size(); ++g) {
         const int64_t n = group_rewards[g].size();
-        at::Tensor gr = seq_r.narrow(0, r0, n).unsqueeze(0);
+        // A group's rows: contiguous from r0, or where the sort put them.
+        const at::Tensor at_rows = members.empty() ? at::arange(r0, r0 + n, at::kLong)
+                                                   : at::tensor(members[g], at::kLong);
+        at::Tensor gr = seq_r.index_select(0, at_rows).unsqueeze(0);
         absl::StatusOr<at::Tensor> a;
         if (n == 1) {
           a = at::zeros({1, 1}, at::kFloat);  // no baseline from one sample
@@ -321,7 +382,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           a = GrpoAdvantages(gr, rl.advantage == Advantage::kGrpo);
         }
         if (!a.ok()) return a.status();
-        seq_adv.narrow(0, r0, n).copy_(a->reshape({n}));
+        seq_adv.index_copy_(0, at_rows, a->reshape({n}));
         r0 += n;
       }
       RLMESH_ASSIGN_OR_RETURN(adv, ExpandToTokens(seq_adv, mask));

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -701,6 +702,55 @@ TEST_CASE("one epoch, one mini-batch: old log-probs from the training forward gi
   two.mutable_stages(0)->mutable_grpo()->mutable_rl()->set_mini_batches(2);
   Trainer t;
   CHECK(StepOn(t, two, groups).at("old_logprobs_recomputed") == 1.0);
+}
+
+TEST_CASE("several micro-batches: rows go in order of length, groups keep their advantages, the step is unchanged") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny(26);
+  *e.add_stages() = GrpoStageOf(2, 1e-2);
+  GroupList groups = FourGroups(e, {false, false, false, false});
+  // Cut sample i of each group to L - i tokens (at least 1): lengths differ
+  // within every group, as long-tailed responses do.
+  for (auto& g : *groups.mutable_groups()) {
+    for (int i = 0; i < g.samples_size(); ++i) {
+      auto* t = g.mutable_samples(i);
+      const int keep = std::max(1, t->response_token_ids_size() - i);
+      t->mutable_response_token_ids()->Truncate(keep);
+      if (t->behaviour_logprobs_size() > keep) t->mutable_behaviour_logprobs()->Truncate(keep);
+      if (t->loss_mask_size() > keep) t->mutable_loss_mask()->Truncate(keep);
+    }
+  }
+  std::set<int> lengths;
+  for (const auto& g : groups.groups()) {
+    for (const auto& t : g.samples()) lengths.insert(t.response_token_ids_size());
+  }
+  REQUIRE(lengths.size() >= 2);
+  ExperimentConfig small = e, whole = e;
+  small.mutable_learner()->set_micro_batch_tokens(24);     // several micro-batches: sorted
+  whole.mutable_learner()->set_micro_batch_tokens(100000);  // one: nothing moves
+  Trainer a, b;
+  REQUIRE(a.Configure(Request(small)).ok());
+  REQUIRE(b.Configure(Request(whole)).ok());
+  for (int step = 0; step < 2; ++step) {
+    TrainStepRequest req;
+    req.set_step(step);
+    *req.mutable_groups() = groups;
+    auto ra = a.TrainStep(req);
+    auto rb = b.TrainStep(req);
+    REQUIRE(ra.ok());
+    REQUIRE(rb.ok());
+    const auto& ma = ra->metrics().values();
+    const auto& mb = rb->metrics().values();
+    CHECK(ma.at("rows_sorted") == 1.0);
+    CHECK(mb.at("rows_sorted") == 0.0);
+    CHECK(ma.at("pad_frac") < mb.at("pad_frac"));
+    // The same token-mean loss over the same rows, summed in another order.
+    CHECK(ma.at("loss") == Approx(mb.at("loss")).margin(1e-6));
+    CHECK(ma.at("grad_norm") == Approx(mb.at("grad_norm")).epsilon(1e-5));
+  }
+  // A row given another group's advantage would move the weights by far
+  // more than summation order does.
+  CHECK(MaxAbsDiff(a, b) < 1e-5);
 }
 
 TEST_CASE("exact resume: N steps straight == N/2, Save, fresh trainer, N/2 (bit-identical)") {
