@@ -243,7 +243,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     // When every micro-batch is trained exactly once before the one update
     // (one epoch, one mini-batch), the training forward computes the same
     // log-probs bit for bit, so they are taken from it instead (detached)
-    // and this pass is skipped: a third of the step's model work. It stays
+    // and this pass is skipped: a quarter of the step's model FLOPs (15% of
+    // the main job's learner time, bench/grpo_vs_trl.md). It stays
     // when something before the loop needs them: KL in the reward, a
     // mismatch mode that masks tokens (the loss weights depend on it), MoE
     // routing metrics; or when TrainerOptions asks for it.
