@@ -2,7 +2,14 @@
 """rlmesh GRPO against TRL's GRPOTrainer, side by side on this machine.
 
   bazel build //coordinator //learner //replay_buffer //reward_server //rollout:rollout_worker
-  python3 bench/grpo_vs_trl.py --steps 100 --repeats 3 --out /tmp/grpo_vs_trl.json --markdown
+  python3 bench/grpo_vs_trl.py --workload a --steps 100 --repeats 3 --out /tmp/a.json --markdown
+  python3 bench/grpo_vs_trl.py --workload b --steps 3 --repeats 3 --out /tmp/b.json --markdown
+
+Workload (b), long long-tailed completions: a random Llama (hidden 512, 8
+layers) written by transformers, 16 prompts x 8 samples, up to 256 new
+tokens, the `length` verifier's reward, lr 1e-6 (the lengths stay those of
+the random model for the timed steps); no accuracy, only step times. A TRL
+run of (b) takes about 8.5 minutes here.
 
 Workload (a), the main job's shape: the tiny Llama of configs/grpo_arith_tiny.yaml
 SFT-trained by rlmesh (its stop rule, 40% held-out) on two-digit addition,
