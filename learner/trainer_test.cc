@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actor/checkpoint.h"
@@ -512,6 +513,22 @@ std::map<std::string, double> StepOn(Trainer& t, const ExperimentConfig& e, cons
   return {r->metrics().values().begin(), r->metrics().values().end()};
 }
 
+using MetricMap = std::map<std::string, double>;
+
+// One inline step `step` of `a` and of `b` on the same groups; their metrics.
+std::pair<MetricMap, MetricMap> StepBoth(Trainer& a, Trainer& b, const GroupList& groups, int64_t step) {
+  TrainStepRequest req;
+  req.set_step(step);
+  *req.mutable_groups() = groups;
+  auto ra = a.TrainStep(req);
+  auto rb = b.TrainStep(req);
+  INFO(ra.status().ToString() << " / " << rb.status().ToString());
+  REQUIRE(ra.ok());
+  REQUIRE(rb.ok());
+  return {{ra->metrics().values().begin(), ra->metrics().values().end()},
+          {rb->metrics().values().begin(), rb->metrics().values().end()}};
+}
+
 // Four groups of four samples, rewards 0..3 except where `flat` says the
 // group's rewards are all equal; behaviour log-probs from the policy.
 GroupList FourGroups(const ExperimentConfig& e, std::vector<bool> flat) {
@@ -674,15 +691,7 @@ TEST_CASE("one epoch, one mini-batch: old log-probs from the training forward gi
     // behaviour log-probs differ from the policy's, so the truncated IS
     // weights are not all 1.
     for (int step = 0; step < 3; ++step) {
-      TrainStepRequest req;
-      req.set_step(step);
-      *req.mutable_groups() = groups;
-      auto a = reuse.TrainStep(req);
-      auto b = again.TrainStep(req);
-      REQUIRE(a.ok());
-      REQUIRE(b.ok());
-      const auto& ma = a->metrics().values();
-      const auto& mb = b->metrics().values();
+      const auto [ma, mb] = StepBoth(reuse, again, groups, step);
       CHECK(ma.at("old_logprobs_recomputed") == 0.0);
       CHECK(mb.at("old_logprobs_recomputed") == 1.0);
       CHECK(ma.at("ratio_mean") == 1.0);
@@ -732,15 +741,7 @@ TEST_CASE("several micro-batches: rows go in order of length, groups keep their 
   REQUIRE(a.Configure(Request(small)).ok());
   REQUIRE(b.Configure(Request(whole)).ok());
   for (int step = 0; step < 2; ++step) {
-    TrainStepRequest req;
-    req.set_step(step);
-    *req.mutable_groups() = groups;
-    auto ra = a.TrainStep(req);
-    auto rb = b.TrainStep(req);
-    REQUIRE(ra.ok());
-    REQUIRE(rb.ok());
-    const auto& ma = ra->metrics().values();
-    const auto& mb = rb->metrics().values();
+    const auto [ma, mb] = StepBoth(a, b, groups, step);
     CHECK(ma.at("rows_sorted") == 1.0);
     CHECK(mb.at("rows_sorted") == 0.0);
     CHECK(ma.at("pad_frac") < mb.at("pad_frac"));
