@@ -47,7 +47,13 @@ absl::Status RunLoop::RunSteps(int64_t total, const std::function<absl::Status()
     RLMESH_LOG(WARNING) << "step=" << stage_step_ + 1 << " failed: " << s.ToString() << "; recovering";
     Print(absl::StrCat("recover: step ", stage_step_ + 1, " failed (", s.ToString(),
                        "); restarting from the last checkpoint"));
-    RLMESH_RETURN_IF_ERROR(Recover());
+    // A role can die during the recovery too (another kill, a restart that
+    // crashes): that is one more failure of this step, not the end of the run.
+    for (absl::Status r = Recover(); !r.ok(); r = Recover()) {
+      RLMESH_RETURN_IF_ERROR(CheckCancelled());
+      if (!Recoverable(r) || ++failures > kMaxRecoveries) return r;
+      RLMESH_LOG(WARNING) << "step=" << stage_step_ + 1 << " recovery failed: " << r.ToString() << "; again";
+    }
     if (rewind) rewind();
     AddMetric("recoveries", 1);
   }
