@@ -345,6 +345,27 @@ TEST_CASE("recovery gives up after three tries, and never for an error a restart
     CHECK(count(cluster.events(), "learner.Configure") == 4);  // the stage's, then 3 recoveries
     CHECK(runner.status().state() == "FAILED");
   }
+  SECTION("a role that dies again during the recovery: the recovery is tried again") {
+    testing::TempDir dir;
+    FakeCluster cluster({});
+    cluster.FailNext("learner.TrainStep", absl::UnavailableError("gone"), 1);
+    cluster.FailNext("health.Wait", absl::UnavailableError("killed again"), 1);
+    ExperimentRunner runner(Options(Config(stage), dir.path()), cluster.MakeClients());
+    absl::Status s = runner.Run();
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    CHECK(runner.status().metrics().at("recoveries") == 1);
+    CHECK(count(cluster.events(), "learner.Configure") == 2);  // the stage's, then the recovery that got through
+  }
+  SECTION("a recovery that keeps failing counts against the step's three tries") {
+    testing::TempDir dir;
+    FakeCluster cluster({});
+    cluster.FailNext("learner.TrainStep", absl::UnavailableError("gone"), 1);
+    cluster.FailNext("health.Wait", absl::UnavailableError("killed again"), 3);
+    ExperimentRunner runner(Options(Config(stage), dir.path()), cluster.MakeClients());
+    CHECK(runner.Run().code() == absl::StatusCode::kUnavailable);
+    CHECK(count(cluster.events(), "learner.Configure") == 1);
+  }
   SECTION("INVALID_ARGUMENT: no recovery") {
     testing::TempDir dir;
     FakeCluster cluster({});
