@@ -38,8 +38,7 @@ absl::Status ReplayStore::PersistCursor(const std::string& exp, const std::strin
   PutBe64(&v, consumed);
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  return FromRocks(db_->Put(wo, meta_cf_, MetaKey(kCursorTag, exp, consumer), v),
-                   "persisting cursor");
+  return WriteError(db_->Put(wo, meta_cf_, MetaKey(kCursorTag, exp, consumer), v), "persisting cursor");
 }
 
 absl::Status ReplayStore::AckSample(const AckSampleRequest& request) {
@@ -81,7 +80,7 @@ absl::Status ReplayStore::AckSample(const AckSampleRequest& request) {
   batch.Put(meta_cf_, MetaKey(kCursorTag, exp, request.consumer_id()), v);
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  RLMESH_RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "persisting ack"));
+  RLMESH_RETURN_IF_ERROR(WriteError(db_->Write(wo, &batch), "persisting ack"));
   absl::MutexLock lock(&mu_);
   c->acked = std::move(acked);
   c->persisted_next = next;

@@ -1,6 +1,10 @@
 #include "replay_buffer/format.h"
 
+#include <cstdarg>
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "replay_buffer/codec.h"
 #include "replay_buffer/store.h"
 #include "rocksdb/cache.h"
@@ -118,10 +122,31 @@ absl::Status CheckId(const std::string& value, const std::string& field, bool re
 
 }  // namespace replay
 
+namespace {
+
+// RocksDB's own messages, warnings and worse, go to the role's log rather
+// than to a LOG file inside db_path. On a full disk that file's writer
+// fails too, and the next message RocksDB writes to it (the report of the
+// failed WAL write) trips an assertion in Debian's build and aborts the
+// process; a log on the data disk also keeps filling it.
+class RoleLogger : public rocksdb::Logger {
+ public:
+  RoleLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char buf[1024];
+    std::vsnprintf(buf, sizeof(buf), format, ap);
+    RLMESH_LOG(WARNING) << "rocksdb: " << buf;
+  }
+};
+
+}  // namespace
+
 void MakeRocksOptions(const ReplayStoreOptions& options, rocksdb::DBOptions* db_options,
                       std::vector<rocksdb::ColumnFamilyDescriptor>* column_families) {
   db_options->create_if_missing = true;
   db_options->create_missing_column_families = true;
+  db_options->info_log = std::make_shared<RoleLogger>();
   db_options->IncreaseParallelism(2);
   // Several threads committing with sync=true form one write group and share
   // one WAL fsync (RocksDB's group commit).

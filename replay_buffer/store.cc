@@ -302,10 +302,18 @@ absl::Status ReplayStore::PutOneGroup(const TrajectoryGroup& group, bool* duplic
   rocksdb::Status s = db_->Write(wo, &batch);
   if (!s.ok()) {
     release(nullptr);
-    return FromRocks(s, "writing group");
+    return WriteError(s, "writing group");
   }
   release(std::move(summary));
   return absl::OkStatus();
+}
+
+absl::Status ReplayStore::WriteError(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  if (!s.IsNoSpace()) return FromRocks(s, what);
+  return absl::ResourceExhaustedError(absl::StrCat(what, ": disk full at db_path ", options_.db_path, " (",
+                                                   s.ToString(), "); what was acknowledged is kept, and writes "
+                                                   "resume once space is freed"));
 }
 
 // ---------------------------------------------------------------- read helpers

@@ -55,6 +55,7 @@ namespace rocksdb {
 class DB;
 class ColumnFamilyHandle;
 struct ColumnFamilyDescriptor;
+class Status;
 struct DBOptions;
 }  // namespace rocksdb
 
@@ -170,6 +171,12 @@ class ReplayStore {
   absl::StatusOr<std::vector<std::shared_ptr<const GroupSummary>>> SnapshotGroups(
       const std::string& exp);
   absl::StatusOr<TrajectoryGroup> ReadGroup(const std::string& exp, const GroupSummary& g);
+  // A failed write's status for the caller: RESOURCE_EXHAUSTED naming
+  // db_path for a full disk. After a NoSpace error RocksDB refuses every
+  // write (with the same error) until its SstFileManager, which polls the
+  // free space every 5 s, finds room above its reserve and resumes the
+  // database by itself.
+  absl::Status WriteError(const rocksdb::Status& s, absl::string_view what);
 
   // Constant after Open.
   const ReplayStoreOptions options_;

@@ -94,7 +94,7 @@ absl::StatusOr<TrimResponse> ReplayStore::Trim(const TrimRequest& request) {
   batch.Put(meta_cf_, MetaKey(kExpTag, exp), Be64(next_seq));
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
-  RLMESH_RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "trimming"));
+  RLMESH_RETURN_IF_ERROR(WriteError(db_->Write(wo, &batch), "trimming"));
   absl::MutexLock lock(&mu_);
   Experiment& e = experiments_[exp];
   for (const auto& g : drop) {
