@@ -16,7 +16,8 @@
 //
 // Environment (all optional): RLMESH_CHAOS_KILLS, RLMESH_CHAOS_MIN_S,
 // RLMESH_CHAOS_MAX_S, RLMESH_CHAOS_SEED, RLMESH_CHAOS_STEPS (GRPO steps),
-// RLMESH_CHAOS_REPORT (a file that gets one JSON line with the figures).
+// RLMESH_CHAOS_REFERENCE (0: no undisturbed reference run), RLMESH_CHAOS_REPORT
+// (a file that gets one JSON line with the figures).
 #include <signal.h>
 
 #include <algorithm>
@@ -167,13 +168,19 @@ TEST_CASE("a GRPO run survives repeated SIGKILL of every role and loses no ackno
   // The same experiment undisturbed: synchronous runs are deterministic and
   // a recovery redoes its steps from a checkpoint with the same seeds, so the
   // chaos run must end with exactly this policy.
-  auto ref = testing::RunExperiment(config, dir.File("ref"), args, dir.File("ref.out"), absl::Minutes(20));
-  INFO(ReadAll(dir.File("ref.out")));
-  REQUIRE(ref.ok());
-  REQUIRE(*ref == 0);
-  const std::string ref_dir = RunDir(dir.File("ref"));
-  const std::string ref_weights = ReadAll(testing::StageCheckpoint(ref_dir, 1) + "/model.safetensors");
-  REQUIRE(!ref_weights.empty());
+  // bench/chaos.sh turns it off (RLMESH_CHAOS_REFERENCE=0): its stage is an
+  // hour long, and it reports the figures below instead.
+  const bool with_reference = EnvInt("RLMESH_CHAOS_REFERENCE", 1) != 0;
+  std::string ref_dir, ref_weights;
+  if (with_reference) {
+    auto ref = testing::RunExperiment(config, dir.File("ref"), args, dir.File("ref.out"), absl::Minutes(20));
+    INFO(ReadAll(dir.File("ref.out")));
+    REQUIRE(ref.ok());
+    REQUIRE(*ref == 0);
+    ref_dir = RunDir(dir.File("ref"));
+    ref_weights = ReadAll(testing::StageCheckpoint(ref_dir, 1) + "/model.safetensors");
+    REQUIRE(!ref_weights.empty());
+  }
 
   const std::string root = dir.File("runs");
   std::vector<std::string> argv = {testing::Runfile("coordinator/coordinator"), "run", config, "--run_dir=" + root,
@@ -283,13 +290,13 @@ TEST_CASE("a GRPO run survives repeated SIGKILL of every role and loses no ackno
     return acc;
   };
   std::map<std::string, double> final_acc = accuracies(run_dir);
-  const std::map<std::string, double> ref_acc = accuracies(ref_dir);
-  INFO("sft " << final_acc["sft"] << " grpo " << final_acc["grpo"] << "; undisturbed: sft " << ref_acc.at("sft")
-              << " grpo " << ref_acc.at("grpo"));
+  std::map<std::string, double> ref_acc = with_reference ? accuracies(ref_dir) : final_acc;
+  INFO("sft " << final_acc["sft"] << " grpo " << final_acc["grpo"] << "; undisturbed: sft " << ref_acc["sft"]
+              << " grpo " << ref_acc["grpo"]);
   CHECK(final_acc == ref_acc);
   const bool same_weights =
-      ReadAll(testing::StageCheckpoint(run_dir, 1) + "/model.safetensors") == ref_weights;
-  CHECK(same_weights);
+      with_reference && ReadAll(testing::StageCheckpoint(run_dir, 1) + "/model.safetensors") == ref_weights;
+  CHECK(same_weights == with_reference);
 
   // No acknowledged group lost.
   INFO("acknowledged " << ledger.acked.size() << ", failed puts " << ledger.failed << " (first: "
@@ -311,7 +318,8 @@ TEST_CASE("a GRPO run survives repeated SIGKILL of every role and loses no ackno
                            {"lost_acked_groups", lost.size()},
                            {"sft_accuracy", final_acc["sft"]},
                            {"grpo_accuracy", final_acc["grpo"]},
-                           {"grpo_accuracy_undisturbed", ref_acc.at("grpo")},
+                           {"with_reference", with_reference},
+                           {"grpo_accuracy_undisturbed", with_reference ? ref_acc["grpo"] : -1.0},
                            {"weights_identical", same_weights}};
   for (const auto& [name, times] : recovery) {
     report["recovery_seconds"][name] = times;
