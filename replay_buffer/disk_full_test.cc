@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <string>
@@ -51,7 +52,7 @@ std::string Resize(const std::string& dir, const std::string& size) {
   return "";
 }
 
-// A group of 8 samples carrying ~64 KiB of response text each way.
+// A group of 8 samples with 8 KiB of response text each (~64 KiB).
 TrajectoryGroup Big(int k) {
   TrajectoryGroup g = MakeGroup("e", k, absl::StrCat("g", k), {0, 1, 0, 1, 0, 1, 0, 1});
   for (auto& t : *g.mutable_samples()) t.set_response_text(std::string(8 << 10, static_cast<char>('a' + k % 26)));
@@ -73,7 +74,7 @@ std::set<std::string> StoredGroupIds(ReplayStore& store) {
 TEST_CASE("a full disk: puts fail by name, acknowledged groups stay, writes resume when space returns") {
   testing::TempDir dir;
   const std::string mnt = dir.File("mnt");
-  REQUIRE(std::system(("mkdir -p " + mnt).c_str()) == 0);
+  std::filesystem::create_directories(mnt);
   const std::string why = MountTmpfs(mnt, "6m");
   if (!why.empty()) {
     const char* skip = std::getenv("RLMESH_DISK_FULL_TEST");
