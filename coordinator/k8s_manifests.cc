@@ -258,7 +258,7 @@ Json Env(const ClusterConfig& c) {
       // As the local launcher sets it: spinning OpenMP threads starve the
       // other processes of a node (bench/learner.md).
       {{"name", "OMP_WAIT_POLICY"}, {"value", "PASSIVE"}},
-      {{"name", "GOMP_SPINCOUNT"}, {"value", "100000"}},
+      {{"name", "GOMP_SPINCOUNT"}, {"value", "1000"}},
   });
   const std::string& nic = c.kubernetes().network_interface();
   if (!nic.empty()) {

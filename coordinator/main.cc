@@ -920,13 +920,13 @@ int main(int argc, char** argv) {
   // The roles share the host's cores (and in async mode run at once):
   // OpenMP threads that spin while another process holds the cores made a
   // training step 2-5x slower with 5-10x spread (bench/learner.md). Roles
-  // inherit this unless the user set it. A short spin (GOMP_SPINCOUNT
-  // 100000, about a millisecond, where libgomp's default is ~3 ms and
-  // PASSIVE's 0) still bridges the microsecond gaps between one process's
-  // ops: the main job's learner step is 10-15% faster with it and an async
-  // run no slower (docs/decisions.md, Session 9).
+  // inherit this unless the user set it. A short spin still bridges the
+  // microsecond gaps between one process's ops (PASSIVE's 0 made a short
+  // run 35% slower alone), but it must stay short: at 100000 (~1 ms) two
+  // runs sharing 2 cores took 13x as long as one, at 10000 5x, at 1000
+  // 2.1x, no slower alone than 100000 (docs/decisions.md, Session 10).
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
-  ::setenv("GOMP_SPINCOUNT", "100000", /*overwrite=*/0);
+  ::setenv("GOMP_SPINCOUNT", "1000", /*overwrite=*/0);
   // --set may repeat; absl keeps only the last value of a flag, so take them
   // out before parsing.
   std::vector<std::string> sets;
