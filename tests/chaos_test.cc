@@ -203,11 +203,8 @@ TEST_CASE("a GRPO run survives repeated SIGKILL of every role and loses no ackno
   INFO(ReadAll(dir.File("out")));
   REQUIRE(run->running());
   REQUIRE(!run_dir.empty());
-  const std::string out = ReadAll(dir.File("out"));
-  const std::string marker = "cluster up (coordinator ";
-  const size_t at = out.find(marker);
-  REQUIRE(at != std::string::npos);
-  const std::string address = out.substr(at + marker.size(), out.find(')', at) - at - marker.size());
+  const std::string address = testing::CoordinatorAddress(ReadAll(dir.File("out")));
+  REQUIRE(!address.empty());
   auto client = RpcClient::Create(address);
   REQUIRE(client.ok());
   auto stub = Coordinator::NewStub(client->channel());

@@ -229,11 +229,8 @@ TEST_CASE("a learner killed with SIGKILL mid-stage is restarted and the run fini
   }
   REQUIRE(run->running());
   // The coordinator's address is on its "cluster up" line; its status lists pids.
-  const std::string out = ReadAll(dir.File("out"));
-  const std::string marker = "cluster up (coordinator ";
-  const size_t at = out.find(marker);
-  REQUIRE(at != std::string::npos);
-  const std::string address = out.substr(at + marker.size(), out.find(')', at) - at - marker.size());
+  const std::string address = testing::CoordinatorAddress(ReadAll(dir.File("out")));
+  REQUIRE(!address.empty());
   auto client = RpcClient::Create(address);
   REQUIRE(client.ok());
   auto stub = Coordinator::NewStub(client->channel());

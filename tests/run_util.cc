@@ -69,6 +69,15 @@ std::vector<std::string> MetricsWithoutClock(const std::string& run_dir) {
   return out;
 }
 
+std::string CoordinatorAddress(const std::string& run_output) {
+  const std::string marker = "cluster up (coordinator ";
+  const size_t at = run_output.find(marker);
+  if (at == std::string::npos) return "";
+  const size_t end = run_output.find(')', at);
+  if (end == std::string::npos) return "";
+  return run_output.substr(at + marker.size(), end - at - marker.size());
+}
+
 std::string StageCheckpoint(const std::string& run_dir, int stage_index) {
   auto j = nlohmann::json::parse(ReadAll(run_dir + "/stage-" + std::to_string(stage_index) + ".done.json"), nullptr,
                                  false);

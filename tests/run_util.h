@@ -32,6 +32,10 @@ absl::StatusOr<int> RunExperiment(const std::string& config, const std::string& 
 // tokens_per_second) removed: one line per record, in order.
 std::vector<std::string> MetricsWithoutClock(const std::string& run_dir);
 
+// The coordinator's address from `coordinator run`'s output (its "cluster up
+// (coordinator HOST:PORT)" line); "" when the line is not there yet.
+std::string CoordinatorAddress(const std::string& run_output);
+
 // The checkpoint folder a stage ended with (its stage-I.done.json marker).
 std::string StageCheckpoint(const std::string& run_dir, int stage_index);
 
