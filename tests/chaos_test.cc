@@ -89,16 +89,17 @@ TrajectoryGroup LedgerGroup(int64_t k) {
   return g;
 }
 
-// Puts one ledger group after another (each call with a 2 s deadline)
-// until `stop`, appending the ids the buffer acknowledged to `acked`. A
-// failed call (the buffer is down) is not retried: its group may or may not
-// have been written, and only acknowledged groups are promised.
+// What the ledger writer saw; read only after its thread is joined.
 struct Ledger {
-  std::vector<std::string> acked;  // group ids, in order
+  std::vector<std::string> acked;  // group ids the buffer acknowledged, in order
   int failed = 0;                  // calls that ended in an error
   std::string first_error;
 };
 
+// Puts one ledger group after another (each call with a 2 s deadline)
+// until `stop`, recording in `ledger` the ids the buffer acknowledged. A
+// failed call (the buffer is down) is not retried: its group may or may not
+// have been written, and only acknowledged groups are promised.
 void WriteLedger(const std::string& address, const std::atomic<bool>* stop, Ledger* ledger) {
   auto client = RpcClient::Create(address);
   if (!client.ok()) return;
