@@ -101,7 +101,17 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     }
     return barrier();
   });
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    // A save that failed part-way (a full disk, most often) leaves nothing
+    // behind: a half-written staging folder would hold the space that the
+    // next try needs. Committed checkpoints are untouched.
+    if (s.rank == 0) {
+      std::error_code ec;
+      fs::remove_all(staging, ec);
+    }
+    return absl::Status(st.code(), absl::StrCat("checkpoint ", final_dir, " not saved (earlier ones are kept): ",
+                                                st.message()));
+  }
   RLMESH_LOG(INFO) << "saved path=" << final_dir << " step=" << step_ << " version=" << version_;
   if (s.opt.kind == StageKind::kRewardModel && !s.opt.pairs.output.empty() && step_ >= s.opt.pairs.steps && s.rank == 0) {
     // The trained reward model, as a plain HF folder (config says

@@ -5,12 +5,6 @@
 // grown (space returns) the same open store takes writes again. Run where
 // mount namespaces cannot be made, it FAILS unless
 // RLMESH_DISK_FULL_TEST=skip, which prints why and passes nothing else.
-#include <sched.h>
-#include <sys/mount.h>
-
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -19,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
+#include "common/testing/tmpfs.h"
 #include "replay_buffer/store.h"
 #include "replay_buffer/testing/store_testing.h"
 
@@ -29,28 +24,6 @@ using replay_testing::MakeGroup;
 using replay_testing::OpenStore;
 using replay_testing::Q;
 using replay_testing::Req;
-
-// Mounts a tmpfs of `size` ("4m") at `dir` in a private mount namespace of
-// this process. "" on success, else what failed.
-std::string MountTmpfs(const std::string& dir, const std::string& size) {
-  if (::unshare(CLONE_NEWNS) != 0) return absl::StrCat("unshare(CLONE_NEWNS): ", std::strerror(errno));
-  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-    return absl::StrCat("making / private: ", std::strerror(errno));
-  }
-  const std::string opts = "size=" + size;
-  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
-    return absl::StrCat("mount tmpfs at ", dir, ": ", std::strerror(errno));
-  }
-  return "";
-}
-
-std::string Resize(const std::string& dir, const std::string& size) {
-  const std::string opts = "size=" + size;
-  if (::mount("tmpfs", dir.c_str(), "tmpfs", MS_REMOUNT, opts.c_str()) != 0) {
-    return absl::StrCat("remount ", dir, ": ", std::strerror(errno));
-  }
-  return "";
-}
 
 // A group of 8 samples with 8 KiB of response text each (~64 KiB).
 TrajectoryGroup Big(int k) {
@@ -75,13 +48,9 @@ TEST_CASE("a full disk: puts fail by name, acknowledged groups stay, writes resu
   testing::TempDir dir;
   const std::string mnt = dir.File("mnt");
   std::filesystem::create_directories(mnt);
-  const std::string why = MountTmpfs(mnt, "6m");
+  const std::string why = testing::MountPrivateTmpfs(mnt, "6m");
   if (!why.empty()) {
-    const char* skip = std::getenv("RLMESH_DISK_FULL_TEST");
-    if (skip != nullptr && std::string(skip) == "skip") {
-      std::cout << "disk_full_test: not run (" << why << ")" << std::endl;
-      return;
-    }
+    if (testing::SkipDiskFullTest("disk_full_test", why)) return;
     FAIL("cannot make the small filesystem this test needs (" << why
                                                               << "); run as root, or set RLMESH_DISK_FULL_TEST=skip");
   }
@@ -116,7 +85,7 @@ TEST_CASE("a full disk: puts fail by name, acknowledged groups stay, writes resu
   // Space returns: the same open store writes again, within RocksDB's
   // recovery poll: every 5 s it checks for free space above its reserve
   // (64 MiB, the write buffer here).
-  REQUIRE(Resize(mnt, "256m").empty());
+  REQUIRE(testing::ResizeTmpfs(mnt, "256m").empty());
   const absl::Time grown = absl::Now();
   absl::StatusOr<PutGroupsResponse> after = absl::UnknownError("not tried");
   while (absl::Now() < grown + absl::Seconds(60)) {
