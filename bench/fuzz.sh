@@ -2,12 +2,17 @@
 # Runs every libFuzzer target (fuzz/BUILD) for RUNS executions each, from
 # its seed corpus, built with clang + ASan + UBSan in a separate output
 # base; writes bench/fuzz.md with executions, crashes and new corpus sizes.
-#   bench/fuzz.sh [RUNS_PER_TARGET]   (default 250000)
+# The RPC targets (a loopback call and checks per input) run RPC_RUNS each.
+#   bench/fuzz.sh [RUNS_PER_TARGET [RPC_RUNS_PER_TARGET]]   (default 250000, 20000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${1:-250000}"
+RPC_RUNS="${2:-20000}"
+# clang and libFuzzer's runtime, from Debian.
+dpkg -s clang-14 libfuzzer-14-dev >/dev/null 2>&1 || apt-get install -y -q clang-14 libfuzzer-14-dev
 OB="${RLMESH_FUZZ_OUTPUT_BASE:-$HOME/.cache/rlmesh/fuzz-output-base}"
-TARGETS=(experiment_yaml hf_config tokenizer_json chat_template replay_store)
+TARGETS=(experiment_yaml hf_config tokenizer_json chat_template replay_store safetensors jsonl_datasets
+         preference_pairs replay_buffer_rpc coordinator_rpc reward_rpc environment_rpc)
 bazel --output_base="$OB" build --config=fuzz $(printf '//fuzz:%s_fuzz ' "${TARGETS[@]}")
 BIN="$(bazel --output_base="$OB" info --config=fuzz bazel-bin)/fuzz"
 WORK="$(mktemp -d)"
@@ -15,7 +20,7 @@ REPORT=bench/fuzz.md
 {
   echo "# Fuzzing"
   echo
-  echo "libFuzzer (clang $(clang --version | head -1 | grep -o '[0-9][0-9.]*' | head -1)) with ASan + UBSan, $RUNS executions per target from the seed corpus in fuzz/corpus/, $(date -u +%Y-%m-%d) on this machine; \`bench/fuzz.sh\` makes this table."
+  echo "libFuzzer (clang $(clang --version | head -1 | grep -o '[0-9][0-9.]*' | head -1)) with ASan + UBSan, $RUNS executions per target ($RPC_RUNS for the RPC targets, one loopback call and its checks each) from the seed corpus in fuzz/corpus/, $(date -u +%Y-%m-%d) on this machine; \`bench/fuzz.sh\` makes this table."
   echo
   echo "| target | executions | crashes | seed inputs | corpus after | seconds |"
   echo "| --- | --- | --- | --- | --- | --- |"
@@ -24,11 +29,13 @@ total=0
 crashes_total=0
 for t in "${TARGETS[@]}"; do
   mkdir -p "$WORK/$t" "$WORK/$t-crashes"
-  cp fuzz/corpus/$t/* "$WORK/$t/"
-  seeds=$(ls fuzz/corpus/$t | wc -l)
+  corpus=$t runs=$RUNS
+  case $t in *_rpc) corpus=rpc runs=$RPC_RUNS ;; esac
+  cp fuzz/corpus/$corpus/* "$WORK/$t/"
+  seeds=$(ls fuzz/corpus/$corpus | wc -l)
   start=$(date +%s)
   set +e
-  "$BIN/${t}_fuzz" -runs="$RUNS" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+  "$BIN/${t}_fuzz" -runs="$runs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$WORK/$t-crashes/" "$WORK/$t" > "$WORK/$t.log" 2>&1
   rc=$?
   set -e
@@ -47,6 +54,19 @@ done
 {
   echo
   echo "Total: $total executions; targets with a crash: $crashes_total (inputs, if any, in bench/fuzz_crashes/)."
+  echo
+  echo "## What the RPC targets' calls answered"
+  echo
+  echo "Status code per method over the run (0 OK, 3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 5 NOT_FOUND, 8 RESOURCE_EXHAUSTED, 9 FAILED_PRECONDITION, 1 CANCELLED, 2 UNKNOWN, 13 INTERNAL), with the first message of each:"
+  for t in "${TARGETS[@]}"; do
+    case $t in *_rpc) ;; *) continue ;; esac
+    echo
+    echo "$t:"
+    echo
+    echo '```'
+    grep -E '^  /' "$WORK/$t.log" | cut -c1-220 || true
+    echo '```'
+  done
 } >> "$REPORT.tmp"
 mv "$REPORT.tmp" "$REPORT"
 cat "$REPORT"

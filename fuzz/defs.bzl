@@ -6,13 +6,13 @@ the function on its seed corpus and on seeded mutations of it. Under
 libFuzzer's main: `bazel run --config=fuzz //fuzz:X -- -runs=N corpus/X`.
 """
 
-def rlmesh_fuzz_test(name, srcs, deps, corpus):
+def rlmesh_fuzz_test(name, srcs, deps, corpus, data = []):
     native.cc_test(
         name = name,
         size = "small",
         srcs = srcs,
         args = ["$(locations %s)" % corpus],
-        data = [corpus],
+        data = [corpus] + data,
         deps = deps + select({
             "//fuzz:libfuzzer": [],
             "//conditions:default": ["//fuzz:regression_main"],

@@ -162,7 +162,8 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, a
   }
   for (auto& [where, p] : pending) {
     std::unique_lock<std::mutex> l(p->mu);
-    p->cv.wait_until(l, absl::ToChronoTime(deadline + absl::Milliseconds(50)), [&] { return p->done; });
+    // (Not [&]: C++17 lambdas cannot capture a structured binding; clang refuses.)
+    p->cv.wait_until(l, absl::ToChronoTime(deadline + absl::Milliseconds(50)), [&state = *p] { return state.done; });
     scores[where.first][where.second] =
         p->done ? p->result : absl::DeadlineExceededError("verifier exceeded its deadline");
   }
