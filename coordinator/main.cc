@@ -33,6 +33,7 @@
 #include "common/auth.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/path_root.h"
 #include "common/proto_yaml.h"
 #include "common/rpc_client.h"
 #include "common/server_flags.h"
@@ -64,6 +65,9 @@ ABSL_FLAG(std::string, cluster, "",
 ABSL_FLAG(std::string, address, "127.0.0.1:7401",
           "status/list/cancel/submit: address of a running coordinator.");
 ABSL_FLAG(std::string, run_dir, "", "launch: run directory (default runs/<cluster name>).");
+ABSL_FLAG(std::vector<std::string>, write_roots, {},
+          "launch/run: folders besides the run's own that the learners may write into (for a reward model's "
+          "output elsewhere); comma-separated.");
 ABSL_FLAG(std::string, bin_dir, "",
           "launch: folder with the role binaries (default: next to this binary).");
 ABSL_FLAG(bool, exit_after_health, false,
@@ -160,6 +164,21 @@ void PrintRoles(const std::vector<RoleInfo>& roles) {
                 r.health().c_str(), r.restarts(), beat.c_str());
   }
   std::fflush(stdout);
+}
+
+// The learners' --write_roots: the run's folder, the reward-model outputs
+// of `cfg` (the experiment `run` starts; null for `launch`) and
+// --write_roots, each resolved against this working directory (which the
+// roles share). Checkpoints and weight folders live in the run's folder.
+std::string LearnerWriteRoots(const std::string& run_dir, const ExperimentConfig* cfg) {
+  std::vector<std::string> roots = {ResolvePath(run_dir)};
+  if (cfg != nullptr) {
+    for (const Stage& stage : cfg->stages()) {
+      if (!stage.reward_model().output().empty()) roots.push_back(ResolvePath(stage.reward_model().output()));
+    }
+  }
+  for (const std::string& r : absl::GetFlag(FLAGS_write_roots)) roots.push_back(ResolvePath(r));
+  return "--write_roots=" + absl::StrJoin(roots, ",");
 }
 
 int Fail(const std::string& what, const absl::Status& s) {
@@ -626,6 +645,7 @@ int Launch() {
   if (!config.tokenizer().empty() && config.tokenizer() != "char") config.set_tokenizer(UserPath(config.tokenizer()));
   ClusterOptions options = ClusterOptionsFromConfig(config, bin_dir, UserPath(run_dir));
   options.role_args = RoleTlsArgs();
+  options.learner_args.push_back(LearnerWriteRoots(options.run_dir, nullptr));
   if (!options.auth_token_file.empty()) options.auth_token_file = UserPath(options.auth_token_file);
   if (!options.buffer_path.empty()) options.buffer_path = UserPath(options.buffer_path);
   if (config.launcher() == "slurm") return LaunchSlurm(config, options);
@@ -794,7 +814,8 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   if (cfg->reward().reward_model_weight() != 0) {
     co.reward_args.push_back(absl::StrCat("--reward_model_weight=", cfg->reward().reward_model_weight()));
   }
-  co.learner_args = {absl::StrCat("--threads=", threads > 0 ? threads : std::max(1, cores / co.learners))};
+  co.learner_args = {absl::StrCat("--threads=", threads > 0 ? threads : std::max(1, cores / co.learners)),
+                     LearnerWriteRoots(run_dir, &*cfg)};
   const bool profile = absl::GetFlag(FLAGS_profile);
   if (profile) {
     co.trace_dir = run_dir + "/profile";

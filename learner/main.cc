@@ -1,7 +1,10 @@
 // learner: one data-parallel shard of the trainer behind the Learner RPC.
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
 #include "actor/transformer.h"
 #include "common/log.h"
 #include "common/server_flags.h"
@@ -10,6 +13,10 @@
 
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = all hardware threads.");
 ABSL_FLAG(std::string, name, "learner", "Name of this shard in logs (e.g. learner-1).");
+ABSL_FLAG(std::vector<std::string>, write_roots, {},
+          "Comma-separated folders this shard may write checkpoints and models into; a Configure, Save or "
+          "reward-model output outside them is refused (PERMISSION_DENIED). Empty = anywhere. The "
+          "coordinator passes the run's folder.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where this shard trains when the experiment's model.device is empty: cpu, cuda or cuda:<index>.");
 
@@ -32,11 +39,14 @@ int main(int argc, char** argv) {
   rlmesh::RpcServer server(*options);
   rlmesh::learner::TrainerOptions trainer_options;
   trainer_options.device = absl::GetFlag(FLAGS_device);
+  trainer_options.write_roots = absl::GetFlag(FLAGS_write_roots);
   absl::Status valid = trainer_options.Validate();
   if (!valid.ok()) {
     std::fprintf(stderr, "learner: --%s\n", std::string(valid.message()).c_str());
     return 2;
   }
+  RLMESH_LOG(INFO) << "write_roots="
+                   << (trainer_options.write_roots.empty() ? "(anywhere)" : absl::StrJoin(trainer_options.write_roots, ","));
   rlmesh::learner::Trainer trainer(trainer_options);
   rlmesh::learner::LearnerService service(&trainer, &server.auth(), client_options);
   server.AddService(&service);

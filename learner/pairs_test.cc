@@ -1,7 +1,8 @@
 // Reward-model and DPO stages of the Trainer on tiny models (hidden 32, 2
 // layers, char tokenizer): the reward model ranks held-out pairs, DPO raises
 // the implicit-reward margin on held-out pairs, checkpoints round-trip with
-// the value head and resume exactly, K=2 shards equal K=1.
+// the value head and resume exactly, K=2 shards equal K=1, and paths
+// outside the write roots are refused.
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -358,6 +359,46 @@ TEST_CASE("reward_model / dpo configuration errors name the field") {
     CHECK(t.TrainStep(r).status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(t.step() == 0);
   }
+}
+
+TEST_CASE("write roots: checkpoint folders, save paths and outputs outside them are refused by name") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  const std::string runs = dir.File("runs");
+  std::filesystem::create_directories(runs);
+  TrainerOptions o;
+  o.write_roots = {runs};
+  ExperimentConfig e = Tiny();
+  Stage sft;
+  sft.mutable_sft()->set_steps(2);
+  sft.mutable_sft()->set_batch(4);
+  sft.mutable_sft()->mutable_optimizer()->set_lr(1e-3);
+  *e.add_stages() = sft;
+  *e.add_stages() = RmStage(2, 8, 3e-3, WritePairs(dir, LowDigitPairs(16, 1)), dir.File("rm_out"));
+
+  Trainer t(o);
+  auto outside = t.Configure(Request(e, 0, runs + "/../elsewhere/ckpt"));
+  REQUIRE_FALSE(outside.ok());
+  CHECK(outside.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(outside.status().message()).rfind("checkpoint_dir: ", 0) == 0);
+  REQUIRE(t.Configure(Request(e, 0, runs + "/ckpt")).ok());
+  REQUIRE(t.TrainStep(Step(0)).ok());
+  auto escape = t.Save(runs + "/weights/../../elsewhere/v1");
+  REQUIRE_FALSE(escape.ok());
+  CHECK(escape.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(escape.status().message()).rfind("path: ", 0) == 0);
+  CHECK_FALSE(std::filesystem::exists(dir.File("elsewhere")));
+  CHECK(t.Save(runs + "/weights/v1").ok());
+  CHECK(t.Save().ok());
+
+  // The reward model's output is checked at Configure, before any training.
+  auto rm = t.Configure(Request(e, 1, runs + "/rm"));
+  REQUIRE_FALSE(rm.ok());
+  CHECK(rm.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(rm.status().message()).rfind("experiment.stages[1].reward_model.output: ", 0) == 0);
+  o.write_roots.push_back(dir.File("rm_out"));
+  Trainer allowed(o);
+  CHECK(allowed.Configure(Request(e, 1, runs + "/rm")).ok());
 }
 
 }  // namespace

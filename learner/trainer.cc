@@ -16,6 +16,7 @@
 #include "actor/tokenizer.h"
 #include "common/device_spec.h"
 #include "common/log.h"
+#include "common/path_root.h"
 #include "common/status_macros.h"
 #include "learner/batching.h"
 #include "learner/checkpoint.h"
@@ -37,6 +38,9 @@ absl::Status TrainerOptions::Validate() const {
   }
   if (store_timeout_ms < 1) return absl::InvalidArgumentError("store_timeout_ms: must be >= 1");
   RLMESH_RETURN_IF_ERROR(ParseDeviceSpec(device, "device").status());
+  for (const std::string& root : write_roots) {
+    if (root.empty()) return absl::InvalidArgumentError("write_roots: an empty folder name");
+  }
   return gloo.Validate();
 }
 
@@ -100,6 +104,9 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   s.rank = req.rank();
   s.world = req.world_size();
   RLMESH_ASSIGN_OR_RETURN(s.opt, MakeStageOptions(exp, req.stage_index(), s.world));
+  RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, req.checkpoint_dir(), "checkpoint_dir"));
+  RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, s.opt.pairs.output,
+                                          absl::StrCat("experiment.stages[", req.stage_index(), "].reward_model.output")));
 
   // Tokenizer and task data.
   const ModelConfig& mc = exp.model();

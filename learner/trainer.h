@@ -88,6 +88,11 @@ struct TrainerOptions {
   // TrainRl). The two give the same step bit for bit; this exists to test
   // that and to measure what the pass costs. Default false.
   bool recompute_old_logprobs = false;
+  // Folders this shard may write into (common/path_root.h): the request's
+  // checkpoint_dir, a Save path and a reward model's output must lie
+  // inside one, else PERMISSION_DENIED naming the field. The launchers pass
+  // the run's folder (`--write_roots`). Empty = anywhere. Default empty.
+  std::vector<std::string> write_roots;
 
   absl::Status Validate() const;
 };

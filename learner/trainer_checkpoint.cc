@@ -14,6 +14,7 @@
 #include "actor/safetensors.h"
 #include "common/atomic_file.h"
 #include "common/log.h"
+#include "common/path_root.h"
 #include "common/status_macros.h"
 #include "learner/checkpoint.h"
 #include "learner/trainer.h"
@@ -25,6 +26,7 @@ namespace fs = std::filesystem;
 
 absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
   if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, path, "path"));
   State& s = *s_;
   std::string final_dir = path;
   if (final_dir.empty()) {
