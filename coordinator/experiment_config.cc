@@ -276,7 +276,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(b.max_bytes() >= 0, "buffer.max_bytes", "must be >= 0");
   c.Require(config->weight_sync().bucket_mb() >= 0 && config->weight_sync().bucket_mb() <= 4096,
             "weight_sync.bucket_mb", "must be in [0, 4096] (0 = 64)");
-  c.Require(config->weight_sync().timeout_ms() >= 0, "weight_sync.timeout_ms", "must be >= 0");
+  c.Require(config->weight_sync().timeout_ms() >= 0 && config->weight_sync().timeout_ms() <= 3'600'000,
+            "weight_sync.timeout_ms", "must be in [0, 3600000] (an hour)");
 
   if (config->checkpoint().keep() == 0) config->mutable_checkpoint()->set_keep(3);
   c.Require(config->checkpoint().every() >= 0, "checkpoint.every", "must be >= 0");

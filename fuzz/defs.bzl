@@ -6,12 +6,14 @@ the function on its seed corpus and on seeded mutations of it. Under
 libFuzzer's main: `bazel run --config=fuzz //fuzz:X -- -runs=N corpus/X`.
 """
 
-def rlmesh_fuzz_test(name, srcs, deps, corpus, data = []):
+def rlmesh_fuzz_test(name, srcs, deps, corpus, data = [], mutations = 300):
+    """`mutations`: seeded mutations of each corpus input in the smoke."""
     native.cc_test(
         name = name,
         size = "small",
         srcs = srcs,
         args = ["$(locations %s)" % corpus],
+        env = {"RLMESH_FUZZ_MUTATIONS": str(mutations)},
         data = [corpus] + data,
         deps = deps + select({
             "//fuzz:libfuzzer": [],

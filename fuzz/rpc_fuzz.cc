@@ -266,6 +266,8 @@ struct RpcFuzzHarness::Impl {
   };
 
   RpcFuzzTarget target;
+  // RLMESH_RPC_FUZZ_VERBOSE=1: one line per call (method, code, time).
+  const bool verbose = std::getenv("RLMESH_RPC_FUZZ_VERBOSE") != nullptr;
   std::unique_ptr<RpcServer> server;
   std::unique_ptr<RpcClient> client;
   std::unique_ptr<grpc::GenericStub> stub;
@@ -354,6 +356,7 @@ int RpcFuzzHarness::Run(const uint8_t* data, size_t size) {
   if (s.target.allow && !s.target.allow(*method.desc, *request)) return 0;
 
   const grpc::ByteBuffer request_bytes = ToBuffer(*request);
+  const absl::Time started = absl::Now();
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   grpc::Status status;
@@ -378,6 +381,10 @@ int RpcFuzzHarness::Run(const uint8_t* data, size_t size) {
     }
   }
   s.Count(method, status);
+  if (s.verbose) {
+    std::fprintf(stderr, "rpc_fuzz: %s -> %d (%s) in %.1f ms\n", method.path.c_str(), status.error_code(),
+                 status.error_message().substr(0, 120).c_str(), absl::ToDoubleMilliseconds(absl::Now() - started));
+  }
 
   auto health = CheckHealth(*s.client, s.target.grace);
   if (!health.ok() || *health != "SERVING") {

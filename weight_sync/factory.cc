@@ -18,7 +18,13 @@ absl::Status WeightReceiver::ReceiveInto(const WeightLayout& expected, const Nam
 }
 
 absl::Status ValidateSpec(const WeightSyncSpec& spec) {
-  if (spec.timeout_ms() < 0) return absl::InvalidArgumentError("spec.timeout_ms: must be >= 0");
+  // At most an hour: a receive whose publisher never comes holds the
+  // worker's weight-load turn this long, and larger values overflow the
+  // deadline arithmetic of c10d's stores.
+  if (spec.timeout_ms() < 0 || spec.timeout_ms() > kMaxWeightSyncTimeoutMs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.timeout_ms: ", spec.timeout_ms(), " is outside [0, ", kMaxWeightSyncTimeoutMs, "]"));
+  }
   if (spec.bucket_mb() < 0) return absl::InvalidArgumentError("spec.bucket_mb: must be >= 0");
   if (!WeightSyncBackend_IsValid(spec.backend())) return absl::InvalidArgumentError("spec.backend: unknown value");
   const WeightSyncBackend backend = ResolveBackend(spec);

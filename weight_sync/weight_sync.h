@@ -79,9 +79,12 @@ inline constexpr int kDefaultBucketMb = 64;
 // Offset alignment of every tensor inside its bucket, bytes.
 inline constexpr int64_t kSlotAlignment = 64;
 
+// Largest spec.timeout_ms accepted: an hour.
+inline constexpr int64_t kMaxWeightSyncTimeoutMs = 3'600'000;
+
 // INVALID_ARGUMENT naming the field for a spec that cannot work
-// (world_size/rank out of range for GLOO/NCCL, negative timeout or bucket
-// size, GLOO/NCCL without store host/port).
+// (world_size/rank out of range for GLOO/NCCL, a timeout outside [0, an
+// hour], a negative bucket size, GLOO/NCCL without store host/port).
 absl::Status ValidateSpec(const WeightSyncSpec& spec);
 
 // The backend AUTO resolves to for `spec` (SHM for a loopback or empty

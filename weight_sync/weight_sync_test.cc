@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -328,6 +329,17 @@ TEST_CASE("Specs are validated") {
   CHECK(absl::StrContains(CreateWeightReceiver(spec).status().message(), "spec.rank"));
   spec.set_store_port(0);
   CHECK(absl::StrContains(CreateWeightPublisher(spec).status().message(), "spec.store_port"));
+
+  // Timeouts: [0, an hour]; beyond that a receive could hold the worker's
+  // load turn for ages and the store's deadline arithmetic overflows.
+  WeightSyncSpec shm;
+  shm.set_backend(WEIGHT_SYNC_SHM);
+  shm.set_timeout_ms(kMaxWeightSyncTimeoutMs + 1);
+  CHECK(absl::StrContains(ValidateSpec(shm).message(), "spec.timeout_ms"));
+  shm.set_timeout_ms(std::numeric_limits<int64_t>::max());
+  CHECK(ValidateSpec(shm).code() == absl::StatusCode::kInvalidArgument);
+  shm.set_timeout_ms(kMaxWeightSyncTimeoutMs);
+  CHECK(ValidateSpec(shm).ok());
 
   WeightSyncSpec autos;
   CHECK(ResolveBackend(autos) == WEIGHT_SYNC_SHM);
