@@ -16,7 +16,7 @@ MAX_SECONDS="${3:-300}"
 dpkg -s clang-14 libfuzzer-14-dev >/dev/null 2>&1 || apt-get install -y -q clang-14 libfuzzer-14-dev
 OB="${RLMESH_FUZZ_OUTPUT_BASE:-$HOME/.cache/rlmesh/fuzz-output-base}"
 TARGETS=(experiment_yaml hf_config tokenizer_json chat_template replay_store safetensors jsonl_datasets
-         preference_pairs replay_buffer_rpc coordinator_rpc reward_rpc environment_rpc rollout_rpc)
+         preference_pairs replay_buffer_rpc coordinator_rpc reward_rpc environment_rpc rollout_rpc learner_rpc)
 bazel --output_base="$OB" build --config=fuzz $(printf '//fuzz:%s_fuzz ' "${TARGETS[@]}")
 BIN="$(bazel --output_base="$OB" info --config=fuzz bazel-bin)/fuzz"
 WORK="$(mktemp -d)"

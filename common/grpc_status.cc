@@ -1,5 +1,7 @@
 #include "common/grpc_status.h"
 
+#include "absl/strings/str_cat.h"
+
 #include <string>
 
 namespace rlmesh {
@@ -55,7 +57,15 @@ absl::StatusCode FromGrpcCode(grpc::StatusCode code) {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(ToGrpcCode(status.code()), std::string(status.message()));
+  return grpc::Status(ToGrpcCode(status.code()), BoundedMessage(status.message()));
+}
+
+std::string BoundedMessage(absl::string_view message) {
+  if (message.size() <= kMaxStatusMessageBytes) return std::string(message);
+  size_t cut = kMaxStatusMessageBytes;
+  // Not inside a UTF-8 sequence: back up over continuation bytes.
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(message.substr(0, cut), "... [", message.size() - cut, " more bytes]");
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

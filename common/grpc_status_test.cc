@@ -1,5 +1,7 @@
 #include "common/grpc_status.h"
 
+#include <string>
+
 #include "catch2/catch.hpp"
 #include "common/status_macros.h"
 
@@ -22,6 +24,20 @@ TEST_CASE("messages survive the mapping") {
   auto g = ToGrpcStatus(absl::InvalidArgumentError("field tokens: length 3 != 4"));
   CHECK(g.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(g.error_message() == "field tokens: length 3 != 4");
+}
+
+TEST_CASE("long messages are cut to the bound, at a UTF-8 boundary, saying how much was cut") {
+  const std::string value(5000, 'z');
+  auto g = ToGrpcStatus(absl::InvalidArgumentError("address: " + value));
+  CHECK(g.error_message().size() < kMaxStatusMessageBytes + 32);
+  CHECK(g.error_message().rfind("address: zzz", 0) == 0);
+  CHECK(g.error_message().find("... [3985 more bytes]") != std::string::npos);
+  // A two-byte character straddling the bound is not split.
+  std::string accents(kMaxStatusMessageBytes - 1, 'a');
+  for (int i = 0; i < 100; ++i) accents += "\xc3\xa9";
+  const std::string cut = BoundedMessage(accents);
+  CHECK(cut.rfind(std::string(kMaxStatusMessageBytes - 1, 'a') + "... [", 0) == 0);
+  CHECK(BoundedMessage("short") == "short");
 }
 
 absl::Status FailIfNegative(int x) {

@@ -52,6 +52,10 @@ rlmesh::environment::EpisodeTable& Table() {
 #endif
     rlmesh::environment::EpisodeTableOptions t;
     t.max_episodes = 4096;
+    // Fuzzed Resets are seldom closed (their ids come back to the fuzzer
+    // only by chance); a short idle expiry keeps the table below its cap
+    // as the 10-minute default does at a real worker's call rate.
+    t.idle_timeout = absl::Seconds(2);
     return new rlmesh::environment::EpisodeTable(o, t);
   }();
   return *table;
