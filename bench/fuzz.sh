@@ -35,15 +35,16 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$WORK/$t" "$WORK/$t-crashes"
   # The RPC targets: no per-input leak check. A call's work may outlive its
   # input on the server's threads (a cancelled call, a detached scorer),
-  # which LeakSanitizer's per-input check reports as leaks; bench/soak.py
-  # is the leak check of the serving processes.
+  # which LeakSanitizer's per-input check reports as leaks, and libraries'
+  # process-lifetime allocations (OpenSSL's, under the learner) show in the
+  # check at exit; bench/soak.py is the leak check of the serving processes.
   corpus=$t runs=$RUNS leaks=1
   case $t in *_rpc) corpus=rpc runs=$RPC_RUNS leaks=0 ;; esac
   cp fuzz/corpus/$corpus/* "$WORK/$t/"
   seeds=$(ls fuzz/corpus/$corpus | wc -l)
   start=$(date +%s)
   set +e
-  "$BIN/${t}_fuzz" -runs="$runs" -max_total_time="$MAX_SECONDS" -detect_leaks=$leaks -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+  ASAN_OPTIONS="detect_leaks=$leaks" "$BIN/${t}_fuzz" -runs="$runs" -max_total_time="$MAX_SECONDS" -detect_leaks=$leaks -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$WORK/$t-crashes/" "$WORK/$t" > "$WORK/$t.log" 2>&1
   rc=$?
   set -e
