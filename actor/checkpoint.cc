@@ -49,6 +49,8 @@ absl::StatusOr<WeightFiles> OpenWeights(const std::string& dir) {
       j = json::parse(ss.str());
     } catch (const json::parse_error& e) {
       return absl::DataLossError(absl::StrCat(index, ": corrupt JSON at byte ", e.byte, ": ", e.what()));
+    } catch (const json::exception& e) {  // a number out of range, say
+      return absl::DataLossError(absl::StrCat(index, ": corrupt JSON: ", e.what()));
     }
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       return absl::DataLossError(absl::StrCat(index, ": no \"weight_map\" object"));
