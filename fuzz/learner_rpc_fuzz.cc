@@ -8,15 +8,14 @@
 // must be refused or built, never crash. Weight-sync and store timeouts the
 // fuzzer picks are capped at 100 ms, as in the rollout target. After each
 // call GetStatus answers.
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc_client.h"
+#include "common/testing/test_util.h"
 #include "fuzz/rpc_fuzz.h"
 #include "learner/service.h"
 #include "learner/testing/tiny_experiment.h"
@@ -26,16 +25,8 @@
 namespace {
 
 const std::string& Root() {
-  static const std::string root = [] {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string d = std::string(base != nullptr ? base : "/tmp") + "/rlmesh-learner-fuzz-XXXXXX";
-    if (::mkdtemp(d.data()) == nullptr) std::abort();
-    static std::string removed;
-    removed = d;
-    std::atexit([] { std::filesystem::remove_all(removed); });
-    return d;
-  }();
-  return root;
+  static const rlmesh::testing::TempDir root;  // removed at exit
+  return root.path();
 }
 
 rlmesh::ExperimentConfig Tiny() {

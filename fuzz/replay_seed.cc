@@ -1,24 +1,19 @@
 #include "fuzz/replay_seed.h"
 
-#include <unistd.h>
-
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/testing/test_util.h"
 
 namespace rlmesh::fuzz {
 
 ReplayStore* SeededReplayStore() {
   static ReplayStore* store = [] {
-    const char* base = std::getenv("TEST_TMPDIR");
-    static std::string dir = std::string(base != nullptr ? base : "/tmp") + "/rlmesh-replay-fuzz-XXXXXX";
-    if (::mkdtemp(dir.data()) == nullptr) std::abort();
-    std::atexit([] { std::filesystem::remove_all(dir); });
+    static const testing::TempDir dir;  // removed at exit
     ReplayStoreOptions o;
-    o.db_path = dir;
+    o.db_path = dir.path();
     o.sync_writes = false;
     o.block_cache_bytes = 8 << 20;
     o.max_group_bytes = 1 << 20;

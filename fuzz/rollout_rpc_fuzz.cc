@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "actor/tokenizer.h"
 #include "common/rpc_client.h"
+#include "common/testing/test_util.h"
 #include "fuzz/rpc_fuzz.h"
 #include "proto/rollout.grpc.pb.h"
 #include "rollout/rollout_worker.h"
@@ -23,11 +24,9 @@ namespace {
 
 std::string& CheckpointDir() {
   static std::string dir = [] {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string d = std::string(base != nullptr ? base : "/tmp") + "/rlmesh-rollout-fuzz-XXXXXX";
-    if (::mkdtemp(d.data()) == nullptr) std::abort();
-    if (!rlmesh::rollout::testing::WriteTinyCheckpoint(d + "/v1", 1).ok()) std::abort();
-    return d + "/v1";
+    static const rlmesh::testing::TempDir root;  // removed at exit
+    if (!rlmesh::rollout::testing::WriteTinyCheckpoint(root.File("v1"), 1).ok()) std::abort();
+    return root.File("v1");
   }();
   return dir;
 }
