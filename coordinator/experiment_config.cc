@@ -33,6 +33,14 @@ void CheckOptimizer(Checker& c, const OptimizerConfig& o, const std::string& pat
 }
 
 void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method) {
+  const DistillationConfig& dc = rl->distillation();
+  const bool distill = !dc.teacher().empty();
+  c.Require(distill || (dc.coef() == 0 && !dc.task_reward()), path + ".distillation.teacher",
+            "required when distillation.coef or task_reward is set");
+  c.Require(dc.coef() >= 0 && std::isfinite(dc.coef()), path + ".distillation.coef", "must be > 0 (0 = the default 1)");
+  // Pure distillation trains on the teacher's per-token term only: one
+  // sample per prompt is enough.
+  if (distill && !dc.task_reward()) group_method = false;
   c.Require(rl->steps() > 0, path + ".steps", "must be > 0");
   c.Require(rl->prompts_per_step() > 0, path + ".prompts_per_step", "must be > 0");
   if (rl->samples_per_prompt() == 0) rl->set_samples_per_prompt(group_method ? 8 : 1);
@@ -91,6 +99,15 @@ void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method
             "refill needs samples_per_prompt >= 2 (a group of one never varies)");
   c.Require(ds.max_rounds() >= 0 && ds.max_rounds() <= 64, path + ".dynamic_sampling.max_rounds",
             "must be in [0, 64] (0 = 4)");
+  // Pure distillation trains on the teacher's term alone: settings that
+  // act on the task reward would be silently ignored.
+  const bool pure = distill && !dc.task_reward();
+  c.Require(!pure || (ds.mode().empty() && !rl->drop_zero_variance()), path + ".dynamic_sampling",
+            "dropping groups by reward variance needs distillation.task_reward");
+  c.Require(!pure || rl->overlong_buffer() == 0, path + ".overlong_buffer",
+            "shapes the reward, which pure distillation does not train on (set distillation.task_reward)");
+  c.Require(!pure || !rl->kl().in_reward() || rl->kl().coef() == 0, path + ".kl.in_reward",
+            "pure distillation does not train on the reward (set distillation.task_reward)");
 }
 
 // The dataset kinds' fields (the task itself checks its files when loaded).
@@ -316,6 +333,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
       }
       case Stage::kPpo:
         CheckRl(c, st->mutable_ppo()->mutable_rl(), p + ".ppo.rl", false);
+        c.Require(st->ppo().rl().distillation().teacher().empty(), p + ".ppo.rl.distillation",
+                  "only GRPO-family stages distil (not built for PPO's critic)");
         c.Require(st->ppo().rl().dynamic_sampling().mode() != "refill" || b.sample_mode().empty() ||
                       b.sample_mode() == "fifo",
                   p + ".ppo.rl.dynamic_sampling.mode", "refill needs buffer.sample_mode fifo");

@@ -122,6 +122,22 @@ TEST_CASE("RL algorithm switches: accepted values, and errors that name the key"
   CHECK(has(rl("dynamic_sampling: {mode: drop, max_rounds: 2}"), "stages[0].grpo.rl.dynamic_sampling.max_rounds"));
   CHECK(has(rl("dynamic_sampling: {mode: refill}", "buffer: {sample_mode: uniform}\n"),
             "stages[0].grpo.rl.dynamic_sampling.mode: refill needs buffer.sample_mode fifo"));
+  // On-policy distillation: one sample per prompt is enough when the
+  // teacher's term is the whole advantage, not when the task reward counts.
+  CHECK(rl("samples_per_prompt: 1, distillation: {teacher: /t}").ok());
+  CHECK(rl("distillation: {teacher: /t, coef: 0.5, task_reward: true}").ok());
+  CHECK(has(rl("samples_per_prompt: 1, distillation: {teacher: /t, task_reward: true}"),
+            "stages[0].grpo.rl.samples_per_prompt"));
+  CHECK(has(rl("distillation: {coef: 1}"), "stages[0].grpo.rl.distillation.teacher: required"));
+  CHECK(has(rl("distillation: {teacher: /t, coef: -1}"), "stages[0].grpo.rl.distillation.coef"));
+  CHECK(has(rl("distillation: {teacher: /t}, dynamic_sampling: {mode: drop}"), "stages[0].grpo.rl.dynamic_sampling"));
+  CHECK(has(rl("distillation: {teacher: /t}, overlong_buffer: 2"), "stages[0].grpo.rl.overlong_buffer"));
+  CHECK(has(rl("distillation: {teacher: /t}, kl: {coef: 0.1, in_reward: true}"), "stages[0].grpo.rl.kl.in_reward"));
+  ExperimentConfig ppo;
+  CHECK(has(Normalize("name: x\nstages:\n  - ppo: {rl: {steps: 1, prompts_per_step: 2, optimizer: {lr: 0.001}, "
+                      "distillation: {teacher: /t}}}\n",
+                      &ppo),
+            "stages[0].ppo.rl.distillation"));
 }
 
 TEST_CASE("the environment section is checked by key") {

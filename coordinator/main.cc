@@ -203,6 +203,21 @@ absl::StatusOr<ExperimentConfig> LoadExperiment(const std::string& path,
   RLMESH_RETURN_IF_ERROR(LoadYamlFile(UserPath(path), &cfg, &src));
   for (const auto& s : sets) RLMESH_RETURN_IF_ERROR(ApplyOverride(s, &cfg, &src));
   RLMESH_RETURN_IF_ERROR(NormalizeExperiment(&cfg, src));
+  // Model folders (the initial model, distillation teachers) are made by
+  // earlier runs, never part of the build: a relative one means where the
+  // user typed the command, and the roles, which run elsewhere, get it
+  // absolute.
+  auto absolute = [](const std::string& p) {
+    return p.empty() ? p : std::filesystem::absolute(UserPath(p)).lexically_normal().string();
+  };
+  if (!cfg.model().path().empty()) cfg.mutable_model()->set_path(absolute(cfg.model().path()));
+  for (Stage& stage : *cfg.mutable_stages()) {
+    RlStage* rl = stage.has_grpo() ? stage.mutable_grpo()->mutable_rl()
+                                   : (stage.has_ppo() ? stage.mutable_ppo()->mutable_rl() : nullptr);
+    if (rl != nullptr && !rl->distillation().teacher().empty()) {
+      rl->mutable_distillation()->set_teacher(absolute(rl->distillation().teacher()));
+    }
+  }
   return cfg;
 }
 

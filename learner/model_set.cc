@@ -57,6 +57,32 @@ class AutocastScope {
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 
+// On-policy distillation's teacher: frozen, on the policy's device. Its
+// architecture and size are its own; what must agree with the policy is
+// what the rows need: every token id the policy can sample, every position.
+absl::StatusOr<actor::Transformer> LoadTeacher(const StageOptions& stage, const actor::ModelConfig& policy,
+                                               const std::string& device) {
+  const std::string field = absl::StrCat(stage.field, ".", StageKindName(stage.kind), ".rl.distillation.teacher");
+  actor::LoadOptions lo;
+  lo.device = device;
+  absl::StatusOr<actor::Transformer> teacher = actor::LoadHfModel(stage.rl.distill.teacher, lo);
+  if (!teacher.ok()) return PrefixStatus(field, teacher.status());
+  const actor::ModelConfig& tc = (*teacher)->config();
+  if (tc.vocab_size < policy.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": the teacher's vocabulary (", tc.vocab_size,
+                                                   ") is smaller than the policy's (", policy.vocab_size,
+                                                   "); teacher and policy need the same tokenizer"));
+  }
+  if (tc.max_positions < policy.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": the teacher's context (", tc.max_positions,
+                                                   " positions) is shorter than the policy's (",
+                                                   policy.max_positions, ")"));
+  }
+  for (auto& p : (*teacher)->parameters()) p.set_requires_grad(false);
+  (*teacher)->eval();
+  return teacher;
+}
+
 }  // namespace
 
 // The device boundary of the learner: batches are built on the CPU, the
@@ -191,6 +217,9 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
       copy_from_policy(s.reference);
       for (auto& p : s.reference->parameters()) p.set_requires_grad(false);
       s.reference->eval();
+    }
+    if (stage.is_rl() && stage.rl.distill.on()) {
+      RLMESH_ASSIGN_OR_RETURN(s.teacher, LoadTeacher(stage, cfg, device));
     }
     if (stage.kind == StageKind::kPpo) {
       actor::ModelConfig ccfg = cfg;

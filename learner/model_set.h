@@ -34,6 +34,9 @@ struct ModelSet {
   actor::Transformer reference{nullptr};
   // PPO's value model (policy weights + a value head); null otherwise.
   actor::Transformer critic{nullptr};
+  // On-policy distillation's frozen teacher (rl.distillation.teacher, its
+  // own architecture and size); null otherwise.
+  actor::Transformer teacher{nullptr};
   // world_size > 1 only: the c10d store and the Gloo group of the shards.
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> group;
@@ -69,7 +72,7 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& experiment, cons
                                         ModelSet* models);
 
 // The rest of the set, after LoadPolicy: reference and critic copied from
-// the policy, the process group (world_size > 1, rendezvous at
+// the policy, the distillation teacher loaded from its folder, the process group (world_size > 1, rendezvous at
 // `store_address`: "file:/path" or "host:port" of a store another process
 // hosts, every rank a client; keys under `store_prefix`) and the optimizers,
 // with the parameters broadcast from rank 0.

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "learner/advantages.h"
 #include "learner/batching.h"
+#include "learner/distillation.h"
 #include "learner/losses.h"
 #include "learner/moe_routing.h"
 #include "learner/mismatch.h"
@@ -256,8 +257,9 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     m["old_logprobs_recomputed"] = reuse_forward ? 0.0 : 1.0;
     const auto t0 = Clock::now();
     at::Tensor old_logp = at::zeros({B, T_all}, at::kFloat);
-    at::Tensor ref_logp, old_values;
+    at::Tensor ref_logp, old_values, teacher_logp;
     if (s.models.reference) ref_logp = at::zeros({B, T_all}, at::kFloat);
+    if (s.models.teacher) teacher_logp = at::zeros({B, T_all}, at::kFloat);
     if (s.models.critic) old_values = at::zeros({B, T_all}, at::kFloat);
     {
       torch::NoGradGuard no_grad;
@@ -283,6 +285,11 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
             RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
                                                                    options_.logprob_chunk, s.opt.learner.temperature));
             Rows(ref_logp, a, e, T).copy_(rlp.logprobs);
+          }
+          if (s.models.teacher) {
+            RLMESH_ASSIGN_OR_RETURN(auto tlp, s.models.LogProbs(s.models.teacher, ids, pos, tg,
+                                                                   options_.logprob_chunk, s.opt.learner.temperature));
+            Rows(teacher_logp, a, e, T).copy_(tlp.logprobs);
           }
           if (s.models.critic) Rows(old_values, a, e, T).copy_(s.models.Values(s.models.critic, ids, pos));
         }
@@ -347,7 +354,12 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     // Advantages [B, T_all].
     const GlobalSum global_sum = [&](at::Tensor& t) { return s.models.dp->AllReduceSum(t); };
     at::Tensor adv, returns;
-    if (B == 0) {
+    const bool distill = s.models.teacher && rl.distill.on();
+    if (distill && !rl.distill.task_reward) {
+      // Pure distillation: the teacher's per-token term is the whole
+      // advantage (added below); the rewards are only logged.
+      adv = at::zeros({B, T_all}, at::kFloat);
+    } else if (B == 0) {
       adv = at::zeros({0, T_all}, at::kFloat);
       const bool whitened =
           rl.advantage == Advantage::kReinforcePp || (rl.advantage == Advantage::kPpo && rl.gae.whiten);
@@ -401,6 +413,19 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       returns = res.returns;
     }
 
+    // On-policy distillation: A_t += coef * (teacher - old) on the response
+    // tokens. With old_logp from the training forward this happens per
+    // micro-batch in the loop (old_logp is fixed for the step either way).
+    MetricMeans distill_means;
+    auto add_distillation = [&](at::Tensor* advantages, const at::Tensor& teacher, const at::Tensor& old,
+                                const at::Tensor& mk) -> absl::Status {
+      RLMESH_ASSIGN_OR_RETURN(DistillationTerms d, DistillationAdvantages(teacher, old, mk, rl.distill.coef));
+      *advantages = *advantages + d.advantages;
+      distill_means.Add(d.metrics, d.tokens);
+      return absl::OkStatus();
+    };
+    if (distill && !reuse_forward) RLMESH_RETURN_IF_ERROR(add_distillation(&adv, teacher_logp, old_logp, mask));
+
     // Loss weights: what the aggregation averages over.
     auto weight_of = [&](const at::Tensor& mk) -> double {
       switch (rl.loss.agg) {
@@ -442,6 +467,10 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           in.logp = lp.logprobs;
           in.old_logp = reuse_forward ? lp.logprobs.detach() : Rows(old_logp, a, e, T);
           in.advantages = Rows(adv, a, e, T);
+          if (distill && reuse_forward) {
+            RLMESH_RETURN_IF_ERROR(
+                add_distillation(&in.advantages, Rows(teacher_logp, a, e, T), in.old_logp, Rows(mask, a, e, T)));
+          }
           in.mask = mk;
           if (with_behaviour && reuse_forward) {
             RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw,
@@ -504,6 +533,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       mismatch_means.Into(&vals);
       vals["is_capped_frac"] = vals["mismatch_truncated_frac"];
     }
+    if (distill) distill_means.Into(&vals);
     for (auto& [k, v] : vals) m[k] = v;
     // Stable names present on every step (0 when the term is off).
     for (const char* k : {"loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "mismatch_kl",
@@ -511,6 +541,11 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       if (!m.count(k)) m[k] = 0.0;
     }
     if (!m.count("mismatch_weight_mean")) m["mismatch_weight_mean"] = 1.0;
+    if (distill) {
+      for (const char* k : {"distill_reverse_kl", "distill_reverse_kl_k3", "distill_teacher_logp"}) {
+        if (!m.count(k)) m[k] = 0.0;
+      }
+    }
     m["grad_norm"] = opt_steps ? grad_norm_sum / opt_steps : 0.0;
     if (s.models.critic_dp) m["value_grad_norm"] = opt_steps ? value_grad_norm_sum / opt_steps : 0.0;
     m["lr"] = lr;

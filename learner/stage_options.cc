@@ -219,6 +219,33 @@ absl::Status ReadRlConfig(const RlStage& rl, const std::string& field, const Lea
     }
     o->router_aux_loss_coef = rl.router_aux_loss_coef();
   }
+  const DistillationConfig& dc = rl.distillation();
+  const std::string df = field + ".distillation";
+  if (dc.teacher().empty() && (dc.coef() != 0 || dc.task_reward())) {
+    return absl::InvalidArgumentError(df + ".teacher: required when distillation.coef or task_reward is set");
+  }
+  if (!dc.teacher().empty()) {
+    if (!(dc.coef() >= 0) || !std::isfinite(dc.coef())) {
+      return absl::InvalidArgumentError(df + ".coef: must be > 0 (0 = the default 1)");
+    }
+    o->distill.teacher = dc.teacher();
+    o->distill.coef = dc.coef() == 0 ? 1.0 : dc.coef();
+    o->distill.task_reward = dc.task_reward();
+    if (!o->distill.task_reward && o->drop_zero_variance) {
+      // Zero-variance groups carry the teacher's signal like any other.
+      return absl::InvalidArgumentError(
+          field + ".dynamic_sampling: dropping groups by reward variance needs distillation.task_reward "
+                  "(pure distillation does not train on the rewards)");
+    }
+    if (!o->distill.task_reward && o->overlong_buffer > 0) {
+      return absl::InvalidArgumentError(field + ".overlong_buffer: shapes the reward, which pure distillation "
+                                                "does not train on (set distillation.task_reward)");
+    }
+    if (!o->distill.task_reward && o->kl_coef > 0 && o->kl_in_reward) {
+      return absl::InvalidArgumentError(field + ".kl.in_reward: pure distillation does not train on the reward "
+                                                "(set distillation.task_reward, or keep the KL in the loss)");
+    }
+  }
   if (o->overlong_buffer > 0 && (learner.max_new_tokens <= 0 || o->overlong_buffer > learner.max_new_tokens)) {
     return absl::InvalidArgumentError(
         field + ".overlong_buffer: needs 0 < overlong_buffer <= experiment.rollout.sampling.max_new_tokens");
@@ -247,6 +274,10 @@ absl::StatusOr<RlOptions> MakePpoOptions(const PpoStage& ppo, const std::string&
   if (ppo.vf_coef() < 0) return absl::InvalidArgumentError(field + ".vf_coef: must be >= 0");
   o.vf_coef = ppo.vf_coef() == 0 ? 0.5 : ppo.vf_coef();
   RLMESH_RETURN_IF_ERROR(ReadRlConfig(ppo.rl(), field + ".rl", learner, &o));
+  if (o.distill.on()) {
+    return absl::UnimplementedError(field + ".rl.distillation: only GRPO-family stages distil (PPO's critic "
+                                            "would need the teacher's per-token rewards in its returns; not built)");
+  }
   const OptimizerConfig& co = ppo.critic_optimizer().lr() > 0 ? ppo.critic_optimizer() : ppo.rl().optimizer();
   const int64_t opt_steps = o.steps * o.epochs * o.mini_batches;
   RLMESH_ASSIGN_OR_RETURN(o.critic_optimizer,

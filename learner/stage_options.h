@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "actor/model_config.h"
 #include "learner/advantages.h"
+#include "learner/distillation.h"
 #include "learner/losses.h"
 #include "learner/mismatch.h"
 #include "learner/schedule.h"
@@ -137,6 +138,8 @@ struct RlOptions {
   // then -1 stands for "unset: the policy's config.json decides").
   bool routing_replay = false;
   double router_aux_loss_coef = -1;
+  // On-policy distillation (rl.distillation; GRPO-family stages only).
+  DistillationOptions distill;
 };
 
 // One stage, validated. Only the member of `kind`'s family is meaningful.
