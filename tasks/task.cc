@@ -68,17 +68,27 @@ class ArithmeticTask final : public Task {
     if (c.sft_carry_errors() > 0 && ops != "+") {
       return absl::InvalidArgumentError("task.sft_carry_errors: only for ops \"+\"");
     }
+    if (!(c.sft_tool_calls() >= 0 && c.sft_tool_calls() <= 1)) {
+      return absl::InvalidArgumentError("task.sft_tool_calls: must be in [0, 1]");
+    }
+    if (c.sft_tool_calls() > 0 && c.sft_carry_errors() > 0) {
+      return absl::InvalidArgumentError("task.sft_tool_calls: not with sft_carry_errors (choose one kind of SFT data)");
+    }
 
     // Whether train example i gets a carry-dropped SFT target: drawn per
     // example from the seed, so the policy sees the right and the wrong
     // habit on the same kinds of problems and cannot learn which is which.
-    auto corrupted = [&](size_t i) {
-      uint64_t z = (seed ^ 0xc0ffee) + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(i) + 1);
+    auto uniform = [&](size_t i, uint64_t salt) {
+      uint64_t z = (seed ^ salt) + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(i) + 1);
       z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
       z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
       z ^= z >> 31;
-      return static_cast<double>(z >> 11) * 0x1.0p-53 < c.sft_carry_errors();
+      return static_cast<double>(z >> 11) * 0x1.0p-53;
     };
+    auto corrupted = [&](size_t i) { return uniform(i, 0xc0ffee) < c.sft_carry_errors(); };
+    // Whether train example i is written as a calculator call (the same kind
+    // of draw, another salt).
+    auto tool_call = [&](size_t i) { return uniform(i, 0xca1c) < c.sft_tool_calls(); };
     // The digit-wise sum without carries (operands are >= 0 for '+').
     auto without_carries = [](int64_t a, int64_t b) {
       int64_t out = 0, place = 1;
@@ -104,6 +114,12 @@ class ArithmeticTask final : public Task {
       const auto [a, b, op] = p;
       if (c.sft_carry_errors() > 0 && corrupted(task->train_.size())) {
         e.sft_target = absl::StrCat(without_carries(a, b));
+      }
+      if (c.sft_tool_calls() > 0 && tool_call(task->train_.size())) {
+        // The multi-turn layout: the model's call, the calculator's
+        // observation, the model's final answer.
+        e.sft_target = absl::StrCat("<calc>", a, std::string(1, op), b, "</calc><result>", e.answer, "</result>",
+                                    e.answer);
       }
       task->train_.push_back(std::move(e));
     }

@@ -49,6 +49,37 @@ TEST_CASE("arithmetic: answers are right and the splits are disjoint") {
   CHECK(same < 5);
 }
 
+TEST_CASE("arithmetic: sft_tool_calls writes that share of SFT targets as a calculator call and its answer") {
+  TaskConfig c;
+  c.set_kind("arithmetic");
+  c.set_digits(2);
+  c.set_ops("*");
+  c.set_train(2000);
+  c.set_eval(100);
+  c.set_sft_tool_calls(0.25);
+  auto task = MakeTask(c, 5);
+  REQUIRE(task.ok());
+  int calls = 0;
+  for (const auto& e : (*task)->train()) {
+    const std::string expr = e.prompt.substr(0, e.prompt.size() - 1);  // "12*34=" -> "12*34"
+    const size_t op = expr.find('*');
+    CHECK(e.answer == std::to_string(std::stol(expr.substr(0, op)) * std::stol(expr.substr(op + 1))));
+    if (e.sft_target.empty()) continue;
+    CHECK(e.sft_target == "<calc>" + expr + "</calc><result>" + e.answer + "</result>" + e.answer);
+    ++calls;
+  }
+  CHECK(std::abs(calls / 2000.0 - 0.25) < 0.03);
+  for (const auto& e : (*task)->eval()) CHECK(e.sft_target.empty());
+  auto again = MakeTask(c, 5);
+  for (size_t i = 0; i < 200; ++i) CHECK((*again)->train()[i].sft_target == (*task)->train()[i].sft_target);
+  c.set_sft_tool_calls(-0.1);
+  CHECK(absl::StrContains(MakeTask(c, 1).status().message(), "task.sft_tool_calls"));
+  c.set_sft_tool_calls(0.5);
+  c.set_ops("+");
+  c.set_sft_carry_errors(0.5);
+  CHECK(absl::StrContains(MakeTask(c, 1).status().message(), "task.sft_tool_calls"));
+}
+
 TEST_CASE("arithmetic: sft_carry_errors drops the carries of that share of SFT targets, nothing else") {
   TaskConfig c;
   c.set_kind("arithmetic");
