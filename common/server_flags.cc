@@ -103,6 +103,7 @@ Role RoleFromName(const std::string& role) {
   if (role == "reward_server") return ROLE_REWARD_SERVER;
   if (role == "replay_buffer") return ROLE_REPLAY_BUFFER;
   if (role == "learner") return ROLE_LEARNER;
+  if (role == "environment_server") return ROLE_ENVIRONMENT;
   return ROLE_UNSPECIFIED;
 }
 

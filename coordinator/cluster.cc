@@ -85,8 +85,13 @@ absl::Status ClusterOptions::Validate() const {
   if (learners < 0 || learners > 64) {
     return absl::InvalidArgumentError(absl::StrCat("learners: ", learners, " not in [0, 64]"));
   }
+  if (environment_servers < 0 || environment_servers > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("environment_servers: ", environment_servers, " not in [0, 64]"));
+  }
   RLMESH_RETURN_IF_ERROR(ValidateGpus());
-  for (Role r : {ROLE_ROLLOUT_WORKER, ROLE_REWARD_SERVER, ROLE_REPLAY_BUFFER, ROLE_LEARNER}) {
+  std::vector<Role> needed = {ROLE_ROLLOUT_WORKER, ROLE_REWARD_SERVER, ROLE_REPLAY_BUFFER, ROLE_LEARNER};
+  if (environment_servers > 0) needed.push_back(ROLE_ENVIRONMENT);
+  for (Role r : needed) {
     const std::string bin = RoleBinary(bin_dir, r);
     if (::access(bin.c_str(), X_OK) != 0) {
       return absl::NotFoundError(absl::StrCat("role binary not found: ", bin,
@@ -145,6 +150,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Launch(ClusterOptions options)
     };
     add(ROLE_REPLAY_BUFFER, "replay_buffer", {"--db_path=" + o.buffer_path});
     for (int i = 0; i < o.reward_servers; ++i) add(ROLE_REWARD_SERVER, absl::StrCat("reward-", i), o.reward_args);
+    for (int i = 0; i < o.environment_servers; ++i) {
+      add(ROLE_ENVIRONMENT, absl::StrCat("environment-", i), o.environment_args);
+    }
     for (int i = 0; i < o.rollout_workers; ++i) {
       std::vector<std::string> args = o.rollout_args;
       if (o.wire_roles) args.push_back(absl::StrCat("--name=rollout-", i));

@@ -57,6 +57,10 @@ struct ClusterOptions {
   std::string tokenizer = "char";
   std::vector<std::string> reward_args;
   std::vector<std::string> learner_args;
+  // Environment servers (environment.launch: `coordinator run` starts one),
+  // started before the rollout workers, with these extra flags. Default 0.
+  int environment_servers = 0;
+  std::vector<std::string> environment_args;
   // When set, every role records spans to <trace_dir>/<role name>.json
   // (--trace_file), written when it stops.
   std::string trace_dir;

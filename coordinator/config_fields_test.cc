@@ -59,6 +59,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.TaskConfig.chat_template_kwargs", "tasks/chat_prompts.cc"},
     {"rlmesh.TaskConfig.numbers", "tasks/task.cc"},
     {"rlmesh.TaskConfig.sft_tool_calls", "tasks/task.cc"},
+    {"rlmesh.EnvironmentConfig.launch", "coordinator/main.cc"},
     {"rlmesh.TaskConfig.min_number", "tasks/task.cc"},
     {"rlmesh.TaskConfig.max_number", "tasks/task.cc"},
     {"rlmesh.TaskConfig.max_target", "tasks/task.cc"},

@@ -238,13 +238,15 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
 
   // Multi-turn rollouts (the rollout worker checks the same at Submit).
   const EnvironmentConfig& env = config->environment();
-  if (env.address().empty()) {
-    c.Require(env.name().empty(), "environment.name", "set without environment.address");
-    c.Require(env.max_turns() == 0, "environment.max_turns", "set without environment.address");
-    c.Require(env.max_total_tokens() == 0, "environment.max_total_tokens", "set without environment.address");
-    c.Require(env.stop_markers_size() == 0, "environment.stop_markers", "set without environment.address");
-    c.Require(env.timeout_ms() == 0, "environment.timeout_ms", "set without environment.address");
-    c.Require(!env.has_reward_weight(), "environment.reward_weight", "set without environment.address");
+  c.Require(!env.launch() || env.address().empty(), "environment.address",
+            "set together with environment.launch (launch starts a server and uses its address)");
+  if (env.address().empty() && !env.launch()) {
+    c.Require(env.name().empty(), "environment.name", "set without environment.address or launch");
+    c.Require(env.max_turns() == 0, "environment.max_turns", "set without environment.address or launch");
+    c.Require(env.max_total_tokens() == 0, "environment.max_total_tokens", "set without environment.address or launch");
+    c.Require(env.stop_markers_size() == 0, "environment.stop_markers", "set without environment.address or launch");
+    c.Require(env.timeout_ms() == 0, "environment.timeout_ms", "set without environment.address or launch");
+    c.Require(!env.has_reward_weight(), "environment.reward_weight", "set without environment.address or launch");
   } else {
     c.Require(env.max_turns() >= 0 && env.max_turns() <= 64, "environment.max_turns", "must be in [1, 64] (0 = 4)");
     c.Require(env.max_total_tokens() >= 0, "environment.max_total_tokens", "must be >= 0");
@@ -363,7 +365,7 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
     // (dense); a checkpoint's architecture is known only to the learner,
     // which refuses there (learner/stage_options.cc, CheckMoeSettings).
     const RlStage* rl = RlSettings(*st);
-    if (rl != nullptr && !config->environment().address().empty()) {
+    if (rl != nullptr && (!config->environment().address().empty() || config->environment().launch())) {
       // Multi-turn episodes are assembled from several generations; their
       // routes are not stitched together (yet).
       c.Require(!rl->routing_replay(), absl::StrCat(p, ".", StageKind(*st), ".rl.routing_replay"),

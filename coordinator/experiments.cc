@@ -36,6 +36,7 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
       {!config.reward().reward_model().empty(), "reward.reward_model"},
       {config.reward().reward_model_weight() != 0, "reward.reward_model_weight"},
       {config.reward().servers() != static_cast<int>(cluster_.reward_servers.size()), "reward.servers"},
+      {config.environment().launch(), "environment.launch"},
   };
   for (const auto& [set, field] : launch_only) {
     if (set) {

@@ -147,6 +147,7 @@ const char* RoleName(Role r) {
     case ROLE_REWARD_SERVER: return "reward_server";
     case ROLE_REPLAY_BUFFER: return "replay_buffer";
     case ROLE_LEARNER: return "learner";
+    case ROLE_ENVIRONMENT: return "environment";
     default: return "?";
   }
 }
@@ -831,6 +832,15 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   }
   co.learner_args = {absl::StrCat("--threads=", threads > 0 ? threads : std::max(1, cores / co.learners)),
                      LearnerWriteRoots(run_dir, &*cfg)};
+  // environment.launch: the built-in environment server beside the roles.
+  if (cfg->environment().launch()) {
+    if (on_slurm) {
+      return Fail("run", absl::UnimplementedError(
+                             "environment.launch: on Slurm the environment server is not placed by rlmesh; start "
+                             "one and give environment.address"));
+    }
+    co.environment_servers = 1;
+  }
   const bool profile = absl::GetFlag(FLAGS_profile);
   if (profile) {
     co.trace_dir = run_dir + "/profile";
@@ -856,6 +866,13 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     auto cluster = Cluster::Launch(co);
     if (!cluster.ok()) return Fail("run", cluster.status());
     local = std::move(*cluster);
+    if (cfg->environment().launch()) {
+      // From here on the experiment names the server it uses, as if the
+      // user had (launch and address together are refused at load).
+      cfg->mutable_environment()->set_address(local->Address(ROLE_ENVIRONMENT));
+      cfg->mutable_environment()->set_launch(false);
+      std::printf("rlmesh: environment server at %s\n", cfg->environment().address().c_str());
+    }
   }
   Registry registry(RegistryOptionsFromFlags());
   RpcServer server(*server_options);

@@ -10,6 +10,7 @@ std::string RoleBinary(const std::string& bin_dir, Role role) {
     case ROLE_REWARD_SERVER: return bin_dir + "/reward_server/reward_server";
     case ROLE_REPLAY_BUFFER: return bin_dir + "/replay_buffer/replay_buffer";
     case ROLE_LEARNER: return bin_dir + "/learner/learner";
+    case ROLE_ENVIRONMENT: return bin_dir + "/environment/environment_server";
     case ROLE_COORDINATOR: return bin_dir + "/coordinator/coordinator";
     default: return "";
   }
