@@ -38,15 +38,14 @@ void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method
   c.Require(distill || (dc.coef() == 0 && !dc.task_reward()), path + ".distillation.teacher",
             "required when distillation.coef or task_reward is set");
   c.Require(dc.coef() >= 0 && std::isfinite(dc.coef()), path + ".distillation.coef", "must be > 0 (0 = the default 1)");
-  // Pure distillation trains on the teacher's per-token term only: one
-  // sample per prompt is enough.
-  if (distill && !dc.task_reward()) group_method = false;
   c.Require(rl->steps() > 0, path + ".steps", "must be > 0");
   c.Require(rl->prompts_per_step() > 0, path + ".prompts_per_step", "must be > 0");
   if (rl->samples_per_prompt() == 0) rl->set_samples_per_prompt(group_method ? 8 : 1);
   c.Require(rl->samples_per_prompt() > 0 && rl->samples_per_prompt() <= 256, path + ".samples_per_prompt",
             "must be in [1, 256]");
-  if (group_method) {
+  // Pure distillation trains on the teacher's per-token term only: one
+  // sample per prompt is enough (the default stays the stage's).
+  if (group_method && !(distill && !dc.task_reward())) {
     c.Require(rl->samples_per_prompt() >= 2, path + ".samples_per_prompt",
               "must be >= 2 for group-relative advantages");
   }
