@@ -99,7 +99,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
   int64_t raw_n = 0, zero_var = 0, kept_groups = 0, overlong_filtered = 0;
   // Response tokens, and those the rollout masked out of the loss (a
   // multi-turn episode's environment observations).
-  int64_t response_tokens = 0, unmasked_out = 0;
+  int64_t response_tokens = 0, masked_out = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const TrajectoryGroup& grp = groups[g];
     const std::string gp = absl::StrCat("groups[", g, "]");
@@ -146,7 +146,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       response_tokens += R;
       for (int j = 0; j < R; ++j) {
         row.seq.mask[P + j - 1] = t.loss_mask_size() == 0 ? 1.0f : (t.loss_mask(j) != 0 ? 1.0f : 0.0f);
-        unmasked_out += row.seq.mask[P + j - 1] == 0.0f ? 1 : 0;
+        masked_out += row.seq.mask[P + j - 1] == 0.0f ? 1 : 0;
         if (t.behaviour_logprobs_size() != 0) row.seq.behaviour[P + j - 1] = t.behaviour_logprobs(j);
       }
       row.reward = t.reward();
@@ -186,7 +186,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
   m["response_length_mean"] = raw_n ? len_sum / raw_n : 0.0;
   // Over every response token of the step (kept groups or not); 0 for
   // single-turn rollouts.
-  m["response_masked_frac"] = response_tokens ? static_cast<double>(unmasked_out) / response_tokens : 0.0;
+  m["response_masked_frac"] = response_tokens ? static_cast<double>(masked_out) / response_tokens : 0.0;
   m["zero_variance_frac"] = groups.empty() ? 0.0 : static_cast<double>(zero_var) / groups.size();
   m["groups"] = static_cast<double>(kept_groups);
   // Over the trained groups' responses; 0 when overlong_filter is off.
