@@ -132,6 +132,26 @@ std::vector<std::vector<int>> Prompts(const ExperimentConfig& e, int count) {
   return out;
 }
 
+// Trains `t` on-policy for `steps` steps (8 samples per prompt, rollout
+// seed 100 + step) and returns the mean of `metric` over the first and over
+// the last `window` steps.
+std::pair<double, double> OnPolicyRun(Trainer& t, const std::vector<std::vector<int>>& prompts, int steps, int window,
+                                      const std::function<double(const std::vector<int64_t>&)>& reward,
+                                      const std::string& metric) {
+  double first = 0, last = 0;
+  for (int step = 0; step < steps; ++step) {
+    TrainStepRequest req;
+    req.set_step(step);
+    *req.mutable_groups() = Rollout(t, prompts, 8, 1.0f, 100 + step, reward);
+    auto r = t.TrainStep(req);
+    REQUIRE(r.ok());
+    const double v = r->metrics().values().at(metric);
+    if (step < window) first += v / window;
+    if (step >= steps - window) last += v / window;
+  }
+  return {first, last};
+}
+
 TEST_CASE("on-policy first step: recomputed log-probs, ratio 1, clip 0, KL 0") {
   actor::ConfigureThreads(2);
   ExperimentConfig e = Tiny();
@@ -307,18 +327,7 @@ TEST_CASE("GRPO raises a toy reward (first token is a digit)") {
     std::string s = tok.Decode({static_cast<int>(toks[0])});
     return (s.size() == 1 && s[0] >= '0' && s[0] <= '9') ? 1.0 : 0.0;
   };
-  auto prompts = Prompts(e, 8);
-  double early = 0, late = 0;
-  for (int step = 0; step < 30; ++step) {
-    TrainStepRequest req;
-    req.set_step(step);
-    *req.mutable_groups() = Rollout(t, prompts, 8, 1.0f, 100 + step, is_digit);
-    auto r = t.TrainStep(req);
-    REQUIRE(r.ok());
-    const double reward = r->metrics().values().at("reward_mean");
-    if (step < 5) early += reward / 5;
-    if (step >= 25) late += reward / 5;
-  }
+  const auto [early, late] = OnPolicyRun(t, Prompts(e, 8), 30, 5, is_digit, "reward_mean");
   INFO("reward early " << early << " late " << late);
   CHECK(late > 0.6);
   CHECK(late > 2 * early);
@@ -768,18 +777,8 @@ TEST_CASE("on-policy distillation: the advantage is the teacher's per-token term
     k.mutable_model()->set_path(save_after(15, "student"));
     Trainer t;
     REQUIRE(t.Configure(Request(k)).ok());
-    auto prompts = Prompts(e, 8);
-    double first = 0, last = 0;
-    for (int step = 0; step < 100; ++step) {
-      TrainStepRequest req;
-      req.set_step(step);
-      *req.mutable_groups() = Rollout(t, prompts, 8, 1.0f, 100 + step, [](const std::vector<int64_t>&) { return 0.0; });
-      auto r = t.TrainStep(req);
-      REQUIRE(r.ok());
-      const double kl = r->metrics().values().at("distill_reverse_kl");
-      if (step < 10) first += kl / 10;
-      if (step >= 90) last += kl / 10;
-    }
+    const auto [first, last] = OnPolicyRun(
+        t, Prompts(e, 8), 100, 10, [](const std::vector<int64_t>&) { return 0.0; }, "distill_reverse_kl");
     // Rollout seeds 100, 200, 300, 400 and 500 (+ step) went from 2.3-2.8
     // nats to 0.020-0.055; with the advantage's sign flipped, 6.9 to 13.3.
     INFO("reverse KL (k1), mean of the first 10 steps " << first << ", of the last 10 " << last);
