@@ -1,10 +1,14 @@
 #include "coordinator/experiments.h"
 
+#include <algorithm>
+
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/path_root.h"
 #include "common/status_macros.h"
 #include "coordinator/experiment_config.h"
 
@@ -49,6 +53,23 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
     return absl::FailedPreconditionError(
         "logging.hang_dump_seconds: a launched cluster watches every experiment for hangs with its "
         "coordinator's --hang_dump_seconds (leave it unset, or use `coordinator run`)");
+  }
+  // The reward servers run only the command verifiers they were started
+  // allowing: one the experiment names otherwise would fail at its first
+  // Score, after its SFT stage.
+  if (cluster_.reward_commands.has_value()) {
+    const std::vector<std::string>& allowed = *cluster_.reward_commands;
+    for (int i = 0; i < config.reward().verifiers_size(); ++i) {
+      const VerifierConfig& v = config.reward().verifiers(i);
+      if (v.name() != "command" || v.command().empty()) continue;
+      if (std::find(allowed.begin(), allowed.end(), ResolvePath(v.command(0))) == allowed.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "reward.verifiers[", i, "].command: '", v.command(0),
+            "' is not a program the cluster's reward servers may run (allowed: ",
+            allowed.empty() ? "none" : absl::StrJoin(allowed, ", "),
+            "); launch the cluster with --allowed_commands naming it, or use `coordinator run`"));
+      }
+    }
   }
   // The workers decode (and the reward servers read) text with the cluster's
   // tokenizer: an experiment tokenized otherwise would be scored on garbage.

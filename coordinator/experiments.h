@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -30,6 +31,11 @@ struct ClusterAddresses {
   std::string run_root = "runs";
   // Host of learner 0 as the rollout workers reach it (weight-sync store).
   std::string sync_store_host = "127.0.0.1";
+  // Programs the reward servers were started allowing as `command`
+  // verifiers (resolved paths). Set for a launched cluster: a submitted
+  // experiment naming another program is refused at Submit. Unset when the
+  // servers were started for the experiment itself (`coordinator run`).
+  std::optional<std::vector<std::string>> reward_commands;
 };
 
 // Safe for concurrent use.

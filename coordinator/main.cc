@@ -68,6 +68,10 @@ ABSL_FLAG(std::string, run_dir, "", "launch: run directory (default runs/<cluste
 ABSL_FLAG(std::vector<std::string>, write_roots, {},
           "launch/run: folders besides the run's own that the learners may write into (for a reward model's "
           "output elsewhere); comma-separated.");
+ABSL_FLAG(std::vector<std::string>, allowed_commands, {},
+          "launch/run: programs the reward servers may run as `command` verifiers (comma-separated paths); "
+          "`run` adds the experiment's own. A submitted experiment naming another program fails with "
+          "PERMISSION_DENIED.");
 ABSL_FLAG(std::string, bin_dir, "",
           "launch: folder with the role binaries (default: next to this binary).");
 ABSL_FLAG(bool, exit_after_health, false,
@@ -182,6 +186,30 @@ std::string LearnerWriteRoots(const std::string& run_dir, const ExperimentConfig
   return "--write_roots=" + absl::StrJoin(roots, ",");
 }
 
+// The reward servers' --allowed_commands: the programs of `cfg`'s command
+// verifiers (the experiment `run` starts; null for `launch`, whose
+// experiments arrive later) and --allowed_commands, resolved against this
+// working directory. Empty when there are none (the servers then run no
+// program a request names).
+// --allowed_commands, resolved against where the user typed the command.
+std::vector<std::string> AllowedCommandPrograms() {
+  std::vector<std::string> programs;
+  for (const std::string& p : absl::GetFlag(FLAGS_allowed_commands)) programs.push_back(ResolvePath(UserPath(p)));
+  return programs;
+}
+
+std::vector<std::string> RewardAllowedCommands(const ExperimentConfig* cfg) {
+  std::vector<std::string> programs;
+  if (cfg != nullptr) {
+    for (const VerifierConfig& v : cfg->reward().verifiers()) {
+      if (v.name() == "command" && !v.command().empty()) programs.push_back(ResolvePath(v.command(0)));
+    }
+  }
+  for (std::string& p : AllowedCommandPrograms()) programs.push_back(std::move(p));
+  if (programs.empty()) return {};
+  return {"--allowed_commands=" + absl::StrJoin(programs, ",")};
+}
+
 int Fail(const std::string& what, const absl::Status& s) {
   std::fprintf(stderr, "coordinator %s: %s\n", what.c_str(), s.ToString().c_str());
   return 1;
@@ -212,6 +240,11 @@ absl::StatusOr<ExperimentConfig> LoadExperiment(const std::string& path,
     return p.empty() ? p : std::filesystem::absolute(UserPath(p)).lexically_normal().string();
   };
   if (!cfg.model().path().empty()) cfg.mutable_model()->set_path(absolute(cfg.model().path()));
+  // A command verifier's program likewise: the reward server resolves it
+  // against its own working directory, and allows it by that name.
+  for (VerifierConfig& v : *cfg.mutable_reward()->mutable_verifiers()) {
+    if (v.name() == "command" && !v.command().empty()) v.set_command(0, absolute(v.command(0)));
+  }
   for (Stage& stage : *cfg.mutable_stages()) {
     RlStage* rl = stage.has_grpo() ? stage.mutable_grpo()->mutable_rl()
                                    : (stage.has_ppo() ? stage.mutable_ppo()->mutable_rl() : nullptr);
@@ -410,8 +443,10 @@ int Serve(Cluster* cluster, int port_override) {
   if (cluster != nullptr && options->auth_token.empty()) options->auth_token = cluster->token();
   std::unique_ptr<ExperimentManager> experiments;
   if (cluster != nullptr) {
-    experiments = std::make_unique<ExperimentManager>(
-        AddressesOf(*cluster, options->auth_token, cluster->options().run_dir + "/experiments"));
+    ClusterAddresses addresses =
+        AddressesOf(*cluster, options->auth_token, cluster->options().run_dir + "/experiments");
+    addresses.reward_commands = AllowedCommandPrograms();
+    experiments = std::make_unique<ExperimentManager>(std::move(addresses));
   }
   std::unique_ptr<MetricsHttpServer> metrics;
   if (experiments != nullptr && absl::GetFlag(FLAGS_metrics_port) >= 0) {
@@ -511,8 +546,10 @@ int LaunchSlurm(const ClusterConfig& config, const ClusterOptions& options) {
     server.Shutdown();
     return Fail("launch", slurm.status());
   }
-  ExperimentManager experiments(
-      AddressesOf(**slurm, server_options->auth_token, options.tokenizer, options.run_dir + "/experiments"));
+  ClusterAddresses addresses =
+      AddressesOf(**slurm, server_options->auth_token, options.tokenizer, options.run_dir + "/experiments");
+  addresses.reward_commands = AllowedCommandPrograms();
+  ExperimentManager experiments(std::move(addresses));
   service.SetExperiments(&experiments);
   WriteFileAtomically(options.run_dir + "/coordinator.address", server.address() + "\n").IgnoreError();
   std::printf("rlmesh: cluster up on slurm job %s (coordinator %s)\n", (*slurm)->job_id().c_str(),
@@ -624,6 +661,8 @@ int LaunchKubernetes(const ClusterConfig& config) {
   a.auth_token = server_options->auth_token;
   a.tokenizer = pod.tokenizer();
   a.run_root = pod.run_dir() + "/experiments";
+  // The manifests start the reward pods with no --allowed_commands.
+  a.reward_commands = std::vector<std::string>();
   // Learner 0 hosts the c10d store: the workers and the other learners
   // reach it at the stable DNS name it advertised (learner-0.learner...).
   a.sync_store_host = HostOf(a.learners[0]);
@@ -662,6 +701,7 @@ int Launch() {
   ClusterOptions options = ClusterOptionsFromConfig(config, bin_dir, UserPath(run_dir));
   options.role_args = RoleTlsArgs();
   options.learner_args.push_back(LearnerWriteRoots(options.run_dir, nullptr));
+  for (std::string& a : RewardAllowedCommands(nullptr)) options.reward_args.push_back(std::move(a));
   if (!options.auth_token_file.empty()) options.auth_token_file = UserPath(options.auth_token_file);
   if (!options.buffer_path.empty()) options.buffer_path = UserPath(options.buffer_path);
   if (config.launcher() == "slurm") return LaunchSlurm(config, options);
@@ -824,6 +864,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   const std::string rollout_device = !cfg->rollout().device().empty() ? cfg->rollout().device() : cfg->model().device();
   if (!rollout_device.empty()) co.rollout_args.push_back("--device=" + rollout_device);
   co.reward_args = {"--tokenizer=" + tokenizer};
+  for (std::string& a : RewardAllowedCommands(&*cfg)) co.reward_args.push_back(std::move(a));
   if (!cfg->reward().reward_model().empty()) {
     co.reward_args.push_back("--reward_model=" + UserPath(cfg->reward().reward_model()));
   }

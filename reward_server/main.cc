@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "actor/tokenizer.h"
@@ -31,6 +33,10 @@ ABSL_FLAG(int64_t, rm_cache_size, 65536, "Reward model: results kept in the LRU 
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = all hardware threads.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the reward model runs: cpu, cuda or cuda:<index> (of the devices CUDA_VISIBLE_DEVICES shows).");
+ABSL_FLAG(std::vector<std::string>, allowed_commands, {},
+          "Programs a Score request may run as a `command` verifier (comma-separated paths). The "
+          "--experiment's own command verifiers are always allowed; any other program a request names "
+          "is refused. Default none.");
 ABSL_FLAG(double, reward_model_weight, 0,
           "Weight of the reward model's score in the summed reward; 0 = the experiment's, else 1.");
 
@@ -48,6 +54,7 @@ int main(int argc, char** argv) {
   rlmesh::ScorerOptions scorer_options;
   scorer_options.verifier_timeout = absl::Seconds(absl::GetFlag(FLAGS_verifier_timeout_seconds));
   scorer_options.reward_model_timeout = absl::Seconds(absl::GetFlag(FLAGS_reward_model_timeout_seconds));
+  scorer_options.allowed_commands = absl::GetFlag(FLAGS_allowed_commands);
   std::string rm_dir = absl::GetFlag(FLAGS_reward_model);
   if (!absl::GetFlag(FLAGS_experiment).empty()) {
     rlmesh::ExperimentConfig experiment;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/path_root.h"
 #include "common/status_macros.h"
 
 namespace rlmesh {
@@ -41,14 +42,30 @@ absl::StatusOr<std::unique_ptr<RewardScorer>> RewardScorer::Create(ScorerOptions
     options.default_verifiers.push_back(numeric);
   }
   std::unique_ptr<RewardScorer> scorer(new RewardScorer(std::move(options), tokenizer));
+  for (const std::string& program : scorer->options_.allowed_commands) {
+    if (program.empty()) return absl::InvalidArgumentError("allowed_commands: an empty program name");
+    scorer->allowed_programs_.insert(ResolvePath(program));
+  }
+  for (const VerifierConfig& v : scorer->options_.default_verifiers) {
+    if (v.name() == "command" && !v.command().empty()) scorer->allowed_programs_.insert(ResolvePath(v.command(0)));
+  }
   google::protobuf::RepeatedPtrField<VerifierConfig> defaults(scorer->options_.default_verifiers.begin(),
                                                                scorer->options_.default_verifiers.end());
-  RLMESH_RETURN_IF_ERROR(scorer->Verifiers(defaults).status());
+  RLMESH_RETURN_IF_ERROR(scorer->Verifiers(defaults, /*from_request=*/false).status());
   return scorer;
 }
 
 absl::StatusOr<std::shared_ptr<const RewardScorer::VerifierSet>> RewardScorer::Verifiers(
-    const google::protobuf::RepeatedPtrField<VerifierConfig>& configs) {
+    const google::protobuf::RepeatedPtrField<VerifierConfig>& configs, bool from_request) {
+  for (int i = 0; from_request && i < configs.size(); ++i) {
+    if (configs[i].name() != "command" || configs[i].command().empty()) continue;
+    if (allowed_programs_.count(ResolvePath(configs[i].command(0))) == 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "verifiers[", i, "].command: '", configs[i].command(0),
+          "' is not a program this reward server may run; start it with --allowed_commands naming it (or, "
+          "for `coordinator launch`, give the coordinator --allowed_commands)"));
+    }
+  }
   std::string key;
   for (const auto& c : configs) key += c.SerializeAsString() + '\0';
   absl::MutexLock lock(&mu_);
@@ -75,11 +92,11 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, a
   }
   std::shared_ptr<const VerifierSet> set;
   if (request.verifiers_size() > 0) {
-    RLMESH_ASSIGN_OR_RETURN(set, Verifiers(request.verifiers()));
+    RLMESH_ASSIGN_OR_RETURN(set, Verifiers(request.verifiers(), /*from_request=*/true));
   } else {
     google::protobuf::RepeatedPtrField<VerifierConfig> defaults(options_.default_verifiers.begin(),
                                                                  options_.default_verifiers.end());
-    RLMESH_ASSIGN_OR_RETURN(set, Verifiers(defaults));
+    RLMESH_ASSIGN_OR_RETURN(set, Verifiers(defaults, /*from_request=*/false));
   }
   if (request.verifier_timeout_ms() < 0) return absl::InvalidArgumentError("verifier_timeout_ms: must be >= 0");
   const absl::Duration timeout = request.verifier_timeout_ms() > 0

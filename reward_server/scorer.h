@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,13 @@ struct ScorerOptions {
   // (the caller retries) rather than scoring it without the model.
   // Default 60 s.
   absl::Duration reward_model_timeout = absl::Seconds(60);
+  // Programs a request may name in a `command` verifier (its command[0]),
+  // compared after resolving symlinks and relative parts. The programs of
+  // default_verifiers are always allowed: whoever started the server chose
+  // them. Any other program a request names is refused with
+  // PERMISSION_DENIED, so a caller cannot make the server run a program of
+  // its choosing. Default empty (only the defaults' programs).
+  std::vector<std::string> allowed_commands;
 
   absl::Status Validate() const;
 };
@@ -64,11 +72,15 @@ class RewardScorer {
   };
   RewardScorer(ScorerOptions options, const actor::Tokenizer* tokenizer)
       : options_(std::move(options)), tokenizer_(tokenizer) {}
+  // `from_request`: the configs came in a Score request, so their
+  // `command` programs must be allowed ones.
   absl::StatusOr<std::shared_ptr<const VerifierSet>> Verifiers(
-      const google::protobuf::RepeatedPtrField<VerifierConfig>& configs);
+      const google::protobuf::RepeatedPtrField<VerifierConfig>& configs, bool from_request);
 
   const ScorerOptions options_;
   const actor::Tokenizer* const tokenizer_;
+  // Resolved programs requests may run: allowed_commands and the defaults'.
+  std::set<std::string> allowed_programs_;
   absl::Mutex mu_;
   // Compiled verifier sets by serialized config.
   std::map<std::string, std::shared_ptr<const VerifierSet>> cache_ ABSL_GUARDED_BY(mu_);

@@ -75,7 +75,9 @@ TEST_CASE("a verifier past its deadline is counted and does not stall the batch"
   std::ofstream(slow) << "#!/bin/sh\nexec sleep 30\n";
   ::chmod(slow.c_str(), 0755);
   actor::CharTokenizer tok;
-  auto scorer = RewardScorer::Create(ScorerOptions{}, &tok);
+  ScorerOptions options;
+  options.allowed_commands = {slow};
+  auto scorer = RewardScorer::Create(options, &tok);
   ScoreRequest req;
   for (int i = 0; i < 8; ++i) *req.add_items() = Item(tok, std::to_string(i), "3");
   *req.add_verifiers() = V("numeric_answer", 1.0);
@@ -91,6 +93,56 @@ TEST_CASE("a verifier past its deadline is counted and does not stall the batch"
   CHECK(resp->results(3).timed_out_size() == 1);
   CHECK(resp->results(3).timed_out(0) == "command");
   CHECK((*scorer)->GetStatus().verifier_timeouts() == 8);
+}
+
+TEST_CASE("a request may run only the programs the server allows or was started with") {
+  testing::TempDir dir;
+  auto script = [&](const std::string& name, const std::string& value) {
+    const std::string path = dir.File(name);
+    std::ofstream(path) << "#!/bin/sh\necho " << value << "\n";
+    ::chmod(path.c_str(), 0755);
+    return path;
+  };
+  const std::string listed = script("listed.sh", "0.5");
+  const std::string configured = script("configured.sh", "0.25");
+  const std::string stranger = script("stranger.sh", "1");
+  actor::CharTokenizer tok;
+  ScorerOptions options;
+  options.allowed_commands = {listed};
+  VerifierConfig own = V("command", 1.0);
+  own.add_command(configured);
+  options.default_verifiers = {own};
+  auto scorer = RewardScorer::Create(options, &tok);
+  REQUIRE(scorer.ok());
+  auto run = [&](const std::string& program) {
+    ScoreRequest req;
+    *req.add_items() = Item(tok, "1", "1");
+    *req.add_verifiers() = V("numeric_answer", 1.0);
+    VerifierConfig cmd = V("command", 1.0);
+    cmd.add_command(program);
+    *req.add_verifiers() = cmd;
+    req.set_verifier_timeout_ms(5000);
+    return (*scorer)->Score(req);
+  };
+  auto ok = run(listed);
+  REQUIRE(ok.ok());
+  CHECK(ok->results(0).reward() == 1.5);
+  auto own_program = run(configured);  // the server's own verifier's program
+  REQUIRE(own_program.ok());
+  CHECK(own_program->results(0).reward() == 1.25);
+  auto refused = run(stranger);
+  CHECK(refused.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(refused.status().message().find("verifiers[1].command: '" + stranger + "'") != absl::string_view::npos);
+  // The request's defaults path (no verifiers named) runs the server's own.
+  ScoreRequest defaults;
+  *defaults.add_items() = Item(tok, "1", "1");
+  auto d = (*scorer)->Score(defaults);
+  REQUIRE(d.ok());
+  CHECK(d->results(0).reward() == 0.25);
+  // An empty name in the list is refused when the server starts.
+  ScorerOptions empty;
+  empty.allowed_commands = {""};
+  CHECK(RewardScorer::Create(empty, &tok).status().message().find("allowed_commands") != absl::string_view::npos);
 }
 
 TEST_CASE("served over gRPC with auth, through the retrying client") {

@@ -4,11 +4,14 @@
 // a role killed with SIGKILL. Every child is killed whatever happens
 // (Subprocess's destructor).
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -228,30 +231,53 @@ TEST_CASE("coordinator --help lists every subcommand; unknown ones are refused")
   CHECK(ReadAll(dir.File("unknown")).find("unknown command 'frobnicate'") != std::string::npos);
 }
 
-TEST_CASE("coordinator launch starts the cluster, reports health, restarts a killed role, stops cleanly") {
-  TempDir dir;
-  std::ofstream(dir.File("cluster.yaml")) << "name: t\ncoordinator_port: 0\nrollout_workers: 2\n"
-                                             "reward_servers: 1\nlearners: 1\n";
-  const std::string bin_dir = Runfile("");
-  auto coord = Subprocess::Start({Runfile("coordinator/coordinator"), "launch",
-                                  "--cluster=" + dir.File("cluster.yaml"), "--run_dir=" + dir.File("run"),
-                                  "--bin_dir=" + bin_dir, "--port_file=" + dir.File("coord.port")},
-                                 dir.File("coordinator.log"));
+// `coordinator launch` of `yaml` in the background, with its RPC client.
+struct Launched {
+  Subprocess coordinator;
+  std::shared_ptr<RpcClient> client;
+  std::unique_ptr<Coordinator::Stub> stub;
+
+  // Every role the coordinator reports, by name.
+  std::map<std::string, RoleInfo> Roles() {
+    StatusResponse resp;
+    auto ctx = client->NewContext(absl::Seconds(10));
+    grpc::Status s = stub->GetStatus(ctx.get(), StatusRequest(), &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    std::map<std::string, RoleInfo> by_name;
+    for (const auto& r : resp.roles()) by_name[r.name()] = r;
+    return by_name;
+  }
+};
+
+Launched LaunchInBackground(const TempDir& dir, const std::string& yaml, const std::vector<std::string>& extra) {
+  std::ofstream(dir.File("cluster.yaml")) << yaml;
+  std::vector<std::string> argv = {Runfile("coordinator/coordinator"), "launch",
+                                   "--cluster=" + dir.File("cluster.yaml"), "--run_dir=" + dir.File("run"),
+                                   "--bin_dir=" + Runfile(""), "--port_file=" + dir.File("coord.port")};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto coord = Subprocess::Start(argv, dir.File("coordinator.log"));
   REQUIRE(coord.ok());
   auto port = ReadPortFile(dir.File("coord.port"), absl::Seconds(60));
   INFO("coordinator log:\n" << ReadAll(dir.File("coordinator.log")));
   REQUIRE(port.ok());
   auto client = RpcClient::Create("127.0.0.1:" + std::to_string(*port));
-  auto stub = Coordinator::NewStub(client->channel());
+  REQUIRE(client.ok());
+  std::shared_ptr<RpcClient> shared(new RpcClient(std::move(*client)));
+  auto stub = Coordinator::NewStub(shared->channel());
+  return {std::move(*coord), shared, std::move(stub)};
+}
 
-  auto roles = [&]() {
-    StatusResponse resp;
-    auto ctx = client->NewContext(absl::Seconds(10));
-    REQUIRE(stub->GetStatus(ctx.get(), StatusRequest(), &resp).ok());
-    std::map<std::string, RoleInfo> by_name;
-    for (const auto& r : resp.roles()) by_name[r.name()] = r;
-    return by_name;
-  };
+TEST_CASE("coordinator launch starts the cluster, reports health, restarts a killed role, stops cleanly") {
+  TempDir dir;
+  Launched launched = LaunchInBackground(dir,
+                                         "name: t\ncoordinator_port: 0\nrollout_workers: 2\n"
+                                         "reward_servers: 1\nlearners: 1\n",
+                                         {});
+  Subprocess* coord = &launched.coordinator;
+  auto& client = launched.client;
+  auto& stub = launched.stub;
+  auto roles = [&]() { return launched.Roles(); };
   auto before = roles();
   REQUIRE(before.size() == 5);
   for (const auto& name : {"replay_buffer", "reward-0", "rollout-0", "rollout-1", "learner-0"}) {
@@ -328,6 +354,79 @@ TEST_CASE("coordinator launch starts the cluster, reports health, restarts a kil
     INFO(name);
     CHECK(::kill(static_cast<pid_t>(info.pid()), 0) != 0);  // gone
   }
+}
+
+// A Score request can name a `command` verifier, which the reward server
+// runs as a program. Only the programs its operator listed may run; any
+// other, and the same refusal through a symlink elsewhere, is refused.
+TEST_CASE("the reward server runs only the command verifiers --allowed_commands lists") {
+  TempDir dir;
+  auto script = [&](const std::string& name, const std::string& body) {
+    const std::string path = dir.File(name);
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    ::chmod(path.c_str(), 0755);
+    return path;
+  };
+  const std::string allowed = script("judge.sh", "echo 0.75");
+  const std::string other = script("other.sh", "touch " + dir.File("other-ran") + "; echo 1");
+  REQUIRE(::symlink(other.c_str(), dir.File("judge-link.sh").c_str()) == 0);
+  Launched launched = LaunchInBackground(dir, "name: t\ncoordinator_port: 0\n", {"--allowed_commands=" + allowed});
+  auto roles = launched.Roles();
+  REQUIRE(roles.count("reward-0") == 1);
+  auto reward = RpcClient::Create(roles["reward-0"].address());
+  REQUIRE(reward.ok());
+  auto score = [&](const std::string& program, ScoreResponse* resp) {
+    ScoreRequest req;
+    ScoreItem* item = req.add_items();
+    item->set_completion_text("42");
+    item->set_reference_answer("42");
+    VerifierConfig* v = req.add_verifiers();
+    v->set_name("command");
+    v->add_command(program);
+    req.set_verifier_timeout_ms(5000);
+    auto ctx = reward->NewContext(absl::Seconds(20));
+    return RewardService::NewStub(reward->channel())->Score(ctx.get(), req, resp);
+  };
+  ScoreResponse resp;
+  grpc::Status s = score(allowed, &resp);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  CHECK(resp.results(0).reward() == 0.75);
+  for (const std::string& refused : {other, dir.File("judge-link.sh"), std::string("/bin/true")}) {
+    INFO(refused);
+    s = score(refused, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK(s.error_message().find("verifiers[0].command: '" + refused + "' is not a program") != std::string::npos);
+  }
+  CHECK(::access(dir.File("other-ran").c_str(), F_OK) != 0);  // never ran
+  // The same name reached another way (a "." in the path) is still the listed program.
+  const std::string dotted = dir.File("./judge.sh");
+  s = score(dotted, &resp);
+  INFO(s.error_message());
+  CHECK(s.ok());
+  // An experiment naming another program is refused when submitted, not at
+  // its first Score after SFT.
+  SubmitRequest req;
+  ExperimentConfig* e = req.mutable_experiment();
+  e->set_name("other-judge");
+  e->mutable_task()->set_kind("arithmetic");
+  e->add_stages()->mutable_sft()->set_steps(1);
+  e->mutable_stages(0)->mutable_sft()->set_batch(1);
+  e->mutable_stages(0)->mutable_sft()->mutable_optimizer()->set_lr(1e-3);
+  VerifierConfig* v = e->mutable_reward()->add_verifiers();
+  v->set_name("command");
+  v->add_command(other);
+  SubmitResponse submitted;
+  auto ctx = launched.client->NewContext(absl::Seconds(10));
+  s = launched.stub->Submit(ctx.get(), req, &submitted);
+  INFO(s.error_message());
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message().find("reward.verifiers[0].command: '" + other + "' is not a program the cluster's") !=
+        std::string::npos);
+  launched.coordinator.Signal(SIGTERM);
+  auto st = launched.coordinator.Wait(absl::Seconds(15));
+  REQUIRE(st.ok());
+  CHECK(DescribeWaitStatus(*st) == "exit 0");
 }
 
 TEST_CASE("coordinator launch --exit_after_health prints the table and exits 0") {
