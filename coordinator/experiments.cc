@@ -54,6 +54,7 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
         "logging.hang_dump_seconds: a launched cluster watches every experiment for hangs with its "
         "coordinator's --hang_dump_seconds (leave it unset, or use `coordinator run`)");
   }
+  if (cluster_.check_placement) RLMESH_RETURN_IF_ERROR(cluster_.check_placement(config));
   // The reward servers run only the command verifiers they were started
   // allowing: one the experiment names otherwise would fail at its first
   // Score, after its SFT stage.

@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -36,6 +37,10 @@ struct ClusterAddresses {
   // experiment naming another program is refused at Submit. Unset when the
   // servers were started for the experiment itself (`coordinator run`).
   std::optional<std::vector<std::string>> reward_commands;
+  // Whether the cluster's roles, as placed, can run an experiment (e.g. the
+  // shm weight-sync backend needs the learner and the workers on one host);
+  // called at Submit, an error refuses the experiment. Null = no check.
+  std::function<absl::Status(const ExperimentConfig&)> check_placement;
 };
 
 // Safe for concurrent use.

@@ -92,8 +92,24 @@ void HangWatch::Dump(const ExperimentStatus& e, const std::string& key) {
                       << e.step() << " for over " << absl::FormatDuration(options_.after)
                       << "; dumping every role's thread stacks to " << dir;
   std::vector<std::pair<std::string, int64_t>> targets = {{"coordinator", ::getpid()}};
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
   for (const RoleInfo& r : roles_()) {
-    if (r.pid() > 0) targets.emplace_back(r.name(), r.pid());
+    if (r.pid() <= 0) continue;
+    // A role that registered from another host (a Slurm step, a pod): its
+    // pid means nothing here, and gdb would attach to whatever has it.
+    if (!r.host().empty() && r.host() != host) {
+      const std::string out = absl::StrCat(dir, "/", Safe(r.name()), ".txt");
+      if (FILE* f = std::fopen(out.c_str(), "w")) {
+        std::fprintf(f, "%s runs on host %s (pid %lld), not on %s where the coordinator runs: not dumped. On %s: "
+                        "gdb -q -batch -p %lld -ex \"thread apply all bt\"\n",
+                     r.name().c_str(), r.host().c_str(), static_cast<long long>(r.pid()), host, r.host().c_str(),
+                     static_cast<long long>(r.pid()));
+        std::fclose(f);
+      }
+      continue;
+    }
+    targets.emplace_back(r.name(), r.pid());
   }
   const std::string gdb_path = OnPath(options_.gdb);
   for (const auto& [name, pid] : targets) {

@@ -1,5 +1,7 @@
 #include "coordinator/hang_watch.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -81,6 +83,43 @@ TEST_CASE("a step stuck in one phase dumps every process's stacks, once per stuc
   progress.Set("SUCCEEDED", 5, "done");
   absl::SleepFor(absl::Milliseconds(600));
   CHECK(watch.dumps().size() == 2);
+  sleeper->Stop(absl::Seconds(1));
+}
+
+// Roles that registered from other hosts (Slurm steps, pods): their pids
+// belong to those hosts. A local process given such a pid must not be
+// attached to; the dump says where the role runs instead.
+TEST_CASE("a role on another host is named with its host, not attached to") {
+  testing::TempDir dir;
+  auto sleeper = Subprocess::Start({"/bin/sleep", "120"});
+  REQUIRE(sleeper.ok());
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  Progress progress;
+  progress.Set("RUNNING", 7, "train");
+  HangWatchOptions o;
+  o.after = absl::Milliseconds(200);
+  o.poll = absl::Milliseconds(20);
+  o.dump_dir = dir.path();
+  HangWatch watch(o, [&] { return progress.Get(); }, [&] {
+    RoleInfo remote;
+    remote.set_name("rollout-1");
+    remote.set_host("node2-elsewhere");
+    remote.set_pid(sleeper->pid());  // a live local pid: attaching would dump the wrong process
+    RoleInfo here;
+    here.set_name("learner-0");
+    here.set_host(host);
+    here.set_pid(sleeper->pid());
+    return std::vector<RoleInfo>{remote, here};
+  });
+  REQUIRE(WaitFor([&] { return watch.dumps().size() == 1; }, absl::Seconds(90)));
+  const std::string d = watch.dumps()[0];
+  const std::string remote = Read(d + "/rollout-1.txt");
+  INFO(remote);
+  CHECK(remote.find("rollout-1 runs on host node2-elsewhere (pid " + std::to_string(sleeper->pid()) + ")") !=
+        std::string::npos);
+  CHECK(remote.find("#0") == std::string::npos);                // no backtrace
+  CHECK(Read(d + "/learner-0.txt").find("#0") != std::string::npos);  // this host's role is dumped
   sleeper->Stop(absl::Seconds(1));
 }
 

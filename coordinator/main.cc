@@ -318,6 +318,38 @@ absl::StatusOr<std::unique_ptr<DashboardServer>> StartDashboard(
   return dashboard;
 }
 
+// What a launched cluster's coordinator serves beside its RPCs: Prometheus
+// metrics (--metrics_port), the hang watch over the newest experiment
+// (--hang_dump_seconds, dumps under <run_dir>/hangs) and the dashboard
+// (--dashboard_port). Members stop in reverse order (the dashboard before
+// its source); all must go before `experiments` and `roles`' owner.
+struct ClusterServices {
+  std::unique_ptr<MetricsHttpServer> metrics;
+  std::unique_ptr<HangWatch> hang_watch;
+  std::unique_ptr<ClusterDashboardSource> dashboard_source;
+  std::unique_ptr<DashboardServer> dashboard;
+};
+
+absl::Status StartClusterServices(ExperimentManager* experiments, std::function<std::vector<RoleInfo>()> roles,
+                                  const ClusterAddresses& addresses, const ServerOptions& server,
+                                  const std::string& run_dir, ClusterServices* out) {
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    RLMESH_ASSIGN_OR_RETURN(out->metrics, MetricsHttpServer::Start(server.bind_address, absl::GetFlag(FLAGS_metrics_port),
+                                                                  [experiments] { return experiments->List(); }));
+    std::printf("rlmesh: metrics on http://%s:%d/metrics\n", server.bind_address.c_str(), out->metrics->port());
+  }
+  out->hang_watch = StartHangWatch(absl::GetFlag(FLAGS_hang_dump_seconds), run_dir + "/hangs",
+                                   [experiments]() -> std::optional<ExperimentStatus> {
+                                     auto s = experiments->Newest();
+                                     if (!s.ok()) return std::nullopt;
+                                     return *s;
+                                   },
+                                   roles);
+  RLMESH_ASSIGN_OR_RETURN(out->dashboard, StartDashboard([experiments] { return experiments->List(); }, roles,
+                                                         addresses, server, &out->dashboard_source));
+  return absl::OkStatus();
+}
+
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
   return colon == std::string::npos ? address : address.substr(0, colon);
@@ -448,29 +480,12 @@ int Serve(Cluster* cluster, int port_override) {
     addresses.reward_commands = AllowedCommandPrograms();
     experiments = std::make_unique<ExperimentManager>(std::move(addresses));
   }
-  std::unique_ptr<MetricsHttpServer> metrics;
-  if (experiments != nullptr && absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto m = MetricsHttpServer::Start(options->bind_address, absl::GetFlag(FLAGS_metrics_port),
-                                      [e = experiments.get()] { return e->List(); });
-    if (!m.ok()) return Fail("serve", m.status());
-    metrics = std::move(*m);
-    std::printf("rlmesh: metrics on http://%s:%d/metrics\n", options->bind_address.c_str(), metrics->port());
-  }
-  std::unique_ptr<ClusterDashboardSource> dashboard_source;
-  std::unique_ptr<DashboardServer> dashboard;
-  std::unique_ptr<HangWatch> hang_watch;
+  ClusterServices services;
   if (experiments != nullptr) {
-    hang_watch = StartHangWatch(absl::GetFlag(FLAGS_hang_dump_seconds), cluster->options().run_dir + "/hangs",
-                                [e = experiments.get()]() -> std::optional<ExperimentStatus> {
-                                  auto s = e->Newest();
-                                  if (!s.ok()) return std::nullopt;
-                                  return *s;
-                                },
-                                [cluster] { return cluster->Roles(); });
-    auto d = StartDashboard([e = experiments.get()] { return e->List(); }, [cluster] { return cluster->Roles(); },
-                            AddressesOf(*cluster, options->auth_token, ""), *options, &dashboard_source);
-    if (!d.ok()) return Fail("serve", d.status());
-    dashboard = std::move(*d);
+    absl::Status s = StartClusterServices(experiments.get(), [cluster] { return cluster->Roles(); },
+                                          AddressesOf(*cluster, options->auth_token, ""), *options,
+                                          cluster->options().run_dir, &services);
+    if (!s.ok()) return Fail("serve", s);
   }
   RpcServer server(*options);
   CoordinatorServiceImpl service(&server.auth(), cluster, experiments.get());
@@ -549,7 +564,19 @@ int LaunchSlurm(const ClusterConfig& config, const ClusterOptions& options) {
   ClusterAddresses addresses =
       AddressesOf(**slurm, server_options->auth_token, options.tokenizer, options.run_dir + "/experiments");
   addresses.reward_commands = AllowedCommandPrograms();
-  ExperimentManager experiments(std::move(addresses));
+  addresses.check_placement = [&registry](const ExperimentConfig& c) {
+    return CheckWeightSyncPlacement(c.weight_sync().backend(), registry.Roles());
+  };
+  ExperimentManager experiments(addresses);
+  ClusterServices services;
+  absl::Status serving = StartClusterServices(&experiments, [&registry] { return registry.Roles(); }, addresses,
+                                              *server_options, options.run_dir, &services);
+  if (!serving.ok()) {
+    experiments.Shutdown();
+    server.Shutdown();
+    (*slurm)->Stop();
+    return Fail("launch", serving);
+  }
   service.SetExperiments(&experiments);
   WriteFileAtomically(options.run_dir + "/coordinator.address", server.address() + "\n").IgnoreError();
   std::printf("rlmesh: cluster up on slurm job %s (coordinator %s)\n", (*slurm)->job_id().c_str(),
@@ -669,7 +696,19 @@ int LaunchKubernetes(const ClusterConfig& config) {
   std::error_code ec;
   std::filesystem::create_directories(a.run_root, ec);
   if (ec) RLMESH_LOG(WARNING) << "cannot create " << a.run_root << ": " << ec.message();
+  a.check_placement = [&registry](const ExperimentConfig& c) {
+    return CheckWeightSyncPlacement(c.weight_sync().backend(), registry.Roles());
+  };
   ExperimentManager experiments(a);
+  ClusterServices services;
+  absl::Status serving =
+      StartClusterServices(&experiments, [&registry] { return registry.Roles(); }, a, *server_options, pod.run_dir(),
+                           &services);
+  if (!serving.ok()) {
+    experiments.Shutdown();
+    server.Shutdown();
+    return Fail("launch", serving);
+  }
   service.SetExperiments(&experiments);
   WriteFileAtomically(pod.run_dir() + "/coordinator.address", server.address() + "\n").IgnoreError();
   std::printf("rlmesh: cluster up on kubernetes (coordinator %s)\n", server.address().c_str());
@@ -785,6 +824,12 @@ int Submit(const std::vector<std::string>& args, const std::vector<std::string>&
 
 int Run(const std::vector<std::string>& args, const std::vector<std::string>& sets) {
   const std::string resume = UserPath(absl::GetFlag(FLAGS_resume));
+  // --dry-run prints what would be submitted to Slurm and touches nothing.
+  const bool dry_run = absl::GetFlag(FLAGS_dry_run);
+  if (dry_run && absl::GetFlag(FLAGS_cluster).empty()) {
+    return Fail("run", absl::InvalidArgumentError("--dry-run: prints the Slurm batch script of a run with --cluster "
+                                                  "(launcher: slurm); a local run has none"));
+  }
   absl::StatusOr<ExperimentConfig> cfg;
   std::string id, run_dir;
   if (!resume.empty()) {
@@ -810,6 +855,8 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     std::string run_root = absl::GetFlag(FLAGS_run_dir);
     if (run_root.empty()) run_root = cfg->run_dir();
     run_dir = UserPath(absl::StrCat(run_root, "/", id));
+  }
+  if (resume.empty() && !dry_run) {
     std::error_code ec;
     std::filesystem::create_directories(run_dir, ec);
     // Keep the exact experiment (overrides applied) for --resume.
@@ -882,7 +929,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     }
     co.environment_servers = 1;
   }
-  const bool profile = absl::GetFlag(FLAGS_profile);
+  const bool profile = absl::GetFlag(FLAGS_profile) && !dry_run;
   if (profile) {
     co.trace_dir = run_dir + "/profile";
     std::error_code ec;
@@ -890,13 +937,15 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     if (ec) return Fail("run", absl::PermissionDeniedError(absl::StrCat("cannot create ", co.trace_dir)));
     EnableTracing(co.trace_dir + "/coordinator.json", "coordinator");
   }
-  std::printf("rlmesh: starting %d rollout worker(s), %d reward server(s), %d learner(s), replay buffer; run dir %s\n",
-              co.rollout_workers, co.reward_servers, co.learners, run_dir.c_str());
-  std::fflush(stdout);
+  if (!dry_run) {
+    std::printf("rlmesh: starting %d rollout worker(s), %d reward server(s), %d learner(s), replay buffer; run dir %s\n",
+                co.rollout_workers, co.reward_servers, co.learners, run_dir.c_str());
+    std::fflush(stdout);
+  }
   auto server_options = ServerOptionsFromFlags("coordinator");
   if (!server_options.ok()) return Fail("run", server_options.status());
   const std::string job_name = "rlmesh-" + id;
-  if (on_slurm && absl::GetFlag(FLAGS_dry_run)) {
+  if (dry_run) {
     return PrintDryRun(SlurmOptionsFor(co, slurm_config, job_name,
                                        absl::StrCat(server_options->bind_address, ":",
                                                     server_options->port > 0 ? std::to_string(server_options->port)

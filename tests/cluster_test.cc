@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <sys/wait.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -487,6 +488,36 @@ TEST_CASE("GPU lists that put two processes on one GPU are refused by name") {
     CHECK(r.status != 0);
     CHECK(r.out.find(c.message) != std::string::npos);
   }
+}
+
+TEST_CASE("coordinator run --dry-run prints the Slurm job and writes nothing; a local run has none") {
+  TempDir dir;
+  std::ofstream(dir.File("slurm.yaml")) << "name: s\nlauncher: slurm\nrollout_workers: 1\nslurm: {nodes: 2, "
+                                           "learner_nodes: [0], rollout_worker_nodes: [1], coordinator_address: "
+                                           "\"10.0.0.1\"}\n";
+  std::ofstream(dir.File("exp.yaml")) << "name: dry\ntask: {kind: arithmetic}\n"
+                                         "stages:\n  - sft: {steps: 1, batch: 1, optimizer: {lr: 1.0e-3}}\n";
+  auto run = [&](const std::vector<std::string>& extra, const std::string& out) {
+    std::vector<std::string> argv = {Runfile("coordinator/coordinator"), "run", dir.File("exp.yaml"),
+                                     "--run_dir=" + dir.File("runs"), "--bin_dir=" + Runfile(""), "--dry-run"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = Subprocess::Start(argv, dir.File(out));
+    REQUIRE(p.ok());
+    auto st = p->Wait(absl::Seconds(30));
+    REQUIRE(st.ok());
+    return *st;
+  };
+  CHECK(run({"--cluster=" + dir.File("slurm.yaml"), "--profile"}, "slurm.out") == 0);
+  const std::string script = ReadAll(dir.File("slurm.out"));
+  INFO(script);
+  CHECK(script.find("#SBATCH --nodes=2") != std::string::npos);
+  CHECK(script.find("--job-name=learner-0") != std::string::npos);
+  CHECK(script.find("--coordinator=10.0.0.1:") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir.File("runs")));  // no run folder, no profile folder
+  CHECK(run({}, "local.out") != 0);
+  CHECK(ReadAll(dir.File("local.out")).find("--dry-run: prints the Slurm batch script of a run with --cluster") !=
+        std::string::npos);
+  CHECK(!std::filesystem::exists(dir.File("runs")));
 }
 
 TEST_CASE("a bad cluster config names the key and line") {

@@ -9,6 +9,8 @@
 # hosts; weights go over Gloo (GLOO_SOCKET_IFNAME=eth0). Mid-GRPO the
 # test scancels rollout-1's step; the coordinator must start a new step and
 # the run must finish and learn as the local run does (tests/e2e_test.cc).
+# Then `coordinator launch` brings the mesh up on the same nodes: its
+# dashboard, and the shm placement check at submit.
 #
 # Needs root and slurm-wlm + munge (scripts/setup.sh). Without them this test
 # FAILS; RLMESH_SLURM_TEST=skip in the environment turns that into an
@@ -157,4 +159,72 @@ for name, ok in checks.items():
     print("slurm_e2e_test:", "ok  " if ok else "FAIL", name)
 sys.exit(0 if all(checks.values()) else 1)
 PY
+# `coordinator launch` on the same Slurm cluster: a long-lived mesh that
+# takes experiments. Its dashboard lists the roles with the hosts they
+# registered from, and an experiment whose shm weight sync cannot reach the
+# workers on node2 is refused at submit, naming both roles. SIGTERM cancels
+# the job.
+cat > "$WORK/launch.yaml" <<YAML
+name: slurm-launch
+launcher: slurm
+rollout_workers: 2
+slurm:
+  nodes: 2
+  replay_buffer_nodes: [0]
+  reward_server_nodes: [0]
+  learner_nodes: [0]
+  rollout_worker_nodes: [1]
+  coordinator_address: "10.77.0.1"
+  network_interface: eth0
+  start_timeout_seconds: 120
+YAML
+LOUT="$WORK/launch.out"
+launch_s=$SECONDS
+ip netns exec rlm-ctl env SLURM_CONF="$SLURM_CONF" "$COORD" launch --cluster="$WORK/launch.yaml" \
+  --bin_dir="$RUNFILES" --run_dir="$WORK/launched" --bind=10.77.0.1 --port_file="$WORK/launch.port" \
+  --dashboard_port=0 > "$LOUT" 2>&1 &
+coord_pid=$!
+deadline=$((SECONDS + 180))
+until grep -q "cluster up on slurm job" "$LOUT"; do
+  kill -0 "$coord_pid" 2>/dev/null || fail "coordinator launch exited; tail of $LOUT:
+$(tail -n 30 "$LOUT")"
+  [ $SECONDS -lt $deadline ] || fail "launch not up in 180 s; tail of $LOUT:
+$(tail -n 30 "$LOUT")"
+  sleep 1
+done
+log "launched cluster up in $((SECONDS - launch_s)) s"
+dash=$(grep -o "dashboard on http://[^ ]*" "$LOUT" | head -n1 | sed 's/dashboard on //')
+[ -n "$dash" ] || fail "launch on Slurm serves no dashboard; $LOUT:
+$(cat "$LOUT")"
+ip netns exec rlm-ctl python3 - "$dash" <<'PY' || fail "the dashboard's roles are not the Slurm steps (see above)"
+import json, sys, urllib.request
+roles = json.load(urllib.request.urlopen(sys.argv[1].rstrip("/") + "/api/roles", timeout=10))
+where = {r["name"]: r.get("host", "") for r in roles}
+print("slurm_e2e_test: dashboard roles", where)
+sys.exit(0 if where.get("rollout-1") == "node2" and where.get("learner-0") == "node1" else 1)
+PY
+cat > "$WORK/shm.yaml" <<YAML
+name: shm-across-hosts
+task: {kind: arithmetic}
+rollout: {workers: 2}
+weight_sync: {backend: shm}
+stages:
+  - sft: {steps: 1, batch: 1, optimizer: {lr: 1.0e-3}}
+YAML
+ip netns exec rlm-ctl "$COORD" submit "$WORK/shm.yaml" --address="10.77.0.1:$(cat "$WORK/launch.port")" \
+  > "$WORK/submit.out" 2>&1 && fail "an shm experiment across hosts was accepted: $(cat "$WORK/submit.out")"
+grep -q "weight_sync.backend: shm needs the publisher and its receivers on one host, but learner-0 is on node1" \
+  "$WORK/submit.out" || fail "the shm refusal does not name the roles: $(cat "$WORK/submit.out")"
+job=$(grep -o "cluster up on slurm job [0-9]*" "$LOUT" | awk '{print $NF}')
+kill -TERM "$coord_pid"
+wait "$coord_pid"
+rc=$?
+coord_pid=""
+[ $rc = 0 ] || fail "coordinator launch exited $rc after SIGTERM; tail of $LOUT:
+$(tail -n 20 "$LOUT")"
+grep -q "slurm job $job cancelled" "$LOUT" || fail "SIGTERM did not cancel job $job"
+[ -z "$(ip netns exec rlm-ctl squeue -h -j "$job" 2>/dev/null)" ] || sleep 3
+[ -z "$(ip netns exec rlm-ctl squeue -h -j "$job" -t PD,R 2>/dev/null)" ] || fail "job $job still queued or running"
+log "launch phase ok in $((SECONDS - launch_s)) s"
+
 log "PASS in $((SECONDS - start_s)) s"
