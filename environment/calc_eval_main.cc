@@ -10,15 +10,14 @@
 #include <cstdio>
 #include <string>
 
+#include "common/sanitizers.h"
 #include "environment/expression.h"
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if RLMESH_ASAN
 // In sanitizer builds (the fuzz and asan configs): LeakSanitizer's check at
 // exit starts a tracer with clone(), which the sandbox's seccomp filter
 // refuses, and the failed check would turn every answer into exit 1.
 extern "C" const char* __asan_default_options() { return "detect_leaks=0"; }
-#endif
 #endif
 
 int main() {

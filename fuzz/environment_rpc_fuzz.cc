@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc_client.h"
+#include "common/sanitizers.h"
 #include "environment/episode_table.h"
 #include "environment/service.h"
 #include "fuzz/rpc_fuzz.h"
@@ -43,12 +44,10 @@ rlmesh::environment::EpisodeTable& Table() {
       std::abort();
     }
     o.sandbox.wall_timeout = absl::Seconds(2);
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if RLMESH_ASAN
     // calc_eval is built with ASan too here, and ASan reserves terabytes of
     // address space: the default limit would stop it before main.
     o.sandbox.address_space_bytes = std::numeric_limits<int64_t>::max();
-#endif
 #endif
     rlmesh::environment::EpisodeTableOptions t;
     t.max_episodes = 4096;
