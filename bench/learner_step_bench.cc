@@ -19,7 +19,9 @@
 // seconds_forward_backward / seconds_optimizer.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -43,6 +45,12 @@ ABSL_FLAG(int, logprob_chunk, 64, "TrainerOptions.logprob_chunk (time steps per 
 ABSL_FLAG(bool, recompute_old_logprobs, false,
           "TrainerOptions.recompute_old_logprobs: run the no-grad old log-prob pass even on one epoch, one mini-batch.");
 ABSL_FLAG(double, lr, 1e-5, "AdamW learning rate.");
+ABSL_FLAG(double, long_tail_mean, 0,
+          "> 0: sample r's response has min(response_len, 1 + floor(-mean * ln u_r)) tokens (u_r a fixed "
+          "hash of r in (0, 1)): long-tailed lengths like a random policy's; 0: every response has "
+          "response_len tokens.");
+ABSL_FLAG(std::string, pack_rl, "auto", "TrainerOptions.pack_rl: auto, off or on.");
+ABSL_FLAG(int64_t, micro_batch_tokens, 8192, "learner.micro_batch_tokens.");
 ABSL_FLAG(bool, grad_norms, false,
           "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
           "parameter gradients, for comparing against the eager side.");
@@ -55,13 +63,19 @@ namespace {
 // token (1 + 37 r + 101 t + (t^2 mod 17)) mod V; behaviour log-prob of
 // response token j is -7.6 - 0.01 (j mod 5); the last 4 response tokens of
 // odd samples are masked out; reward i mod 3 (variance in every group).
-GroupList SyntheticGroups(int groups, int group_size, int prompt_len, int response_len, int vocab) {
+GroupList SyntheticGroups(int groups, int group_size, int prompt_len, int max_response_len, int vocab,
+                          double long_tail_mean) {
   GroupList out;
   for (int g = 0; g < groups; ++g) {
     TrajectoryGroup* grp = out.add_groups();
     grp->set_group_id("g" + std::to_string(g));
     for (int i = 0; i < group_size; ++i) {
       const int r = g * group_size + i;
+      int response_len = max_response_len;
+      if (long_tail_mean > 0) {
+        const double u = (static_cast<double>((static_cast<uint64_t>(r) * 2654435761u) % 1000003) + 0.5) / 1000003.0;
+        response_len = std::min(max_response_len, 1 + static_cast<int>(std::floor(-long_tail_mean * std::log(u))));
+      }
       Trajectory* t = grp->add_samples();
       for (int pos = 0; pos < prompt_len + response_len; ++pos) {
         const int id = (1 + 37 * r + 101 * pos + (pos * pos) % 17) % vocab;
@@ -111,6 +125,16 @@ int Run() {
   learner::TrainerOptions opts;
   opts.logprob_chunk = absl::GetFlag(FLAGS_logprob_chunk);
   opts.recompute_old_logprobs = absl::GetFlag(FLAGS_recompute_old_logprobs);
+  const std::string pack = absl::GetFlag(FLAGS_pack_rl);
+  if (pack == "off") {
+    opts.pack_rl = learner::TrainerOptions::RlPacking::kOff;
+  } else if (pack == "on") {
+    opts.pack_rl = learner::TrainerOptions::RlPacking::kOn;
+  } else if (pack != "auto") {
+    std::fprintf(stderr, "--pack_rl: auto, off or on, not '%s'\n", pack.c_str());
+    return 2;
+  }
+  e.mutable_learner()->set_micro_batch_tokens(absl::GetFlag(FLAGS_micro_batch_tokens));
   learner::Trainer trainer(opts);
   auto cfg = trainer.Configure(req);
   if (!cfg.ok()) {
@@ -124,7 +148,8 @@ int Run() {
   TrainStepRequest step;
   *step.mutable_groups() =
       SyntheticGroups(absl::GetFlag(FLAGS_groups), absl::GetFlag(FLAGS_group_size),
-                      absl::GetFlag(FLAGS_prompt_len), absl::GetFlag(FLAGS_response_len), vocab);
+                      absl::GetFlag(FLAGS_prompt_len), absl::GetFlag(FLAGS_response_len), vocab,
+                      absl::GetFlag(FLAGS_long_tail_mean));
   for (int s = 0; s < warmup + steps; ++s) {
     step.set_step(trainer.step());
     const double t0 = Now();
@@ -138,9 +163,10 @@ int Run() {
     const auto& m = r->metrics().values();
     std::printf(
         "{\"seconds\": %.6f, \"tokens\": %.0f, \"seconds_forward_backward\": %.6f, \"seconds_optimizer\": %.6f, "
-        "\"loss\": %.6g, \"grad_norm\": %.6g, \"threads\": %d, \"interop_threads\": %d}\n",
+        "\"loss\": %.6g, \"grad_norm\": %.6g, \"pad_frac\": %.4f, \"packed_frac\": %.4f, \"threads\": %d, "
+        "\"interop_threads\": %d}\n",
         secs, m.at("tokens"), m.at("seconds_forward_backward"), m.at("seconds_optimizer"), m.at("loss"),
-        m.at("grad_norm"), static_cast<int>(at::get_num_threads()), static_cast<int>(at::get_num_interop_threads()));
+        m.at("grad_norm"), m.at("pad_frac"), m.at("packed_frac"), static_cast<int>(at::get_num_threads()), static_cast<int>(at::get_num_interop_threads()));
     if (absl::GetFlag(FLAGS_grad_norms)) {
       // DataParallel clips a packed copy; the parameters' .grad() keep the raw gradient.
       std::string line = "{\"grad_norms\": {";

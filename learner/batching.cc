@@ -106,6 +106,48 @@ Batch MakeRowsBatch(const std::vector<std::vector<const Seq*>>& rows, std::vecto
   return b;
 }
 
+PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, int64_t row_len) {
+  std::vector<int64_t> order;
+  for (int64_t i = begin; i < end; ++i) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return seqs[x].ids.size() > seqs[y].ids.size(); });
+  std::vector<std::vector<const Seq*>> rows;
+  std::vector<int64_t> used;
+  // Where each sequence went: row and offset.
+  std::vector<std::pair<int64_t, int64_t>> place(end - begin);
+  for (int64_t i : order) {
+    const int64_t L = seqs[i].ids.size();
+    size_t r = 0;
+    while (r < rows.size() && used[r] + L > row_len) ++r;
+    if (r == rows.size()) {
+      rows.emplace_back();
+      used.push_back(0);
+    }
+    place[i - begin] = {static_cast<int64_t>(r), used[r]};
+    rows[r].push_back(&seqs[i]);
+    used[r] += L;
+  }
+  PackedRows p;
+  std::vector<int64_t> row_lengths;
+  p.batch = MakeRowsBatch(rows, &row_lengths);
+  p.seqs = end - begin;
+  p.row_len = row_len;
+  const int64_t W = p.batch.input_ids.size(1), zero_slot = static_cast<int64_t>(rows.size()) * W;
+  p.gather = at::full({p.seqs * row_len}, zero_slot, at::kLong);
+  auto g = p.gather.accessor<int64_t, 1>();
+  for (int64_t i = 0; i < p.seqs; ++i) {
+    const auto [r, offset] = place[i];
+    const int64_t L = seqs[begin + i].ids.size();
+    for (int64_t t = 0; t < L; ++t) g[i * row_len + t] = r * W + offset + t;
+  }
+  return p;
+}
+
+at::Tensor PackedRows::Unpack(const at::Tensor& packed) const {
+  const at::Tensor flat = at::cat({packed.reshape({-1}), at::zeros({1}, packed.options())});
+  return flat.index_select(0, gather.to(packed.device())).view({seqs, row_len});
+}
+
 Batch MakeBatch(const std::vector<Seq>& seqs, bool with_behaviour) {
   int64_t T = 1;
   for (const Seq& s : seqs) T = std::max<int64_t>(T, s.ids.size());

@@ -52,6 +52,23 @@ Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector
 // MakePackedBatch lays them out. `row_lengths` gets each row's length.
 Batch MakeRowsBatch(const std::vector<std::vector<const Seq*>>& rows, std::vector<int64_t>* row_lengths);
 
+// RL packing of one micro-batch: sequences [begin, end) of `seqs`, longest
+// first, first-fit into rows of at most `row_len` tokens (REQUIRES: row_len
+// >= each of their lengths), each its own segment as MakeRowsBatch lays
+// them out. Unpack maps a per-token output of the packed rows ([R, W]) to
+// the padded layout MakeBatch gives those sequences ([end - begin, row_len],
+// zeros past each sequence's end) with one index_select, so gradients flow
+// back through it.
+struct PackedRows {
+  Batch batch;
+  int64_t seqs = 0, row_len = 0;
+  // [seqs * row_len]: flat index into the packed output with a zero slot
+  // appended (R * W = padding).
+  at::Tensor gather;
+  at::Tensor Unpack(const at::Tensor& packed) const;
+};
+PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, int64_t row_len);
+
 // One row per sequence, padded to the longest; `with_behaviour` fills
 // Batch::behaviour from Seq::behaviour.
 Batch MakeBatch(const std::vector<Seq>& seqs, bool with_behaviour);

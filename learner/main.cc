@@ -19,6 +19,9 @@ ABSL_FLAG(std::vector<std::string>, write_roots, {},
           "coordinator passes the run's folder.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where this shard trains when the experiment's model.device is empty: cpu, cuda or cuda:<index>.");
+ABSL_FLAG(std::string, pack_rl, "auto",
+          "RL steps' micro-batch layout: auto (packed when that removes a quarter of the padded slots), "
+          "on (always packed) or off (one padded row per sequence). The same step up to summation order.");
 
 int main(int argc, char** argv) {
   rlmesh::InitServerProcess(argc, argv, "learner", "learner --port=0 --port_file=PATH [--threads=N]");
@@ -40,6 +43,15 @@ int main(int argc, char** argv) {
   rlmesh::learner::TrainerOptions trainer_options;
   trainer_options.device = absl::GetFlag(FLAGS_device);
   trainer_options.write_roots = absl::GetFlag(FLAGS_write_roots);
+  const std::string pack = absl::GetFlag(FLAGS_pack_rl);
+  if (pack == "on") {
+    trainer_options.pack_rl = rlmesh::learner::TrainerOptions::RlPacking::kOn;
+  } else if (pack == "off") {
+    trainer_options.pack_rl = rlmesh::learner::TrainerOptions::RlPacking::kOff;
+  } else if (pack != "auto") {
+    std::fprintf(stderr, "learner: --pack_rl: auto, on or off, not '%s'\n", pack.c_str());
+    return 2;
+  }
   absl::Status valid = trainer_options.Validate();
   if (!valid.ok()) {
     std::fprintf(stderr, "learner: --%s\n", std::string(valid.message()).c_str());

@@ -228,6 +228,38 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     const int64_t T_all = b.input_ids.size(1);
     m["tokens"] = static_cast<double>(b.tokens);
 
+    // Packed micro-batches (TrainerOptions.pack_rl), built once per [a, e)
+    // and used by every policy-side forward of it; null = rows.
+    std::map<std::pair<int64_t, int64_t>, std::optional<PackedRows>> packed;
+    auto packing = [&](int64_t a, int64_t e, int64_t T) -> const PackedRows* {
+      if (moe || options_.pack_rl == TrainerOptions::RlPacking::kOff) return nullptr;
+      auto [it, fresh] = packed.try_emplace({a, e});
+      if (fresh) {
+        PackedRows p = PackSeqs(seqs, a, e, T);
+        const int64_t packed_slots = p.batch.input_ids.numel(), row_slots = (e - a) * T;
+        if (options_.pack_rl == TrainerOptions::RlPacking::kOn || packed_slots * 4 <= row_slots * 3) {
+          it->second = std::move(p);
+        }
+      }
+      return it->second ? &*it->second : nullptr;
+    };
+    // Per-token log-probs (and entropies) of micro-batch [a, e) under
+    // `model`, as [e - a, T] rows whatever the layout.
+    auto micro_logprobs = [&](actor::Transformer& model, int64_t a, int64_t e,
+                              int64_t T) -> absl::StatusOr<actor::TokenLogProbsOutput> {
+      const PackedRows* p = packing(a, e, T);
+      if (p == nullptr) {
+        return s.models.LogProbs(model, Rows(b.input_ids, a, e, T), Rows(b.positions, a, e, T),
+                                 Rows(b.targets, a, e, T), options_.logprob_chunk, s.opt.learner.temperature);
+      }
+      RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(model, p->batch.input_ids, p->batch.positions,
+                                                         p->batch.targets, options_.logprob_chunk,
+                                                         s.opt.learner.temperature, p->batch.segments));
+      lp.logprobs = p->Unpack(lp.logprobs);
+      if (lp.entropy.defined()) lp.entropy = p->Unpack(lp.entropy);
+      return lp;
+    };
+
     // Partition: mini-batches of rows, micro-batches inside them. The same
     // micro-batches serve the no-grad pass and the first training pass, so
     // on-policy ratios are exactly 1.
@@ -242,11 +274,20 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     // Padding: the share of the micro-batches' [rows, T] slots that are not
     // tokens of a row.
     double slots = 0, real = 0;
+    int64_t packed_micro = 0, micro_count = 0;
     for (const auto& micro : minis) {
-      for (auto [a, e] : micro) slots += static_cast<double>(e - a) * longest(a, e);
+      for (auto [a, e] : micro) {
+        const PackedRows* p = packing(a, e, longest(a, e));
+        slots += p != nullptr ? static_cast<double>(p->batch.input_ids.numel())
+                              : static_cast<double>(e - a) * longest(a, e);
+        packed_micro += p != nullptr ? 1 : 0;
+        ++micro_count;
+      }
     }
     for (int64_t l : lengths) real += l;
     m["pad_frac"] = slots > 0 ? 1.0 - real / slots : 0.0;
+    // Share of micro-batches whose policy forward ran packed.
+    m["packed_frac"] = micro_count ? static_cast<double>(packed_micro) / micro_count : 0.0;
 
     // Old log-probs (and reference log-probs, old values) without grad.
     // When every micro-batch is trained exactly once before the one update
@@ -274,13 +315,11 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       for (const auto& micro : minis) {
         for (auto [a, e] : micro) {
           const int64_t T = longest(a, e);
-          auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
-               tg = Rows(b.targets, a, e, T);
+          auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T);
           if (!reuse_forward) {
             std::optional<MoeForward> routing;
             start_routing(&routing, a, e, T);
-            RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg,
-                                                                  options_.logprob_chunk, s.opt.learner.temperature));
+            RLMESH_ASSIGN_OR_RETURN(auto lp, micro_logprobs(s.models.policy, a, e, T));
             if (routing) {
               auto [differs, replayed] = routing->Mismatch();
               replay_differs += differs;
@@ -290,13 +329,11 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
             Rows(old_logp, a, e, T).copy_(lp.logprobs);
           }
           if (s.models.reference) {
-            RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
-                                                                   options_.logprob_chunk, s.opt.learner.temperature));
+            RLMESH_ASSIGN_OR_RETURN(auto rlp, micro_logprobs(s.models.reference, a, e, T));
             Rows(ref_logp, a, e, T).copy_(rlp.logprobs);
           }
           if (s.models.teacher) {
-            RLMESH_ASSIGN_OR_RETURN(auto tlp, s.models.LogProbs(s.models.teacher, ids, pos, tg,
-                                                                   options_.logprob_chunk, s.opt.learner.temperature));
+            RLMESH_ASSIGN_OR_RETURN(auto tlp, micro_logprobs(s.models.teacher, a, e, T));
             Rows(teacher_logp, a, e, T).copy_(tlp.logprobs);
           }
           if (s.models.critic) Rows(old_values, a, e, T).copy_(s.models.Values(s.models.critic, ids, pos));
@@ -462,12 +499,10 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           at::Tensor mk = Rows(loss_mask, a, e, T);
           const double w = weight_of(mk);
           if (w == 0) continue;
-          auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T),
-               tg = Rows(b.targets, a, e, T);
+          auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T);
           std::optional<MoeForward> routing;
           start_routing(&routing, a, e, T);
-          RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg,
-                                                                options_.logprob_chunk, s.opt.learner.temperature));
+          RLMESH_ASSIGN_OR_RETURN(auto lp, micro_logprobs(s.models.policy, a, e, T));
           at::Tensor aux;
           if (routing) aux = routing->AuxLoss(real_positions(a, e, T));
           routing.reset();

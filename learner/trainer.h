@@ -88,6 +88,17 @@ struct TrainerOptions {
   // TrainRl). The two give the same step bit for bit; this exists to test
   // that and to measure what the pass costs. Default false.
   bool recompute_old_logprobs = false;
+  // RL steps: how the policy's (and reference's, teacher's) forward lays out
+  // a micro-batch. kOff: one row per sequence, padded to the longest (the
+  // critic always). kOn: the sequences first-fit, longest first, into rows
+  // of the longest one's length, each its own attention segment, so short
+  // responses share a row instead of padding it (batching.h PackSeqs). The
+  // log-probs are the same up to floating-point summation order. kAuto:
+  // packed when that removes at least a quarter of the micro-batch's row
+  // slots, else rows. MoE policies are never packed (routing replay is laid
+  // out by row). Default kAuto.
+  enum class RlPacking { kAuto, kOff, kOn };
+  RlPacking pack_rl = RlPacking::kAuto;
   // Folders this shard may write into (common/path_root.h): the request's
   // checkpoint_dir, a Save path and a reward model's output must lie
   // inside one, else PERMISSION_DENIED naming the field. The launchers pass

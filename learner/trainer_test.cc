@@ -24,6 +24,7 @@
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
+#include "learner/batching.h"
 #include "learner/checkpoint.h"
 #include "learner/testing/tiny_experiment.h"
 #include "tasks/encoding.h"
@@ -870,7 +871,9 @@ TEST_CASE("several micro-batches: rows go in order of length, groups keep their 
   ExperimentConfig small = e, whole = e;
   small.mutable_learner()->set_micro_batch_tokens(24);     // several micro-batches: sorted
   whole.mutable_learner()->set_micro_batch_tokens(100000);  // one: nothing moves
-  Trainer a, b;
+  TrainerOptions rows_only;  // the sort, not packing, is under test here
+  rows_only.pack_rl = TrainerOptions::RlPacking::kOff;
+  Trainer a(rows_only), b(rows_only);
   REQUIRE(a.Configure(Request(small)).ok());
   REQUIRE(b.Configure(Request(whole)).ok());
   for (int step = 0; step < 2; ++step) {
@@ -885,6 +888,126 @@ TEST_CASE("several micro-batches: rows go in order of length, groups keep their 
   // A row given another group's advantage would move the weights by far
   // more than summation order does.
   CHECK(MaxAbsDiff(a, b) < 1e-5);
+}
+
+// Long-tailed responses: sample 0 of each group made 20 tokens long (its
+// own tokens repeated, behaviour log-prob -1.5 on the added ones), the
+// others cut to one token, so most of a padded micro-batch is padding.
+GroupList LongTailed(GroupList groups) {
+  for (auto& g : *groups.mutable_groups()) {
+    for (int i = 0; i < g.samples_size(); ++i) {
+      auto* t = g.mutable_samples(i);
+      if (i == 0) {
+        const int have = t->response_token_ids_size();
+        for (int j = have; j < 20; ++j) {
+          t->add_response_token_ids(t->response_token_ids(j % have));
+          t->add_behaviour_logprobs(-1.5f);
+          t->add_loss_mask(1);
+        }
+        continue;
+      }
+      t->mutable_response_token_ids()->Truncate(1);
+      t->mutable_behaviour_logprobs()->Truncate(1);
+      t->mutable_loss_mask()->Truncate(1);
+    }
+  }
+  return groups;
+}
+
+TEST_CASE("packed RL micro-batches: short responses share rows, the step is the padded one's") {
+  SECTION("PackSeqs places each sequence once, and Unpack puts every token back where padding had it") {
+    std::vector<Seq> seqs(5);
+    const std::vector<int> lens = {3, 7, 2, 7, 4};
+    for (int i = 0; i < 5; ++i) seqs[i].ids.assign(lens[i], 10 * i + 1);
+    // Sequences 1..4 (lengths 7, 2, 7, 4) into rows of 7: {7}, {7}, {4, 2}.
+    PackedRows p = PackSeqs(seqs, 1, 5, 7);
+    CHECK(p.batch.input_ids.size(0) == 3);
+    CHECK(p.batch.tokens == 20);
+    // A per-token output equal to the input id: unpacked, row i holds
+    // sequence (1 + i)'s ids, then zeros.
+    at::Tensor out = p.Unpack(p.batch.input_ids.to(at::kFloat));
+    REQUIRE(out.sizes() == at::IntArrayRef({4, 7}));
+    for (int i = 0; i < 4; ++i) {
+      for (int t = 0; t < 7; ++t) {
+        INFO(i << "," << t);
+        CHECK(out[i][t].item<float>() == (t < lens[i + 1] ? 10.0f * (i + 1) + 1 : 0.0f));
+      }
+    }
+    // Positions restart per segment: unpacked, they are 0..L-1.
+    at::Tensor pos = p.Unpack(p.batch.positions.to(at::kFloat));
+    CHECK(pos[2][1].item<float>() == 1.0f);
+    CHECK(pos[3][3].item<float>() == 3.0f);
+  }
+  SECTION("packed and padded steps agree (fp32 summation order), with a KL reference and two mini-batches") {
+    actor::ConfigureThreads(2);
+    ExperimentConfig e = Tiny(27);
+    *e.add_stages() = GrpoStageOf(3, 1e-2);
+    GroupList groups = LongTailed(FourGroups(e, {false, false, false, false}));
+    for (int variant = 0; variant < 2; ++variant) {
+      ExperimentConfig k = e;
+      auto* rl = k.mutable_stages(0)->mutable_grpo()->mutable_rl();
+      if (variant == 1) {
+        // The no-grad pass runs (old log-probs recomputed) and the KL
+        // reference is packed too.
+        rl->set_mini_batches(2);
+        rl->mutable_kl()->set_coef(0.1);
+      }
+      INFO("variant " << variant);
+      TrainerOptions packed_opt, rows_opt;
+      packed_opt.pack_rl = TrainerOptions::RlPacking::kOn;
+      rows_opt.pack_rl = TrainerOptions::RlPacking::kOff;
+      Trainer packed(packed_opt), rows(rows_opt), automatic;
+      REQUIRE(packed.Configure(Request(k)).ok());
+      REQUIRE(rows.Configure(Request(k)).ok());
+      REQUIRE(automatic.Configure(Request(k)).ok());
+      for (int step = 0; step < 3; ++step) {
+        const auto [mp, mr] = StepBoth(packed, rows, groups, step);
+        TrainStepRequest req;
+        req.set_step(step);
+        *req.mutable_groups() = groups;
+        auto ma = automatic.TrainStep(req);
+        REQUIRE(ma.ok());
+        CHECK(mp.at("packed_frac") == 1.0);
+        CHECK(mr.at("packed_frac") == 0.0);
+        CHECK(ma->metrics().values().at("packed_frac") == 1.0);  // most slots were padding: auto packs
+        CHECK(mp.at("pad_frac") < mr.at("pad_frac") / 2);
+        CHECK(mr.at("old_logprobs_recomputed") == (variant == 1 ? 1.0 : 0.0));
+        if (variant == 0) CHECK(mp.at("ratio_mean") == 1.0);
+        // Step 0 from equal weights: summation order only. Later steps
+        // start from weights that already differ by that (Adam, lr 1e-2).
+        const double tol = step == 0 ? 1e-6 : 1e-4;
+        INFO("step " << step);
+        CHECK(mp.at("loss") == Approx(mr.at("loss")).margin(tol));
+        CHECK(mp.at("grad_norm") == Approx(mr.at("grad_norm")).epsilon(tol * 10));
+        CHECK(mp.at("entropy") == Approx(mr.at("entropy")).epsilon(tol * 10));
+        CHECK(mp.at("kl") == Approx(mr.at("kl")).margin(tol));
+      }
+      // Three AdamW steps of lr 1e-2 move weights by up to 3e-2, and Adam's
+      // normalisation turns fp32 summation differences in small gradients
+      // into visible ones; a token given another sequence's log-prob (or
+      // position) moves them by far more.
+      CHECK(MaxAbsDiff(packed, rows) < 1e-4);
+      CHECK(BitEqual(packed, automatic));
+    }
+  }
+  SECTION("auto leaves nearly full micro-batches padded, bit for bit") {
+    actor::ConfigureThreads(2);
+    ExperimentConfig e = Tiny(28);
+    *e.add_stages() = GrpoStageOf(2, 1e-2);
+    GroupList groups = FourGroups(e, {false, false, false, false});
+    TrainerOptions rows_opt;
+    rows_opt.pack_rl = TrainerOptions::RlPacking::kOff;
+    Trainer automatic, rows(rows_opt);
+    REQUIRE(automatic.Configure(Request(e)).ok());
+    REQUIRE(rows.Configure(Request(e)).ok());
+    for (int step = 0; step < 2; ++step) {
+      const auto [ma, mr] = StepBoth(automatic, rows, groups, step);
+      INFO("pad_frac " << mr.at("pad_frac"));
+      REQUIRE(mr.at("pad_frac") < 0.25);
+      CHECK(ma.at("packed_frac") == 0.0);
+    }
+    CHECK(BitEqual(automatic, rows));
+  }
 }
 
 TEST_CASE("exact resume: N steps straight == N/2, Save, fresh trainer, N/2 (bit-identical)") {
