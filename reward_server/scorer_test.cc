@@ -1,11 +1,11 @@
 #include "reward_server/scorer.h"
 
-#include <sys/stat.h>
 
 #include <fstream>
 
 #include "catch2/catch.hpp"
 #include "common/rpc_server.h"
+#include "common/testing/script.h"
 #include "common/testing/test_util.h"
 #include "reward_server/client.h"
 #include "reward_server/service.h"
@@ -71,9 +71,7 @@ TEST_CASE("bad items are INVALID_ARGUMENT naming the item") {
 
 TEST_CASE("a verifier past its deadline is counted and does not stall the batch") {
   testing::TempDir dir;
-  const std::string slow = dir.File("slow.sh");
-  std::ofstream(slow) << "#!/bin/sh\nexec sleep 30\n";
-  ::chmod(slow.c_str(), 0755);
+  const std::string slow = testing::WriteScript(dir, "slow.sh", "exec sleep 30");
   actor::CharTokenizer tok;
   ScorerOptions options;
   options.allowed_commands = {slow};
@@ -97,15 +95,9 @@ TEST_CASE("a verifier past its deadline is counted and does not stall the batch"
 
 TEST_CASE("a request may run only the programs the server allows or was started with") {
   testing::TempDir dir;
-  auto script = [&](const std::string& name, const std::string& value) {
-    const std::string path = dir.File(name);
-    std::ofstream(path) << "#!/bin/sh\necho " << value << "\n";
-    ::chmod(path.c_str(), 0755);
-    return path;
-  };
-  const std::string listed = script("listed.sh", "0.5");
-  const std::string configured = script("configured.sh", "0.25");
-  const std::string stranger = script("stranger.sh", "1");
+  const std::string listed = testing::WriteScript(dir, "listed.sh", "echo 0.5");
+  const std::string configured = testing::WriteScript(dir, "configured.sh", "echo 0.25");
+  const std::string stranger = testing::WriteScript(dir, "stranger.sh", "echo 1");
   actor::CharTokenizer tok;
   ScorerOptions options;
   options.allowed_commands = {listed};

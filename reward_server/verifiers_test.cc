@@ -1,10 +1,10 @@
 #include "reward_server/verifiers.h"
 
-#include <sys/stat.h>
 
 #include <fstream>
 
 #include "catch2/catch.hpp"
+#include "common/testing/script.h"
 #include "common/testing/test_util.h"
 
 namespace rlmesh {
@@ -159,26 +159,19 @@ TEST_CASE("bad verifier configs name the field") {
   CHECK(MakeVerifier(c, "v").status().message().find("v.command") != absl::string_view::npos);
 }
 
-std::string Script(const testing::TempDir& dir, const std::string& name, const std::string& body) {
-  const std::string path = dir.File(name);
-  std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
-  ::chmod(path.c_str(), 0755);
-  return path;
-}
-
 TEST_CASE("command verifiers: a number on stdout, killed at the deadline") {
   testing::TempDir dir;
   VerifierConfig c;
   c.set_name("command");
   // Reads the JSON and answers 1 if the completion contains "42".
-  c.add_command(Script(dir, "ok.sh", "if grep -q '\"completion\":\"42\"'; then echo 1; else echo 0.25; fi"));
+  c.add_command(testing::WriteScript(dir, "ok.sh", "if grep -q '\"completion\":\"42\"'; then echo 1; else echo 0.25; fi"));
   auto v = Make(c);
   CHECK(*v->Score(In("42"), kFar) == 1.0);
   CHECK(*v->Score(In("41"), kFar) == 0.25);
 
   VerifierConfig slow;
   slow.set_name("command");
-  slow.add_command(Script(dir, "slow.sh", "exec sleep 30"));
+  slow.add_command(testing::WriteScript(dir, "slow.sh", "exec sleep 30"));
   const absl::Time start = absl::Now();
   auto r = Make(slow)->Score(In("x"), absl::Now() + absl::Milliseconds(300));
   CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
@@ -186,7 +179,7 @@ TEST_CASE("command verifiers: a number on stdout, killed at the deadline") {
 
   VerifierConfig junk;
   junk.set_name("command");
-  junk.add_command(Script(dir, "junk.sh", "echo banana"));
+  junk.add_command(testing::WriteScript(dir, "junk.sh", "echo banana"));
   CHECK(Make(junk)->Score(In("x"), kFar).status().message().find("banana") != absl::string_view::npos);
 
   // Commands that never read their input, given more than a pipe holds: one
@@ -195,13 +188,13 @@ TEST_CASE("command verifiers: a number on stdout, killed at the deadline") {
   const std::string big(1 << 20, '7');
   VerifierConfig deaf;
   deaf.set_name("command");
-  deaf.add_command(Script(dir, "deaf.sh", "echo 0.5"));
+  deaf.add_command(testing::WriteScript(dir, "deaf.sh", "echo 0.5"));
   auto d = Make(deaf)->Score(In(big), kFar);
   REQUIRE(d.ok());
   CHECK(*d == 0.5);
   VerifierConfig stuck;
   stuck.set_name("command");
-  stuck.add_command(Script(dir, "stuck.sh", "exec sleep 30"));
+  stuck.add_command(testing::WriteScript(dir, "stuck.sh", "exec sleep 30"));
   const absl::Time t0 = absl::Now();
   auto st = Make(stuck)->Score(In(big), absl::Now() + absl::Milliseconds(300));
   CHECK(st.status().code() == absl::StatusCode::kDeadlineExceeded);

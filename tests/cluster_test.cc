@@ -4,7 +4,6 @@
 // a role killed with SIGKILL. Every child is killed whatever happens
 // (Subprocess's destructor).
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
@@ -23,6 +22,7 @@
 #include "common/grpc_status.h"
 #include "common/rpc_client.h"
 #include "common/subprocess.h"
+#include "common/testing/script.h"
 #include "common/testing/test_util.h"
 #include "dist/cuda_api.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -362,14 +362,8 @@ TEST_CASE("coordinator launch starts the cluster, reports health, restarts a kil
 // other, and the same refusal through a symlink elsewhere, is refused.
 TEST_CASE("the reward server runs only the command verifiers --allowed_commands lists") {
   TempDir dir;
-  auto script = [&](const std::string& name, const std::string& body) {
-    const std::string path = dir.File(name);
-    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
-    ::chmod(path.c_str(), 0755);
-    return path;
-  };
-  const std::string allowed = script("judge.sh", "echo 0.75");
-  const std::string other = script("other.sh", "touch " + dir.File("other-ran") + "; echo 1");
+  const std::string allowed = testing::WriteScript(dir, "judge.sh", "echo 0.75");
+  const std::string other = testing::WriteScript(dir, "other.sh", "touch " + dir.File("other-ran") + "; echo 1");
   REQUIRE(::symlink(other.c_str(), dir.File("judge-link.sh").c_str()) == 0);
   Launched launched = LaunchInBackground(dir, "name: t\ncoordinator_port: 0\n", {"--allowed_commands=" + allowed});
   auto roles = launched.Roles();
