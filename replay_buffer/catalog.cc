@@ -57,6 +57,7 @@ absl::Status ReplayStore::LoadCatalog() {
       e.trajectories += g->samples.size();
       e.bytes += g->bytes;
       e.by_step[{g->step, seq}] = g;
+      e.random_index.Add(g);
       e.by_seq[seq] = std::move(g);
     }
     RLMESH_RETURN_IF_ERROR(FromRocks(it->status(), "scanning groups"));

@@ -151,6 +151,14 @@ void MakeRocksOptions(const ReplayStoreOptions& options, rocksdb::DBOptions* db_
   // Several threads committing with sync=true form one write group and share
   // one WAL fsync (RocksDB's group commit).
   db_options->enable_pipelined_write = false;
+  // A reopen replays the WAL that no flush has covered yet. The small column
+  // families (groups, by_prompt, meta) fill their memtables slowly and would
+  // keep every WAL file alive -- by default until the WALs reach four times
+  // the memtable budget, gigabytes -- so a restart after a large load
+  // replayed all of it (8 s at 1M trajectories). Past this size RocksDB
+  // flushes the column families that hold the oldest WAL, which bounds the
+  // replay after a crash; a clean close flushes everything (~ReplayStore).
+  db_options->max_total_wal_size = 64 << 20;
 
   auto cache = rocksdb::NewLRUCache(static_cast<size_t>(options.block_cache_bytes));
   auto cf_options = [&](bool blobs, bool point_lookups) {

@@ -15,6 +15,7 @@
 
 #include "absl/time/time.h"
 #include "proto/replay_buffer.pb.h"
+#include "replay_buffer/fenwick.h"
 #include "replay_buffer/group_summary.h"
 
 namespace rlmesh::replay {
@@ -50,12 +51,65 @@ using Accept = std::function<bool(const GroupSummary&)>;
 Selection SelectFifo(const std::map<int64_t, GroupPtr>& by_seq, int64_t next_seq, int64_t visible_limit,
                      const std::map<int64_t, Lease>& acked, size_t want, const Accept& accept);
 
-// SAMPLE_UNIFORM: `want` draws with replacement, each group admitted by
-// `accept` equally likely. SAMPLE_PRIORITIZED: draws with replacement in
-// proportion to reward variance + 1e-6 (the floor keeps zero-variance groups
-// reachable). Both seeded by `seed` (mt19937_64): the same catalog and seed
-// give the same picks. Picks nothing when fewer than `want` groups qualify.
-Selection SelectRandom(const std::map<int64_t, GroupPtr>& by_seq, SampleMode mode, uint64_t seed, size_t want,
-                       const Accept& accept);
+// The random modes' index over one experiment's committed groups, kept up to
+// date as groups are committed and trimmed, so that a SampleGroups call costs
+// O(want * log groups) instead of a pass over every group.
+//
+// Groups are bucketed by their min_policy_version (a request's
+// min_policy_version admits a suffix of the buckets) and, inside a bucket, by
+// whether their rewards vary (skip_zero_variance drops the flat part). Each
+// part keeps its groups in seq order with two Fenwick trees: counts for
+// SAMPLE_UNIFORM, reward variance + 1e-6 for SAMPLE_PRIORITIZED. Four more
+// Fenwick trees over the buckets, in version order, hold each bucket's
+// totals (of the spread part, and of both parts), so a draw finds its bucket
+// and then its group in two logarithmic searches.
+//
+// SAMPLE_UNIFORM: `want` draws with replacement, each admitted group equally
+// likely. SAMPLE_PRIORITIZED: draws with replacement in proportion to reward
+// variance + 1e-6 (the floor keeps zero-variance groups reachable). Both
+// seeded by `seed` (mt19937_64). Picks nothing when fewer than `want` groups
+// qualify. Uniform picks depend only on the set of groups and the seed, not
+// on the order they were committed in or on earlier removals; prioritized
+// picks likewise, up to floating-point rounding at a boundary.
+//
+// Not synchronised: the store calls it under its catalog lock.
+class SampleIndex {
+ public:
+  // A group already present (same seq) is ignored.
+  void Add(const GroupPtr& group);
+  // A group not present is ignored.
+  void Remove(const GroupSummary& group);
+  size_t size() const { return size_; }
+
+  Selection Select(SampleMode mode, uint64_t seed, size_t want, int64_t min_policy_version,
+                   bool skip_zero_variance) const;
+
+ private:
+  struct Part {
+    std::vector<int64_t> seqs;    // sorted; removed groups keep their seq
+    std::vector<GroupPtr> slots;  // nullptr once removed
+    Fenwick<int64_t> count;       // 1 live, 0 removed
+    Fenwick<double> priority;     // reward variance + 1e-6, 0 removed
+    int64_t live = 0;
+  };
+  struct Bucket {
+    Part spread;  // rewards differ
+    Part flat;    // zero variance
+  };
+  static void Insert(Part* part, const GroupPtr& group);
+  static bool Erase(Part* part, int64_t seq);
+  static void Compact(Part* part);
+  // Copies bucket b's part totals into the bucket-level trees.
+  void Refresh(size_t b);
+  // Drops empty buckets once they are half of all buckets.
+  void CompactBuckets();
+
+  std::vector<int64_t> versions_;                 // sorted min_policy_versions
+  std::vector<std::unique_ptr<Bucket>> buckets_;  // parallel to versions_
+  Fenwick<int64_t> spread_count_, all_count_;     // per bucket
+  Fenwick<double> spread_priority_, all_priority_;
+  size_t size_ = 0;
+  size_t empty_buckets_ = 0;
+};
 
 }  // namespace rlmesh::replay

@@ -5,12 +5,14 @@
 #include "replay_buffer/store.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -140,6 +142,13 @@ ReplayStore::ReplayStore(ReplayStoreOptions options) : options_(std::move(option
 ReplayStore::~ReplayStore() {
   Shutdown();
   if (db_ != nullptr) {
+    // Flush the memtables so that the next Open has no WAL to replay. With
+    // the WAL on, RocksDB's own close does not flush. A failure (a full
+    // disk) loses nothing: the WAL still holds every acknowledged write.
+    rocksdb::FlushOptions flush;
+    flush.allow_write_stall = true;
+    rocksdb::Status s = db_->Flush(flush, handles_);
+    if (!s.ok()) RLMESH_LOG(WARNING) << "flush at close: " << s.ToString();
     for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
     handles_.clear();
     db_->Close();
@@ -176,136 +185,214 @@ void ReplayStore::Shutdown() {
 
 // ---------------------------------------------------------------- put
 
+namespace {
+
+void PutVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+void PutStringField(int field, const std::string& v, std::string* out) {
+  PutVarint(static_cast<uint64_t>(field) << 3 | 2, out);  // length-delimited
+  PutVarint(v.size(), out);
+  out->append(v);
+}
+
+}  // namespace
+
+// The stored record of sample `t`: the sample with its group's experiment_id,
+// group_id, prompt_id and step filled in. ValidateGroup has checked that each
+// is either unset in the sample or equal to the group's, so the unset ones
+// are appended to the sample's own encoding: a parser reads a field that
+// comes last as set, which is what set_*() on a copy would give, without
+// copying the message.
+void SerializeWithGroupFields(const Trajectory& t, const TrajectoryGroup& group, std::string* out) {
+  t.SerializeToString(out);
+  if (t.experiment_id().empty() && !group.experiment_id().empty()) {
+    PutStringField(Trajectory::kExperimentIdFieldNumber, group.experiment_id(), out);
+  }
+  if (t.group_id().empty() && !group.group_id().empty()) {
+    PutStringField(Trajectory::kGroupIdFieldNumber, group.group_id(), out);
+  }
+  if (t.prompt_id().empty() && !group.prompt_id().empty()) {
+    PutStringField(Trajectory::kPromptIdFieldNumber, group.prompt_id(), out);
+  }
+  if (t.step() == 0 && group.step() != 0) {
+    PutVarint(static_cast<uint64_t>(Trajectory::kStepFieldNumber) << 3 | 0, out);  // varint
+    PutVarint(static_cast<uint64_t>(group.step()), out);
+  }
+}
+
 absl::StatusOr<PutGroupsResponse> ReplayStore::PutGroups(const PutGroupsRequest& request) {
   if (request.groups().empty()) return absl::InvalidArgumentError("groups is empty");
   for (int i = 0; i < request.groups_size(); ++i) {
     RLMESH_RETURN_IF_ERROR(ValidateGroup(request.groups(i), i, options_));
   }
-  PutGroupsResponse response;
+  // An id twice in one request would wait for its own reservation below,
+  // and the idempotency lookup cannot see a twin that is not written yet.
+  absl::flat_hash_map<std::string, std::string> first;  // exp \0 tag id -> where
   for (int i = 0; i < request.groups_size(); ++i) {
-    bool duplicate = false;
-    absl::Status s = PutOneGroup(request.groups(i), &duplicate);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("groups[", i, "]: ", s.message()));
+    const TrajectoryGroup& g = request.groups(i);
+    const std::string exp = absl::StrCat(g.experiment_id(), absl::string_view("\0", 1));
+    const std::string where = absl::StrCat("groups[", i, "]");
+    auto [at, fresh] = first.emplace(absl::StrCat(exp, "g", g.group_id()), where);
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".group_id '", g.group_id(), "' repeats ",
+                                                     at->second, " of the same request"));
     }
-    if (duplicate) {
-      response.set_duplicates(response.duplicates() + 1);
-    } else {
-      response.set_written(response.written() + 1);
+    for (int j = 0; j < g.samples_size(); ++j) {
+      const std::string& id = g.samples(j).trajectory_id();
+      auto [tat, tfresh] = first.emplace(absl::StrCat(exp, "t", id), absl::StrCat(where, ".samples[", j, "]"));
+      if (!tfresh) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".samples[", j, "].trajectory_id '", id,
+                                                       "' repeats ", tat->second, " of the same request"));
+      }
     }
   }
-  return response;
+  return WriteGroups(request);
 }
 
-absl::Status ReplayStore::PutOneGroup(const TrajectoryGroup& group, bool* duplicate) {
-  const std::string& exp = group.experiment_id();
-  // Reserve the group id and every trajectory id so that two concurrent
-  // writers of the same group (a retried call) cannot both write it.
-  std::vector<std::string> reserved;
-  reserved.push_back(absl::StrCat("g", group.group_id()));
-  for (const auto& t : group.samples()) reserved.push_back(absl::StrCat("t", t.trajectory_id()));
-  int64_t seq;
+absl::StatusOr<PutGroupsResponse> ReplayStore::WriteGroups(const PutGroupsRequest& request) {
+  const int n = request.groups_size();
+  // Reserve every group id and trajectory id of the request at once, so that
+  // two concurrent writers of the same group (a retried call) cannot both
+  // write it, and take a seq per group.
+  std::vector<Experiment*> exps(n);
+  std::vector<int64_t> seqs(n);
+  std::vector<std::pair<Experiment*, std::string>> reserved;
   {
     absl::MutexLock lock(&mu_);
-    Experiment* e = &experiments_[exp];
+    for (int i = 0; i < n; ++i) {
+      const TrajectoryGroup& g = request.groups(i);
+      exps[i] = &experiments_[g.experiment_id()];
+      reserved.emplace_back(exps[i], absl::StrCat("g", g.group_id()));
+      for (const auto& t : g.samples()) reserved.emplace_back(exps[i], absl::StrCat("t", t.trajectory_id()));
+    }
     auto free = [&]() {
-      for (const auto& r : reserved) {
-        if (e->inflight_ids.contains(r)) return false;
+      for (const auto& [e, id] : reserved) {
+        if (e->inflight_ids.contains(id)) return false;
       }
       return true;
     };
     mu_.Await(absl::Condition(&free));
-    for (const auto& r : reserved) e->inflight_ids.insert(r);
-    seq = e->next_seq++;
-    e->inflight_seqs.insert(seq);
+    for (const auto& [e, id] : reserved) e->inflight_ids.insert(id);
+    for (int i = 0; i < n; ++i) {
+      seqs[i] = exps[i]->next_seq++;
+      exps[i]->inflight_seqs.insert(seqs[i]);
+    }
   }
-  auto release = [&](std::shared_ptr<const GroupSummary> committed) {
+  std::vector<std::shared_ptr<GroupSummary>> committed(n);
+  auto release = [&](bool written) {
     absl::MutexLock lock(&mu_);
-    Experiment& e = experiments_[exp];
-    for (const auto& r : reserved) e.inflight_ids.erase(r);
-    e.inflight_seqs.erase(seq);
-    if (committed != nullptr) {
-      e.trajectories += committed->samples.size();
-      e.bytes += committed->bytes;
-      e.by_step[{committed->step, seq}] = committed;
-      e.by_seq[seq] = std::move(committed);
+    for (const auto& [e, id] : reserved) e->inflight_ids.erase(id);
+    for (int i = 0; i < n; ++i) {
+      Experiment& e = *exps[i];
+      e.inflight_seqs.erase(seqs[i]);
+      if (!written || committed[i] == nullptr) continue;
+      e.trajectories += committed[i]->samples.size();
+      e.bytes += committed[i]->bytes;
+      e.by_step[{committed[i]->step, seqs[i]}] = committed[i];
+      e.by_seq[seqs[i]] = committed[i];
+      e.random_index.Add(committed[i]);
     }
     ++commits_;  // a visible_limit may have moved even without a commit
   };
 
-  // Idempotency: a stored group id or trajectory id decides.
+  // Idempotency: a stored group id or trajectory id decides. One lookup for
+  // the whole request: per group, its group key and then its trajectories'.
   std::vector<std::string> meta_keys;
-  meta_keys.push_back(MetaKey(kGroupTag, exp, group.group_id()));
-  for (const auto& t : group.samples()) meta_keys.push_back(MetaKey(kTrajTag, exp, t.trajectory_id()));
+  for (const auto& g : request.groups()) {
+    meta_keys.push_back(MetaKey(kGroupTag, g.experiment_id(), g.group_id()));
+    for (const auto& t : g.samples()) meta_keys.push_back(MetaKey(kTrajTag, g.experiment_id(), t.trajectory_id()));
+  }
   std::vector<rocksdb::Slice> key_slices(meta_keys.begin(), meta_keys.end());
   std::vector<rocksdb::ColumnFamilyHandle*> cfs(meta_keys.size(), meta_cf_);
   std::vector<std::string> values;
-  std::vector<rocksdb::Status> found =
-      db_->MultiGet(rocksdb::ReadOptions(), cfs, key_slices, &values);
-  int present = 0;
-  for (size_t k = 0; k < found.size(); ++k) {
-    if (found[k].ok()) {
-      ++present;
-    } else if (!found[k].IsNotFound()) {
-      release(nullptr);
-      return FromRocks(found[k], "idempotency lookup");
-    }
-  }
-  if (present > 0) {
-    const bool same = present == static_cast<int>(found.size()) &&
-                      std::all_of(values.begin(), values.end(),
-                                  [&](const std::string& v) { return v == values[0]; });
-    release(nullptr);
-    if (same) {
-      *duplicate = true;
-      return absl::OkStatus();
-    }
-    if (found[0].ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "group_id '", group.group_id(), "' is already stored with other trajectory ids"));
-    }
-    for (size_t k = 1; k < found.size(); ++k) {
+  std::vector<rocksdb::Status> found = db_->MultiGet(rocksdb::ReadOptions(), cfs, key_slices, &values);
+  PutGroupsResponse response;
+  rocksdb::WriteBatch batch;
+  std::map<Experiment*, std::pair<std::string, int64_t>> high;  // exp -> (name, next seq)
+  size_t k0 = 0;
+  for (int i = 0; i < n; ++i) {
+    const TrajectoryGroup& group = request.groups(i);
+    const size_t keys = 1 + group.samples_size();
+    int present = 0;
+    for (size_t k = k0; k < k0 + keys; ++k) {
       if (found[k].ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "samples[", k - 1, "].trajectory_id '", group.samples(k - 1).trajectory_id(),
-            "' is already stored in another group"));
+        ++present;
+      } else if (!found[k].IsNotFound()) {
+        release(false);
+        return FromRocks(found[k], absl::StrCat("groups[", i, "]: idempotency lookup"));
       }
     }
+    if (present > 0) {
+      const bool same = present == static_cast<int>(keys) &&
+                        std::all_of(values.begin() + k0, values.begin() + k0 + keys,
+                                    [&](const std::string& v) { return v == values[k0]; });
+      if (!same) {
+        release(false);
+        if (found[k0].ok()) {
+          return absl::InvalidArgumentError(absl::StrCat("groups[", i, "]: group_id '", group.group_id(),
+                                                         "' is already stored with other trajectory ids"));
+        }
+        for (size_t k = 1; k < keys; ++k) {
+          if (found[k0 + k].ok()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "groups[", i, "]: samples[", k - 1, "].trajectory_id '", group.samples(k - 1).trajectory_id(),
+                "' is already stored in another group"));
+          }
+        }
+      }
+      response.set_duplicates(response.duplicates() + 1);
+      k0 += keys;
+      continue;
+    }
+    k0 += keys;
+    const std::string& exp = group.experiment_id();
+    const int64_t seq = seqs[i];
+    auto summary = std::make_shared<GroupSummary>();
+    summary->seq = seq;
+    summary->step = group.step();
+    summary->group_id = group.group_id();
+    summary->prompt_id = group.prompt_id();
+    std::string value;
+    for (int j = 0; j < group.samples_size(); ++j) {
+      const Trajectory& t = group.samples(j);
+      SerializeWithGroupFields(t, group, &value);
+      summary->bytes += value.size();
+      summary->samples.push_back({t.reward(), t.policy_version(), t.response_token_ids_size(),
+                                  static_cast<int32_t>(t.finish_reason())});
+      batch.Put(data_cf_, DataKey(exp, group.step(), seq, j), value);
+      batch.Put(meta_cf_, MetaKey(kTrajTag, exp, t.trajectory_id()), Be64(seq));
+    }
+    batch.Put(groups_cf_, GroupKey(exp, seq), EncodeSummary(*summary, group));
+    batch.Put(prompt_cf_, PromptKey(exp, group.prompt_id(), group.step(), seq), "");
+    batch.Put(meta_cf_, MetaKey(kGroupTag, exp, group.group_id()), Be64(seq));
+    auto& h = high[exps[i]];
+    h.first = exp;
+    h.second = std::max(h.second, seq + 1);
+    committed[i] = std::move(summary);
+    response.set_written(response.written() + 1);
   }
-
-  auto summary = std::make_shared<GroupSummary>();
-  summary->seq = seq;
-  summary->step = group.step();
-  summary->group_id = group.group_id();
-  summary->prompt_id = group.prompt_id();
-  rocksdb::WriteBatch batch;
-  std::string value;
-  for (int j = 0; j < group.samples_size(); ++j) {
-    Trajectory t = group.samples(j);
-    t.set_experiment_id(exp);
-    t.set_group_id(group.group_id());
-    t.set_prompt_id(group.prompt_id());
-    t.set_step(group.step());
-    t.SerializeToString(&value);
-    summary->bytes += value.size();
-    summary->samples.push_back({t.reward(), t.policy_version(), t.response_token_ids_size(),
-                                static_cast<int32_t>(t.finish_reason())});
-    batch.Put(data_cf_, DataKey(exp, group.step(), seq, j), value);
-    batch.Put(meta_cf_, MetaKey(kTrajTag, exp, t.trajectory_id()), Be64(seq));
+  if (response.written() == 0) {
+    release(false);
+    return response;
   }
-  batch.Put(groups_cf_, GroupKey(exp, seq), EncodeSummary(*summary, group));
-  batch.Put(prompt_cf_, PromptKey(exp, group.prompt_id(), group.step(), seq), "");
-  batch.Put(meta_cf_, MetaKey(kGroupTag, exp, group.group_id()), Be64(seq));
-  batch.Put(meta_cf_, MetaKey(kExpTag, exp), Be64(seq + 1));
+  for (const auto& [e, h] : high) batch.Put(meta_cf_, MetaKey(kExpTag, h.first), Be64(h.second));
+  // One synced write for the request: each group lands whole, and so does
+  // the request.
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync_writes;
   rocksdb::Status s = db_->Write(wo, &batch);
   if (!s.ok()) {
-    release(nullptr);
-    return WriteError(s, "writing group");
+    release(false);
+    return WriteError(s, "writing groups");
   }
-  release(std::move(summary));
-  return absl::OkStatus();
+  release(true);
+  return response;
 }
 
 absl::Status ReplayStore::WriteError(const rocksdb::Status& s, absl::string_view what) {
@@ -403,7 +490,8 @@ absl::StatusOr<SampleGroupsResponse> ReplayStore::SampleGroups(
         selection = replay::SelectFifo(e->by_seq, consumer->lease_next, e->visible_limit(),
                                        consumer->acked, want, accept);
       } else if (e != nullptr) {
-        selection = replay::SelectRandom(e->by_seq, request.mode(), request.seed(), want, accept);
+        selection = e->random_index.Select(request.mode(), request.seed(), want,
+                                           request.min_policy_version(), request.skip_zero_variance());
       }
       picked = std::move(selection.picked);
       skipped = selection.skipped;

@@ -13,8 +13,8 @@
 //             't' exp \0 trajectory_id                  -> seq(be64)
 //             'c' exp \0 consumer                       -> cursor (next seq, consumed)
 // `seq` is a per-experiment arrival number assigned at Put; FIFO order is seq
-// order. One WriteBatch per group (sync WAL) makes a group land whole or not
-// at all. An in-memory catalog of group summaries (rebuilt from `groups` at
+// order. One WriteBatch per PutGroups call (sync WAL) makes a call, and so
+// each of its groups, land whole or not at all. An in-memory catalog of group summaries (rebuilt from `groups` at
 // Open) serves Sample, Stats, Trim and the filters of Query without reading
 // trajectory bodies.
 //
@@ -100,9 +100,11 @@ class ReplayStore {
   ReplayStore(const ReplayStore&) = delete;
   ReplayStore& operator=(const ReplayStore&) = delete;
 
-  // Validates every group first (nothing is written if one is bad), then
-  // writes each group in its own synced WriteBatch. A group whose group id is
-  // already stored with the same trajectory ids counts as a duplicate.
+  // Validates every group first, then writes the request's new groups in one
+  // synced WriteBatch: nothing is written if one group is bad or conflicts
+  // with a stored one. A group whose group id is already stored with the same
+  // trajectory ids counts as a duplicate; an id twice in one request is
+  // refused.
   absl::StatusOr<PutGroupsResponse> PutGroups(const PutGroupsRequest& request);
 
   // Returns request.num_groups() whole groups, waiting until `deadline` for
@@ -152,6 +154,7 @@ class ReplayStore {
     int64_t next_seq = 1;
     std::map<int64_t, std::shared_ptr<const GroupSummary>> by_seq;
     std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const GroupSummary>> by_step;
+    replay::SampleIndex random_index;  // the random modes' view of by_seq
     std::set<int64_t> inflight_seqs;
     absl::flat_hash_set<std::string> inflight_ids;  // group ids being written
     int64_t trajectories = 0;
@@ -164,7 +167,9 @@ class ReplayStore {
   explicit ReplayStore(ReplayStoreOptions options);
   absl::Status OpenDb();
   absl::Status LoadCatalog();
-  absl::Status PutOneGroup(const TrajectoryGroup& group, bool* duplicate);
+  // PutGroups after validation: all groups of the request in one synced
+  // WriteBatch (a request lands whole or not at all).
+  absl::StatusOr<PutGroupsResponse> WriteGroups(const PutGroupsRequest& request);
   absl::Status PersistCursor(const std::string& exp, const std::string& consumer, int64_t next,
                              int64_t consumed);
   Experiment* FindExperiment(const std::string& exp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -202,6 +207,10 @@ class ReplayStore {
 // benchmark can run RocksDB directly with identical options.
 void MakeRocksOptions(const ReplayStoreOptions& options, rocksdb::DBOptions* db_options,
                       std::vector<rocksdb::ColumnFamilyDescriptor>* column_families);
+
+// The stored record of trajectory `t` of `group`: t with the group's
+// experiment_id, group_id, prompt_id and step (exposed for tests).
+void SerializeWithGroupFields(const Trajectory& t, const TrajectoryGroup& group, std::string* out);
 
 // Validation shared with the service (exposed for tests).
 absl::Status ValidateGroup(const TrajectoryGroup& group, int index,

@@ -75,6 +75,72 @@ TEST_CASE("put is durable across reopen, whole groups, idempotent by trajectory 
   CHECK(stats->experiments(0).bytes() > 0);
 }
 
+TEST_CASE("a stored record is the sample with its group's ids and step, set or not in the sample") {
+  TrajectoryGroup g = MakeGroup("exp", 7, "grp", {0, 1, 0.5, 1});
+  (*g.mutable_samples(0)->mutable_reward_components())["accuracy"] = 1;
+  g.mutable_samples(1)->set_experiment_id("exp");  // already the group's
+  g.mutable_samples(1)->set_step(7);
+  g.mutable_samples(2)->set_group_id("grp");
+  g.mutable_samples(2)->set_prompt_id(g.prompt_id());
+  REQUIRE(ValidateGroup(g, 0, ReplayStoreOptions{}).ok());
+  TrajectoryGroup zero_step = MakeGroup("exp", 0, "g0", {1});
+  zero_step.clear_prompt_id();
+  for (const TrajectoryGroup* group : {&g, &zero_step}) {
+    for (const Trajectory& t : group->samples()) {
+      Trajectory want = t;
+      want.set_experiment_id(group->experiment_id());
+      want.set_group_id(group->group_id());
+      want.set_prompt_id(group->prompt_id());
+      want.set_step(group->step());
+      std::string bytes;
+      SerializeWithGroupFields(t, *group, &bytes);
+      Trajectory got;
+      REQUIRE(got.ParseFromString(bytes));
+      CHECK(got.experiment_id() == want.experiment_id());
+      CHECK(got.group_id() == want.group_id());
+      CHECK(got.prompt_id() == want.prompt_id());
+      CHECK(got.step() == want.step());
+      // Everything else too: the same message, field for field.
+      CHECK(got.DebugString() == want.DebugString());
+      CHECK(bytes.size() == want.ByteSizeLong());
+    }
+  }
+}
+
+TEST_CASE("a request lands whole: a conflicting or repeated group writes none of its groups") {
+  testing::TempDir dir;
+  auto store = OpenStore(dir.path());
+  REQUIRE(store->PutGroups(Req({MakeGroup("e", 1, "a", {0, 1})})).ok());
+  // "b" is new, "a" conflicts with the stored one: neither is written.
+  auto a = MakeGroup("e", 1, "a", {0, 1});
+  a.mutable_samples(1)->set_trajectory_id("other");
+  auto conflict = store->PutGroups(Req({MakeGroup("e", 1, "b", {0, 1}), a}));
+  CHECK(conflict.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(conflict.status().message()).find("groups[1]: group_id 'a'") != std::string::npos);
+  // The same group twice in one request, and one trajectory id in two groups.
+  auto twice = store->PutGroups(Req({MakeGroup("e", 1, "c", {0, 1}), MakeGroup("e", 1, "c", {0, 1})}));
+  CHECK(twice.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(twice.status().message()).find("groups[1].group_id 'c' repeats groups[0]") !=
+        std::string::npos);
+  auto shared = MakeGroup("e", 1, "d", {0, 1});
+  shared.mutable_samples(0)->set_trajectory_id(MakeGroup("e", 1, "c", {0, 1}).samples(1).trajectory_id());
+  auto crossed = store->PutGroups(Req({MakeGroup("e", 1, "c", {0, 1}), shared}));
+  CHECK(crossed.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(crossed.status().message()).find("groups[1].samples[0].trajectory_id") != std::string::npos);
+  auto stats = store->Stats({});
+  REQUIRE(stats.ok());
+  CHECK(stats->experiments(0).groups() == 1);
+  // A duplicate beside new groups: the new ones are written, in one batch.
+  auto mixed = store->PutGroups(Req({MakeGroup("e", 2, "b", {0, 1}), MakeGroup("e", 1, "a", {0, 1}),
+                                     MakeGroup("e", 2, "c", {1, 1})}));
+  REQUIRE(mixed.ok());
+  CHECK(mixed->written() == 2);
+  CHECK(mixed->duplicates() == 1);
+  auto q = store->Query(Q("e"));
+  REQUIRE(q.ok());
+  CHECK(q->trajectories_size() == 6);
+}
+
 TEST_CASE("bad input is INVALID_ARGUMENT naming the field, and nothing is written") {
   testing::TempDir dir;
   auto store = OpenStore(dir.path());

@@ -100,6 +100,7 @@ absl::StatusOr<TrimResponse> ReplayStore::Trim(const TrimRequest& request) {
   for (const auto& g : drop) {
     if (e.by_seq.erase(g->seq) == 0) continue;
     e.by_step.erase({g->step, g->seq});
+    e.random_index.Remove(*g);
     e.trajectories -= g->samples.size();
     e.bytes -= g->bytes;
   }
