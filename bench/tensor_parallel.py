@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Tensor parallelism on this CPU: per-step time and peak memory per rank of
-a training step for tp=1, tp=2 and tp=2 with sequence parallelism, the
+"""Model parallelism on this CPU: per-step time and peak memory per rank of
+a training step for tp=1, tp=2, tp=2 with sequence parallelism and dp=2
+with ZeRO-3 (fully sharded, each rank on half of the batch's rows), the
 ranks of each layout as separate processes (bench/tensor_parallel_bench.cc),
 layouts alternated (order reversed every other repeat).
 
   bazel build //bench:tensor_parallel_bench
   python3 bench/tensor_parallel.py --repeats 3 [--markdown]
 
-tp=1 gets --cores intra-op threads in its one process; each tp=2 rank gets
-cores / 2, so both layouts use the same cores. Memory per rank is the peak
+tp=1 gets --cores intra-op threads in its one process; each rank of a
+two-rank layout gets cores / 2, so every layout uses the same cores. Memory per rank is the peak
 resident set minus the resident set before the model was built (LibTorch's
 own start-up); the training state (resident set once the model and its
 optimizer are set up, before the first step) is set against its theory.
@@ -39,19 +40,21 @@ def param_counts(s):
     return sliced, replicated
 
 
-def run_layout(tp, sp, cores, steps, workdir):
-    threads = max(1, cores // tp)
-    store = os.path.join(workdir, f"store-{tp}-{int(sp)}-{os.getpid()}-{len(os.listdir(workdir))}")
+def run_layout(tp, sp, zero3, cores, steps, workdir):
+    ranks = zero3 or tp
+    threads = max(1, cores // ranks)
+    store = os.path.join(workdir, f"store-{tp}-{int(sp)}-{zero3}-{os.getpid()}-{len(os.listdir(workdir))}")
     procs, outs = [], []
-    for rank in range(tp):
-        out = os.path.join(workdir, f"out-{tp}-{int(sp)}-{rank}-{len(os.listdir(workdir))}.json")
+    for rank in range(ranks):
+        out = os.path.join(workdir, f"out-{tp}-{int(sp)}-{zero3}-{rank}-{len(os.listdir(workdir))}.json")
         args = [BIN, f"--tp={tp}", f"--rank={rank}", f"--store={store}", f"--sp={'true' if sp else 'false'}",
-                f"--threads={threads}", f"--steps={steps}", f"--out={out}"] + [f"--{k}={v}" for k, v in SHAPE.items()]
+                f"--zero3_dp={zero3}", f"--threads={threads}", f"--steps={steps}",
+                f"--out={out}"] + [f"--{k}={v}" for k, v in SHAPE.items()]
         procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
         outs.append(out)
     for p in procs:
         if p.wait(timeout=900) != 0:
-            sys.exit(f"tensor_parallel_bench tp={tp} sp={sp} failed")
+            sys.exit(f"tensor_parallel_bench tp={tp} sp={sp} zero3_dp={zero3} failed")
     return [json.load(open(o)) for o in outs]
 
 
@@ -62,23 +65,23 @@ def main():
     ap.add_argument("--cores", type=int, default=os.cpu_count())
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
-    layouts = [(1, False), (2, False), (2, True)]
+    layouts = [(1, False, 0), (2, False, 0), (2, True, 0), (1, False, 2)]
     results = {l: [] for l in layouts}  # layout -> [per repeat: [rank records]]
     with tempfile.TemporaryDirectory() as workdir:
         for rep in range(args.repeats):
             order = layouts if rep % 2 == 0 else list(reversed(layouts))
-            for tp, sp in order:
-                results[(tp, sp)].append(run_layout(tp, sp, args.cores, args.steps, workdir))
-                r = results[(tp, sp)][-1]
-                print(f"repeat {rep} tp={tp} sp={sp}: step {statistics.median(r[0]['seconds']):.3f} s, "
+            for tp, sp, zero3 in order:
+                results[(tp, sp, zero3)].append(run_layout(tp, sp, zero3, args.cores, args.steps, workdir))
+                r = results[(tp, sp, zero3)][-1]
+                print(f"repeat {rep} tp={tp} sp={sp} zero3_dp={zero3}: step {statistics.median(r[0]['seconds']):.3f} s, "
                       f"peak-before {max(x['peak_rss'] - x['rss_before'] for x in r) / 2**20:.0f} MiB",
                       file=sys.stderr)
 
     sliced, replicated = param_counts(SHAPE)
     base = None
     rows = []
-    for (tp, sp) in layouts:
-        reps = results[(tp, sp)]
+    for (tp, sp, zero3) in layouts:
+        reps = results[(tp, sp, zero3)]
         # A step takes as long as its slowest rank: per repeat, the max over
         # ranks of the median step.
         step = [max(statistics.median(x["seconds"]) for x in r) for r in reps]
@@ -89,9 +92,13 @@ def main():
         # Training state per rank once set up: fp32 weights, two AdamW
         # moments and DataParallel's flat copies of weights and gradients,
         # 20 bytes per local parameter; the gradients (4 more) come with the
-        # first backward, with the activations.
-        theory_state = 20 * (sliced / tp + replicated) / 2**20
-        row = dict(tp=tp, sp=sp, step_median=statistics.median(step), step_min=min(step), step_max=max(step),
+        # first backward, with the activations. Under ZeRO-3 every
+        # parameter, replicated ones included, is cut into dp shards.
+        if zero3:
+            theory_state = 20 * (sliced + replicated) / zero3 / 2**20
+        else:
+            theory_state = 20 * (sliced / tp + replicated) / 2**20
+        row = dict(tp=tp, sp=sp, zero3=zero3, step_median=statistics.median(step), step_min=min(step), step_max=max(step),
                    mem_median=statistics.median(mem), mem_min=min(mem), mem_max=max(mem),
                    setup_median=statistics.median(setup), first_loss=loss,
                    local_params=local, theory_state_mib=theory_state)
@@ -105,10 +112,10 @@ def main():
     print(json.dumps(rows, indent=1))
     if args.markdown:
         print("| layout | s/step median (min-max) | time ratio | state MiB/rank (measured / theory) | state ratio "
-              "(measured / theory) | peak MiB/rank, median (min-max) | peak ratio | local params | first loss |")
+              "(measured / theory) | peak MiB/rank, median (min-max) | peak ratio | local params | first loss, rank 0 |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
-            name = f"tp={r['tp']}" + (" + SP" if r["sp"] else "")
+            name = (f"dp={r['zero3']} ZeRO-3" if r["zero3"] else f"tp={r['tp']}") + (" + SP" if r["sp"] else "")
             print(f"| {name} | {r['step_median']:.3f} ({r['step_min']:.3f}-{r['step_max']:.3f}) | "
                   f"{r['time_ratio']:.2f} | {r['setup_median']:.0f} / {r['theory_state_mib']:.0f} | "
                   f"{r['setup_ratio']:.2f} / {r['theory_ratio']:.2f} | "

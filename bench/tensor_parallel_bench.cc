@@ -1,5 +1,6 @@
-// One rank of a tensor-parallel training step (learner/tensor_parallel.h),
-// for bench/tensor_parallel.py, which starts the ranks of each layout as
+// One rank of a tensor-parallel (learner/tensor_parallel.h) or fully
+// sharded (ZeRO-3, learner/fully_sharded.h; --zero3_dp) training step, for
+// bench/tensor_parallel.py, which starts the ranks of each layout as
 // separate processes (so that each has its own peak RSS) and alternates the
 // layouts.
 //
@@ -33,6 +34,7 @@
 #include "dist/gloo.h"
 #include "dist/store.h"
 #include "learner/data_parallel.h"
+#include "learner/fully_sharded.h"
 #include "learner/tensor_parallel.h"
 
 ABSL_FLAG(int, tp, 1, "tensor-parallel ranks");
@@ -51,6 +53,9 @@ ABSL_FLAG(int, warmup, 1, "untimed steps");
 ABSL_FLAG(int, steps, 3, "timed steps");
 ABSL_FLAG(int, threads, 1, "intra-op threads");
 ABSL_FLAG(std::string, out, "", "JSON line written here");
+ABSL_FLAG(int, zero3_dp, 0,
+          "> 0: this many ZeRO-3 data-parallel ranks instead of tensor parallelism (each runs batch / dp rows)");
+ABSL_FLAG(bool, prefetch, true, "ZeRO-3: all-gather the next unit while this one computes");
 
 namespace rlmesh::learner {
 namespace {
@@ -90,41 +95,16 @@ int Main() {
   c.vocab_size = absl::GetFlag(FLAGS_vocab);
   c.max_positions = absl::GetFlag(FLAGS_seq);
 
+  const int zero3 = absl::GetFlag(FLAGS_zero3_dp);
+  const int ranks = zero3 > 0 ? zero3 : tp;
   c10::intrusive_ptr<c10d::Backend> group;
-  if (tp > 1) {
-    auto store = dist::MakeFileStore(absl::GetFlag(FLAGS_store), tp);
+  if (ranks > 1) {
+    auto store = dist::MakeFileStore(absl::GetFlag(FLAGS_store), ranks);
     if (!store.ok()) return Fail(store.status());
-    auto g = dist::CreateGlooGroup(*store, rank, tp);
+    auto g = dist::CreateGlooGroup(*store, rank, ranks);
     if (!g.ok()) return Fail(g.status());
     group = *g;
   }
-  TensorParallelOptions options;
-  options.sequence_parallel = absl::GetFlag(FLAGS_sp);
-  auto model = TensorParallelModel::Create(c, group, options);
-  if (!model.ok()) return Fail(model.status());
-  {
-    // The full weights exist once, transiently, as a checkpoint load would
-    // bring them: built, sliced, dropped.
-    at::manual_seed(1);
-    actor::Transformer full(c);
-    absl::Status s = (*model)->LoadFromFull(full->NamedParameters());
-    if (!s.ok()) return Fail(s);
-  }
-  DataParallelOptions o;
-  o.grad_clip = 1.0;
-  o.norm_group = group;
-  o.norm_weights = (*model)->NormWeights();
-  auto dp = DataParallel::Create(nullptr, (*model)->Parameters(), o);
-  if (!dp.ok()) return Fail(dp.status());
-  // The training state is in place once DataParallel exists (its flat
-  // buffers and AdamW moments are allocated by Create); gradients come with
-  // the first backward.
-  // malloc_trim hands the dropped full weights back to the system first.
-  malloc_trim(0);
-  const double rss_setup = RssBytes();
-  int64_t local_params = 0;
-  for (const at::Tensor& p : (*model)->Parameters()) local_params += p.numel();
-
   at::manual_seed(2);
   const int64_t B = absl::GetFlag(FLAGS_batch), T = absl::GetFlag(FLAGS_seq);
   at::Tensor ids = at::randint(0, c.vocab_size, {B, T}, at::kLong);
@@ -135,22 +115,81 @@ int Main() {
   std::vector<double> seconds;
   double first_loss = 0;
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
-  for (int step = 0; step < warmup + steps; ++step) {
-    auto t0 = std::chrono::steady_clock::now();
-    (*dp)->ZeroGrad();
-    auto out = (*model)->TokenLogProbs(ids, pos, targets);
-    if (!out.ok()) return Fail(out.status());
-    auto valid = targets.ge(0).to(at::kFloat);
-    at::Tensor loss = -(out->logprobs * valid).sum() / valid.sum();
-    loss.backward();
-    auto stats = (*dp)->Step(1.0, 1e-4);
-    if (!stats.ok()) return Fail(stats.status());
-    if (step == 0) first_loss = loss.item<double>();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (step >= warmup) seconds.push_back(s);
+  double rss_setup = 0;
+  int64_t local_params = 0;
+  TensorParallelOptions options;
+  options.sequence_parallel = absl::GetFlag(FLAGS_sp);
+  if (zero3 > 0) {
+    FullyShardedOptions fo;
+    fo.prefetch = absl::GetFlag(FLAGS_prefetch);
+    fo.optimizer.grad_clip = 1.0;
+    at::manual_seed(1);
+    auto model = FullyShardedModel::Create(c, group, fo);
+    if (!model.ok()) return Fail(model.status());
+    malloc_trim(0);
+    rss_setup = RssBytes();
+    local_params = (*model)->shard_numel();
+    // This rank's rows of the batch.
+    const int64_t per = B / zero3;
+    at::Tensor my_ids = ids.narrow(0, rank * per, per), my_pos = pos.narrow(0, rank * per, per);
+    at::Tensor my_targets = targets.narrow(0, rank * per, per);
+    auto valid = my_targets.ge(0).to(at::kFloat);
+    for (int step = 0; step < warmup + steps; ++step) {
+      auto t0 = std::chrono::steady_clock::now();
+      (*model)->ZeroGrad(valid.sum().item<double>());
+      auto out = (*model)->TokenLogProbs(my_ids, my_pos, my_targets);
+      if (!out.ok()) return Fail(out.status());
+      at::Tensor loss = -(out->logprobs * valid).sum() / valid.sum();
+      loss.backward();
+      auto stats = (*model)->Step(1e-4);
+      if (!stats.ok()) return Fail(stats.status());
+      if (step == 0) first_loss = loss.item<double>();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (step >= warmup) seconds.push_back(s);
+    }
+  } else {
+    auto model = TensorParallelModel::Create(c, group, options);
+    if (!model.ok()) return Fail(model.status());
+    {
+      // The full weights exist once, transiently, as a checkpoint load would
+      // bring them: built, sliced, dropped.
+      at::manual_seed(1);
+      actor::Transformer full(c);
+      absl::Status s = (*model)->LoadFromFull(full->NamedParameters());
+      if (!s.ok()) return Fail(s);
+    }
+    DataParallelOptions o;
+    o.grad_clip = 1.0;
+    o.norm_group = group;
+    o.norm_weights = (*model)->NormWeights();
+    auto dp = DataParallel::Create(nullptr, (*model)->Parameters(), o);
+    if (!dp.ok()) return Fail(dp.status());
+    // The training state is in place once DataParallel exists (its flat
+    // buffers and AdamW moments are allocated by Create); gradients come with
+    // the first backward.
+    // malloc_trim hands the dropped full weights back to the system first.
+    malloc_trim(0);
+    rss_setup = RssBytes();
+    for (const at::Tensor& p : (*model)->Parameters()) local_params += p.numel();
+
+    for (int step = 0; step < warmup + steps; ++step) {
+      auto t0 = std::chrono::steady_clock::now();
+      (*dp)->ZeroGrad();
+      auto out = (*model)->TokenLogProbs(ids, pos, targets);
+      if (!out.ok()) return Fail(out.status());
+      auto valid = targets.ge(0).to(at::kFloat);
+      at::Tensor loss = -(out->logprobs * valid).sum() / valid.sum();
+      loss.backward();
+      auto stats = (*dp)->Step(1.0, 1e-4);
+      if (!stats.ok()) return Fail(stats.status());
+      if (step == 0) first_loss = loss.item<double>();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (step >= warmup) seconds.push_back(s);
+    }
   }
   std::string line = absl::StrCat(
-      "{\"tp\": ", tp, ", \"sp\": ", options.sequence_parallel ? "true" : "false", ", \"rank\": ", rank,
+      "{\"tp\": ", tp, ", \"zero3_dp\": ", zero3, ", \"sp\": ", options.sequence_parallel ? "true" : "false",
+      ", \"rank\": ", rank,
       ", \"threads\": ", absl::GetFlag(FLAGS_threads), ", \"seconds\": [", absl::StrJoin(seconds, ", "),
       "], \"first_loss\": ", absl::StrFormat("%.9g", first_loss), ", \"rss_before\": ", rss_before,
       ", \"rss_setup\": ", rss_setup, ", \"peak_rss\": ", PeakRssBytes(), ", \"local_params\": ", local_params, "}\n");

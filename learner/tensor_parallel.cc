@@ -15,6 +15,7 @@
 #include "actor/attention_inputs.h"
 #include "common/status_macros.h"
 #include "dist/collective.h"
+#include "learner/token_inputs.h"
 
 namespace rlmesh::learner {
 namespace {
@@ -306,25 +307,8 @@ absl::StatusOr<actor::TokenLogProbsOutput> TensorParallelModel::TokenLogProbs(co
                                                                              const at::Tensor& targets,
                                                                              double temperature,
                                                                              const at::Tensor& attention_mask) {
-  if (!(temperature > 0)) return absl::InvalidArgumentError("temperature: must be > 0");
-  auto check = [&](const char* name, const at::Tensor& t) -> absl::Status {
-    if (t.defined() && t.dim() == 2 && t.scalar_type() == at::kLong && ids.defined() && t.sizes() == ids.sizes()) {
-      return absl::OkStatus();
-    }
-    return absl::InvalidArgumentError(absl::StrCat(name, ": expected int64 [B,T] matching input_ids"));
-  };
-  RLMESH_RETURN_IF_ERROR(check("input_ids", ids));
-  RLMESH_RETURN_IF_ERROR(check("positions", positions));
-  RLMESH_RETURN_IF_ERROR(check("targets", targets));
+  RLMESH_RETURN_IF_ERROR(ValidateTokenInputs(ids, positions, targets, temperature, config_.vocab_size));
   try {
-    if (ids.numel() > 0) {
-      const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
-      const int64_t tmax = targets.max().item<int64_t>();
-      if (lo < 0 || hi >= config_.vocab_size || tmax >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("input_ids and targets: ids must be in [0, ",
-                                                       config_.vocab_size, ")"));
-      }
-    }
     const bool tp = size_ > 1;
     const int64_t key = GroupKey(group_.get());
     at::Tensor hidden = ForwardHidden(ids, positions, attention_mask);

@@ -22,133 +22,12 @@
 #include "dist/store.h"
 #include "learner/data_parallel.h"
 #include "learner/schedule.h"
+#include "learner/testing/model_parallel_testing.h"
 
 namespace rlmesh::learner {
 namespace {
 
-using Named = std::vector<std::pair<std::string, at::Tensor>>;
-
-actor::ModelConfig SmallConfig(const std::string& arch) {
-  actor::ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 48;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_positions = 32;
-  c.tie_embeddings = arch == "qwen3";
-  return c;
-}
-
-struct Batch {
-  at::Tensor ids, pos, targets, mask;
-};
-
-// Three rows of seven tokens, the last row padded after four; targets are
-// the next token (-1 past each row's end), so some rows score fewer tokens.
-Batch MakeBatch() {
-  at::manual_seed(11);
-  Batch b;
-  b.ids = at::randint(0, 48, {3, 7}, at::kLong);
-  b.pos = at::arange(7, at::kLong).unsqueeze(0).expand({3, 7}).contiguous();
-  b.mask = at::ones({3, 7}, at::kFloat);
-  b.mask[2].narrow(0, 4, 3).zero_();
-  b.targets = at::full({3, 7}, -1, at::kLong);
-  b.targets.narrow(1, 0, 6).copy_(b.ids.narrow(1, 1, 6));
-  b.targets[2].narrow(0, 3, 4).fill_(-1);
-  return b;
-}
-
-Batch Rows(const Batch& b, int64_t begin, int64_t n) {
-  return {b.ids.narrow(0, begin, n), b.pos.narrow(0, begin, n), b.targets.narrow(0, begin, n),
-          b.mask.narrow(0, begin, n)};
-}
-
-// Token-mean of -log p plus an entropy bonus: both heads of the
-// vocabulary-parallel log-softmax carry gradient.
-at::Tensor Loss(const actor::TokenLogProbsOutput& out, const at::Tensor& targets) {
-  auto valid = targets.ge(0).to(at::kFloat);
-  auto w = valid.sum();
-  return -(out.logprobs * valid).sum() / w - 0.01 * (out.entropy * valid).sum() / w;
-}
-
-double Weight(const Batch& b) { return b.targets.ge(0).sum().item<double>(); }
-
-DataParallelOptions Optimizer() {
-  DataParallelOptions o;
-  o.grad_clip = 0.5;  // below the first step's norm: clipping acts
-  o.adamw.weight_decay = 0.01;
-  return o;
-}
-
-constexpr int kSteps = 3;
-constexpr double kLr = 3e-3;
-
-// A checkpoint in the layout-free (Hugging Face) form: weights and AdamW
-// moments under parameter names, and the optimizer's step count.
-struct Checkpoint {
-  Named weights, exp_avg, exp_avg_sq;
-  int64_t steps = 0;
-};
-
-struct Run {
-  std::vector<double> losses, norms;
-  Named weights;
-  Checkpoint checkpoint;
-};
-
-// DataParallel's flat moments (no ZeRO-1: every element) as one tensor per
-// parameter, and back.
-std::vector<at::Tensor> Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> out;
-  int64_t offset = 0;
-  for (const at::Tensor& p : params) {
-    out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
-    offset += p.numel();
-  }
-  return out;
-}
-
-at::Tensor Flatten(const std::vector<at::Tensor>& parts) {
-  std::vector<at::Tensor> flat;
-  for (const at::Tensor& t : parts) flat.push_back(t.reshape({-1}));
-  return at::cat(flat);
-}
-
-Named InitialWeights(const actor::ModelConfig& c) {
-  at::manual_seed(5);
-  actor::Transformer m(c);
-  Named out;
-  for (auto& [name, p] : m->NamedParameters()) out.emplace_back(name, p.detach().clone());
-  return out;
-}
-
-Run Reference(const actor::ModelConfig& c, const Named& init, const Batch& batch) {
-  actor::Transformer m(c);
-  {
-    torch::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> src(init.begin(), init.end());
-    for (auto& [name, p] : m->NamedParameters()) p.copy_(src.at(name));
-  }
-  auto dp = DataParallel::Create(nullptr, m->parameters(), Optimizer());
-  REQUIRE(dp.ok());
-  Run r;
-  for (int step = 0; step < kSteps; ++step) {
-    (*dp)->ZeroGrad();
-    auto out = actor::TokenLogProbs(m, batch.ids, batch.pos, batch.targets, /*chunk_size=*/4, 0.9, batch.mask);
-    REQUIRE(out.ok());
-    at::Tensor loss = Loss(*out, batch.targets);
-    loss.backward();
-    auto stats = (*dp)->Step(1.0, kLr);
-    REQUIRE(stats.ok());
-    r.losses.push_back(loss.item<double>());
-    r.norms.push_back(stats->grad_norm);
-  }
-  r.weights = m->NamedParameters();
-  return r;
-}
+using namespace model_parallel_testing;  // NOLINT: the shared fixture
 
 // What one rank returns; the groups die only after every rank is done.
 struct RankResult {
@@ -247,30 +126,7 @@ std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Checkpoint& star
       return r;
     }));
   }
-  std::vector<RankResult> results;
-  for (auto& f : futures) {
-    REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
-    results.push_back(f.get());
-  }
-  std::vector<Run> out;
-  for (RankResult& r : results) {
-    INFO(r.run.status().ToString());
-    REQUIRE(r.run.ok());
-    out.push_back(*r.run);
-  }
-  return out;
-}
-
-double MaxAbsDiff(const Named& a, const Named& b) {
-  std::map<std::string, at::Tensor> bm(b.begin(), b.end());
-  double worst = 0;
-  for (const auto& [name, t] : a) {
-    REQUIRE(bm.count(name) == 1);
-    REQUIRE(bm[name].sizes() == t.sizes());
-    worst = std::max(worst, (t - bm[name]).abs().max().item<double>());
-  }
-  REQUIRE(a.size() == b.size());
-  return worst;
+  return Collect(futures);
 }
 
 void CheckEqualsReference(const std::string& arch, int tp, int dp, bool sequence_parallel, bool zero1 = false) {

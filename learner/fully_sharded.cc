@@ -1,0 +1,462 @@
+#include "learner/fully_sharded.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "actor/attention_inputs.h"
+#include "common/status_macros.h"
+#include "dist/collective.h"
+#include "learner/token_inputs.h"
+
+namespace rlmesh::learner {
+
+struct FullyShardedModel::Unit {
+  enum Kind { kEmbedding, kLayer, kHead };
+  Kind kind = kLayer;
+  int64_t layer = -1;
+  // The head of a model with tied embeddings also binds unit 0.
+  bool tied = false;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;  // the module's; empty while unbound
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  int64_t padded = 0;  // numel rounded up to a multiple of the group size
+  at::Tensor shard;    // [padded / size]: leaf, requires grad
+};
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kNone = -1;
+constexpr int64_t kTiedBit = 1 << 4;
+
+// The placeholder for an absent tensor argument of UnitFunction.
+at::Tensor Absent() { return at::empty({0}, at::kFloat); }
+
+// `args` with the absent ones (bit k of `present` clear) undefined again.
+std::vector<at::Tensor> Present(std::vector<at::Tensor> args, int64_t present) {
+  for (size_t k = 0; k < args.size(); ++k) {
+    if ((present & (int64_t{1} << k)) == 0) args[k] = at::Tensor();
+  }
+  return args;
+}
+
+// The `present` bits of in0..in3 (and the tied head's shard0).
+int64_t PresentBits(const std::vector<at::Tensor>& in, bool tied) {
+  int64_t bits = tied ? kTiedBit : 0;
+  for (size_t k = 0; k < in.size(); ++k) {
+    if (in[k].defined()) bits |= int64_t{1} << k;
+  }
+  return bits;
+}
+
+at::Tensor OrAbsent(const at::Tensor& t) { return t.defined() ? t : Absent(); }
+
+FullyShardedModel* ModelOf(AutogradContext* ctx) {
+  return reinterpret_cast<FullyShardedModel*>(ctx->saved_data["model"].toInt());
+}
+
+// One unit as an autograd node: forward gathers and runs the unit without
+// gradient; backward gathers again, recomputes it with gradient from the
+// saved inputs and returns the reduce-scattered parameter gradients as the
+// shards' gradients. `shard0` is unit 0's shard for a tied head, else
+// undefined; `in` are the unit's inputs (see FullyShardedModel::Compute).
+struct UnitFunction : public torch::autograd::Function<UnitFunction> {
+  // Autograd needs every tensor argument defined: an absent one is passed as
+  // Absent() and `present` has bit k set when in_k is real (bit 4: shard0).
+  static variable_list forward(AutogradContext* ctx, int64_t model, int64_t unit, int64_t present,
+                               const at::Tensor& shard, const at::Tensor& shard0, const at::Tensor& in0,
+                               const at::Tensor& in1, const at::Tensor& in2, const at::Tensor& in3) {
+    const bool tied = (present & kTiedBit) != 0;
+    ctx->saved_data["model"] = model;
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["present"] = present;
+    ctx->save_for_backward({in0, in1, in2, in3});
+    auto* m = reinterpret_cast<FullyShardedModel*>(model);
+    const size_t u = static_cast<size_t>(unit);
+    at::Tensor full = m->AcquireFull(u, u + 1);
+    m->Bind(u, full);
+    if (tied) m->Bind(0, m->AcquireFull(0, static_cast<size_t>(kNone)));
+    std::vector<at::Tensor> out = m->Compute(u, Present({in0, in1, in2, in3}, present));
+    m->Unbind(u);
+    if (tied) m->Unbind(0);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    FullyShardedModel* m = ModelOf(ctx);
+    const size_t u = static_cast<size_t>(ctx->saved_data["unit"].toInt());
+    const int64_t present = ctx->saved_data["present"].toInt();
+    const bool tied = (present & kTiedBit) != 0;
+    variable_list saved = Present(ctx->get_saved_variables(), present);
+    at::Tensor full = m->AcquireFull(u, u > 0 ? u - 1 : static_cast<size_t>(kNone));
+    m->Bind(u, full);
+    if (tied) m->Bind(0, m->AcquireFull(0, static_cast<size_t>(kNone)));
+    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> wrt;
+    std::vector<int> wrt_input;  // which input each of wrt's first entries is
+    {
+      at::AutoGradMode grad(true);
+      for (size_t k = 0; k < saved.size(); ++k) {
+        at::Tensor x = saved[k];
+        // needs_input_grad counts tensor arguments only: shard, shard0, in0..in3.
+        if (x.defined() && x.is_floating_point() && ctx->needs_input_grad(2 + k)) {
+          x = x.detach().requires_grad_(true);
+          wrt.push_back(x);
+          wrt_input.push_back(static_cast<int>(k));
+        }
+        inputs.push_back(x);
+      }
+      const size_t n_inputs = wrt.size();
+      std::vector<at::Tensor> params = m->UnitParams(u);
+      wrt.insert(wrt.end(), params.begin(), params.end());
+      std::vector<at::Tensor> params0;
+      if (tied) {
+        params0 = m->UnitParams(0);
+        wrt.insert(wrt.end(), params0.begin(), params0.end());
+      }
+      std::vector<at::Tensor> out = m->Compute(u, inputs);
+      std::vector<at::Tensor> grads_of_out;
+      for (size_t i = 0; i < out.size(); ++i) {
+        grads_of_out.push_back(i < grad_out.size() && grad_out[i].defined() ? grad_out[i] : at::zeros_like(out[i]));
+      }
+      variable_list grads = torch::autograd::grad(out, wrt, grads_of_out, /*retain_graph=*/false,
+                                                  /*create_graph=*/false, /*allow_unused=*/true);
+      m->Unbind(u);
+      if (tied) m->Unbind(0);
+      // One gradient per argument: model, unit, present, shard, shard0, in0..in3.
+      variable_list result(9);
+      for (size_t i = 0; i < n_inputs; ++i) result[5 + wrt_input[i]] = grads[i];
+      std::vector<at::Tensor> unit_grads(grads.begin() + n_inputs, grads.begin() + n_inputs + params.size());
+      result[3] = m->ReduceScatterGrads(u, unit_grads);
+      if (tied) {
+        std::vector<at::Tensor> grads0(grads.begin() + n_inputs + params.size(), grads.end());
+        result[4] = m->ReduceScatterGrads(0, grads0);
+      }
+      return result;
+    }
+  }
+};
+
+// Runs unit `u` of `model` as an autograd node; `shard0` is unit 0's shard
+// for a tied head (else undefined), `in` the unit's inputs (undefined =
+// absent).
+variable_list ApplyUnit(FullyShardedModel* model, size_t u, const at::Tensor& shard, const at::Tensor& shard0,
+                        std::vector<at::Tensor> in) {
+  in.resize(4);
+  const int64_t present = PresentBits(in, shard0.defined());
+  return UnitFunction::apply(reinterpret_cast<int64_t>(model), static_cast<int64_t>(u), present, shard,
+                             OrAbsent(shard0), OrAbsent(in[0]), OrAbsent(in[1]), OrAbsent(in[2]),
+                             OrAbsent(in[3]));
+}
+
+}  // namespace
+
+absl::Status ValidateFullySharded(const actor::ModelConfig& c) {
+  RLMESH_RETURN_IF_ERROR(c.Validate());
+  if (c.IsMoeArch()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model.arch ", c.arch,
+        ": fully sharded MoE layers are not built (the router's auxiliary loss and routing replay do not pass "
+        "through the units)"));
+  }
+  if (c.value_head) {
+    return absl::UnimplementedError("model.value_head: a value head under ZeRO-3 is not built");
+  }
+  return absl::OkStatus();
+}
+
+FullyShardedModel::~FullyShardedModel() = default;
+
+absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
+    const actor::ModelConfig& config, c10::intrusive_ptr<c10d::Backend> group, const FullyShardedOptions& options) {
+  RLMESH_RETURN_IF_ERROR(ValidateFullySharded(config));
+  if (options.logprob_chunk <= 0) return absl::InvalidArgumentError("logprob_chunk: must be > 0");
+  if (options.optimizer.zero1 || options.optimizer.norm_group || !options.optimizer.norm_weights.empty()) {
+    return absl::InvalidArgumentError(
+        "optimizer: zero1, norm_group and norm_weights do not apply to fully sharded parameters");
+  }
+  std::unique_ptr<FullyShardedModel> m(new FullyShardedModel());
+  m->config_ = config;
+  m->options_ = options;
+  m->group_ = group;
+  m->size_ = group ? group->getSize() : 1;
+  m->rank_ = group ? group->getRank() : 0;
+  try {
+    m->model_ = actor::Transformer(config);
+    m->rope_ = actor::ComputeRope(config);
+    // Units in execution order, parameters by Hugging Face name.
+    const auto named = m->model_->NamedParameters();
+    auto unit_of = [&](const std::string& name) -> std::pair<Unit::Kind, int64_t> {
+      if (name == "model.embed_tokens.weight") return {Unit::kEmbedding, -1};
+      if (absl::StartsWith(name, "model.layers.")) {
+        return {Unit::kLayer, std::stoll(name.substr(13, name.find('.', 13) - 13))};
+      }
+      return {Unit::kHead, -1};  // model.norm.weight, lm_head.weight
+    };
+    m->units_.resize(config.num_layers + 2);
+    for (size_t u = 0; u < m->units_.size(); ++u) {
+      m->units_[u] = std::make_unique<Unit>();
+      Unit& unit = *m->units_[u];
+      unit.kind = u == 0 ? Unit::kEmbedding : u == m->units_.size() - 1 ? Unit::kHead : Unit::kLayer;
+      unit.layer = unit.kind == Unit::kLayer ? static_cast<int64_t>(u) - 1 : -1;
+      unit.tied = unit.kind == Unit::kHead && config.tie_embeddings;
+    }
+    for (const auto& [name, p] : named) {
+      auto [kind, layer] = unit_of(name);
+      const size_t u = kind == Unit::kEmbedding ? 0 : kind == Unit::kLayer ? layer + 1 : m->units_.size() - 1;
+      Unit& unit = *m->units_[u];
+      unit.names.push_back(name);
+      unit.params.push_back(p);
+      unit.shapes.push_back(p.sizes().vec());
+      unit.offsets.push_back(unit.numel);
+      unit.numel += p.numel();
+    }
+    // Shard every unit: rank r keeps slice r of the zero-padded flat vector.
+    at::NoGradGuard no_grad;
+    for (auto& unit : m->units_) {
+      unit->padded = (unit->numel + m->size_ - 1) / m->size_ * m->size_;
+      const int64_t len = unit->padded / m->size_;
+      at::Tensor flat = at::zeros({unit->padded}, at::kFloat);
+      for (size_t i = 0; i < unit->params.size(); ++i) {
+        flat.narrow(0, unit->offsets[i], unit->params[i].numel()).copy_(unit->params[i].reshape({-1}));
+      }
+      unit->shard = flat.narrow(0, m->rank_ * len, len).clone().requires_grad_(true);
+    }
+    for (size_t u = 0; u < m->units_.size(); ++u) m->Unbind(u);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("fully sharded model: ", e.what_without_backtrace()));
+  }
+  DataParallelOptions o = options.optimizer;
+  o.norm_group = group;  // each rank's shards are its own part of the norm
+  RLMESH_ASSIGN_OR_RETURN(m->optimizer_, DataParallel::Create(nullptr, m->Shards(), o));
+  return m;
+}
+
+void FullyShardedModel::Bind(size_t u, const at::Tensor& full) {
+  Unit& unit = *units_[u];
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const int64_t n = c10::multiply_integers(unit.shapes[i]);
+    unit.params[i].set_data(full.narrow(0, unit.offsets[i], n).view(unit.shapes[i]));
+  }
+}
+
+void FullyShardedModel::Unbind(size_t u) {
+  for (at::Tensor& p : units_[u]->params) p.set_data(at::empty({0}, p.options()));
+}
+
+std::vector<at::Tensor> FullyShardedModel::UnitParams(size_t u) const { return units_[u]->params; }
+
+at::Tensor FullyShardedModel::AcquireFull(size_t u, size_t next) {
+  at::Tensor full;
+  auto it = prefetched_.find(u);
+  if (it != prefetched_.end()) {
+    it->second.first->wait();
+    full = it->second.second;
+    prefetched_.erase(it);
+  } else if (size_ == 1) {
+    full = units_[u]->shard.detach();
+  } else {
+    full = at::empty({units_[u]->padded}, at::kFloat);
+    at::Tensor mine = units_[u]->shard.detach();
+    group_->_allgather_base(full, mine)->wait();
+  }
+  if (options_.prefetch && size_ > 1 && next < units_.size() && prefetched_.count(next) == 0) Prefetch(next);
+  return full;
+}
+
+void FullyShardedModel::Prefetch(size_t u) {
+  at::Tensor full = at::empty({units_[u]->padded}, at::kFloat);
+  at::Tensor mine = units_[u]->shard.detach();
+  prefetched_[u] = {group_->_allgather_base(full, mine), full};
+}
+
+at::Tensor FullyShardedModel::ReduceScatterGrads(size_t u, const std::vector<at::Tensor>& grads) {
+  const Unit& unit = *units_[u];
+  at::Tensor flat = at::zeros({unit.padded}, at::kFloat);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined()) flat.narrow(0, unit.offsets[i], grads[i].numel()).copy_(grads[i].reshape({-1}));
+  }
+  // DataParallel's convention: local-mean gradients times the local weight,
+  // summed over the ranks; Step divides by the global weight.
+  flat.mul_(local_weight_);
+  if (size_ == 1) return flat;
+  at::Tensor mine = at::empty({unit.padded / size_}, at::kFloat);
+  group_->_reduce_scatter_base(mine, flat)->wait();
+  return mine;
+}
+
+std::vector<at::Tensor> FullyShardedModel::Compute(size_t u, const std::vector<at::Tensor>& in) {
+  const Unit& unit = *units_[u];
+  auto* backbone = model_->model.get();
+  switch (unit.kind) {
+    case Unit::kEmbedding:
+      return {backbone->embed_tokens(in[0])};
+    case Unit::kLayer: {
+      auto* layer = (*backbone->layers)[unit.layer]->as<actor::DecoderLayerImpl>();
+      at::Tensor h = in[0];
+      h = h + layer->self_attn->Full(layer->input_layernorm(h), in[1], in[2], in[3], nullptr, nullptr);
+      h = h + layer->Ffn(layer->post_attention_layernorm(h), nullptr);
+      return {h};
+    }
+    case Unit::kHead: {
+      auto out = actor::TokenLogProbsFromHidden(backbone->norm(in[0]), model_->LmHeadWeight(), in[1],
+                                                options_.logprob_chunk, temperature_);
+      TORCH_CHECK(out.ok(), out.status().ToString());
+      return {out->logprobs, out->entropy};
+    }
+  }
+  return {};
+}
+
+absl::StatusOr<actor::TokenLogProbsOutput> FullyShardedModel::TokenLogProbs(const at::Tensor& ids,
+                                                                           const at::Tensor& positions,
+                                                                           const at::Tensor& targets,
+                                                                           double temperature,
+                                                                           const at::Tensor& attention_mask) {
+  RLMESH_RETURN_IF_ERROR(ValidateTokenInputs(ids, positions, targets, temperature, config_.vocab_size));
+  try {
+    temperature_ = temperature;
+    const size_t head = units_.size() - 1;
+    at::Tensor h = ApplyUnit(this, 0, units_[0]->shard, at::Tensor(), {ids})[0];
+    auto [cos, sin] = actor::RopeCosSin(config_, rope_, positions, h.scalar_type());
+    at::Tensor mask = actor::AttentionMask4d(attention_mask, ids.size(1), h.device());
+    for (size_t u = 1; u < head; ++u) h = ApplyUnit(this, u, units_[u]->shard, at::Tensor(), {h, cos, sin, mask})[0];
+    variable_list out = ApplyUnit(this, head, units_[head]->shard,
+                                  units_[head]->tied ? units_[0]->shard : at::Tensor(), {h, targets});
+    return actor::TokenLogProbsOutput{out[0], out[1]};
+  } catch (const std::exception& e) {
+    prefetched_.clear();
+    return absl::AbortedError(absl::StrCat("fully sharded log-probs failed: ", e.what()));
+  }
+}
+
+void FullyShardedModel::ZeroGrad(double local_weight) {
+  local_weight_ = local_weight;
+  optimizer_->ZeroGrad();
+}
+
+absl::StatusOr<DataParallelStepStats> FullyShardedModel::Step(double lr) {
+  double global = local_weight_;
+  if (size_ > 1) {
+    at::Tensor w = at::full({1}, local_weight_, at::TensorOptions().dtype(at::kDouble));
+    RLMESH_RETURN_IF_ERROR(dist::Collective("global weight", [&] {
+      std::vector<at::Tensor> v = {w};
+      group_->allreduce(v)->wait();
+    }));
+    global = w.item<double>();
+  }
+  if (!(global > 0)) return absl::InvalidArgumentError("local_weight: the global weight over all ranks is 0");
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& unit : units_) {
+      if (unit->shard.grad().defined()) unit->shard.mutable_grad().div_(global);
+    }
+  }
+  RLMESH_ASSIGN_OR_RETURN(DataParallelStepStats stats, optimizer_->Step(1.0, lr));
+  stats.global_weight = global;
+  return stats;
+}
+
+std::vector<at::Tensor> FullyShardedModel::Shards() const {
+  std::vector<at::Tensor> out;
+  for (const auto& unit : units_) out.push_back(unit->shard);
+  return out;
+}
+
+absl::Status FullyShardedModel::LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                                   int64_t steps) {
+  return optimizer_->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+}
+
+int64_t FullyShardedModel::full_numel() const {
+  int64_t n = 0;
+  for (const auto& unit : units_) n += unit->numel;
+  return n;
+}
+
+int64_t FullyShardedModel::shard_numel() const {
+  int64_t n = 0;
+  for (const auto& unit : units_) n += unit->shard.numel();
+  return n;
+}
+
+absl::StatusOr<std::vector<at::Tensor>> FullyShardedModel::SliceOf(const Named& full) const {
+  std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  std::vector<at::Tensor> out;
+  for (const auto& unit : units_) {
+    at::Tensor flat = at::zeros({unit->padded}, at::kFloat);
+    for (size_t i = 0; i < unit->names.size(); ++i) {
+      auto it = by_name.find(unit->names[i]);
+      if (it == by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", unit->names[i], ": missing"));
+      }
+      if (!it->second.defined() || it->second.sizes().vec() != unit->shapes[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", unit->names[i], ": expected shape ",
+                                                       c10::str(at::IntArrayRef(unit->shapes[i])), ", got ",
+                                                       it->second.defined() ? c10::str(it->second.sizes())
+                                                                            : "none"));
+      }
+      flat.narrow(0, unit->offsets[i], it->second.numel()).copy_(it->second.detach().reshape({-1}));
+    }
+    const int64_t len = unit->padded / size_;
+    out.push_back(flat.narrow(0, rank_ * len, len).clone());
+  }
+  return out;
+}
+
+absl::Status FullyShardedModel::LoadFromFull(const Named& full) {
+  RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> shards, SliceOf(full));
+  at::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) units_[u]->shard.copy_(shards[u]);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFull() { return GatherFullOf(Shards()); }
+
+absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFullOf(const std::vector<at::Tensor>& shards) {
+  if (shards.size() != units_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shards: ", shards.size(), " tensors for ", units_.size(), " units"));
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!shards[u].defined() || shards[u].numel() != units_[u]->shard.numel()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shards[", u, "]: expected ", units_[u]->shard.numel(), " elements"));
+    }
+  }
+  Named out;
+  RLMESH_RETURN_IF_ERROR(dist::Collective("fully sharded gather", [&] {
+    at::NoGradGuard no_grad;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const Unit& unit = *units_[u];
+      at::Tensor full;
+      if (size_ == 1) {
+        full = shards[u].detach().reshape({-1});
+      } else {
+        full = at::empty({unit.padded}, at::kFloat);
+        at::Tensor mine = shards[u].detach().reshape({-1}).contiguous();
+        group_->_allgather_base(full, mine)->wait();
+      }
+      for (size_t i = 0; i < unit.names.size(); ++i) {
+        const int64_t n = c10::multiply_integers(unit.shapes[i]);
+        out.emplace_back(unit.names[i], full.narrow(0, unit.offsets[i], n).view(unit.shapes[i]).clone());
+      }
+    }
+  }));
+  return out;
+}
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,229 @@
+// ZeRO-3 must reproduce one process: Gloo groups on threads over a
+// HashStore, each rank a FullyShardedModel holding 1/dp of every unit and
+// training on its own rows (an uneven split), three AdamW steps with
+// clipping active against the whole model on the whole batch; gradient
+// norms and gathered weights must agree within 1e-5 (fp32). Checkpoints
+// gathered at one dp resume at another.
+#include "learner/fully_sharded.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "dist/gloo.h"
+#include "dist/store.h"
+#include "learner/testing/model_parallel_testing.h"
+
+namespace rlmesh::learner {
+namespace {
+
+using namespace model_parallel_testing;  // NOLINT: the shared fixture
+
+FullyShardedOptions Options(bool prefetch) {
+  FullyShardedOptions o;
+  o.prefetch = prefetch;
+  o.logprob_chunk = 4;
+  o.optimizer = Optimizer();
+  return o;
+}
+
+// The moments as one tensor per shard (FullyShardedModel::Shards order).
+std::vector<at::Tensor> PerShard(const at::Tensor& flat, const std::vector<at::Tensor>& shards) {
+  return Unflatten(flat, shards);
+}
+
+// One rank: `steps` steps from `start`, then the gathered checkpoint.
+absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& start, const Batch& rows,
+                              c10::intrusive_ptr<c10d::Backend> group, int steps, bool prefetch) {
+  auto model = FullyShardedModel::Create(c, group, Options(prefetch));
+  if (!model.ok()) return model.status();
+  FullyShardedModel& m = **model;
+  absl::Status s = m.LoadFromFull(start.weights);
+  if (!s.ok()) return s;
+  if (start.steps > 0) {
+    auto avg = m.SliceOf(start.exp_avg);
+    auto sq = m.SliceOf(start.exp_avg_sq);
+    if (!avg.ok()) return avg.status();
+    if (!sq.ok()) return sq.status();
+    s = m.LoadOptimizerState(Flatten(*avg), Flatten(*sq), start.steps);
+    if (!s.ok()) return s;
+  }
+  Run r;
+  for (int step = 0; step < steps; ++step) {
+    m.ZeroGrad(Weight(rows));
+    auto out = m.TokenLogProbs(rows.ids, rows.pos, rows.targets, 0.9, rows.mask);
+    if (!out.ok()) return out.status();
+    at::Tensor loss = Loss(*out, rows.targets);
+    loss.backward();
+    auto stats = m.Step(kLr);
+    if (!stats.ok()) return stats.status();
+    r.losses.push_back(loss.item<double>());
+    r.norms.push_back(stats->grad_norm);
+  }
+  auto full = m.GatherFull();
+  if (!full.ok()) return full.status();
+  r.weights = *full;
+  auto avg = m.GatherFullOf(PerShard(m.exp_avg(), m.Shards()));
+  auto sq = m.GatherFullOf(PerShard(m.exp_avg_sq(), m.Shards()));
+  if (!avg.ok()) return avg.status();
+  if (!sq.ok()) return sq.status();
+  r.checkpoint = {*full, *avg, *sq, m.steps()};
+  return r;
+}
+
+struct RankResult {
+  absl::StatusOr<Run> run = absl::UnknownError("not run");
+  c10::intrusive_ptr<c10d::Backend> group;
+};
+
+// dp ranks on threads; rank d trains rows [d * (3 / dp), ...), the last rank
+// the remainder (at dp = 2: one row and two rows).
+std::vector<Run> TrainDp(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch, int dp,
+                         int steps = kSteps, bool prefetch = true) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<RankResult>> futures;
+  const int64_t rows = batch.ids.size(0);
+  for (int d = 0; d < dp; ++d) {
+    futures.push_back(std::async(std::launch::async, [=]() {
+      RankResult r;
+      if (dp > 1) {
+        dist::GlooGroupOptions gloo;
+        gloo.timeout_ms = 60'000;
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, "dp"), d, dp, gloo);
+        if (!g.ok()) {
+          r.run = g.status();
+          return r;
+        }
+        r.group = *g;
+      }
+      const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
+      r.run = TrainRank(c, start, Rows(batch, begin, n), r.group, steps, prefetch);
+      return r;
+    }));
+  }
+  return Collect(futures);
+}
+
+void CheckEqualsReference(const std::string& arch, int dp, bool prefetch = true) {
+  CAPTURE(arch, dp, prefetch);
+  const actor::ModelConfig c = SmallConfig(arch);
+  const Named init = InitialWeights(c);
+  const Batch batch = MakeBatch();
+  const Run ref = Reference(c, init, batch);
+  // Not vacuous: clipping acted and the weights moved.
+  REQUIRE(ref.norms[0] > Optimizer().grad_clip);
+  REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
+  for (const Run& r : TrainDp(c, Checkpoint{init}, batch, dp, kSteps, prefetch)) {
+    for (int step = 0; step < kSteps; ++step) {
+      CAPTURE(step);
+      CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
+      if (dp == 1) CHECK(std::abs(r.losses[step] - ref.losses[step]) < 1e-5);
+    }
+    CHECK(MaxAbsDiff(r.weights, ref.weights) < 1e-5);
+  }
+}
+
+TEST_CASE("ZeRO-3 on one rank equals one process: llama, qwen2 (q/k/v bias), qwen3 (tied embeddings)") {
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) CheckEqualsReference(arch, 1);
+}
+
+TEST_CASE("dp=2 x ZeRO-3 equals one process on the whole batch (rows split 1 / 2)") {
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) CheckEqualsReference(arch, 2);
+}
+
+TEST_CASE("dp=2 x ZeRO-3 without prefetch takes the same steps") { CheckEqualsReference("qwen3", 2, false); }
+
+TEST_CASE("a ZeRO-3 checkpoint gathered at one dp resumes at another") {
+  const actor::ModelConfig c = SmallConfig("qwen3");
+  const Batch batch = MakeBatch();
+  const Checkpoint init{InitialWeights(c)};
+  const Run straight = TrainDp(c, init, batch, 1, 5)[0];
+  REQUIRE(straight.checkpoint.steps == 5);
+  for (auto [first, second] : {std::pair<int, int>{2, 1}, std::pair<int, int>{1, 2}}) {
+    CAPTURE(first, second);
+    const Run a = TrainDp(c, init, batch, first, 3)[0];
+    REQUIRE(a.checkpoint.steps == 3);
+    REQUIRE(a.checkpoint.exp_avg_sq.size() == init.weights.size());
+    CHECK(a.checkpoint.exp_avg_sq[0].second.abs().sum().item<double>() > 0);
+    for (const Run& b : TrainDp(c, a.checkpoint, batch, second, 2)) {
+      CHECK(b.checkpoint.steps == 5);
+      CHECK(b.norms[1] == Approx(straight.norms[4]).epsilon(1e-5));
+      CHECK(MaxAbsDiff(b.weights, straight.weights) < 1e-5);
+      CHECK(MaxAbsDiff(b.checkpoint.exp_avg, straight.checkpoint.exp_avg) < 1e-6);
+    }
+    // Without the moments the run is measurably different: they matter.
+    const Run fresh = TrainDp(c, Checkpoint{a.checkpoint.weights}, batch, second, 2)[0];
+    CHECK(MaxAbsDiff(fresh.weights, straight.weights) > 1e-4);
+  }
+}
+
+TEST_CASE("each rank holds 1/dp of the parameters, and the module none between units") {
+  const actor::ModelConfig c = SmallConfig("llama");
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<absl::Status>> ranks;
+  for (int d = 0; d < 2; ++d) {
+    ranks.push_back(std::async(std::launch::async, [=]() -> absl::Status {
+      auto g = dist::CreateGlooGroup(dist::WithPrefix(store, "mem"), d, 2, {});
+      if (!g.ok()) return g.status();
+      auto m = FullyShardedModel::Create(c, *g, Options(true));
+      if (!m.ok()) return m.status();
+      int64_t whole = 0;
+      for (auto& [name, t] : InitialWeights(c)) whole += t.numel();
+      if ((*m)->full_numel() != whole) return absl::InternalError("full_numel is not the model's size");
+      // Units are padded to a multiple of 2: at most one element each.
+      const int64_t units = c.num_layers + 2;
+      if ((*m)->shard_numel() * 2 < whole || (*m)->shard_numel() * 2 > whole + units) {
+        return absl::InternalError(absl::StrCat("shard_numel ", (*m)->shard_numel(), " is not half of ", whole));
+      }
+      for (size_t u = 0; u < (*m)->num_units(); ++u) {
+        for (const at::Tensor& p : (*m)->UnitParams(u)) {
+          if (p.numel() != 0) return absl::InternalError("a module parameter holds data between units");
+        }
+      }
+      return absl::OkStatus();
+    }));
+  }
+  for (auto& f : ranks) {
+    const absl::Status s = f.get();
+    INFO(s.ToString());
+    CHECK(s.ok());
+  }
+}
+
+TEST_CASE("models and options ZeRO-3 cannot take are refused by name") {
+  actor::ModelConfig moe = SmallConfig("llama");
+  moe.arch = "qwen3_moe";
+  moe.num_experts = 4;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 16;
+  auto refused = FullyShardedModel::Create(moe, nullptr);
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(refused.status().message()).find("model.arch qwen3_moe") != std::string::npos);
+  actor::ModelConfig value = SmallConfig("llama");
+  value.value_head = true;
+  auto no_value = FullyShardedModel::Create(value, nullptr);
+  REQUIRE(!no_value.ok());
+  CHECK(std::string(no_value.status().message()).find("model.value_head") != std::string::npos);
+  FullyShardedOptions zero1 = Options(true);
+  zero1.optimizer.zero1 = true;
+  auto no_zero1 = FullyShardedModel::Create(SmallConfig("llama"), nullptr, zero1);
+  REQUIRE(!no_zero1.ok());
+  CHECK(std::string(no_zero1.status().message()).find("zero1") != std::string::npos);
+  auto m = FullyShardedModel::Create(SmallConfig("llama"), nullptr);
+  REQUIRE(m.ok());
+  Named partial = InitialWeights(SmallConfig("llama"));
+  partial.pop_back();
+  absl::Status missing = (*m)->LoadFromFull(partial);
+  CHECK(missing.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(missing.message()).find("missing") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace rlmesh::learner

@@ -1,0 +1,179 @@
+#pragma once
+
+// The fixture the model-parallel tests share (tensor_parallel_test,
+// fully_sharded_test): a small model of each family, one batch with a padded
+// row, the loss and optimizer settings, and the one-process reference run
+// every layout must reproduce.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actor/logprobs.h"
+#include "actor/transformer.h"
+#include "catch2/catch.hpp"
+#include "learner/data_parallel.h"
+
+namespace rlmesh::learner::model_parallel_testing {
+
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+inline actor::ModelConfig SmallConfig(const std::string& arch) {
+  actor::ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 48;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_positions = 32;
+  c.tie_embeddings = arch == "qwen3";
+  return c;
+}
+
+struct Batch {
+  at::Tensor ids, pos, targets, mask;
+};
+
+// Three rows of seven tokens, the last row padded after four; targets are
+// the next token (-1 past each row's end), so some rows score fewer tokens.
+inline Batch MakeBatch() {
+  at::manual_seed(11);
+  Batch b;
+  b.ids = at::randint(0, 48, {3, 7}, at::kLong);
+  b.pos = at::arange(7, at::kLong).unsqueeze(0).expand({3, 7}).contiguous();
+  b.mask = at::ones({3, 7}, at::kFloat);
+  b.mask[2].narrow(0, 4, 3).zero_();
+  b.targets = at::full({3, 7}, -1, at::kLong);
+  b.targets.narrow(1, 0, 6).copy_(b.ids.narrow(1, 1, 6));
+  b.targets[2].narrow(0, 3, 4).fill_(-1);
+  return b;
+}
+
+inline Batch Rows(const Batch& b, int64_t begin, int64_t n) {
+  return {b.ids.narrow(0, begin, n), b.pos.narrow(0, begin, n), b.targets.narrow(0, begin, n),
+          b.mask.narrow(0, begin, n)};
+}
+
+// Token-mean of -log p plus an entropy bonus: both heads of the
+// vocabulary-parallel log-softmax carry gradient.
+inline at::Tensor Loss(const actor::TokenLogProbsOutput& out, const at::Tensor& targets) {
+  auto valid = targets.ge(0).to(at::kFloat);
+  auto w = valid.sum();
+  return -(out.logprobs * valid).sum() / w - 0.01 * (out.entropy * valid).sum() / w;
+}
+
+inline double Weight(const Batch& b) { return b.targets.ge(0).sum().item<double>(); }
+
+inline DataParallelOptions Optimizer() {
+  DataParallelOptions o;
+  o.grad_clip = 0.5;  // below the first step's norm: clipping acts
+  o.adamw.weight_decay = 0.01;
+  return o;
+}
+
+constexpr int kSteps = 3;
+constexpr double kLr = 3e-3;
+
+// A checkpoint in the layout-free (Hugging Face) form: weights and AdamW
+// moments under parameter names, and the optimizer's step count.
+struct Checkpoint {
+  Named weights, exp_avg, exp_avg_sq;
+  int64_t steps = 0;
+};
+
+struct Run {
+  std::vector<double> losses, norms;
+  Named weights;
+  Checkpoint checkpoint;
+};
+
+// DataParallel's flat moments (no ZeRO-1: every element) as one tensor per
+// parameter, and back.
+inline std::vector<at::Tensor> Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (const at::Tensor& p : params) {
+    out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+  return out;
+}
+
+inline at::Tensor Flatten(const std::vector<at::Tensor>& parts) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : parts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+inline Named InitialWeights(const actor::ModelConfig& c) {
+  at::manual_seed(5);
+  actor::Transformer m(c);
+  Named out;
+  for (auto& [name, p] : m->NamedParameters()) out.emplace_back(name, p.detach().clone());
+  return out;
+}
+
+inline Run Reference(const actor::ModelConfig& c, const Named& init, const Batch& batch) {
+  actor::Transformer m(c);
+  {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> src(init.begin(), init.end());
+    for (auto& [name, p] : m->NamedParameters()) p.copy_(src.at(name));
+  }
+  auto dp = DataParallel::Create(nullptr, m->parameters(), Optimizer());
+  REQUIRE(dp.ok());
+  Run r;
+  for (int step = 0; step < kSteps; ++step) {
+    (*dp)->ZeroGrad();
+    auto out = actor::TokenLogProbs(m, batch.ids, batch.pos, batch.targets, /*chunk_size=*/4, 0.9, batch.mask);
+    REQUIRE(out.ok());
+    at::Tensor loss = Loss(*out, batch.targets);
+    loss.backward();
+    auto stats = (*dp)->Step(1.0, kLr);
+    REQUIRE(stats.ok());
+    r.losses.push_back(loss.item<double>());
+    r.norms.push_back(stats->grad_norm);
+  }
+  r.weights = m->NamedParameters();
+  return r;
+}
+
+inline double MaxAbsDiff(const Named& a, const Named& b) {
+  std::map<std::string, at::Tensor> bm(b.begin(), b.end());
+  double worst = 0;
+  for (const auto& [name, t] : a) {
+    REQUIRE(bm.count(name) == 1);
+    REQUIRE(bm[name].sizes() == t.sizes());
+    worst = std::max(worst, (t - bm[name]).abs().max().item<double>());
+  }
+  REQUIRE(a.size() == b.size());
+  return worst;
+}
+
+// The runs of ranks started with std::async, in rank order; each result has
+// a `run` (absl::StatusOr<Run>) and keeps its groups alive until all ranks
+// are done. Fails the test when a rank is not done in two minutes or failed.
+template <typename RankResult>
+std::vector<Run> Collect(std::vector<std::future<RankResult>>& futures) {
+  std::vector<RankResult> results;
+  for (auto& f : futures) {
+    REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    results.push_back(f.get());
+  }
+  std::vector<Run> out;
+  for (RankResult& r : results) {
+    INFO(r.run.status().ToString());
+    REQUIRE(r.run.ok());
+    out.push_back(*r.run);
+  }
+  return out;
+}
+
+}  // namespace rlmesh::learner::model_parallel_testing
