@@ -422,7 +422,7 @@ void IndexBench() {
       std::vector<double> us;
       for (int i = 0; i < 2000; ++i) {
         const absl::Time t0 = absl::Now();
-        if (index.Select(mode, i, 8, min_version, skip).picked.size() != 8) std::exit(1);
+        if (index.Select(mode, i, 8, {min_version, skip}).picked.size() != 8) std::exit(1);
         us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
       }
       return Percentile(us, 0.5);

@@ -7,7 +7,7 @@
 namespace rlmesh::replay {
 
 Selection SelectFifo(const std::map<int64_t, GroupPtr>& by_seq, int64_t next_seq, int64_t visible_limit,
-                     const std::map<int64_t, Lease>& acked, size_t want, const Accept& accept) {
+                     const std::map<int64_t, Lease>& acked, size_t want, const SampleFilter& filter) {
   Selection out;
   out.end_seq = next_seq;
   auto done = acked.begin();
@@ -16,7 +16,7 @@ Selection SelectFifo(const std::map<int64_t, GroupPtr>& by_seq, int64_t next_seq
     while (done != acked.end() && done->second.to <= it->first) ++done;
     out.end_seq = it->first + 1;
     if (done != acked.end() && done->first <= it->first) continue;
-    if (accept(*it->second)) {
+    if (filter.Admits(*it->second)) {
       out.picked.push_back(it->second);
     } else {
       ++out.skipped;
@@ -40,18 +40,9 @@ void SampleIndex::Add(const GroupPtr& group) {
   Bucket& bucket = *buckets_[b];
   Part* part = group->zero_variance() ? &bucket.flat : &bucket.spread;
   const auto at = std::lower_bound(part->seqs.begin(), part->seqs.end(), group->seq);
-  const size_t i = at - part->seqs.begin();
-  if (at != part->seqs.end() && *at == group->seq && part->slots[i] != nullptr) return;
+  if (at != part->seqs.end() && *at == group->seq) return;
   if (bucket.spread.live + bucket.flat.live == 0) --empty_buckets_;
-  if (at != part->seqs.end() && *at == group->seq) {
-    // A removed group's seq again (the store never reuses one): revive it.
-    part->slots[i] = group;
-    part->count.Set(i, 1);
-    part->priority.Set(i, group->reward_variance() + 1e-6);
-    ++part->live;
-  } else {
-    Insert(part, group);
-  }
+  Insert(part, group);
   ++size_;
   Refresh(b);
 }
@@ -154,8 +145,9 @@ const GroupPtr& FindIn(const std::vector<GroupPtr>& slots, const Fenwick<T>& tre
 
 }  // namespace
 
-Selection SampleIndex::Select(SampleMode mode, uint64_t seed, size_t want, int64_t min_policy_version,
-                              bool skip_zero_variance) const {
+Selection SampleIndex::Select(SampleMode mode, uint64_t seed, size_t want, const SampleFilter& filter) const {
+  const int64_t min_policy_version = filter.min_policy_version;
+  const bool skip_zero_variance = filter.skip_zero_variance;
   Selection out;
   const size_t b0 = std::lower_bound(versions_.begin(), versions_.end(), min_policy_version) - versions_.begin();
   const Fenwick<int64_t>& counts = skip_zero_variance ? spread_count_ : all_count_;

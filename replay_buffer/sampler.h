@@ -8,7 +8,6 @@
 // Pure functions; the caller provides any synchronisation of the inputs.
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -35,21 +34,31 @@ struct Lease {
 struct Selection {
   // In the order they are to be returned.
   std::vector<GroupPtr> picked;
-  // Groups passed over because `accept` refused them.
+  // Groups passed over because the filter refused them.
   int skipped = 0;
   // FIFO: the seq after the last group looked at (where the next lease
   // starts); 0 for the random modes.
   int64_t end_seq = 0;
 };
 
-using Accept = std::function<bool(const GroupSummary&)>;
+// The groups a SampleGroups request admits, in every mode.
+struct SampleFilter {
+  // Groups whose oldest sample's policy_version is below it are skipped.
+  int64_t min_policy_version = 0;
+  // Groups whose rewards are all equal are skipped.
+  bool skip_zero_variance = false;
+
+  bool Admits(const GroupSummary& g) const {
+    return g.min_policy_version() >= min_policy_version && !(skip_zero_variance && g.zero_variance());
+  }
+};
 
 // FIFO: walks `by_seq` upwards from `next_seq`, below `visible_limit` (seqs
 // at or above it may still be being written), skipping seqs inside the
 // `acked` ranges (keyed by their first seq), and takes the first `want`
-// groups that `accept` admits. end_seq starts at next_seq.
+// groups that `filter` admits. end_seq starts at next_seq.
 Selection SelectFifo(const std::map<int64_t, GroupPtr>& by_seq, int64_t next_seq, int64_t visible_limit,
-                     const std::map<int64_t, Lease>& acked, size_t want, const Accept& accept);
+                     const std::map<int64_t, Lease>& acked, size_t want, const SampleFilter& filter);
 
 // The random modes' index over one experiment's committed groups, kept up to
 // date as groups are committed and trimmed, so that a SampleGroups call costs
@@ -75,14 +84,17 @@ Selection SelectFifo(const std::map<int64_t, GroupPtr>& by_seq, int64_t next_seq
 // Not synchronised: the store calls it under its catalog lock.
 class SampleIndex {
  public:
-  // A group already present (same seq) is ignored.
+  // A group already present or removed before (same seq) is ignored: the
+  // store never reuses a seq.
   void Add(const GroupPtr& group);
   // A group not present is ignored.
   void Remove(const GroupSummary& group);
   size_t size() const { return size_; }
 
-  Selection Select(SampleMode mode, uint64_t seed, size_t want, int64_t min_policy_version,
-                   bool skip_zero_variance) const;
+  // The groups `filter` admits are those of the buckets from its
+  // min_policy_version on (their spread parts only with skip_zero_variance):
+  // the same groups SampleFilter::Admits accepts.
+  Selection Select(SampleMode mode, uint64_t seed, size_t want, const SampleFilter& filter) const;
 
  private:
   struct Part {

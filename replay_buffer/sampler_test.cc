@@ -34,7 +34,7 @@ std::vector<int64_t> Seqs(const Selection& s) {
   return out;
 }
 
-const Accept kAll = [](const GroupSummary&) { return true; };
+const SampleFilter kAll;
 
 }  // namespace
 
@@ -49,13 +49,18 @@ TEST_CASE("FIFO takes the oldest visible groups from the cursor, in seq order") 
 
 TEST_CASE("FIFO stops at the visible limit and counts filtered groups as skipped") {
   std::map<int64_t, GroupPtr> by_seq;
-  for (int64_t seq = 1; seq <= 6; ++seq) by_seq[seq] = Group(seq, {0, 0}, /*policy_version=*/seq);
-  // Only even versions pass; seq 5 and above may still be being written.
-  const Accept even = [](const GroupSummary& g) { return g.min_policy_version() % 2 == 0; };
-  Selection s = SelectFifo(by_seq, 1, /*visible_limit=*/5, {}, 10, even);
-  CHECK(Seqs(s) == std::vector<int64_t>{2, 4});
-  CHECK(s.skipped == 2);
-  CHECK(s.end_seq == 5);
+  // Seq 5's rewards are flat; the versions are the seqs.
+  for (int64_t seq = 1; seq <= 7; ++seq) {
+    by_seq[seq] = Group(seq, seq == 5 ? std::vector<double>{0, 0} : std::vector<double>{0, 1}, /*policy_version=*/seq);
+  }
+  // Versions from 3, rewards that vary; seq 7 and above may still be being
+  // written.
+  Selection s = SelectFifo(by_seq, 1, /*visible_limit=*/7, {}, 10, SampleFilter{3, true});
+  CHECK(Seqs(s) == std::vector<int64_t>{3, 4, 6});
+  CHECK(s.skipped == 3);
+  CHECK(s.end_seq == 7);
+  // Without skip_zero_variance the flat group is taken.
+  CHECK(Seqs(SelectFifo(by_seq, 1, 7, {}, 10, SampleFilter{3, false})) == std::vector<int64_t>{3, 4, 5, 6});
 }
 
 TEST_CASE("FIFO never redelivers groups inside acknowledged ranges") {
@@ -90,7 +95,7 @@ std::vector<int64_t> Draws(const SampleIndex& index, SampleMode mode, int calls,
                            int64_t min_policy_version, bool skip_zero_variance) {
   std::vector<int64_t> out;
   for (int c = 1; c <= calls; ++c) {
-    for (int64_t seq : Seqs(index.Select(mode, c, want, min_policy_version, skip_zero_variance))) {
+    for (int64_t seq : Seqs(index.Select(mode, c, want, {min_policy_version, skip_zero_variance}))) {
       out.push_back(seq);
     }
   }
@@ -132,10 +137,10 @@ TEST_CASE("uniform draws are seeded, with replacement, and only from admitted gr
   }
   SampleIndex index = Index(groups);
   REQUIRE(index.size() == 40);
-  Selection a = index.Select(SAMPLE_UNIFORM, 7, 20, /*min_policy_version=*/11, /*skip_zero_variance=*/true);
+  Selection a = index.Select(SAMPLE_UNIFORM, 7, 20, {/*min_policy_version=*/11, /*skip_zero_variance=*/true});
   REQUIRE(a.picked.size() == 20);
   CHECK(a.skipped == 40 - 24);  // versions 11..40 less the six flat ones
-  CHECK(index.Select(SAMPLE_UNIFORM, 7, 25, 11, true).picked.empty());  // only 24 qualify
+  CHECK(index.Select(SAMPLE_UNIFORM, 7, 25, {11, true}).picked.empty());  // only 24 qualify
   std::map<int64_t, int> counts;
   for (int64_t seq : Draws(index, SAMPLE_UNIFORM, 100, 20, 11, true)) ++counts[seq];
   CHECK(counts.size() == 24);  // every admitted group is reachable...
@@ -145,9 +150,9 @@ TEST_CASE("uniform draws are seeded, with replacement, and only from admitted gr
     CHECK(n > 40);        // ~83 each
     CHECK(n < 140);
   }
-  CHECK(Seqs(a) == Seqs(index.Select(SAMPLE_UNIFORM, 7, 20, 11, true)));
-  CHECK(Seqs(a) != Seqs(index.Select(SAMPLE_UNIFORM, 8, 20, 11, true)));
-  Selection all = index.Select(SAMPLE_UNIFORM, 7, 10, 0, false);
+  CHECK(Seqs(a) == Seqs(index.Select(SAMPLE_UNIFORM, 7, 20, {11, true})));
+  CHECK(Seqs(a) != Seqs(index.Select(SAMPLE_UNIFORM, 8, 20, {11, true})));
+  Selection all = index.Select(SAMPLE_UNIFORM, 7, 10, {0, false});
   CHECK(all.skipped == 0);
   CHECK(all.picked.size() == 10);
 }
@@ -171,10 +176,10 @@ TEST_CASE("uniform picks depend on the set of groups and the seed, not on commit
   for (int64_t seq = 1000; seq < 1400; ++seq) trimmed.Remove(*extra(seq));
   REQUIRE(trimmed.size() == 300);
   for (uint64_t seed : {1, 2, 3}) {
-    const auto want = Seqs(in_order.Select(SAMPLE_UNIFORM, seed, 50, 2, true));
+    const auto want = Seqs(in_order.Select(SAMPLE_UNIFORM, seed, 50, {2, true}));
     CHECK(want.size() == 50);
-    CHECK(Seqs(out_of_order.Select(SAMPLE_UNIFORM, seed, 50, 2, true)) == want);
-    CHECK(Seqs(trimmed.Select(SAMPLE_UNIFORM, seed, 50, 2, true)) == want);
+    CHECK(Seqs(out_of_order.Select(SAMPLE_UNIFORM, seed, 50, {2, true})) == want);
+    CHECK(Seqs(trimmed.Select(SAMPLE_UNIFORM, seed, 50, {2, true})) == want);
   }
 }
 
@@ -191,20 +196,20 @@ TEST_CASE("removed groups are never picked, and a removed bucket admits nothing"
     for (int64_t seq : seqs) CHECK(seq % 2 == 0);
   }
   for (int64_t seq = 2; seq <= 50; seq += 2) index.Remove(*groups[seq - 1]);
-  Selection v2 = index.Select(SAMPLE_UNIFORM, 5, 25, 0, false);
+  Selection v2 = index.Select(SAMPLE_UNIFORM, 5, 25, {0, false});
   REQUIRE(v2.picked.size() == 25);
   for (int64_t seq : Seqs(v2)) CHECK(seq > 50);
-  CHECK(index.Select(SAMPLE_UNIFORM, 5, 26, 0, false).picked.empty());
+  CHECK(index.Select(SAMPLE_UNIFORM, 5, 26, {0, false}).picked.empty());
 }
 
 TEST_CASE("random modes pick nothing when fewer groups qualify than asked for") {
   SampleIndex index = Index({Group(1, {0, 1}), Group(2, {0, 1}), Group(3, {0, 1})});
-  Selection u = index.Select(SAMPLE_UNIFORM, 1, 4, 0, false);
+  Selection u = index.Select(SAMPLE_UNIFORM, 1, 4, {0, false});
   CHECK(u.picked.empty());
-  Selection p = index.Select(SAMPLE_PRIORITIZED, 1, 4, 0, false);
+  Selection p = index.Select(SAMPLE_PRIORITIZED, 1, 4, {0, false});
   CHECK(p.picked.empty());
   CHECK(p.skipped == 0);
-  Selection newer = index.Select(SAMPLE_UNIFORM, 1, 1, /*min_policy_version=*/2, false);
+  Selection newer = index.Select(SAMPLE_UNIFORM, 1, 1, {/*min_policy_version=*/2, false});
   CHECK(newer.picked.empty());
   CHECK(newer.skipped == 3);
 }

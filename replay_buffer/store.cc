@@ -187,44 +187,19 @@ void ReplayStore::Shutdown() {
 
 namespace {
 
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-void PutStringField(int field, const std::string& v, std::string* out) {
-  PutVarint(static_cast<uint64_t>(field) << 3 | 2, out);  // length-delimited
-  PutVarint(v.size(), out);
-  out->append(v);
+// The stored record of sample `t`: the sample with its group's experiment_id,
+// group_id, prompt_id and step (ValidateGroup has checked that each is unset
+// in the sample or equal to the group's).
+void SerializeWithGroupFields(const Trajectory& t, const TrajectoryGroup& group, std::string* out) {
+  Trajectory record = t;
+  record.set_experiment_id(group.experiment_id());
+  record.set_group_id(group.group_id());
+  record.set_prompt_id(group.prompt_id());
+  record.set_step(group.step());
+  record.SerializeToString(out);
 }
 
 }  // namespace
-
-// The stored record of sample `t`: the sample with its group's experiment_id,
-// group_id, prompt_id and step filled in. ValidateGroup has checked that each
-// is either unset in the sample or equal to the group's, so the unset ones
-// are appended to the sample's own encoding: a parser reads a field that
-// comes last as set, which is what set_*() on a copy would give, without
-// copying the message.
-void SerializeWithGroupFields(const Trajectory& t, const TrajectoryGroup& group, std::string* out) {
-  t.SerializeToString(out);
-  if (t.experiment_id().empty() && !group.experiment_id().empty()) {
-    PutStringField(Trajectory::kExperimentIdFieldNumber, group.experiment_id(), out);
-  }
-  if (t.group_id().empty() && !group.group_id().empty()) {
-    PutStringField(Trajectory::kGroupIdFieldNumber, group.group_id(), out);
-  }
-  if (t.prompt_id().empty() && !group.prompt_id().empty()) {
-    PutStringField(Trajectory::kPromptIdFieldNumber, group.prompt_id(), out);
-  }
-  if (t.step() == 0 && group.step() != 0) {
-    PutVarint(static_cast<uint64_t>(Trajectory::kStepFieldNumber) << 3 | 0, out);  // varint
-    PutVarint(static_cast<uint64_t>(group.step()), out);
-  }
-}
 
 absl::StatusOr<PutGroupsResponse> ReplayStore::PutGroups(const PutGroupsRequest& request) {
   if (request.groups().empty()) return absl::InvalidArgumentError("groups is empty");
@@ -453,11 +428,7 @@ absl::StatusOr<SampleGroupsResponse> ReplayStore::SampleGroups(
     return absl::InvalidArgumentError("require_ack is only meaningful with mode SAMPLE_FIFO");
   }
   const size_t want = request.num_groups();
-  auto accept = [&](const GroupSummary& g) {
-    if (g.min_policy_version() < request.min_policy_version()) return false;
-    if (request.skip_zero_variance() && g.zero_variance()) return false;
-    return true;
-  };
+  const replay::SampleFilter filter{request.min_policy_version(), request.skip_zero_variance()};
 
   while (true) {
     int64_t seen_commits;
@@ -488,10 +459,9 @@ absl::StatusOr<SampleGroupsResponse> ReplayStore::SampleGroups(
           consumer->lease_next = consumer->persisted_next;
         }
         selection = replay::SelectFifo(e->by_seq, consumer->lease_next, e->visible_limit(),
-                                       consumer->acked, want, accept);
+                                       consumer->acked, want, filter);
       } else if (e != nullptr) {
-        selection = e->random_index.Select(request.mode(), request.seed(), want,
-                                           request.min_policy_version(), request.skip_zero_variance());
+        selection = e->random_index.Select(request.mode(), request.seed(), want, filter);
       }
       picked = std::move(selection.picked);
       skipped = selection.skipped;

@@ -208,10 +208,6 @@ class ReplayStore {
 void MakeRocksOptions(const ReplayStoreOptions& options, rocksdb::DBOptions* db_options,
                       std::vector<rocksdb::ColumnFamilyDescriptor>* column_families);
 
-// The stored record of trajectory `t` of `group`: t with the group's
-// experiment_id, group_id, prompt_id and step (exposed for tests).
-void SerializeWithGroupFields(const Trajectory& t, const TrajectoryGroup& group, std::string* out);
-
 // Validation shared with the service (exposed for tests).
 absl::Status ValidateGroup(const TrajectoryGroup& group, int index,
                            const ReplayStoreOptions& options);

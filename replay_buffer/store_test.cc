@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
@@ -85,25 +87,31 @@ TEST_CASE("a stored record is the sample with its group's ids and step, set or n
   REQUIRE(ValidateGroup(g, 0, ReplayStoreOptions{}).ok());
   TrajectoryGroup zero_step = MakeGroup("exp", 0, "g0", {1});
   zero_step.clear_prompt_id();
-  for (const TrajectoryGroup* group : {&g, &zero_step}) {
-    for (const Trajectory& t : group->samples()) {
-      Trajectory want = t;
-      want.set_experiment_id(group->experiment_id());
-      want.set_group_id(group->group_id());
-      want.set_prompt_id(group->prompt_id());
-      want.set_step(group->step());
-      std::string bytes;
-      SerializeWithGroupFields(t, *group, &bytes);
-      Trajectory got;
-      REQUIRE(got.ParseFromString(bytes));
-      CHECK(got.experiment_id() == want.experiment_id());
-      CHECK(got.group_id() == want.group_id());
-      CHECK(got.prompt_id() == want.prompt_id());
-      CHECK(got.step() == want.step());
-      // Everything else too: the same message, field for field.
-      CHECK(got.DebugString() == want.DebugString());
-      CHECK(bytes.size() == want.ByteSizeLong());
-    }
+  testing::TempDir dir;
+  auto store = OpenStore(dir.path());
+  REQUIRE(store->PutGroups(Req({zero_step, g})).ok());
+  auto q = store->Query(Q("exp"));
+  REQUIRE(q.ok());
+  // Query orders by (step, group, sample): zero_step's one sample, then g's.
+  std::vector<std::pair<const TrajectoryGroup*, const Trajectory*>> sent;
+  for (const TrajectoryGroup* group : {&zero_step, &g}) {
+    for (const Trajectory& t : group->samples()) sent.emplace_back(group, &t);
+  }
+  REQUIRE(q->trajectories_size() == static_cast<int>(sent.size()));
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const auto& [group, t] = sent[i];
+    Trajectory want = *t;
+    want.set_experiment_id(group->experiment_id());
+    want.set_group_id(group->group_id());
+    want.set_prompt_id(group->prompt_id());
+    want.set_step(group->step());
+    const Trajectory& got = q->trajectories(static_cast<int>(i));
+    CAPTURE(i);
+    CHECK(got.experiment_id() == "exp");
+    CHECK(got.group_id() == group->group_id());
+    CHECK(got.step() == group->step());
+    // Everything else too: the same message, field for field.
+    CHECK(got.DebugString() == want.DebugString());
   }
 }
 
