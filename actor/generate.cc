@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -177,35 +179,53 @@ struct Row {
   Completion out;
 };
 
-void PadCapacity(KvCache* c, int64_t cap) {
-  if (c->rows() == 0 || c->capacity() >= cap) return;
-  for (size_t i = 0; i < c->k.size(); ++i) {
-    auto& k = c->k[i];
-    auto& v = c->v[i];
-    auto pad = torch::zeros({k.size(0), k.size(1), cap - k.size(2), k.size(3)}, k.options());
-    k = torch::cat({k, pad}, 2);
-    v = torch::cat({v, pad}, 2);
+// Positions of the cache are reserved in steps of this many, so that the
+// prompts' varying lengths rarely make the cache grow.
+constexpr int64_t kCapacityStep = 64;
+
+// Grows `c` to at least `rows` rows and `capacity` positions, keeping the
+// contents of its first `live` rows. Rows grow geometrically up to
+// `max_rows`; positions round up to kCapacityStep (at most `max_positions`).
+// An empty `c` takes its layers, heads, dtype and device from `like`. New
+// space is zeroed: attention multiplies masked positions' values by 0, and
+// uninitialised memory could hold NaN.
+void Reserve(KvCache* c, const KvCache& like, int64_t live, int64_t rows, int64_t capacity, int64_t max_rows,
+             int64_t max_positions) {
+  if (c->rows() >= rows && c->capacity() >= capacity) return;
+  const torch::Tensor& shape = c->k.empty() ? like.k[0] : c->k[0];
+  const int64_t new_rows = std::max(c->rows(), std::max(rows, std::min(max_rows, 2 * c->rows())));
+  int64_t new_cap = std::max(c->capacity(), (capacity + kCapacityStep - 1) / kCapacityStep * kCapacityStep);
+  new_cap = std::max(capacity, std::min(new_cap, max_positions));
+  KvCache grown;
+  const size_t layers = c->k.empty() ? like.k.size() : c->k.size();
+  for (size_t i = 0; i < layers; ++i) {
+    for (auto [from, to] : {std::pair<std::vector<torch::Tensor>*, std::vector<torch::Tensor>*>{&c->k, &grown.k},
+                            {&c->v, &grown.v}}) {
+      to->push_back(torch::zeros({new_rows, shape.size(1), new_cap, shape.size(3)}, shape.options()));
+      if (live > 0) {
+        const torch::Tensor& old = (*from)[i];
+        to->back().narrow(0, 0, live).narrow(2, 0, old.size(2)).copy_(old.narrow(0, 0, live));
+      }
+    }
   }
+  *c = std::move(grown);
 }
 
-void SelectRows(KvCache* c, const torch::Tensor& rows) {
-  for (size_t i = 0; i < c->k.size(); ++i) {
-    c->k[i] = c->k[i].index_select(0, rows);
-    c->v[i] = c->v[i].index_select(0, rows);
+// Rows [0, n) of `c`, as views: what a decoding step reads and writes.
+KvCache FirstRows(const KvCache& c, int64_t n) {
+  KvCache view;
+  for (size_t i = 0; i < c.k.size(); ++i) {
+    view.k.push_back(c.k[i].narrow(0, 0, n));
+    view.v.push_back(c.v[i].narrow(0, 0, n));
   }
+  return view;
 }
 
-void AppendRows(KvCache* c, KvCache&& add) {
-  if (c->rows() == 0) {
-    *c = std::move(add);
-    return;
-  }
-  int64_t cap = std::max(c->capacity(), add.capacity());
-  PadCapacity(c, cap);
-  PadCapacity(&add, cap);
+// Copies row `from`'s first `len` positions over row `to`, in every layer.
+void MoveRow(KvCache* c, int64_t from, int64_t to, int64_t len) {
   for (size_t i = 0; i < c->k.size(); ++i) {
-    c->k[i] = torch::cat({c->k[i], add.k[i]}, 0);
-    c->v[i] = torch::cat({c->v[i], add.v[i]}, 0);
+    c->k[i].select(0, to).narrow(1, 0, len).copy_(c->k[i].select(0, from).narrow(1, 0, len));
+    c->v[i].select(0, to).narrow(1, 0, len).copy_(c->v[i].select(0, from).narrow(1, 0, len));
   }
 }
 
@@ -394,7 +414,9 @@ struct Generator::State {
     torch::Tensor hidden;
     {
       RoutingScope scope(model, routing.record ? &routing : nullptr);
-      hidden = model->Prefill(ids_t, lens_t, cap, &fresh);
+      // The prompts' keys and values only: they are copied into the cache's
+      // reserved rows below.
+      hidden = model->Prefill(ids_t, lens_t, T, &fresh);
     }
     // [P, T, layers, k] expert ids of every prefilled position.
     std::vector<int32_t> routes;
@@ -429,8 +451,14 @@ struct Generator::State {
     }
     auto src_t = torch::from_blob(src.data(), {static_cast<int64_t>(src.size())}, torch::kInt64).to(device);
     auto logits = model->Logits(hidden.index_select(0, src_t)).to(torch::kFloat32);
-    SelectRows(&fresh, src_t);
-    AppendRows(&cache, std::move(fresh));
+    // The new rows go after the live ones; the cache grows only when they do
+    // not fit (never a copy of the live rows otherwise).
+    const int64_t live = static_cast<int64_t>(first), add = static_cast<int64_t>(src.size());
+    Reserve(&cache, fresh, live, live + add, cap, options.max_batch, max_pos);
+    for (size_t i = 0; i < cache.k.size(); ++i) {
+      cache.k[i].narrow(0, live, add).narrow(2, 0, fresh.capacity()).copy_(fresh.k[i].index_select(0, src_t));
+      cache.v[i].narrow(0, live, add).narrow(2, 0, fresh.capacity()).copy_(fresh.v[i].index_select(0, src_t));
+    }
     finished->resize(rows.size(), false);
     SampleRows(logits, first, finished);
   }
@@ -474,25 +502,25 @@ struct Generator::State {
     return out;
   }
 
-  // Drops finished rows (reporting them) and compacts the cache.
+  // Drops finished rows (reporting them, in row order) and fills each hole
+  // with the last live row, moved in place: a finish copies one row of the
+  // cache, not the whole of it.
   void Compact(const std::vector<bool>& finished, const GroupCallback& cb) {
     if (std::find(finished.begin(), finished.end(), true) == finished.end()) return;
-    std::vector<int64_t> keep;
-    std::vector<Row> kept;
     for (size_t i = 0; i < rows.size(); ++i) {
-      if (finished[i]) {
-        Finish(rows[i], cb);
-      } else {
-        keep.push_back(static_cast<int64_t>(i));
-        kept.push_back(std::move(rows[i]));
+      if (finished[i]) Finish(rows[i], cb);
+    }
+    // Descending, so every row past the hole being filled is live.
+    for (size_t i = rows.size(); i-- > 0;) {
+      if (!finished[i]) continue;
+      const size_t last = rows.size() - 1;
+      if (i != last) {
+        MoveRow(&cache, static_cast<int64_t>(last), static_cast<int64_t>(i), rows[last].len);
+        rows[i] = std::move(rows[last]);
       }
+      rows.pop_back();
     }
-    rows = std::move(kept);
-    if (rows.empty()) {
-      cache = KvCache();
-      return;
-    }
-    SelectRows(&cache, torch::from_blob(keep.data(), {static_cast<int64_t>(keep.size())}, torch::kInt64).to(device));
+    if (rows.empty()) cache = KvCache();
   }
 
   void Decode(std::vector<bool>* finished) {
@@ -504,7 +532,8 @@ struct Generator::State {
       lens[i] = rows[i].len;
       max_len = std::max(max_len, lens[i]);
     }
-    PadCapacity(&cache, max_len + 1);
+    Reserve(&cache, cache, N, N, max_len + 1, options.max_batch, model->config().max_positions);
+    KvCache live = FirstRows(cache, N);
     MoeRouting routing;
     routing.record = false;
     for (const Row& r : rows) routing.record |= Records(r.group->request);
@@ -512,7 +541,7 @@ struct Generator::State {
     {
       RoutingScope scope(model, routing.record ? &routing : nullptr);
       hidden = model->DecodeStep(torch::from_blob(ids.data(), {N}, torch::kInt64).to(device),
-                                 torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &cache);
+                                 torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &live);
     }
     if (routing.record) {
       const std::vector<int32_t> routes = RoutesOf(routing);  // [N, layers, k]
