@@ -282,7 +282,12 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   LearnerConfig* l = config->mutable_learner();
   if (l->shards() == 0) l->set_shards(1);
   c.Require(l->shards() > 0 && l->shards() <= 64, "learner.shards", "must be in [1, 64]");
-  c.Require(l->zero() == 0 || l->zero() == 1, "learner.zero", "must be 0 or 1");
+  c.Require(l->zero() == 0 || l->zero() == 1 || l->zero() == 3, "learner.zero",
+            "must be 0, 1 or 3 (ZeRO-2 is not built)");
+  c.Require(l->zero() != 3 || l->autocast().empty() || l->autocast() == "fp32", "learner.autocast",
+            "bf16 with learner.zero: 3 is not built (the backward recomputes each unit outside autocast)");
+  c.Require(l->zero() != 3 || config->model().device().empty() || config->model().device() == "cpu",
+            "learner.zero", "3 runs on the CPU so far (its shards are built on the host)");
   if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);
   c.Require(l->micro_batch_tokens() > 0, "learner.micro_batch_tokens", "must be > 0");
 
@@ -310,6 +315,9 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   for (int i = 0; i < config->stages_size(); ++i) {
     Stage* st = config->mutable_stages(i);
     const std::string p = absl::StrCat("stages[", i, "]");
+    c.Require(l->zero() != 3 || st->has_sft() || st->has_grpo(), p,
+              "learner.zero: 3 is built for sft and grpo stages (value heads and DPO's pair loss do not run "
+              "through the sharded units yet)");
     switch (st->kind_case()) {
       case Stage::kSft:
         c.Require(st->sft().steps() > 0, p + ".sft.steps", "must be > 0");

@@ -69,6 +69,29 @@ TEST_CASE("model.device takes cpu, cuda and cuda:<index>; anything else is refus
   }
 }
 
+TEST_CASE("learner.zero takes 0, 1 and 3; 3 is refused by name where it is not built") {
+  const std::string sft = "stages: [{sft: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n";
+  for (const char* ok : {"0", "1", "3"}) {
+    ExperimentConfig cfg;
+    INFO(ok);
+    CHECK(Normalize(std::string("name: x\nlearner: {shards: 2, zero: ") + ok + "}\n" + sft, &cfg).ok());
+  }
+  ExperimentConfig two;
+  absl::Status s = Normalize("name: x\nlearner: {zero: 2}\n" + sft, &two);
+  CHECK(s.message().find("learner.zero: must be 0, 1 or 3 (ZeRO-2 is not built)") != absl::string_view::npos);
+  ExperimentConfig ppo;
+  s = Normalize("name: x\nlearner: {zero: 3}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, optimizer: "
+                "{lr: 0.001}}}}]\n",
+                &ppo);
+  CHECK(s.message().find("stages[0]: learner.zero: 3 is built for sft and grpo stages") != absl::string_view::npos);
+  ExperimentConfig bf16;
+  s = Normalize("name: x\nlearner: {zero: 3, autocast: bf16}\n" + sft, &bf16);
+  CHECK(s.message().find("learner.autocast: bf16 with learner.zero: 3 is not built") != absl::string_view::npos);
+  ExperimentConfig gpu;
+  s = Normalize("name: x\nmodel: {device: cuda}\nlearner: {zero: 3}\n" + sft, &gpu);
+  CHECK(s.message().find("learner.zero: 3 runs on the CPU so far") != absl::string_view::npos);
+}
+
 TEST_CASE("MoE settings: refused by name on a scratch (dense) model, checked on a checkpoint") {
   const std::string stage =
       "stages:\n  - grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}, ";

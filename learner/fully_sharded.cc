@@ -224,6 +224,20 @@ absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
       unit.offsets.push_back(unit.numel);
       unit.numel += p.numel();
     }
+    // The units' parameters, in unit order, are the model's NamedParameters
+    // in order (GatherMoments' flat layout relies on it).
+    {
+      size_t k = 0;
+      for (const auto& unit : m->units_) {
+        for (const std::string& name : unit->names) {
+          if (k >= named.size() || named[k].first != name) {
+            return absl::InternalError(absl::StrCat("fully sharded model: parameter ", name,
+                                                    " is out of the model's order"));
+          }
+          ++k;
+        }
+      }
+    }
     // Shard every unit: rank r keeps slice r of the zero-padded flat vector.
     at::NoGradGuard no_grad;
     for (auto& unit : m->units_) {
@@ -313,7 +327,7 @@ std::vector<at::Tensor> FullyShardedModel::Compute(size_t u, const std::vector<a
     }
     case Unit::kHead: {
       auto out = actor::TokenLogProbsFromHidden(backbone->norm(in[0]), model_->LmHeadWeight(), in[1],
-                                                options_.logprob_chunk, temperature_);
+                                                logprob_chunk_, temperature_);
       TORCH_CHECK(out.ok(), out.status().ToString());
       return {out->logprobs, out->entropy};
     }
@@ -325,10 +339,13 @@ absl::StatusOr<actor::TokenLogProbsOutput> FullyShardedModel::TokenLogProbs(cons
                                                                            const at::Tensor& positions,
                                                                            const at::Tensor& targets,
                                                                            double temperature,
-                                                                           const at::Tensor& attention_mask) {
+                                                                           const at::Tensor& attention_mask,
+                                                                           int64_t logprob_chunk) {
   RLMESH_RETURN_IF_ERROR(ValidateTokenInputs(ids, positions, targets, temperature, config_.vocab_size));
+  if (logprob_chunk < 0) return absl::InvalidArgumentError("logprob_chunk: must be >= 0");
   try {
     temperature_ = temperature;
+    logprob_chunk_ = logprob_chunk > 0 ? logprob_chunk : options_.logprob_chunk;
     const size_t head = units_.size() - 1;
     at::Tensor h = ApplyUnit(this, 0, units_[0]->shard, at::Tensor(), {ids})[0];
     auto [cos, sin] = actor::RopeCosSin(config_, rope_, positions, h.scalar_type());
@@ -379,6 +396,48 @@ std::vector<at::Tensor> FullyShardedModel::Shards() const {
 absl::Status FullyShardedModel::LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                                                    int64_t steps) {
   return optimizer_->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+}
+
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> FullyShardedModel::GatherMoments() {
+  std::pair<at::Tensor, at::Tensor> out;
+  for (auto [flat, into] : {std::pair<const at::Tensor*, at::Tensor*>{&optimizer_->exp_avg(), &out.first},
+                            {&optimizer_->exp_avg_sq(), &out.second}}) {
+    std::vector<at::Tensor> per_shard;
+    int64_t offset = 0;
+    for (const auto& unit : units_) {
+      per_shard.push_back(flat->narrow(0, offset, unit->shard.numel()));
+      offset += unit->shard.numel();
+    }
+    RLMESH_ASSIGN_OR_RETURN(Named full, GatherFullOf(per_shard));
+    std::vector<at::Tensor> parts;
+    for (const auto& [name, t] : full) parts.push_back(t.reshape({-1}));
+    *into = at::cat(parts);
+  }
+  return out;
+}
+
+absl::Status FullyShardedModel::LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                            int64_t steps) {
+  std::vector<at::Tensor> mine[2];
+  const at::Tensor* full[2] = {&exp_avg, &exp_avg_sq};
+  for (int k = 0; k < 2; ++k) {
+    if (!full[k]->defined() || full[k]->dim() != 1 || full[k]->numel() != full_numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(k == 0 ? "exp_avg" : "exp_avg_sq", ": expected ",
+                                                     full_numel(), " elements (the whole model's)"));
+    }
+    // Named tensors in unit order, which is the flat layout's order.
+    Named named;
+    int64_t offset = 0;
+    for (const auto& unit : units_) {
+      for (size_t i = 0; i < unit->names.size(); ++i) {
+        const int64_t n = c10::multiply_integers(unit->shapes[i]);
+        named.emplace_back(unit->names[i], full[k]->narrow(0, offset, n).view(unit->shapes[i]));
+        offset += n;
+      }
+    }
+    RLMESH_ASSIGN_OR_RETURN(mine[k], SliceOf(named));
+  }
+  return optimizer_->LoadOptimizerState(at::cat(mine[0]), at::cat(mine[1]), steps);
 }
 
 int64_t FullyShardedModel::full_numel() const {

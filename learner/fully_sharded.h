@@ -112,12 +112,15 @@ class FullyShardedModel {
   absl::StatusOr<std::vector<at::Tensor>> SliceOf(const Named& full) const;
 
   // Per-token log-probs of `targets` and entropies, [B,T] fp32, as
-  // actor::TokenLogProbs on the whole model; each rank passes its own rows.
-  // Differentiable with respect to the shards.
+  // actor::TokenLogProbs on the whole model; each rank passes its own rows
+  // (their number may differ between ranks: the collectives do not depend on
+  // the batch). Differentiable with respect to the shards. `logprob_chunk`
+  // > 0 overrides the options' for this call.
   absl::StatusOr<actor::TokenLogProbsOutput> TokenLogProbs(const at::Tensor& input_ids,
                                                            const at::Tensor& positions,
                                                            const at::Tensor& targets, double temperature = 1.0,
-                                                           const at::Tensor& attention_mask = {});
+                                                           const at::Tensor& attention_mask = {},
+                                                           int64_t logprob_chunk = 0);
 
   // Zeroes the shards' gradients and records this rank's local weight for
   // the coming backward passes (see the convention above). REQUIRES:
@@ -136,6 +139,14 @@ class FullyShardedModel {
   const at::Tensor& exp_avg_sq() const { return optimizer_->exp_avg_sq(); }
   int64_t steps() const { return optimizer_->steps(); }
   absl::Status LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
+  // AdamW's moments over the whole model, flat, in the order of the model's
+  // NamedParameters: DataParallel's layout without ZeRO-1, so a checkpoint
+  // written from them resumes under either layout and any dp. Every rank
+  // must call it; ABORTED when a collective fails.
+  absl::StatusOr<std::pair<at::Tensor, at::Tensor>> GatherMoments();
+  // Sets this rank's part of the moments from the whole model's, in the
+  // same layout. INVALID_ARGUMENT when the sizes are not full_numel().
+  absl::Status LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -173,6 +184,7 @@ class FullyShardedModel {
   std::map<size_t, std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> prefetched_;
   double local_weight_ = 1.0;
   double temperature_ = 1.0;
+  int64_t logprob_chunk_ = 128;
   std::unique_ptr<DataParallel> optimizer_;
 };
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "actor/checkpoint.h"
 #include "common/status_macros.h"
+#include "dist/collective.h"
 #include "dist/device.h"
 #include "learner/checkpoint.h"
 #include "learner/trainer_internal.h"
@@ -94,6 +95,9 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
                                                               const at::Tensor& pos, const at::Tensor& targets,
                                                               int64_t chunk, double temperature,
                                                               const at::Tensor& attention_mask) {
+  if (sharded && m.get() == policy.get()) {
+    return sharded->TokenLogProbs(ids, pos, targets, temperature, attention_mask, chunk);
+  }
   AutocastScope ac(autocast_bf16, device_type);
   const c10::Device dev = m->LmHeadWeight().device();
   const at::Tensor mask = attention_mask.defined() ? attention_mask.to(dev) : attention_mask;
@@ -108,6 +112,78 @@ at::Tensor ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const 
   AutocastScope ac(autocast_bf16, device_type);
   const c10::Device dev = m->LmHeadWeight().device();
   return m->Values(ids.to(dev), pos.to(dev)).to(at::kFloat).to(at::kCPU);
+}
+
+void ModelSet::ZeroGradPolicy(double local_weight) {
+  if (sharded) {
+    sharded->ZeroGrad(local_weight);
+  } else {
+    dp->ZeroGrad();
+  }
+}
+
+absl::StatusOr<DataParallelStepStats> ModelSet::StepPolicy(double local_weight, double lr) {
+  // ZeRO-3 took the local weight at ZeroGradPolicy: its gradients were
+  // reduce-scattered during the backward passes.
+  if (sharded) return sharded->Step(lr);
+  return dp->Step(local_weight, lr);
+}
+
+int64_t ModelSet::PolicySteps() const { return sharded ? sharded->steps() : dp->steps(); }
+
+absl::Status ModelSet::AllReduceSum(at::Tensor& t) {
+  if (dp) return dp->AllReduceSum(t);
+  if (!t.defined() || !t.is_contiguous() || !t.device().is_cpu()) {
+    return absl::InvalidArgumentError("t: expected a defined contiguous CPU tensor");
+  }
+  if (!group) return absl::OkStatus();
+  return dist::Collective("all-reduce of statistics", [&] {
+    std::vector<at::Tensor> v = {t};
+    group->allreduce(v)->wait();
+  });
+}
+
+absl::StatusOr<int64_t> ModelSet::MaxOverGroup(int64_t n) {
+  if (!group) return n;
+  at::Tensor t = at::full({1}, n, at::kLong);
+  RLMESH_RETURN_IF_ERROR(dist::Collective("all-reduce of a count", [&] {
+    std::vector<at::Tensor> v = {t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    group->allreduce(v, o)->wait();
+  }));
+  return t.item<int64_t>();
+}
+
+absl::Status ModelSet::EmptyPolicyPass(bool backward) {
+  if (!sharded) return absl::OkStatus();
+  // One token whose target is masked (-1): its log-prob is 0 and carries no
+  // gradient, but every unit is gathered, run and reduce-scattered.
+  const at::Tensor zero = at::zeros({1, 1}, at::kLong);
+  RLMESH_ASSIGN_OR_RETURN(auto lp, sharded->TokenLogProbs(zero, zero, at::full({1, 1}, -1, at::kLong)));
+  if (backward) {
+    return CatchAll("empty backward", [&]() -> absl::Status {
+      (lp.logprobs.sum() * 0).backward();
+      return absl::OkStatus();
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelSet::SyncPolicy() {
+  if (!sharded) return absl::OkStatus();
+  RLMESH_ASSIGN_OR_RETURN(FullyShardedModel::Named full, sharded->GatherFull());
+  if (sharded->rank() != 0) return absl::OkStatus();
+  return CatchAll("sync policy", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+    for (auto& [name, p] : policy->NamedParameters()) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) return absl::InternalError(absl::StrCat("sync policy: ", name, " not gathered"));
+      p.copy_(it->second);
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::string& init_checkpoint,
@@ -191,6 +267,49 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
   out.config = cfg;
   return out;
 }
+
+namespace {
+
+// learner.zero: 3: rank 0's policy weights broadcast to every rank, copied
+// into the reference (when there is one), then cut into this rank's shards;
+// ranks other than 0 drop the policy's parameter data.
+absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) {
+  ModelSet& s = *models;
+  if (s.device_type != c10::DeviceType::CPU) {
+    return absl::UnimplementedError(
+        "experiment.learner.zero: 3 runs on the CPU so far (learner/fully_sharded builds its shards on the host)");
+  }
+  FullyShardedOptions fo;
+  fo.optimizer.adamw = stage.optimizer().adamw;
+  fo.optimizer.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
+  {
+    std::lock_guard<std::mutex> lock(InitMutex());
+    RLMESH_ASSIGN_OR_RETURN(s.sharded, FullyShardedModel::Create(s.policy->config(), s.group, fo));
+  }
+  return CatchAll("shard the policy", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    auto named = s.policy->NamedParameters();
+    if (s.group) {
+      RLMESH_RETURN_IF_ERROR(dist::Collective("broadcast of the policy", [&] {
+        for (auto& [name, t] : named) {
+          std::vector<at::Tensor> v = {t};
+          s.group->broadcast(v)->wait();
+        }
+      }));
+    }
+    if (s.reference) {
+      auto dst = s.reference->NamedParameters();
+      for (size_t i = 0; i < named.size(); ++i) dst[i].second.copy_(named[i].second);
+    }
+    RLMESH_RETURN_IF_ERROR(s.sharded->LoadFromFull(named));
+    if (rank != 0) {
+      for (auto& [name, t] : named) t.set_data(at::empty({0}, t.options()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
 
 absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions& stage,
                                  const actor::ModelConfig& cfg, const std::string& store_address,
@@ -281,16 +400,21 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     dpo.grad_clip = std::max(0.0, o.grad_clip);
     return DataParallel::Create(s.group, std::move(params), dpo);
   };
-  // A reward model never uses its lm_head; keep it out of the optimizer.
-  RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, stage.optimizer(), stage.kind == StageKind::kRewardModel));
-  RLMESH_RETURN_IF_ERROR(s.dp->BroadcastParameters());
+  if (stage.learner.zero3) {
+    RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, &s));
+  } else {
+    // A reward model never uses its lm_head; keep it out of the optimizer.
+    RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, stage.optimizer(), stage.kind == StageKind::kRewardModel));
+    RLMESH_RETURN_IF_ERROR(s.dp->BroadcastParameters());
+  }
   if (s.critic) {
     // The critic's lm_head is never used; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.critic_dp, make_dp(s.critic, stage.rl.critic_optimizer, true));
     RLMESH_RETURN_IF_ERROR(s.critic_dp->BroadcastParameters());
   }
-  if (s.reference) {
-    // Every rank's reference equals its (broadcast) initial policy.
+  if (s.reference && !stage.learner.zero3) {
+    // Every rank's reference equals its (broadcast) initial policy (under
+    // ZeRO-3, ShardPolicy copied it before freeing the policy).
     RLMESH_RETURN_IF_ERROR(CatchAll("reference", [&]() -> absl::Status {
       torch::NoGradGuard no_grad;
       auto src = s.policy->NamedParameters();

@@ -23,6 +23,7 @@
 #include "dist/gloo.h"
 #include "dist/store.h"
 #include "learner/data_parallel.h"
+#include "learner/fully_sharded.h"
 #include "learner/stage_options.h"
 #include "proto/learner.pb.h"
 
@@ -40,8 +41,16 @@ struct ModelSet {
   // world_size > 1 only: the c10d store and the Gloo group of the shards.
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> group;
+  // The policy's optimizer (plain DP or ZeRO-1); null under ZeRO-3.
   std::unique_ptr<DataParallel> dp;
   std::unique_ptr<DataParallel> critic_dp;
+  // learner.zero: 3 — the policy fully sharded over the group, with its own
+  // optimizer (dp is null). The policy's forward and backward passes go
+  // through it (LogProbs). `policy` then holds the whole model's weights on
+  // rank 0 only, for weight sync and checkpoints: SyncPolicy refreshes them
+  // after the optimizer steps. The other ranks' `policy` keeps its config
+  // and no parameter data.
+  std::unique_ptr<FullyShardedModel> sharded;
   // Forward passes under bf16 autocast (learner.autocast: bf16).
   bool autocast_bf16 = false;
   c10::DeviceType device_type = c10::DeviceType::CPU;
@@ -53,6 +62,26 @@ struct ModelSet {
                                                       const at::Tensor& attention_mask = {});
   // The value head's outputs [B, T], fp32.
   at::Tensor Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos);
+
+  // The policy's optimizer, whichever layout holds it (dp or sharded), with
+  // DataParallel's convention: ZeroGrad before a step's backward passes, in
+  // which each rank's loss is its local mean over `local_weight` units, then
+  // Step with the same local weight.
+  void ZeroGradPolicy(double local_weight);
+  absl::StatusOr<DataParallelStepStats> StepPolicy(double local_weight, double lr);
+  int64_t PolicySteps() const;
+  // Sums `t` over the learner's group in place (alone: unchanged).
+  absl::Status AllReduceSum(at::Tensor& t);
+  // The largest `n` over the group (alone: n). ZeRO-3 runs as many policy
+  // passes on every rank as the rank with the most.
+  absl::StatusOr<int64_t> MaxOverGroup(int64_t n);
+  // ZeRO-3: one forward (and, with `backward`, backward) pass of the policy
+  // on a one-token batch whose gradient is zero, so that a rank with fewer
+  // micro-batches makes the same collectives as the others. No-op otherwise.
+  absl::Status EmptyPolicyPass(bool backward);
+  // ZeRO-3: gathers the updated weights into rank 0's `policy` (every rank
+  // must call it). No-op otherwise.
+  absl::Status SyncPolicy();
 };
 
 struct LoadedPolicy {

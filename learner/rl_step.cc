@@ -312,6 +312,14 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     if (s.models.critic) old_values = at::zeros({B, T_all}, at::kFloat);
     {
       torch::NoGradGuard no_grad;
+      if (s.models.sharded && !reuse_forward) {
+        // ZeRO-3: as many policy forwards as the rank with the most
+        // micro-batches (the collectives must match).
+        int64_t mine = 0;
+        for (const auto& micro : minis) mine += static_cast<int64_t>(micro.size());
+        RLMESH_ASSIGN_OR_RETURN(const int64_t passes, s.models.MaxOverGroup(mine));
+        for (int64_t k = mine; k < passes; ++k) RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(false));
+      }
       for (const auto& micro : minis) {
         for (auto [a, e] : micro) {
           const int64_t T = longest(a, e);
@@ -397,7 +405,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     rewards = rewards.to(at::kFloat);
 
     // Advantages [B, T_all].
-    const GlobalSum global_sum = [&](at::Tensor& t) { return s.models.dp->AllReduceSum(t); };
+    const GlobalSum global_sum = [&](at::Tensor& t) { return s.models.AllReduceSum(t); };
     at::Tensor adv, returns;
     const bool distill = s.models.teacher && rl.distill.on();
     if (distill && !rl.distill.task_reward) {
@@ -490,15 +498,27 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     for (int epoch = 0; epoch < rl.epochs; ++epoch) {
       for (const auto& micro : minis) {
         const auto t1 = Clock::now();
-        s.models.dp->ZeroGrad();
-        if (s.models.critic_dp) s.models.critic_dp->ZeroGrad();
         double mini_w = 0;
         for (auto [a, e] : micro) mini_w += weight_of(Rows(loss_mask, a, e, longest(a, e)));
+        s.models.ZeroGradPolicy(mini_w);
+        if (s.models.critic_dp) s.models.critic_dp->ZeroGrad();
+        if (s.models.sharded) {
+          // ZeRO-3: as many forward/backward passes as the rank with the
+          // most micro-batches in this mini-batch.
+          RLMESH_ASSIGN_OR_RETURN(const int64_t passes,
+                                  s.models.MaxOverGroup(static_cast<int64_t>(micro.size())));
+          for (int64_t k = static_cast<int64_t>(micro.size()); k < passes; ++k) {
+            RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(true));
+          }
+        }
         for (auto [a, e] : micro) {
           const int64_t T = longest(a, e);
           at::Tensor mk = Rows(loss_mask, a, e, T);
           const double w = weight_of(mk);
-          if (w == 0) continue;
+          if (w == 0) {
+            RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(true));  // no-op unless ZeRO-3
+            continue;
+          }
           auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T);
           std::optional<MoeForward> routing;
           start_routing(&routing, a, e, T);
@@ -547,8 +567,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
         }
         fb_seconds += Since(t1);
         const auto t2 = Clock::now();
-        lr = LearningRate(s.opt.optimizer().schedule, s.models.dp->steps());
-        auto stats = s.models.dp->Step(mini_w, lr);
+        lr = LearningRate(s.opt.optimizer().schedule, s.models.PolicySteps());
+        auto stats = s.models.StepPolicy(mini_w, lr);
         if (!stats.ok() && mini_w == 0 && stats.status().code() == absl::StatusCode::kInvalidArgument) {
           // Nothing to learn from on any rank (e.g. every group dropped as
           // zero-variance): the global weight is 0 and no update happens.
@@ -594,7 +614,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     m["lr"] = lr;
     m["optimizer_steps"] = static_cast<double>(opt_steps);
     m["skipped"] = static_cast<double>(skipped);
-    return absl::OkStatus();
+    // ZeRO-3: rank 0's full weights for weight sync and checkpoints.
+    return s.models.SyncPolicy();
   });
   if (!st.ok()) return st;
   m["seconds_forward_backward"] = fb_seconds;

@@ -88,14 +88,27 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
       for (const Seq& q : seqs) lengths.push_back(q.ids.size());
     }
     const double local_tokens = seqs.empty() ? 0.0 : b.mask.sum().item<double>();
-    s.models.dp->ZeroGrad();
+    s.models.ZeroGradPolicy(local_tokens);
     MetricMeans means;
     const auto t0 = Clock::now();
-    for (auto [a, e] : MicroBatches(lengths, 0, static_cast<int64_t>(lengths.size()), s.opt.learner.micro_tokens)) {
+    const auto micros = MicroBatches(lengths, 0, static_cast<int64_t>(lengths.size()), s.opt.learner.micro_tokens);
+    // ZeRO-3: every rank runs as many passes as the rank with the most
+    // micro-batches (its collectives must match theirs).
+    int64_t passes = static_cast<int64_t>(micros.size());
+    if (s.models.sharded) {
+      RLMESH_ASSIGN_OR_RETURN(passes, s.models.MaxOverGroup(passes));
+    }
+    for (int64_t k = static_cast<int64_t>(micros.size()); k < passes; ++k) {
+      RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(/*backward=*/true));
+    }
+    for (auto [a, e] : micros) {
       const int64_t T = *std::max_element(lengths.begin() + a, lengths.begin() + e);
       at::Tensor mask = Rows(b.mask, a, e, T);
       const double w = mask.sum().item<double>();
-      if (w == 0) continue;
+      if (w == 0) {
+        RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(/*backward=*/true));
+        continue;
+      }
       RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, Rows(b.input_ids, a, e, T),
                                                   Rows(b.positions, a, e, T), Rows(b.targets, a, e, T),
                                                   options_.logprob_chunk, 1.0,
@@ -106,8 +119,9 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
     }
     fb_seconds = Since(t0);
     const auto t1 = Clock::now();
-    const double lr = LearningRate(s.opt.optimizer().schedule, s.models.dp->steps());
-    RLMESH_ASSIGN_OR_RETURN(DataParallelStepStats stats, s.models.dp->Step(local_tokens, lr));
+    const double lr = LearningRate(s.opt.optimizer().schedule, s.models.PolicySteps());
+    RLMESH_ASSIGN_OR_RETURN(DataParallelStepStats stats, s.models.StepPolicy(local_tokens, lr));
+    RLMESH_RETURN_IF_ERROR(s.models.SyncPolicy());
     opt_seconds = Since(t1);
     std::map<std::string, double> vals;
     means.Into(&vals);

@@ -21,10 +21,14 @@ absl::Status CheckStepsBatch(const std::string& field, int64_t steps, int64_t ba
 
 absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp) {
   LearnerSettings l;
-  if (exp.learner().zero() != 0 && exp.learner().zero() != 1) {
-    return absl::InvalidArgumentError("experiment.learner.zero: must be 0 or 1");
+  if (exp.learner().zero() != 0 && exp.learner().zero() != 1 && exp.learner().zero() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experiment.learner.zero: must be 0, 1 or 3 (", exp.learner().zero(),
+                     exp.learner().zero() == 2 ? ": ZeRO-2 is not built; 1 shards the optimizer state, 3 everything)"
+                                               : ")"));
   }
   l.zero1 = exp.learner().zero() == 1;
+  l.zero3 = exp.learner().zero() == 3;
   if (exp.learner().micro_batch_tokens() < 0) {
     return absl::InvalidArgumentError("experiment.learner.micro_batch_tokens: must be >= 0");
   }
@@ -372,6 +376,19 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
       return absl::InvalidArgumentError(sp + ": no stage kind set (sft, grpo, ppo, ...)");
   }
   o.name = stage.name().empty() ? std::string(StageKindName(o.kind)) : stage.name();
+  if (o.learner.zero3) {
+    // learner/fully_sharded.h carries the policy's log-probs only.
+    if (o.kind != StageKind::kSft && o.kind != StageKind::kGrpo) {
+      return absl::UnimplementedError(absl::StrCat(
+          "experiment.learner.zero: 3 is built for sft and grpo stages; ", sp, " is ", StageKindName(o.kind),
+          " (a value head, or DPO's pair loss, does not run through the sharded units yet)"));
+    }
+    if (o.learner.autocast_bf16) {
+      return absl::UnimplementedError(
+          "experiment.learner.zero: 3 with learner.autocast: bf16 is not built (the backward recomputes each unit "
+          "outside the autocast scope)");
+    }
+  }
   return o;
 }
 

@@ -52,6 +52,9 @@ absl::StatusOr<OptimizerOptions> MakeOptimizerOptions(const OptimizerConfig& con
 struct LearnerSettings {
   // learner.zero == 1: ZeRO-1 sharded optimizer state. Default false.
   bool zero1 = false;
+  // learner.zero: 3 — the policy's parameters, gradients and optimizer state
+  // fully sharded (learner/fully_sharded.h).
+  bool zero3 = false;
   // Most padded tokens in one micro-batch. Default 8192.
   int64_t micro_tokens = 8192;
   // learner.autocast == "bf16": forward passes under bf16 autocast.

@@ -159,7 +159,9 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   }
   PublishStatus();
   RLMESH_LOG(INFO) << "configured stage=" << s_->opt.name << " rank=" << s_->rank
-                   << " world_size=" << s_->world << " step=" << step_ << " version=" << version_;
+                   << " world_size=" << s_->world
+                   << " zero=" << (s_->opt.learner.zero3 ? 3 : s_->opt.learner.zero1 ? 1 : 0) << " step=" << step_
+                   << " version=" << version_;
   ConfigureResponse resp;
   resp.set_policy_version(version_);
   resp.set_step(step_);

@@ -57,9 +57,17 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       if (ec) return absl::InternalError(absl::StrCat("create ", staging, ": ", ec.message()));
     }
     RLMESH_RETURN_IF_ERROR(barrier());
+    // ZeRO-3 gathers its moments into plain DP's layout (every rank takes
+    // part; rank 0 writes them): such a checkpoint resumes under any layout.
+    std::pair<at::Tensor, at::Tensor> moments;
+    if (s.models.sharded) {
+      RLMESH_ASSIGN_OR_RETURN(moments, s.models.sharded->GatherMoments());
+    } else {
+      moments = {s.models.dp->exp_avg(), s.models.dp->exp_avg_sq()};
+    }
     if (s.rank == 0 || s.opt.learner.zero1) {
-      std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", s.models.dp->exp_avg()},
-                                                           {"policy.exp_avg_sq", s.models.dp->exp_avg_sq()}};
+      std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", moments.first},
+                                                           {"policy.exp_avg_sq", moments.second}};
       if (s.models.critic_dp) {
         t.emplace_back("critic.exp_avg", s.models.critic_dp->exp_avg());
         t.emplace_back("critic.exp_avg_sq", s.models.critic_dp->exp_avg_sq());
@@ -84,7 +92,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
         ts.loader_epoch = s.loader->cursor().epoch;
         ts.loader_index = s.loader->cursor().index;
       }
-      ts.optimizer_steps = s.models.dp->steps();
+      ts.optimizer_steps = s.models.PolicySteps();
       ts.critic_optimizer_steps = s.models.critic_dp ? s.models.critic_dp->steps() : 0;
       ts.world_size = s.world;
       ts.zero1 = s.opt.learner.zero1;
@@ -177,7 +185,15 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
   const std::string opt_file = absl::StrCat(
       dir, "/", s.opt.learner.zero1 ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors");
   RLMESH_RETURN_IF_ERROR(CatchAll("load", [&]() -> absl::Status {
-    RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, s.models.policy));
+    if (s.models.sharded) {
+      // Every rank reads the whole model and keeps its shards; rank 0 also
+      // keeps the whole model in `policy` (weight sync, checkpoints).
+      actor::Transformer full = s.rank == 0 ? s.models.policy : actor::Transformer(s.models.policy->config());
+      RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, full));
+      RLMESH_RETURN_IF_ERROR(s.models.sharded->LoadFromFull(full->NamedParameters()));
+    } else {
+      RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, s.models.policy));
+    }
     if (s.models.critic) {
       actor::LoadOptions lo;
       lo.add_value_head = true;
@@ -186,7 +202,9 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
     RLMESH_ASSIGN_OR_RETURN(auto file, actor::SafetensorsFile::Open(opt_file));
     RLMESH_ASSIGN_OR_RETURN(at::Tensor m, file->Read("policy.exp_avg"));
     RLMESH_ASSIGN_OR_RETURN(at::Tensor v, file->Read("policy.exp_avg_sq"));
-    RLMESH_RETURN_IF_ERROR(PrefixStatus(opt_file, s.models.dp->LoadOptimizerState(m, v, ts.optimizer_steps)));
+    RLMESH_RETURN_IF_ERROR(PrefixStatus(opt_file, s.models.sharded
+                                                      ? s.models.sharded->LoadMoments(m, v, ts.optimizer_steps)
+                                                      : s.models.dp->LoadOptimizerState(m, v, ts.optimizer_steps)));
     if (s.models.critic_dp) {
       RLMESH_ASSIGN_OR_RETURN(at::Tensor cm, file->Read("critic.exp_avg"));
       RLMESH_ASSIGN_OR_RETURN(at::Tensor cv, file->Read("critic.exp_avg_sq"));

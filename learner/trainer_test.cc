@@ -368,6 +368,73 @@ TEST_CASE("K=2 shards (threads, FileStore, ZeRO-1) equal K=1 on the same global 
   CHECK(state->world_size == 2);
 }
 
+TEST_CASE("learner.zero: 3 (K=1 and K=2, uneven micro-batches) equals plain K=1; its checkpoint resumes without it") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  // 7 rows a step: rank 0 trains 3, rank 1 trains 4.
+  *e.add_stages() = SftStageOf(5, 7, 1e-2);
+  Trainer single;
+  REQUIRE(single.Configure(Request(e)).ok());
+  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+
+  ExperimentConfig z = e;
+  z.mutable_learner()->set_zero(3);
+  // A row per micro-batch: gradient accumulation, and rank 1 runs one more
+  // micro-batch than rank 0 (which must run an empty pass to match it).
+  z.mutable_learner()->set_micro_batch_tokens(4);
+  Trainer alone;
+  REQUIRE(alone.Configure(Request(z)).ok());
+  for (int step = 0; step < 3; ++step) REQUIRE(alone.TrainStep(SftStep(step)).ok());
+  CHECK(MaxAbsDiff(single, alone) <= 1e-5);
+
+  Trainer ranks[2];
+  std::string saved;
+  auto results = testing::TrainShards(ranks, 2, Request(z, dir.File("ckpt")), dir.File("store"), 3, SftStep,
+                                      [&](int r, Trainer& t) -> absl::Status {
+                                        auto sv = t.Save();
+                                        if (sv.ok() && r == 0) saved = sv->path();
+                                        return sv.status();
+                                      });
+  INFO(results[0].ToString() << " / " << results[1].ToString());
+  REQUIRE(results[0].ok());
+  REQUIRE(results[1].ok());
+  // Rank 0 holds the whole model for weight sync: the gathered weights.
+  CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  auto state = VerifyCheckpoint(saved);
+  REQUIRE(state.ok());
+  CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
+  CHECK(state->step == 3);
+
+  // Resumed without ZeRO-3, one process: the same fourth step as `single`.
+  Trainer resumed;
+  REQUIRE(resumed.Configure(Request(e, dir.File("ckpt"))).ok());
+  REQUIRE(resumed.Load(saved).ok());
+  REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+  REQUIRE(single.TrainStep(SftStep(3)).ok());
+  CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+}
+
+TEST_CASE("learner.zero: 3 is refused by name where it is not built") {
+  ExperimentConfig e = Tiny();
+  e.mutable_learner()->set_zero(3);
+  Stage ppo;  // a value head
+  ppo.mutable_ppo()->mutable_rl()->set_steps(1);
+  ppo.mutable_ppo()->mutable_rl()->mutable_optimizer()->set_lr(1e-2);
+  *e.add_stages() = ppo;
+  Trainer t;
+  auto r = t.Configure(Request(e));
+  REQUIRE(!r.ok());
+  INFO(r.status().ToString());
+  CHECK(std::string(r.status().message()).find("learner.zero: 3") != std::string::npos);
+  ExperimentConfig two = Tiny();
+  two.mutable_learner()->set_zero(2);
+  *two.add_stages() = SftStageOf(1, 8, 1e-2);
+  auto r2 = t.Configure(Request(two));
+  REQUIRE(!r2.ok());
+  CHECK(std::string(r2.status().message()).find("ZeRO-2 is not built") != std::string::npos);
+}
+
 // Trains K=1 and K=2 (threads over a FileStore) for two steps on the same
 // global batch of groups; returns the largest parameter difference.
 double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const std::string& store_dir) {
@@ -416,6 +483,36 @@ TEST_CASE("K=2 whitens over the global batch: REINFORCE++ and PPO equal K=1") {
     s.mutable_grpo()->set_advantage("reinforce_pp");
     *r.add_stages() = s;
     CHECK(ShardedRlDiff(r, groups, dir.File("store_rpp")) <= 1e-5);
+  }
+  SECTION("GRPO under learner.zero: 3, two mini-batches of uneven micro-batches, KL to the reference") {
+    ExperimentConfig z = e;
+    Stage s = GrpoStageOf(2, 1e-2);
+    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
+    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
+    *z.add_stages() = s;
+    z.mutable_learner()->set_micro_batch_tokens(40);
+    ExperimentConfig plain = z;
+    plain.mutable_learner()->set_zero(0);
+    z.mutable_learner()->set_zero(3);
+    // The reference run is plain K=1; ShardedRlDiff trains z at K=2.
+    Trainer single;
+    REQUIRE(single.Configure(Request(plain)).ok());
+    TrainStepRequest req;
+    *req.mutable_groups() = groups;
+    for (int step = 0; step < 2; ++step) {
+      req.set_step(step);
+      REQUIRE(single.TrainStep(req).ok());
+    }
+    Trainer ranks[2];
+    auto results = testing::TrainShards(ranks, 2, Request(z), dir.File("store_z3"), 2, [&](int step) {
+      TrainStepRequest q = req;
+      q.set_step(step);
+      return q;
+    });
+    INFO(results[0].ToString() << " / " << results[1].ToString());
+    REQUIRE(results[0].ok());
+    REQUIRE(results[1].ok());
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
   }
   SECTION("PPO (GAE whitening)") {
     ExperimentConfig p = e;
