@@ -63,6 +63,30 @@ def matmul_rate(repeats):
     return 2 * 1024 ** 3 / statistics.median(secs)
 
 
+def gemm_floor(model, batch, repeats):
+    """Seconds of one decode step's matrix products alone at `batch` rows:
+    every layer's q/k/v/o and gate/up/down projections and the output head,
+    on the model's own weights (attention over the cache, norms, RoPE and
+    sampling left out). No implementation's decode step can be faster than
+    this on the same cores, so batch / floor bounds decode tokens/s."""
+    F = torch.nn.functional
+    x = torch.randn(batch, CFG["hidden_size"])
+    mlp_x = torch.randn(batch, CFG["intermediate_size"])
+    weights = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        weights += [(x, a.q_proj.weight), (x, a.k_proj.weight), (x, a.v_proj.weight), (x, a.o_proj.weight),
+                    (x, m.gate_proj.weight), (x, m.up_proj.weight), (mlp_x, m.down_proj.weight)]
+    weights.append((x, model.lm_head.weight))
+
+    def step():
+        for inp, w in weights:
+            F.linear(inp, w)
+
+    with torch.no_grad():
+        return statistics.median(timeit(step, repeats * 20, warm=5))
+
+
 def summary(rows):
     by = {}
     for what, batch, tokens, s in rows:
@@ -111,17 +135,25 @@ def main():
                 model.load_state_dict(init_state)
                 ref += python_runs(model, 1)
         rate = matmul_rate(args.repeats)
+        floors = {batch: gemm_floor(model, batch, args.repeats) for batch in (1, 16, 64)}
         so, sr = summary(ours), summary(ref)
         lines += [
             f"## {threads} intra-op thread(s)",
             "",
-            "| measurement | batch | rlmesh tok/s median (min-max) | transformers tok/s median (min-max) | ratio |",
-            "| --- | --- | --- | --- | --- |",
+            "| measurement | batch | rlmesh tok/s median (min-max) | transformers tok/s median (min-max) | ratio |"
+            " GEMM ceiling tok/s | ceiling / transformers |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for key in sorted(so, key=lambda k: (["forward", "train", "decode"].index(k[0]), k[1])):
             o, r = so[key], sr[key]
+            ceiling = ""
+            if key[0] == "decode":
+                c = key[1] / floors[key[1]]
+                ceiling = f" {c:.0f} | {c / r[0]:.2f}x |"
+            else:
+                ceiling = " | |"
             lines.append(f"| {key[0]} | {key[1]} | {o[0]:.0f} ({o[1]:.0f}-{o[2]:.0f}) |"
-                         f" {r[0]:.0f} ({r[1]:.0f}-{r[2]:.0f}) | {o[0] / r[0]:.2f}x |")
+                         f" {r[0]:.0f} ({r[1]:.0f}-{r[2]:.0f}) | {o[0] / r[0]:.2f}x |{ceiling}")
         flops_tok = 6 * n_params  # fwd + bwd matmul FLOPs per token (attention scores excluded)
         ours_train = so[("train", B)][0] * flops_tok
         ref_train = sr[("train", B)][0] * flops_tok
@@ -147,9 +179,16 @@ def main():
         "  (the same LibTorch kernels in the same order), greedy generations are identical, and folders we write",
         "  (single and sharded) load in transformers with identical logits.",
         "- Decode per step runs ~40 small ops per layer; at batch 1 it is bound by reading the weights (51 MB",
-        "  fp32 per token), at batch 64 by the projections. Not done yet that would help: fused q/k/v and",
-        "  gate/up GEMMs (fewer, larger matmuls), a preallocated cache with in-place row moves instead of",
-        "  index_select/cat on membership changes, CUDA graphs on GPU.",
+        "  fp32 per token), at batch 64 by the projections. The GEMM ceiling column is batch / (seconds of one",
+        "  decode step's matrix products alone, timed with torch on the same weights and threads): no decode",
+        "  step can beat it on these cores, so `ceiling / transformers` is the most any implementation could",
+        "  gain over `generate()` here.",
+        "- Fused q/k/v and gate/up projections (one GEMM instead of three and two) were measured at these",
+        "  shapes with torch on 1 thread: no gain within noise (16 rows: 980/927 us separate against 861/944",
+        "  fused; 64 rows: 3164/3131 against 3073/3274), so they were not built. Membership changes of the",
+        "  running batch move one KV-cache row in place instead of copying the cache (session 15;",
+        "  bench/rollout.md); these fixed-length decodes never change membership, so it does not show here.",
+        "  CUDA graphs on GPU are not built.",
         "- GPU: this task had no GPU machine, so the bf16 CUDA parity run and decode vs. the memory-bandwidth",
         "  bound (weight bytes / copy rate) are not measured. The code is device-agnostic (`LoadOptions.device`,",
         "  tensors follow the model's device) but has not run on CUDA.",

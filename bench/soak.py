@@ -87,6 +87,8 @@ def main():
     ap.add_argument("--interval", type=float, default=10.0)
     ap.add_argument("--config", default="configs/grpo_arith_tiny.yaml")
     ap.add_argument("--out", default="bench/soak.md")
+    ap.add_argument("--set", action="append", default=[], dest="overrides",
+                    help="more coordinator --set overrides, e.g. buffer.keep_steps=100 (repeatable)")
     args = ap.parse_args()
 
     coordinator = os.path.join(ROOT, "bazel-bin/coordinator/coordinator")
@@ -97,6 +99,8 @@ def main():
     cmd = [coordinator, "run", os.path.join(ROOT, args.config), f"--run_dir={run_dir}",
            "--set", "stages[1].grpo.rl.steps=100000",
            "--set", "stages[1].grpo.rl.optimizer.schedule=constant"]
+    for o in args.overrides:
+        cmd += ["--set", o]
     log_path = os.path.join(run_dir, "coordinator.out")
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -129,7 +133,8 @@ def main():
     lines = [
         "# Soak: the main job's GRPO stage, every role watched",
         "",
-        f"`python3 bench/soak.py --minutes {args.minutes:g}` on {datetime.date.today()}, {os.cpu_count()} cores: "
+        f"`python3 bench/soak.py --minutes {args.minutes:g}{''.join(' --set ' + o for o in args.overrides)}` on "
+        f"{datetime.date.today()}, {os.cpu_count()} cores: "
         f"`{os.path.basename(args.config)}` with its GRPO stage made 100000 steps at a constant learning rate, "
         f"stopped after {args.minutes:g} minutes at GRPO step {max(steps) if steps else 0}; "
         f"samples every {args.interval:g} s from /proc; the slope is a least-squares fit over the samples "
