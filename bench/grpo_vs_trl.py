@@ -121,6 +121,8 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--workdir", default="")
+    ap.add_argument("--max_staleness", type=int, default=0,
+                    help="rlmesh's rl.max_staleness (1: generation of step n+1 overlaps training of step n)")
     a = ap.parse_args()
     steps_n = a.steps or (100 if a.workload == "a" else 3)
 
@@ -156,6 +158,7 @@ def main():
     grpo_stage = copy.deepcopy(main_cfg["stages"][1])
     rl = grpo_stage["grpo"]["rl"]
     rl["steps"] = steps_n
+    rl["max_staleness"] = a.max_staleness
     max_new = main_cfg["rollout"]["sampling"]["max_new_tokens"]
     length_args = []
     if a.workload == "b":
