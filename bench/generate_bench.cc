@@ -15,13 +15,11 @@
 // peak; the weights' bytes; and the KV cache's theory for max_batch rows of
 // (prompt_len + max_new) positions.
 #include <ATen/Parallel.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "actor/generate.h"
 #include "actor/transformer.h"
+#include "bench/process_memory.h"
 
 ABSL_FLAG(int, hidden, 512, "Hidden size.");
 ABSL_FLAG(int, layers, 8, "Decoder layers.");
@@ -51,18 +50,8 @@ ABSL_FLAG(int, seed, 1, "Seed of the lengths and the weights.");
 namespace rlmesh::actor {
 namespace {
 
-double RssBytes() {
-  std::ifstream f("/proc/self/statm");
-  long pages = 0, resident = 0;
-  f >> pages >> resident;
-  return static_cast<double>(resident) * 4096.0;
-}
-
-double PeakRssBytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) * 1024.0;
-}
+using bench::PeakRssBytes;
+using bench::RssBytes;
 
 int Main() {
   at::set_num_threads(absl::GetFlag(FLAGS_threads));

@@ -17,7 +17,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <malloc.h>
-#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -36,6 +35,7 @@
 #include "learner/data_parallel.h"
 #include "learner/fully_sharded.h"
 #include "learner/tensor_parallel.h"
+#include "bench/process_memory.h"
 
 ABSL_FLAG(int, tp, 1, "tensor-parallel ranks");
 ABSL_FLAG(int, rank, 0, "this process's rank");
@@ -60,19 +60,8 @@ ABSL_FLAG(bool, prefetch, true, "ZeRO-3: all-gather the next unit while this one
 namespace rlmesh::learner {
 namespace {
 
-// Resident set now, bytes (/proc/self/statm's second field, in pages).
-double RssBytes() {
-  std::ifstream f("/proc/self/statm");
-  long pages = 0, resident = 0;
-  f >> pages >> resident;
-  return static_cast<double>(resident) * 4096.0;
-}
-
-double PeakRssBytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) * 1024.0;
-}
+using bench::PeakRssBytes;
+using bench::RssBytes;
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "tensor_parallel_bench: %s\n", s.ToString().c_str());
