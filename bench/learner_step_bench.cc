@@ -18,6 +18,7 @@
 // tokens (prompt + response tokens in the batch), and the trainer's own
 // seconds_forward_backward / seconds_optimizer.
 #include <ATen/Parallel.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +29,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "actor/transformer.h"
+#include "bench/process_memory.h"
 #include "learner/trainer.h"
 #include "proto/config.pb.h"
 #include "proto/learner.pb.h"
@@ -135,15 +137,22 @@ int Run() {
     return 2;
   }
   e.mutable_learner()->set_micro_batch_tokens(absl::GetFlag(FLAGS_micro_batch_tokens));
+  // LibTorch's own start-up memory, before any model exists.
+  [[maybe_unused]] at::Tensor warm = at::randn({64, 64}).matmul(at::randn({64, 64}));
+  const double rss_before = bench::RssBytes();
   learner::Trainer trainer(opts);
   auto cfg = trainer.Configure(req);
   if (!cfg.ok()) {
     std::fprintf(stderr, "configure: %s\n", cfg.status().ToString().c_str());
     return 1;
   }
+  malloc_trim(0);
+  const double rss_configured = bench::RssBytes();
   int vocab = 0;
+  int64_t params = 0;
   for (const auto& [name, t] : trainer.PolicyParameters()) {
     if (name == "model.embed_tokens.weight") vocab = static_cast<int>(t.size(0));
+    params += t.numel();
   }
   TrainStepRequest step;
   *step.mutable_groups() =
@@ -180,6 +189,11 @@ int Run() {
     }
     std::fflush(stdout);
   }
+  // Memory: the resident set before the trainer existed, once it was
+  // configured (weights, optimizer state), and the peak over the steps.
+  std::printf("{\"memory\": {\"rss_before\": %.0f, \"rss_configured\": %.0f, \"peak_rss\": %.0f, "
+              "\"params\": %lld}}\n",
+              rss_before, rss_configured, bench::PeakRssBytes(), static_cast<long long>(params));
   return 0;
 }
 
