@@ -200,6 +200,8 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.LearnerConfig.zero", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.micro_batch_tokens", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.autocast", "learner/stage_options.cc"},
+    {"rlmesh.LearnerConfig.tp", "learner/stage_options.cc"},
+    {"rlmesh.LearnerConfig.sequence_parallel", "learner/stage_options.cc"},
     {"rlmesh.ExperimentConfig.weight_sync", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.backend", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.bucket_mb", "coordinator/weights.cc"},

@@ -288,6 +288,16 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "bf16 with learner.zero: 3 is not built (the backward recomputes each unit outside autocast)");
   c.Require(l->zero() != 3 || config->model().device().empty() || config->model().device() == "cpu",
             "learner.zero", "3 runs on the CPU so far (its shards are built on the host)");
+  if (l->tp() == 0) l->set_tp(1);
+  c.Require(l->tp() >= 1 && l->tp() <= l->shards() && l->shards() % l->tp() == 0, "learner.tp",
+            absl::StrCat("must divide learner.shards (", l->shards(), ")"));
+  c.Require(l->tp() == 1 || l->zero() == 0, "learner.tp",
+            "tensor parallelism with learner.zero: 1 or 3 is not built in the trainer (plain DP over the replicas)");
+  c.Require(l->tp() == 1 || l->autocast().empty() || l->autocast() == "fp32", "learner.autocast",
+            "bf16 with learner.tp > 1 is not built");
+  c.Require(l->tp() == 1 || config->model().device().empty() || config->model().device() == "cpu", "learner.tp",
+            "tensor parallelism runs on the CPU so far (Gloo; its NCCL path is untested)");
+  c.Require(!l->sequence_parallel() || l->tp() > 1, "learner.sequence_parallel", "needs learner.tp > 1");
   if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);
   c.Require(l->micro_batch_tokens() > 0, "learner.micro_batch_tokens", "must be > 0");
 
@@ -318,6 +328,9 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
     c.Require(l->zero() != 3 || st->has_sft() || st->has_grpo(), p,
               "learner.zero: 3 is built for sft and grpo stages (value heads and DPO's pair loss do not run "
               "through the sharded units yet)");
+    c.Require(l->tp() == 1 || st->has_sft() || st->has_grpo(), p,
+              "learner.tp > 1 is built for sft and grpo stages (value heads and DPO's pair loss are not split over "
+              "tensor-parallel ranks yet)");
     switch (st->kind_case()) {
       case Stage::kSft:
         c.Require(st->sft().steps() > 0, p + ".sft.steps", "must be > 0");

@@ -2,6 +2,9 @@
 
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
@@ -90,6 +93,33 @@ TEST_CASE("learner.zero takes 0, 1 and 3; 3 is refused by name where it is not b
   ExperimentConfig gpu;
   s = Normalize("name: x\nmodel: {device: cuda}\nlearner: {zero: 3}\n" + sft, &gpu);
   CHECK(s.message().find("learner.zero: 3 runs on the CPU so far") != absl::string_view::npos);
+}
+
+TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused by name where not built") {
+  const std::string sft = "stages: [{sft: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n";
+  ExperimentConfig ok;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 4, tp: 2, sequence_parallel: true}\n" + sft, &ok).ok());
+  CHECK(ok.learner().tp() == 2);
+  ExperimentConfig plain;
+  REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
+  CHECK(plain.learner().tp() == 1);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"learner: {shards: 3, tp: 2}\n" + sft, "learner.tp: must divide learner.shards (3)"},
+      {"learner: {shards: 2, tp: 4}\n" + sft, "learner.tp: must divide learner.shards (2)"},
+      {"learner: {shards: 2, tp: 2, zero: 3}\n" + sft, "learner.tp: tensor parallelism with learner.zero: 1 or 3"},
+      {"learner: {shards: 2, tp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.tp > 1"},
+      {"model: {device: cuda}\nlearner: {shards: 2, tp: 2}\n" + sft, "learner.tp: tensor parallelism runs on the CPU"},
+      {"learner: {shards: 2, sequence_parallel: true}\n" + sft, "learner.sequence_parallel: needs learner.tp > 1"},
+      {"learner: {shards: 2, tp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.tp > 1 is built for sft and grpo stages"},
+  };
+  for (const auto& [yaml, why] : refused) {
+    ExperimentConfig cfg;
+    INFO(yaml);
+    absl::Status s = Normalize("name: x\n" + yaml, &cfg);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find(why) != absl::string_view::npos);
+  }
 }
 
 TEST_CASE("MoE settings: refused by name on a scratch (dense) model, checked on a checkpoint") {

@@ -7,11 +7,16 @@
 
 namespace rlmesh::learner {
 
-std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int rank, int world) {
+std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int rank, int world, int mini_batches) {
   const int64_t G = static_cast<int64_t>(all.size());
-  const int64_t lo = rank * G / world, hi = (rank + 1) * G / world;
-  return std::vector<TrajectoryGroup>(std::make_move_iterator(all.begin() + lo),
-                                      std::make_move_iterator(all.begin() + hi));
+  const int64_t M = std::max(1, mini_batches);
+  std::vector<TrajectoryGroup> mine;
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t begin = m * G / M, n = (m + 1) * G / M - begin;
+    const int64_t lo = begin + rank * n / world, hi = begin + (rank + 1) * n / world;
+    for (int64_t g = lo; g < hi; ++g) mine.push_back(std::move(all[g]));
+  }
+  return mine;
 }
 
 std::vector<TrajectoryGroup> KeepInformativeGroups(std::vector<TrajectoryGroup> all, int64_t keep,

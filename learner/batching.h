@@ -82,8 +82,16 @@ std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>
                                                       int64_t begin, int64_t end,
                                                       int64_t max_tokens);
 
-// Rank r's contiguous share of a global batch of groups: [r*G/K, (r+1)*G/K).
-std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int rank, int world);
+// Rank r's share of a global batch of G groups over K data-parallel
+// replicas. The batch is cut into `mini_batches` contiguous mini-batches
+// [m*G/M, (m+1)*G/M) first, and the rank takes its contiguous share
+// [r*n/K, (r+1)*n/K) of each (n groups in it), in mini-batch order: so
+// mini-batch m holds the same groups whatever K is, and K replicas step
+// exactly as one process does when every share has as many rows (G a
+// multiple of M*K, groups of one size). With one mini-batch: [r*G/K,
+// (r+1)*G/K).
+std::vector<TrajectoryGroup> RankSlice(std::vector<TrajectoryGroup> all, int rank, int world,
+                                       int mini_batches = 1);
 
 // Dynamic sampling with refill: the first `keep` groups of `all`, in order,
 // whose rewards are not all equal (a one-sample group counts as zero

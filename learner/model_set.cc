@@ -98,6 +98,14 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   if (sharded && m.get() == policy.get()) {
     return sharded->TokenLogProbs(ids, pos, targets, temperature, attention_mask, chunk);
   }
+  // Tensor parallelism: the vocabulary-parallel log-softmax never forms
+  // the full logits, so there is nothing to chunk.
+  if (tp_policy && m.get() == policy.get()) {
+    return tp_policy->TokenLogProbs(ids, pos, targets, temperature, attention_mask);
+  }
+  if (tp_reference && m.get() == reference.get()) {
+    return tp_reference->TokenLogProbs(ids, pos, targets, temperature, attention_mask);
+  }
   AutocastScope ac(autocast_bf16, device_type);
   const c10::Device dev = m->LmHeadWeight().device();
   const at::Tensor mask = attention_mask.defined() ? attention_mask.to(dev) : attention_mask;
@@ -171,9 +179,18 @@ absl::Status ModelSet::EmptyPolicyPass(bool backward) {
 }
 
 absl::Status ModelSet::SyncPolicy() {
-  if (!sharded) return absl::OkStatus();
-  RLMESH_ASSIGN_OR_RETURN(FullyShardedModel::Named full, sharded->GatherFull());
-  if (sharded->rank() != 0) return absl::OkStatus();
+  std::vector<std::pair<std::string, at::Tensor>> full;
+  if (sharded) {
+    RLMESH_ASSIGN_OR_RETURN(full, sharded->GatherFull());
+    if (sharded->rank() != 0) return absl::OkStatus();
+  } else if (tp_policy) {
+    // The replicas hold the same slices: replica 0's ranks gather them.
+    if (dp->rank() != 0) return absl::OkStatus();
+    RLMESH_ASSIGN_OR_RETURN(full, tp_policy->GatherFull());
+    if (tp_policy->rank() != 0) return absl::OkStatus();
+  } else {
+    return absl::OkStatus();
+  }
   return CatchAll("sync policy", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
@@ -183,6 +200,111 @@ absl::Status ModelSet::SyncPolicy() {
       p.copy_(it->second);
     }
     return absl::OkStatus();
+  });
+}
+
+namespace {
+
+// The whole policy's parameters as one flat vector in `shapes`' order (plain
+// DP's optimizer layout), from named full-size tensors.
+absl::StatusOr<at::Tensor> FlattenInPolicyOrder(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+    const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::map<std::string, at::Tensor> by_name(named.begin(), named.end());
+  if (by_name.size() != shapes.size()) {
+    return absl::InternalError(absl::StrCat("moments: ", by_name.size(), " tensors gathered for ", shapes.size(),
+                                            " policy parameters"));
+  }
+  std::vector<at::Tensor> parts;
+  for (const auto& [name, shape] : shapes) {
+    auto it = by_name.find(name);
+    if (it == by_name.end() || it->second.sizes() != at::IntArrayRef(shape)) {
+      return absl::InternalError(absl::StrCat("moments: ", name, " missing or misshapen"));
+    }
+    parts.push_back(it->second.reshape({-1}));
+  }
+  return at::cat(parts);
+}
+
+// The inverse: named full-size views into `flat`. INVALID_ARGUMENT when its
+// size is not the policy's.
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SplitInPolicyOrder(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes, const at::Tensor& flat,
+    const char* what) {
+  int64_t total = 0;
+  for (const auto& [name, shape] : shapes) total += c10::multiply_integers(shape);
+  if (!flat.defined() || flat.dim() != 1 || flat.numel() != total) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", flat.defined() ? flat.numel() : 0,
+                                                   " elements, the policy has ", total));
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  int64_t offset = 0;
+  for (const auto& [name, shape] : shapes) {
+    const int64_t n = c10::multiply_integers(shape);
+    out.emplace_back(name, flat.narrow(0, offset, n).view(shape));
+    offset += n;
+  }
+  return out;
+}
+
+// A module's parameters as one flat vector (DataParallel's layout).
+at::Tensor FlattenAll(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& t : tensors) parts.push_back(t.reshape({-1}));
+  return at::cat(parts);
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
+  if (sharded) return sharded->GatherMoments();
+  if (!tp_policy) return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
+  // Replica 0's ranks gather their slices' moments (the replicas' agree).
+  if (dp->rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
+  const std::vector<at::Tensor> params = tp_policy->Parameters();
+  auto local = [&](const at::Tensor& flat) {
+    std::vector<at::Tensor> out;
+    int64_t offset = 0;
+    for (const at::Tensor& p : params) {
+      out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
+    }
+    return out;
+  };
+  RLMESH_ASSIGN_OR_RETURN(auto m, tp_policy->GatherFullOf(local(dp->exp_avg())));
+  RLMESH_ASSIGN_OR_RETURN(auto v, tp_policy->GatherFullOf(local(dp->exp_avg_sq())));
+  return CatchAll("moments", [&]() -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor fm, FlattenInPolicyOrder(policy_shapes, m));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor fv, FlattenInPolicyOrder(policy_shapes, v));
+    return std::make_pair(fm, fv);
+  });
+}
+
+absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps) {
+  if (sharded) return sharded->LoadMoments(exp_avg, exp_avg_sq, steps);
+  if (!tp_policy) return dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+  return CatchAll("moments", [&]() -> absl::Status {
+    RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(policy_shapes, exp_avg, "policy.exp_avg"));
+    RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(policy_shapes, exp_avg_sq, "policy.exp_avg_sq"));
+    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> ms, tp_policy->SliceOf(m));
+    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> vs, tp_policy->SliceOf(v));
+    return dp->LoadOptimizerState(FlattenAll(ms), FlattenAll(vs), steps);
+  });
+}
+
+absl::Status ModelSet::LoadPolicyWeights(const std::string& dir, int rank) {
+  if (!PolicySplit()) return actor::LoadHfWeights(dir, policy);
+  return CatchAll("load policy", [&]() -> absl::Status {
+    actor::Transformer full{nullptr};
+    if (rank == 0) {
+      full = policy;
+    } else {
+      std::lock_guard<std::mutex> lock(InitMutex());
+      full = actor::Transformer(policy->config());
+    }
+    RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, full));
+    const auto named = full->NamedParameters();
+    return sharded ? sharded->LoadFromFull(named) : tp_policy->LoadFromFull(named);
   });
 }
 
@@ -270,9 +392,37 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
 
 namespace {
 
-// learner.zero: 3: rank 0's policy weights broadcast to every rank, copied
-// into the reference (when there is one), then cut into this rank's shards;
-// ranks other than 0 drop the policy's parameter data.
+// ZeRO-3 and TP: rank 0's policy weights broadcast to every rank (over the
+// whole group) and copied into the reference, when there is one; records
+// the policy's shapes before a split frees its data.
+absl::Status BroadcastPolicy(ModelSet* models) {
+  ModelSet& s = *models;
+  torch::NoGradGuard no_grad;
+  auto named = s.policy->NamedParameters();
+  s.policy_shapes.clear();
+  for (auto& [name, t] : named) s.policy_shapes.emplace_back(name, t.sizes().vec());
+  if (s.group) {
+    RLMESH_RETURN_IF_ERROR(dist::Collective("broadcast of the policy", [&] {
+      for (auto& [name, t] : named) {
+        std::vector<at::Tensor> v = {t};
+        s.group->broadcast(v)->wait();
+      }
+    }));
+  }
+  if (s.reference) {
+    auto dst = s.reference->NamedParameters();
+    for (size_t i = 0; i < named.size(); ++i) dst[i].second.copy_(named[i].second);
+  }
+  return absl::OkStatus();
+}
+
+// Drops a module's parameter data, keeping its names and config.
+void DropParameterData(actor::Transformer& m) {
+  for (auto& [name, t] : m->NamedParameters()) t.set_data(at::empty({0}, t.options()));
+}
+
+// learner.zero: 3: the broadcast policy cut into this rank's shards; ranks
+// other than 0 drop the policy's parameter data.
 absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) {
   ModelSet& s = *models;
   if (s.device_type != c10::DeviceType::CPU) {
@@ -287,26 +437,63 @@ absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) 
     RLMESH_ASSIGN_OR_RETURN(s.sharded, FullyShardedModel::Create(s.policy->config(), s.group, fo));
   }
   return CatchAll("shard the policy", [&]() -> absl::Status {
-    torch::NoGradGuard no_grad;
-    auto named = s.policy->NamedParameters();
-    if (s.group) {
-      RLMESH_RETURN_IF_ERROR(dist::Collective("broadcast of the policy", [&] {
-        for (auto& [name, t] : named) {
-          std::vector<at::Tensor> v = {t};
-          s.group->broadcast(v)->wait();
-        }
-      }));
-    }
-    if (s.reference) {
-      auto dst = s.reference->NamedParameters();
-      for (size_t i = 0; i < named.size(); ++i) dst[i].second.copy_(named[i].second);
-    }
-    RLMESH_RETURN_IF_ERROR(s.sharded->LoadFromFull(named));
-    if (rank != 0) {
-      for (auto& [name, t] : named) t.set_data(at::empty({0}, t.options()));
-    }
+    RLMESH_RETURN_IF_ERROR(BroadcastPolicy(&s));
+    RLMESH_RETURN_IF_ERROR(s.sharded->LoadFromFull(s.policy->NamedParameters()));
+    if (rank != 0) DropParameterData(s.policy);
     return absl::OkStatus();
   });
+}
+
+// learner.tp > 1: the replica and tensor-parallel groups, the policy (and
+// the reference) split over the latter, and plain DP over the replicas.
+// Rank r is tensor-parallel rank r % tp of replica r / tp.
+absl::Status SplitPolicyTensorParallel(const StageOptions& stage, int rank, int world_size,
+                                       const dist::GlooGroupOptions& gloo, ModelSet* models) {
+  ModelSet& s = *models;
+  const int tp = stage.learner.tp, replica = rank / tp, tp_rank = rank % tp, replicas = world_size / tp;
+  if (s.device_type != c10::DeviceType::CPU) {
+    return absl::UnimplementedError("experiment.learner.tp > 1 runs on the CPU so far");
+  }
+  // Every rank joins its replica's group, then the group of the ranks that
+  // hold the same slices: the same order everywhere, so no rendezvous waits
+  // on another.
+  auto join = [&](const std::string& prefix, int group_rank, int size,
+                  c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
+    if (size == 1) return absl::OkStatus();
+    RLMESH_ASSIGN_OR_RETURN(*group, dist::CreateGlooGroup(dist::WithPrefix(s.store, prefix), group_rank, size, gloo));
+    return absl::OkStatus();
+  };
+  RLMESH_RETURN_IF_ERROR(join(absl::StrCat("tp", replica), tp_rank, tp, &s.tp_group));
+  RLMESH_RETURN_IF_ERROR(join(absl::StrCat("dp", tp_rank), replica, replicas, &s.dp_group));
+  TensorParallelOptions to;
+  to.sequence_parallel = stage.learner.sequence_parallel;
+  {
+    std::lock_guard<std::mutex> lock(InitMutex());
+    auto made = TensorParallelModel::Create(s.policy->config(), s.tp_group, to);
+    if (!made.ok()) return PrefixStatus("experiment.learner.tp", made.status());
+    s.tp_policy = *std::move(made);
+    if (s.reference) {
+      RLMESH_ASSIGN_OR_RETURN(s.tp_reference, TensorParallelModel::Create(s.reference->config(), s.tp_group, to));
+    }
+  }
+  RLMESH_RETURN_IF_ERROR(CatchAll("split the policy", [&]() -> absl::Status {
+    RLMESH_RETURN_IF_ERROR(BroadcastPolicy(&s));
+    RLMESH_RETURN_IF_ERROR(s.tp_policy->LoadFromFull(s.policy->NamedParameters()));
+    if (s.tp_reference) {
+      RLMESH_RETURN_IF_ERROR(s.tp_reference->LoadFromFull(s.reference->NamedParameters()));
+      for (at::Tensor& p : s.tp_reference->Parameters()) p.set_requires_grad(false);
+      DropParameterData(s.reference);
+    }
+    if (rank != 0) DropParameterData(s.policy);
+    return absl::OkStatus();
+  }));
+  DataParallelOptions dpo;
+  dpo.adamw = stage.optimizer().adamw;
+  dpo.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
+  dpo.norm_group = s.tp_group;
+  dpo.norm_weights = s.tp_policy->NormWeights();
+  RLMESH_ASSIGN_OR_RETURN(s.dp, DataParallel::Create(s.dp_group, s.tp_policy->Parameters(), dpo));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -402,6 +589,8 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   };
   if (stage.learner.zero3) {
     RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, &s));
+  } else if (stage.learner.tp > 1) {
+    RLMESH_RETURN_IF_ERROR(SplitPolicyTensorParallel(stage, rank, world_size, gloo, &s));
   } else {
     // A reward model never uses its lm_head; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, stage.optimizer(), stage.kind == StageKind::kRewardModel));
@@ -412,9 +601,9 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     RLMESH_ASSIGN_OR_RETURN(s.critic_dp, make_dp(s.critic, stage.rl.critic_optimizer, true));
     RLMESH_RETURN_IF_ERROR(s.critic_dp->BroadcastParameters());
   }
-  if (s.reference && !stage.learner.zero3) {
+  if (s.reference && !s.PolicySplit()) {
     // Every rank's reference equals its (broadcast) initial policy (under
-    // ZeRO-3, ShardPolicy copied it before freeing the policy).
+    // ZeRO-3 and TP, BroadcastPolicy copied it before the split).
     RLMESH_RETURN_IF_ERROR(CatchAll("reference", [&]() -> absl::Status {
       torch::NoGradGuard no_grad;
       auto src = s.policy->NamedParameters();

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -24,6 +26,7 @@
 #include "dist/store.h"
 #include "learner/data_parallel.h"
 #include "learner/fully_sharded.h"
+#include "learner/tensor_parallel.h"
 #include "learner/stage_options.h"
 #include "proto/learner.pb.h"
 
@@ -51,6 +54,18 @@ struct ModelSet {
   // after the optimizer steps. The other ranks' `policy` keeps its config
   // and no parameter data.
   std::unique_ptr<FullyShardedModel> sharded;
+  // learner.tp > 1: the policy, and the reference when there is one, split
+  // over this replica's tensor-parallel group (`tp_group`: ranks
+  // [d*tp, (d+1)*tp) for replica d). `dp` steps the policy's slices over
+  // `dp_group`, the ranks that hold the same slices (null when there is one
+  // replica), with the gradient norm summed over `tp_group`. As under
+  // ZeRO-3, `policy` holds the whole model on rank 0 only (SyncPolicy), and
+  // `reference` holds no parameter data.
+  std::unique_ptr<TensorParallelModel> tp_policy, tp_reference;
+  c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
+  // Under ZeRO-3 or TP: the whole policy's parameter names and shapes, in
+  // NamedParameters() order (what plain DP's flat optimizer layout follows).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> policy_shapes;
   // Forward passes under bf16 autocast (learner.autocast: bf16).
   bool autocast_bf16 = false;
   c10::DeviceType device_type = c10::DeviceType::CPU;
@@ -79,9 +94,21 @@ struct ModelSet {
   // on a one-token batch whose gradient is zero, so that a rank with fewer
   // micro-batches makes the same collectives as the others. No-op otherwise.
   absl::Status EmptyPolicyPass(bool backward);
-  // ZeRO-3: gathers the updated weights into rank 0's `policy` (every rank
-  // must call it). No-op otherwise.
+  // ZeRO-3 and TP: gathers the updated weights into rank 0's `policy`
+  // (every rank must call it). No-op otherwise.
   absl::Status SyncPolicy();
+  // True when the policy's parameters live split over ranks (ZeRO-3, TP).
+  bool PolicySplit() const { return sharded != nullptr || tp_policy != nullptr; }
+  // The policy's AdamW moments for a checkpoint: plain DP's flat layout
+  // (ZeRO-1: this rank's flat range). Under ZeRO-3 and TP every rank must
+  // call it; the result is meaningful on rank 0 only.
+  absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PolicyMoments();
+  // Restores them from that layout, with the optimizer's step count.
+  absl::Status LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
+  // Reads the policy's weights from the Hugging Face folder `dir` (under
+  // ZeRO-3 and TP every rank reads the whole model and keeps its part;
+  // rank `rank` 0 also keeps it whole in `policy`).
+  absl::Status LoadPolicyWeights(const std::string& dir, int rank);
 };
 
 struct LoadedPolicy {

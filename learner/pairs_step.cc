@@ -106,7 +106,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainPairs() {
   const auto t_start = Clock::now();
   // Every rank draws the same global batch of pairs and takes its slice.
   std::vector<const Example*> global = s.loader->Next(s.opt.pairs.batch);
-  const int64_t lo = s.rank * s.opt.pairs.batch / s.world, hi = (s.rank + 1) * s.opt.pairs.batch / s.world;
+  const int64_t lo = s.data_rank * s.opt.pairs.batch / s.data_world,
+                hi = (s.data_rank + 1) * s.opt.pairs.batch / s.data_world;
   std::vector<const PreferencePair*> mine;
   for (int64_t i = lo; i < hi; ++i) mine.push_back(&s.pairs[global[i] - s.pair_keys.data()]);
   TrainStepResponse resp;

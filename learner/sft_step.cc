@@ -28,7 +28,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
   const auto t_start = Clock::now();
   // Every rank draws the same global batch and takes its slice.
   std::vector<const Example*> global = s.loader->Next(s.opt.sft.batch);
-  const int64_t lo = s.rank * s.opt.sft.batch / s.world, hi = (s.rank + 1) * s.opt.sft.batch / s.world;
+  const int64_t lo = s.data_rank * s.opt.sft.batch / s.data_world,
+                hi = (s.data_rank + 1) * s.opt.sft.batch / s.data_world;
   const int64_t max_len = s.models.policy->config().max_positions;
   std::vector<Seq> seqs;
   // Task kind text: rows of packed document pieces, one row per item.

@@ -14,7 +14,7 @@ absl::Status CheckStepsBatch(const std::string& field, int64_t steps, int64_t ba
   if (steps <= 0) return absl::InvalidArgumentError(field + ".steps: must be > 0");
   if (batch < world_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".batch: must be >= the learner world size (", world_size, ")"));
+        absl::StrCat(field, ".batch: must be >= the learner's data-parallel replicas (", world_size, ")"));
   }
   return absl::OkStatus();
 }
@@ -29,6 +29,17 @@ absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp)
   }
   l.zero1 = exp.learner().zero() == 1;
   l.zero3 = exp.learner().zero() == 3;
+  l.tp = exp.learner().tp() == 0 ? 1 : exp.learner().tp();
+  l.sequence_parallel = exp.learner().sequence_parallel();
+  if (l.tp < 1) return absl::InvalidArgumentError("experiment.learner.tp: must be >= 1");
+  if (l.tp > 1 && exp.learner().zero() != 0) {
+    return absl::UnimplementedError(absl::StrCat("experiment.learner.tp: ", l.tp, " with learner.zero: ",
+                                                 exp.learner().zero(),
+                                                 " is not built in the trainer (plain DP over the replicas)"));
+  }
+  if (l.sequence_parallel && l.tp == 1) {
+    return absl::InvalidArgumentError("experiment.learner.sequence_parallel: needs learner.tp > 1");
+  }
   if (exp.learner().micro_batch_tokens() < 0) {
     return absl::InvalidArgumentError("experiment.learner.micro_batch_tokens: must be >= 0");
   }
@@ -339,9 +350,15 @@ absl::StatusOr<OptimizerOptions> MakeOptimizerOptions(const OptimizerConfig& c, 
   return o;
 }
 
-absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int stage_index, int world_size) {
+absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int stage_index, int shards) {
   StageOptions o;
   RLMESH_ASSIGN_OR_RETURN(o.learner, MakeLearnerSettings(exp));
+  if (shards % o.learner.tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("experiment.learner.tp: ", o.learner.tp,
+                                                   " does not divide the learner world size (", shards, ")"));
+  }
+  // The replicas split the data; a replica's tensor-parallel ranks share it.
+  const int world_size = shards / o.learner.tp;
   const Stage& stage = exp.stages(stage_index);
   o.field = absl::StrCat("experiment.stages[", stage_index, "]");
   const std::string& sp = o.field;
@@ -387,6 +404,17 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
       return absl::UnimplementedError(
           "experiment.learner.zero: 3 with learner.autocast: bf16 is not built (the backward recomputes each unit "
           "outside the autocast scope)");
+    }
+  }
+  if (o.learner.tp > 1) {
+    // learner/tensor_parallel.h carries the policy's log-probs only.
+    if (o.kind != StageKind::kSft && o.kind != StageKind::kGrpo) {
+      return absl::UnimplementedError(absl::StrCat(
+          "experiment.learner.tp: ", o.learner.tp, " is built for sft and grpo stages; ", sp, " is ",
+          StageKindName(o.kind), " (a value head, or DPO's pair loss, is not split over tensor-parallel ranks yet)"));
+    }
+    if (o.learner.autocast_bf16) {
+      return absl::UnimplementedError("experiment.learner.tp > 1 with learner.autocast: bf16 is not built");
     }
   }
   return o;

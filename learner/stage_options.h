@@ -55,6 +55,11 @@ struct LearnerSettings {
   // learner.zero: 3 — the policy's parameters, gradients and optimizer state
   // fully sharded (learner/fully_sharded.h).
   bool zero3 = false;
+  // learner.tp: tensor-parallel ranks per replica (learner/tensor_parallel.h);
+  // the learner's world_size / tp replicas split the data. Default 1.
+  int tp = 1;
+  // learner.sequence_parallel (tp > 1 only). Default false.
+  bool sequence_parallel = false;
   // Most padded tokens in one micro-batch. Default 8192.
   int64_t micro_tokens = 8192;
   // learner.autocast == "bf16": forward passes under bf16 autocast.
@@ -166,10 +171,12 @@ struct StageOptions {
 };
 
 // Reads and validates experiment.learner, checkpoint.keep, the rollout
-// sampling and experiment.stages[stage_index] for a learner of `world_size`
-// shards. REQUIRES: stage_index is inside experiment.stages.
+// sampling and experiment.stages[stage_index] for a learner of `shards`
+// processes (learner.tp must divide it; the batch checks count the
+// shards / tp data-parallel replicas). REQUIRES: stage_index is inside
+// experiment.stages.
 absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& experiment, int stage_index,
-                                              int world_size);
+                                              int shards);
 
 // Once the policy is loaded: refuses rl.routing_replay and a set
 // rl.router_aux_loss_coef for a policy without MoE layers (INVALID_ARGUMENT

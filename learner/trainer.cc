@@ -104,6 +104,8 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   s.rank = req.rank();
   s.world = req.world_size();
   RLMESH_ASSIGN_OR_RETURN(s.opt, MakeStageOptions(exp, req.stage_index(), s.world));
+  s.data_rank = s.rank / s.opt.learner.tp;
+  s.data_world = s.world / s.opt.learner.tp;
   RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, req.checkpoint_dir(), "checkpoint_dir"));
   RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, s.opt.pairs.output,
                                           absl::StrCat("experiment.stages[", req.stage_index(), "].reward_model.output")));
@@ -160,7 +162,8 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   PublishStatus();
   RLMESH_LOG(INFO) << "configured stage=" << s_->opt.name << " rank=" << s_->rank
                    << " world_size=" << s_->world
-                   << " zero=" << (s_->opt.learner.zero3 ? 3 : s_->opt.learner.zero1 ? 1 : 0) << " step=" << step_
+                   << " zero=" << (s_->opt.learner.zero3 ? 3 : s_->opt.learner.zero1 ? 1 : 0)
+                   << " tp=" << s_->opt.learner.tp << " step=" << step_
                    << " version=" << version_;
   ConfigureResponse resp;
   resp.set_policy_version(version_);
@@ -198,18 +201,18 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req
   }
   if (req.data_case() == TrainStepRequest::kGroups) {
     const int64_t G = req.groups().groups_size();
-    if (G < s_->world) {
+    if (G < s_->data_world) {
       return absl::InvalidArgumentError(
-          absl::StrCat("groups: ", G, " groups for ", s_->world, " shards"));
+          absl::StrCat("groups: ", G, " groups for ", s_->data_world, " data-parallel replicas"));
     }
     std::vector<TrajectoryGroup> all(req.groups().groups().begin(), req.groups().groups().end());
     return TrainRlGlobal(std::move(all), 0.0);
   }
   if (req.data_case() == TrainStepRequest::kBuffer) {
     const BufferSource& src = req.buffer();
-    if (src.num_groups() <= 0 || src.num_groups() % s_->world != 0) {
+    if (src.num_groups() <= 0 || src.num_groups() % s_->data_world != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "buffer.num_groups: must be a positive multiple of the world size (", s_->world, ")"));
+          "buffer.num_groups: must be a positive multiple of the data-parallel replicas (", s_->data_world, ")"));
     }
     if (src.experiment_id().empty()) return absl::InvalidArgumentError("buffer.experiment_id: required");
     if (source_ == nullptr) {
@@ -282,7 +285,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRlGlobal(std::vector<TrajectoryG
   // same on every shard, before it is split.
   Metrics refill;
   if (s_->opt.rl.refill_groups > 0) all = KeepInformativeGroups(std::move(all), s_->opt.rl.refill_groups, &refill);
-  auto resp = TrainRl(RankSlice(std::move(all), s_->rank, s_->world), seconds_sample);
+  auto resp = TrainRl(RankSlice(std::move(all), s_->data_rank, s_->data_world, s_->opt.rl.mini_batches),
+                      seconds_sample);
   if (!resp.ok()) return resp;
   for (const auto& [k, v] : refill) (*resp->mutable_metrics()->mutable_values())[k] = v;
   return resp;

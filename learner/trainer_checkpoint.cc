@@ -57,14 +57,10 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       if (ec) return absl::InternalError(absl::StrCat("create ", staging, ": ", ec.message()));
     }
     RLMESH_RETURN_IF_ERROR(barrier());
-    // ZeRO-3 gathers its moments into plain DP's layout (every rank takes
-    // part; rank 0 writes them): such a checkpoint resumes under any layout.
-    std::pair<at::Tensor, at::Tensor> moments;
-    if (s.models.sharded) {
-      RLMESH_ASSIGN_OR_RETURN(moments, s.models.sharded->GatherMoments());
-    } else {
-      moments = {s.models.dp->exp_avg(), s.models.dp->exp_avg_sq()};
-    }
+    // ZeRO-3 and TP gather their moments into plain DP's layout (every
+    // rank takes part; rank 0 writes them): such a checkpoint resumes under
+    // any layout.
+    RLMESH_ASSIGN_OR_RETURN(auto moments, s.models.PolicyMoments());
     if (s.rank == 0 || s.opt.learner.zero1) {
       std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", moments.first},
                                                            {"policy.exp_avg_sq", moments.second}};
@@ -185,15 +181,7 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
   const std::string opt_file = absl::StrCat(
       dir, "/", s.opt.learner.zero1 ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors");
   RLMESH_RETURN_IF_ERROR(CatchAll("load", [&]() -> absl::Status {
-    if (s.models.sharded) {
-      // Every rank reads the whole model and keeps its shards; rank 0 also
-      // keeps the whole model in `policy` (weight sync, checkpoints).
-      actor::Transformer full = s.rank == 0 ? s.models.policy : actor::Transformer(s.models.policy->config());
-      RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, full));
-      RLMESH_RETURN_IF_ERROR(s.models.sharded->LoadFromFull(full->NamedParameters()));
-    } else {
-      RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, s.models.policy));
-    }
+    RLMESH_RETURN_IF_ERROR(s.models.LoadPolicyWeights(dir, s.rank));
     if (s.models.critic) {
       actor::LoadOptions lo;
       lo.add_value_head = true;
@@ -202,9 +190,7 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
     RLMESH_ASSIGN_OR_RETURN(auto file, actor::SafetensorsFile::Open(opt_file));
     RLMESH_ASSIGN_OR_RETURN(at::Tensor m, file->Read("policy.exp_avg"));
     RLMESH_ASSIGN_OR_RETURN(at::Tensor v, file->Read("policy.exp_avg_sq"));
-    RLMESH_RETURN_IF_ERROR(PrefixStatus(opt_file, s.models.sharded
-                                                      ? s.models.sharded->LoadMoments(m, v, ts.optimizer_steps)
-                                                      : s.models.dp->LoadOptimizerState(m, v, ts.optimizer_steps)));
+    RLMESH_RETURN_IF_ERROR(PrefixStatus(opt_file, s.models.LoadPolicyMoments(m, v, ts.optimizer_steps)));
     if (s.models.critic_dp) {
       RLMESH_ASSIGN_OR_RETURN(at::Tensor cm, file->Read("critic.exp_avg"));
       RLMESH_ASSIGN_OR_RETURN(at::Tensor cv, file->Read("critic.exp_avg_sq"));

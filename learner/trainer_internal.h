@@ -57,6 +57,10 @@ struct Trainer::State {
   ConfigureRequest request;
   StageOptions opt;
   int rank = 0, world = 1;
+  // The data-parallel replica this rank belongs to and their number
+  // (rank / learner.tp, world / learner.tp): a replica's tensor-parallel
+  // ranks train on the same slice of the global batch.
+  int data_rank = 0, data_world = 1;
 
   std::unique_ptr<actor::Tokenizer> tokenizer;
   std::unique_ptr<Task> task;

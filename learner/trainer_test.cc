@@ -435,37 +435,152 @@ TEST_CASE("learner.zero: 3 is refused by name where it is not built") {
   CHECK(std::string(r2.status().message()).find("ZeRO-2 is not built") != std::string::npos);
 }
 
-// Trains K=1 (on `reference`, else on `e`) and K=2 on `e` (threads over a
-// FileStore) for two steps on the same global batch of groups; returns the
-// largest parameter difference (K=2: rank 0's weights, which under ZeRO-3
-// only rank 0 holds whole).
-double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const std::string& store_dir,
-                     const ExperimentConfig* reference = nullptr) {
+TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints resume across the layouts") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  // 7 rows a step: at tp=2 x dp=2, replica 0 trains 3 and replica 1 trains 4.
+  *e.add_stages() = SftStageOf(5, 7, 1e-2);
+  e.mutable_learner()->set_micro_batch_tokens(24);
   Trainer single;
+  REQUIRE(single.Configure(Request(e, dir.File("ckpt_plain"))).ok());
+  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+  REQUIRE(single.Save().ok());
+
+  ExperimentConfig t = e;
+  t.mutable_learner()->set_tp(2);
+  SECTION("tp=2: rank 0 holds the gathered weights; the checkpoint resumes in one plain process") {
+    Trainer ranks[2];
+    std::string saved;
+    auto results = testing::TrainShards(ranks, 2, Request(t, dir.File("ckpt_tp")), dir.File("store"), 3, SftStep,
+                                        [&](int r, Trainer& tr) -> absl::Status {
+                                          auto sv = tr.Save();
+                                          if (sv.ok() && r == 0) saved = sv->path();
+                                          return sv.status();
+                                        });
+    INFO(results[0].ToString() << " / " << results[1].ToString());
+    REQUIRE(results[0].ok());
+    REQUIRE(results[1].ok());
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    auto state = VerifyCheckpoint(saved);
+    REQUIRE(state.ok());
+    CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
+    Trainer resumed;
+    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_tp"))).ok());
+    CHECK(resumed.Status().step() == 3);
+    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+    REQUIRE(single.TrainStep(SftStep(3)).ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  }
+  SECTION("tp=2 x dp=2 with sequence parallelism, resumed from the plain checkpoint") {
+    t.mutable_learner()->set_sequence_parallel(true);
+    Trainer ranks[4];
+    // Resumes single's step-3 checkpoint, then trains steps 3 and 4.
+    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_plain")), dir.File("store4"), 2,
+                                        [](int i) { return SftStep(3 + i); });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    for (int step = 3; step < 5; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  }
+}
+
+TEST_CASE("learner.tp is refused by name where it is not built") {
+  ExperimentConfig e = Tiny();
+  e.mutable_learner()->set_tp(2);
+  Stage ppo;  // a value head
+  ppo.mutable_ppo()->mutable_rl()->set_steps(1);
+  ppo.mutable_ppo()->mutable_rl()->mutable_optimizer()->set_lr(1e-2);
+  *e.add_stages() = ppo;
+  ConfigureRequest req = Request(e);
+  req.set_world_size(2);
+  req.set_store_address("file:/nonexistent/never-used");
+  Trainer t;
+  auto r = t.Configure(req);
+  REQUIRE(!r.ok());
+  INFO(r.status().ToString());
+  CHECK(std::string(r.status().message()).find("learner.tp: 2 is built for sft and grpo stages") !=
+        std::string::npos);
+  ExperimentConfig odd = Tiny();
+  odd.mutable_learner()->set_tp(2);
+  *odd.add_stages() = SftStageOf(1, 8, 1e-2);
+  ConfigureRequest three = Request(odd);
+  three.set_world_size(3);
+  three.set_store_address("file:/nonexistent/never-used");
+  auto r2 = t.Configure(three);
+  REQUIRE(!r2.ok());
+  CHECK(std::string(r2.status().message()).find("learner.tp: 2 does not divide the learner world size (3)") !=
+        std::string::npos);
+  odd.mutable_learner()->set_zero(1);
+  auto r3 = t.Configure(Request(odd));
+  REQUIRE(!r3.ok());
+  CHECK(std::string(r3.status().message()).find("learner.tp: 2 with learner.zero: 1 is not built") !=
+        std::string::npos);
+}
+
+// Trains K=1 (on `reference`, else on `e`) and K=`world` on `e` (threads
+// over a FileStore) for two steps on the same global batch of groups;
+// returns the largest parameter difference (K>1: rank 0's weights, which
+// under ZeRO-3 and TP only rank 0 holds whole).
+double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const std::string& store_dir,
+                     const ExperimentConfig* reference = nullptr, int world = 2) {
+  Trainer single, untrained;
   REQUIRE(single.Configure(Request(reference != nullptr ? *reference : e)).ok());
+  REQUIRE(untrained.Configure(Request(reference != nullptr ? *reference : e)).ok());
   TrainStepRequest req;
   *req.mutable_groups() = groups;
   for (int step = 0; step < 2; ++step) {
     req.set_step(step);
     REQUIRE(single.TrainStep(req).ok());
   }
-  Trainer ranks[2];
-  auto results = testing::TrainShards(ranks, 2, Request(e), store_dir, 2, [&](int step) {
+  // The steps must move the weights, or equal weights would prove nothing.
+  CHECK(MaxAbsDiff(single, untrained) > 1e-3);
+  Trainer ranks[4];
+  REQUIRE(world <= 4);
+  auto results = testing::TrainShards(ranks, world, Request(e), store_dir, 2, [&](int step) {
     TrainStepRequest q = req;
     q.set_step(step);
     return q;
   });
-  INFO(results[0].ToString() << " / " << results[1].ToString());
-  REQUIRE(results[0].ok());
-  REQUIRE(results[1].ok());
-  if (e.learner().zero() != 3) CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << ": " << results[r].ToString());
+    REQUIRE(results[r].ok());
+  }
+  if (e.learner().zero() != 3 && e.learner().tp() <= 1) CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
   return MaxAbsDiff(single, ranks[0]);
 }
 
-TEST_CASE("K=2 whitens over the global batch: REINFORCE++ and PPO equal K=1") {
+TEST_CASE("RankSlice: mini-batch m holds the same groups whatever the number of replicas") {
+  auto ids = [](int G, int rank, int world, int mini_batches) {
+    std::vector<TrajectoryGroup> all(G);
+    for (int g = 0; g < G; ++g) all[g].set_group_id(std::to_string(g));
+    std::string out;
+    for (const TrajectoryGroup& g : RankSlice(std::move(all), rank, world, mini_batches)) out += g.group_id();
+    return out;
+  };
+  CHECK(ids(8, 0, 2, 1) == "0123");
+  CHECK(ids(8, 1, 2, 1) == "4567");
+  CHECK(ids(8, 0, 2, 2) == "0145");
+  CHECK(ids(8, 1, 2, 2) == "2367");
+  CHECK(ids(8, 0, 1, 2) == "01234567");
+  // Uneven: every group once, mini-batch 0 = groups 0-2, 1 = groups 3-6.
+  CHECK(ids(7, 0, 2, 2) == "034");
+  CHECK(ids(7, 1, 2, 2) == "1256");
+}
+
+TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), mini-batches under ZeRO-3 and TP") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
   ExperimentConfig e = Tiny(11);
+  // AdamW moves every weight by about lr a step whatever its gradient, so
+  // fp32 rounding in a gradient that cancels almost to zero (GRPO's
+  // advantages sum to zero in a group) shows up in proportion to lr: at
+  // 1e-2 tensor parallelism's other summation order reaches 2e-5, at 1e-3
+  // 2e-6. lr 1e-3 keeps 1e-5 a tight bound (a wrong split of the batch is
+  // off by ~1e-2 here).
+  constexpr double kLr = 1e-3;
   // Groups of the first shard score far higher than the second's, so a
   // shard that whitened over its own slice would train differently.
   GroupList groups;
@@ -476,20 +591,23 @@ TEST_CASE("K=2 whitens over the global batch: REINFORCE++ and PPO equal K=1") {
     REQUIRE(t.Configure(Request(g)).ok());
     int64_t i = 0;
     groups = Rollout(t, Prompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
-      const double shard_offset = i++ < 8 ? 5.0 : 0.0;
-      return shard_offset + static_cast<double>(toks.size() % 3);
+      const double shard_offset = i < 8 ? 5.0 : 0.0;
+      // Every group's rewards vary too (GRPO's advantages are per group).
+      return shard_offset + static_cast<double>(i++ % 2) + static_cast<double>(toks.size() % 3);
     });
   }
   SECTION("REINFORCE++") {
     ExperimentConfig r = e;
-    Stage s = GrpoStageOf(2, 1e-2);
+    Stage s = GrpoStageOf(2, kLr);
     s.mutable_grpo()->set_advantage("reinforce_pp");
     *r.add_stages() = s;
     CHECK(ShardedRlDiff(r, groups, dir.File("store_rpp")) <= 1e-5);
   }
+  // Two mini-batches: mini-batch m is the same groups whatever the number of
+  // replicas (RankSlice), so K replicas make the same optimizer steps.
   SECTION("GRPO under learner.zero: 3, two mini-batches of uneven micro-batches, KL to the reference") {
     ExperimentConfig z = e;
-    Stage s = GrpoStageOf(2, 1e-2);
+    Stage s = GrpoStageOf(2, kLr);
     s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
     s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
     *z.add_stages() = s;
@@ -497,15 +615,30 @@ TEST_CASE("K=2 whitens over the global batch: REINFORCE++ and PPO equal K=1") {
     ExperimentConfig plain = z;
     plain.mutable_learner()->set_zero(0);
     z.mutable_learner()->set_zero(3);
-    // The reference run is plain K=1; ShardedRlDiff trains z at K=2.
+    // The reference run is plain K=1; ShardedRlDiff trains z at K=2, and
+    // plain DP at K=2.
     CHECK(ShardedRlDiff(z, groups, dir.File("store_z3"), &plain) <= 1e-5);
+    CHECK(ShardedRlDiff(plain, groups, dir.File("store_dp2")) <= 1e-5);
+  }
+  SECTION("GRPO under learner.tp: 2, alone and x 2 replicas with sequence parallelism, KL to the reference") {
+    ExperimentConfig t = e;
+    Stage s = GrpoStageOf(2, kLr);
+    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
+    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
+    *t.add_stages() = s;
+    t.mutable_learner()->set_micro_batch_tokens(40);
+    ExperimentConfig plain = t;
+    t.mutable_learner()->set_tp(2);
+    CHECK(ShardedRlDiff(t, groups, dir.File("store_tp2"), &plain, 2) <= 1e-5);
+    t.mutable_learner()->set_sequence_parallel(true);
+    CHECK(ShardedRlDiff(t, groups, dir.File("store_tp2dp2"), &plain, 4) <= 1e-5);
   }
   SECTION("PPO (GAE whitening)") {
     ExperimentConfig p = e;
     Stage s;
     auto* rl = s.mutable_ppo()->mutable_rl();
     rl->set_steps(2);
-    rl->mutable_optimizer()->set_lr(1e-2);
+    rl->mutable_optimizer()->set_lr(kLr);
     *p.add_stages() = s;
     CHECK(ShardedRlDiff(p, groups, dir.File("store_ppo")) <= 1e-5);
   }
