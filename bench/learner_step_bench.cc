@@ -14,6 +14,10 @@
 //   bazel build //bench:learner_step_bench
 //   bazel-bin/bench/learner_step_bench --model_dir=DIR --threads=1 --steps=3
 //
+// With --world > 1 it is one rank of a learner layout (--rank, --store, and
+// learner.tp / learner.zero from --tp / --zero): bench/learner_layouts.py
+// starts the ranks as processes.
+//
 // Prints one JSON line per timed step: seconds (wall time of TrainStep),
 // tokens (prompt + response tokens in the batch), and the trainer's own
 // seconds_forward_backward / seconds_optimizer.
@@ -53,6 +57,12 @@ ABSL_FLAG(double, long_tail_mean, 0,
           "response_len tokens.");
 ABSL_FLAG(std::string, pack_rl, "auto", "TrainerOptions.pack_rl: auto, off or on.");
 ABSL_FLAG(int64_t, micro_batch_tokens, 8192, "learner.micro_batch_tokens.");
+ABSL_FLAG(int, rank, 0, "This process's learner rank (with --world > 1).");
+ABSL_FLAG(int, world, 1, "Learner processes (learner.shards).");
+ABSL_FLAG(std::string, store, "", "File for the ranks' c10d FileStore (with --world > 1).");
+ABSL_FLAG(int, tp, 1, "learner.tp.");
+ABSL_FLAG(bool, sequence_parallel, false, "learner.sequence_parallel.");
+ABSL_FLAG(int, zero, 0, "learner.zero (0, 1 or 3).");
 ABSL_FLAG(bool, grad_norms, false,
           "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
           "parameter gradients, for comparing against the eager side.");
@@ -121,9 +131,14 @@ int Run() {
   // Everything else at its default: token-mean, clip 0.2, no KL, no
   // entropy bonus, grad clip 1.0, 1 epoch x 1 mini-batch, 8192-token
   // micro-batches (one micro-batch for the default 8 x 128 batch).
+  e.mutable_learner()->set_shards(absl::GetFlag(FLAGS_world));
+  e.mutable_learner()->set_tp(absl::GetFlag(FLAGS_tp));
+  e.mutable_learner()->set_sequence_parallel(absl::GetFlag(FLAGS_sequence_parallel));
+  e.mutable_learner()->set_zero(absl::GetFlag(FLAGS_zero));
   ConfigureRequest req;
-  *req.mutable_experiment() = e;
-  req.set_world_size(1);
+  req.set_world_size(absl::GetFlag(FLAGS_world));
+  req.set_rank(absl::GetFlag(FLAGS_rank));
+  if (req.world_size() > 1) req.set_store_address("file:" + absl::GetFlag(FLAGS_store));
   learner::TrainerOptions opts;
   opts.logprob_chunk = absl::GetFlag(FLAGS_logprob_chunk);
   opts.recompute_old_logprobs = absl::GetFlag(FLAGS_recompute_old_logprobs);
@@ -137,6 +152,7 @@ int Run() {
     return 2;
   }
   e.mutable_learner()->set_micro_batch_tokens(absl::GetFlag(FLAGS_micro_batch_tokens));
+  *req.mutable_experiment() = e;
   // LibTorch's own start-up memory, before any model exists.
   [[maybe_unused]] at::Tensor warm = at::randn({64, 64}).matmul(at::randn({64, 64}));
   const double rss_before = bench::RssBytes();
@@ -148,12 +164,11 @@ int Run() {
   }
   malloc_trim(0);
   const double rss_configured = bench::RssBytes();
-  int vocab = 0;
+  // From the config: under ZeRO-3 and TP only rank 0's policy holds data.
+  const actor::ModelConfig& mc = (*static_cast<actor::Transformer*>(trainer.policy_model()))->config();
+  const int vocab = static_cast<int>(mc.vocab_size);
   int64_t params = 0;
-  for (const auto& [name, t] : trainer.PolicyParameters()) {
-    if (name == "model.embed_tokens.weight") vocab = static_cast<int>(t.size(0));
-    params += t.numel();
-  }
+  for (const auto& [name, t] : trainer.PolicyParameters()) params += t.numel();
   TrainStepRequest step;
   *step.mutable_groups() =
       SyntheticGroups(absl::GetFlag(FLAGS_groups), absl::GetFlag(FLAGS_group_size),
