@@ -10,12 +10,17 @@ keeps changing the way it does mid-run), samples each process of the mesh
 --warmup_minutes, the last, the peak, and a least-squares slope of RSS per
 hour over the samples after the warm-up. A leak shows as a slope that does
 not flatten; what the config bounds (the replay buffer's RocksDB caches, the
-KV cache of max_batch sequences) shows as a plateau.
+KV cache of max_batch sequences) shows as a plateau. The replay buffer's
+RocksDB memory (block cache, memtables, table readers; its Stats RPC through
+the Python client, built into a temporary folder) is sampled alongside, so
+the report can set the buffer's RSS apart into what RocksDB bounds and the
+rest.
 
   python3 bench/soak.py --minutes 60 --out bench/soak.md   (not in CI)
 """
 import argparse
 import datetime
+import glob
 import os
 import re
 import shutil
@@ -66,6 +71,24 @@ def name_of(pid):
     return os.path.basename(argv[0]) if argv else None
 
 
+def install_client(dest):
+    """The Python client (python/, stubs from proto/) into `dest`; None if it cannot be built."""
+    src = os.path.join(dest, "src")
+    os.makedirs(src)
+    for d in ("python", "proto"):
+        shutil.copytree(os.path.join(ROOT, d), os.path.join(src, d))
+    site = os.path.join(dest, "site")
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        "--no-build-isolation", "--no-index", "--no-deps", "--target", site,
+                        os.path.join(src, "python")], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"bench/soak.py: no store memory (the client did not build): {r.stderr[-500:]}", file=sys.stderr)
+        return None
+    sys.path.insert(0, site)
+    import rlmesh  # noqa: E402
+    return rlmesh
+
+
 def slope_per_hour(points):
     """Least-squares slope of (seconds, value) points, per hour."""
     if len(points) < 3:
@@ -101,6 +124,9 @@ def main():
            "--set", "stages[1].grpo.rl.optimizer.schedule=constant"]
     for o in args.overrides:
         cmd += ["--set", o]
+    rlmesh = install_client(os.path.join(run_dir, "client"))
+    buffer = None
+    store = []  # (t, buffer RSS MiB, {block_cache_usage, ...} MiB)
     log_path = os.path.join(run_dir, "coordinator.out")
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -117,6 +143,17 @@ def main():
                 if s is None or name is None:
                     continue
                 series.setdefault(name, []).append((t, *s))
+            if rlmesh is not None and buffer is None:
+                ports = glob.glob(os.path.join(run_dir, "*", "ports", "replay_buffer.port"))
+                if ports:
+                    with open(ports[0]) as f:
+                        buffer = rlmesh.Buffer(f"127.0.0.1:{f.read().strip()}", timeout=10.0)
+            if buffer is not None and "replay_buffer" in series:
+                try:
+                    mem = buffer.store_memory()
+                    store.append((t, series["replay_buffer"][-1][1], {k: v / 2**20 for k, v in mem.items()}))
+                except Exception as e:  # a busy buffer misses a sample, the soak goes on
+                    print(f"bench/soak.py: store_memory: {e}", file=sys.stderr)
             time.sleep(args.interval)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -150,6 +187,24 @@ def main():
             f"| {name} | {len(pts)} | {after[0][1]:.0f} | {pts[-1][1]:.0f} | {max(p[1] for p in pts):.0f} | "
             f"{slope_per_hour([(p[0], p[1]) for p in after]):+.1f} | {after[0][2]} → {pts[-1][2]} | "
             f"{after[0][3]} → {pts[-1][3]} |")
+    if store:
+        after = [p for p in store if p[0] >= warm] or store
+        rest = [(t, rss - m["block_cache_usage"] - m["memtables"] - m["table_readers"]) for t, rss, m in after]
+        lines += [
+            "",
+            "The replay buffer's resident set against RocksDB's own accounting of its memory (MiB, Stats):",
+            "",
+            "| | after warm-up | last | peak | slope MiB/h |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for key in ("block_cache_usage", "memtables", "table_readers"):
+            pts = [(t, m[key]) for t, _, m in after]
+            lines.append(f"| {key} | {pts[0][1]:.0f} | {pts[-1][1]:.0f} | {max(p[1] for p in pts):.0f} | "
+                         f"{slope_per_hour(pts):+.1f} |")
+        lines.append(f"| RSS minus those three | {rest[0][1]:.0f} | {rest[-1][1]:.0f} | "
+                     f"{max(p[1] for p in rest):.0f} | {slope_per_hour(rest):+.1f} |")
+        lines.append("")
+        lines.append(f"The block cache's capacity is {store[-1][2]['block_cache_capacity']:.0f} MiB.")
     report = "\n".join(lines) + "\n"
     with open(os.path.join(ROOT, args.out), "w") as f:
         f.write(report)

@@ -55,6 +55,7 @@ absl::Status ReplayStore::LoadCatalog() {
       Experiment& e = experiments_[exp];
       e.next_seq = std::max(e.next_seq, seq + 1);
       e.trajectories += g->samples.size();
+      e.CountVersions(*g, +1);
       e.bytes += g->bytes;
       e.by_step[{g->step, seq}] = g;
       e.random_index.Add(g);

@@ -225,33 +225,45 @@ absl::StatusOr<QueryResponse> ReplayStore::Query(const QueryRequest& request) {
 absl::StatusOr<StatsResponse> ReplayStore::Stats(const StatsRequest& request) {
   RLMESH_RETURN_IF_ERROR(CheckId(request.experiment_id(), "experiment_id", false));
   StatsResponse response;
-  absl::MutexLock cursor_lock(&cursor_mu_);
-  absl::MutexLock lock(&mu_);
-  if (!request.experiment_id().empty() && FindExperiment(request.experiment_id()) == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("experiment_id '", request.experiment_id(), "' is unknown"));
-  }
-  for (const auto& [exp, e] : experiments_) {
-    if (!request.experiment_id().empty() && exp != request.experiment_id()) continue;
-    ExperimentStats* s = response.add_experiments();
-    s->set_experiment_id(exp);
-    s->set_groups(e.by_seq.size());
-    s->set_trajectories(e.trajectories);
-    s->set_bytes(e.bytes);
-    if (!e.by_step.empty()) {
-      s->set_min_step(e.by_step.begin()->first.first);
-      s->set_max_step(e.by_step.rbegin()->first.first);
-      int64_t lo = INT64_MAX, hi = 0;
-      for (const auto& [seq, g] : e.by_seq) {
-        for (const auto& x : g->samples) {
-          lo = std::min(lo, x.policy_version);
-          hi = std::max(hi, x.policy_version);
+  {
+    absl::MutexLock cursor_lock(&cursor_mu_);
+    absl::MutexLock lock(&mu_);
+    if (!request.experiment_id().empty() && FindExperiment(request.experiment_id()) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("experiment_id '", request.experiment_id(), "' is unknown"));
+    }
+    for (const auto& [exp, e] : experiments_) {
+      if (!request.experiment_id().empty() && exp != request.experiment_id()) continue;
+      ExperimentStats* s = response.add_experiments();
+      s->set_experiment_id(exp);
+      s->set_groups(e.by_seq.size());
+      s->set_trajectories(e.trajectories);
+      s->set_bytes(e.bytes);
+      if (!e.by_step.empty()) {
+        s->set_min_step(e.by_step.begin()->first.first);
+        s->set_max_step(e.by_step.rbegin()->first.first);
+        if (!e.versions.empty()) {
+          s->set_min_policy_version(e.versions.begin()->first);
+          s->set_max_policy_version(e.versions.rbegin()->first);
         }
       }
-      s->set_min_policy_version(lo);
-      s->set_max_policy_version(hi);
+      for (const auto& [name, c] : e.consumers) (*s->mutable_consumed())[name] = c.consumed;
     }
-    for (const auto& [name, c] : e.consumers) (*s->mutable_consumed())[name] = c.consumed;
+  }
+  // RocksDB's properties are thread-safe: read outside the catalog's locks.
+  StoreMemory* memory = response.mutable_memory();
+  uint64_t v = 0;
+  // One cache serves every column family: any handle reports it.
+  if (db_->GetIntProperty(data_cf_, rocksdb::DB::Properties::kBlockCacheUsage, &v)) {
+    memory->set_block_cache_usage(static_cast<int64_t>(v));
+  }
+  if (db_->GetIntProperty(data_cf_, rocksdb::DB::Properties::kBlockCacheCapacity, &v)) {
+    memory->set_block_cache_capacity(static_cast<int64_t>(v));
+  }
+  if (db_->GetAggregatedIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) {
+    memory->set_memtables(static_cast<int64_t>(v));
+  }
+  if (db_->GetAggregatedIntProperty(rocksdb::DB::Properties::kEstimateTableReadersMem, &v)) {
+    memory->set_table_readers(static_cast<int64_t>(v));
   }
   return response;
 }

@@ -268,6 +268,7 @@ absl::StatusOr<PutGroupsResponse> ReplayStore::WriteGroups(const PutGroupsReques
       e.inflight_seqs.erase(seqs[i]);
       if (!written || committed[i] == nullptr) continue;
       e.trajectories += committed[i]->samples.size();
+      e.CountVersions(*committed[i], +1);
       e.bytes += committed[i]->bytes;
       e.by_step[{committed[i]->step, seqs[i]}] = committed[i];
       e.by_seq[seqs[i]] = committed[i];

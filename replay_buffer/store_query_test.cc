@@ -137,10 +137,22 @@ TEST_CASE("trim by steps and bytes; export JSONL trajectories, SFT and DPO") {
   testing::TempDir dir;
   auto store = OpenStore(dir.path());
   for (int step = 0; step < 5; ++step) {
-    REQUIRE(store->PutGroups(Req({MakeGroup("e", step, absl::StrCat("g", step), {0, 0.5, 1}, 1, "p"),
-                                  MakeGroup("e", step, absl::StrCat("h", step), {0.2, 0.2}, 1,
+    // Policy version step + 1: Stats' version range follows the trims.
+    REQUIRE(store->PutGroups(Req({MakeGroup("e", step, absl::StrCat("g", step), {0, 0.5, 1}, step + 1, "p"),
+                                  MakeGroup("e", step, absl::StrCat("h", step), {0.2, 0.2}, step + 1,
                                             absl::StrCat("q", step))}))
                 .ok());
+  }
+  {
+    auto s = store->Stats({});
+    REQUIRE(s.ok());
+    CHECK(s->experiments(0).min_policy_version() == 1);
+    CHECK(s->experiments(0).max_policy_version() == 5);
+    // RocksDB's own accounting of the store's memory.
+    CHECK(s->memory().block_cache_capacity() == ReplayStoreOptions().block_cache_bytes);
+    CHECK(s->memory().block_cache_usage() <= s->memory().block_cache_capacity());
+    CHECK(s->memory().memtables() > 0);  // the puts sit in memtables until a flush
+    CHECK(s->memory().table_readers() >= 0);
   }
   SECTION("export") {
     auto run = [&](ExportFormat format) {
@@ -192,12 +204,18 @@ TEST_CASE("trim by steps and bytes; export JSONL trajectories, SFT and DPO") {
     REQUIRE(r.ok());
     CHECK(r->groups_removed() == 6);
     CHECK(r->trajectories_removed() == 15);
+    auto trimmed = store->Stats({});
+    REQUIRE(trimmed.ok());
+    CHECK(trimmed->experiments(0).min_policy_version() == 4);
+    CHECK(trimmed->experiments(0).max_policy_version() == 5);
     store.reset();
     store = OpenStore(dir.path());
     auto s = store->Stats({});
     REQUIRE(s.ok());
     CHECK(s->experiments(0).groups() == 4);
     CHECK(s->experiments(0).min_step() == 3);
+    CHECK(s->experiments(0).min_policy_version() == 4);
+    CHECK(s->experiments(0).max_policy_version() == 5);
     // A trimmed group may be written again (its idempotency keys went with it).
     auto again = store->PutGroups(Req({MakeGroup("e", 0, "g0", {0, 0.5, 1}, 1, "p")}));
     REQUIRE(again.ok());

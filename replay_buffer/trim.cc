@@ -102,6 +102,7 @@ absl::StatusOr<TrimResponse> ReplayStore::Trim(const TrimRequest& request) {
     e.by_step.erase({g->step, g->seq});
     e.random_index.Remove(*g);
     e.trajectories -= g->samples.size();
+    e.CountVersions(*g, -1);
     e.bytes -= g->bytes;
   }
   RLMESH_LOG(INFO) << "trim experiment=" << exp << " groups_removed=" << response.groups_removed();

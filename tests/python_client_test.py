@@ -124,6 +124,10 @@ def run(address):
     stats = [s for s in buf.stats(exp) if s["experiment_id"] == exp]
     check(len(stats) == 1 and stats[0]["trajectories"] == GRPO_STEPS * 4 * 4,
           f"stats: {GRPO_STEPS} steps x 4 prompts x 4 samples stored")
+    mem = buf.store_memory()
+    check(set(mem) == {"block_cache_usage", "block_cache_capacity", "memtables", "table_readers"} and
+          mem["block_cache_capacity"] > 0 and 0 <= mem["block_cache_usage"] <= mem["block_cache_capacity"] and
+          mem["memtables"] > 0, f"store_memory: RocksDB's accounting ({mem})")
     trajs = list(buf.query(exp, page_size=5))
     check(len(trajs) == stats[0]["trajectories"], "query pages through every trajectory")
     check(len({t["trajectory_id"] for t in trajs}) == len(trajs), "no trajectory twice across pages")

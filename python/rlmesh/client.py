@@ -165,6 +165,12 @@ class Buffer:
                               replay_buffer_pb2.StatsRequest(experiment_id=experiment_id))
         return [to_dict(e) for e in resp.experiments]
 
+    def store_memory(self) -> Dict[str, int]:
+        """The store's memory by RocksDB's accounting, bytes: block_cache_usage (bounded by
+        block_cache_capacity), memtables, table_readers."""
+        resp = self._rpc.call(self._stub.Stats, "ReplayBuffer.Stats", replay_buffer_pb2.StatsRequest())
+        return to_dict(resp.memory)
+
     def export(self, experiment_id: str, format: str = "trajectories", path: Optional[str] = None,
                timeout: float = 600.0, **filter_fields) -> Union[List[Dict[str, Any]], int]:
         """JSONL records (format "trajectories", "sft" or "dpo"). With `path`, writes them to that file
