@@ -167,6 +167,12 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const torch::Tensor& repl
   weights = weights.to(logits.scalar_type());
   if (chosen != nullptr) *chosen = idx;
   if (logits_out != nullptr) *logits_out = logits;
+  auto out = experts_fn_ ? experts_fn_(*this, flat, idx, weights) : RunExperts(flat, idx, weights);
+  if (shared_expert) out = out + torch::sigmoid(shared_expert_gate(flat)) * shared_expert(flat);
+  return out.view(x.sizes());
+}
+
+torch::Tensor MoeImpl::RunExperts(const torch::Tensor& flat, const torch::Tensor& idx, const torch::Tensor& weights) {
   auto out = torch::zeros_like(flat);
   // Expert by expert in ascending order, as transformers accumulates.
   for (int64_t e = 0; e < static_cast<int64_t>(experts->size()); ++e) {
@@ -178,8 +184,7 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const torch::Tensor& repl
     y = y * weights.index({tokens, slots}).unsqueeze(-1);
     out.index_add_(0, tokens, y.to(out.scalar_type()));
   }
-  if (shared_expert) out = out + torch::sigmoid(shared_expert_gate(flat)) * shared_expert(flat);
-  return out.view(x.sizes());
+  return out;
 }
 
 torch::Tensor LoadBalancingLoss(const std::vector<torch::Tensor>& router_logits, int64_t num_experts, int64_t top_k,

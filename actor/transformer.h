@@ -8,6 +8,7 @@
 // Not thread-safe: one thread drives a model at a time (modules hold no
 // per-call state, but LibTorch modules are not meant for concurrent mutation).
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,11 +109,23 @@ struct MoeRouting {
 // "shared_expert.{gate,up,down}_proj" and "shared_expert_gate" ([1, H]).
 class MoeImpl : public torch::nn::Module {
  public:
+  // The routed experts' part of forward: tokens [N, H], their experts
+  // [N, k] (int64) and routing weights [N, k] -> the weighted sum of the
+  // chosen experts' outputs, [N, H], accumulated expert by expert in
+  // ascending order. Replaceable (set_experts) so that expert parallelism
+  // (learner/expert_parallel.h) can run the experts on other ranks.
+  using ExpertsFn = std::function<torch::Tensor(MoeImpl& moe, const torch::Tensor& tokens, const torch::Tensor& idx,
+                                                const torch::Tensor& weights)>;
+
   explicit MoeImpl(const ModelConfig& c);
   // x [.., H] -> [.., H]. `replay` [tokens, k] or undefined; `chosen` and
   // `logits` receive the routing when non-null.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& replay, torch::Tensor* chosen,
                         torch::Tensor* logits);
+  // This process's experts on the tokens routed to them: the default
+  // ExpertsFn.
+  torch::Tensor RunExperts(const torch::Tensor& tokens, const torch::Tensor& idx, const torch::Tensor& weights);
+  void set_experts(ExpertsFn fn) { experts_fn_ = std::move(fn); }
   torch::nn::Linear gate{nullptr};
   torch::nn::ModuleList experts{nullptr};
   // Qwen2-MoE with shared_expert_intermediate_size > 0 (null otherwise).
@@ -122,6 +135,7 @@ class MoeImpl : public torch::nn::Module {
  private:
   int64_t top_k_;
   bool norm_topk_;
+  ExpertsFn experts_fn_;
 };
 TORCH_MODULE(Moe);
 
