@@ -1,7 +1,9 @@
-// One rank of a tensor-parallel (learner/tensor_parallel.h) or fully
-// sharded (ZeRO-3, learner/fully_sharded.h; --zero3_dp) training step, for
-// bench/tensor_parallel.py, which starts the ranks of each layout as
-// separate processes (so that each has its own peak RSS) and alternates the
+// One rank of a tensor-parallel (learner/tensor_parallel.h), fully
+// sharded (ZeRO-3, learner/fully_sharded.h; --zero3_dp) or expert-parallel
+// (learner/expert_parallel.h on a Qwen3-MoE of the same attention shape;
+// --ep) training step, for bench/tensor_parallel.py and
+// bench/expert_parallel.py, which start the ranks of each layout as
+// separate processes (so that each has its own peak RSS) and alternate the
 // layouts.
 //
 // Builds a Llama of the given shape from a fixed seed (every rank the same
@@ -29,10 +31,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "actor/logprobs.h"
 #include "actor/transformer.h"
 #include "dist/gloo.h"
 #include "dist/store.h"
 #include "learner/data_parallel.h"
+#include "learner/expert_parallel.h"
 #include "learner/fully_sharded.h"
 #include "learner/tensor_parallel.h"
 #include "bench/process_memory.h"
@@ -56,6 +60,12 @@ ABSL_FLAG(std::string, out, "", "JSON line written here");
 ABSL_FLAG(int, zero3_dp, 0,
           "> 0: this many ZeRO-3 data-parallel ranks instead of tensor parallelism (each runs batch / dp rows)");
 ABSL_FLAG(bool, prefetch, true, "ZeRO-3: all-gather the next unit while this one computes");
+ABSL_FLAG(int, ep, 0,
+          "> 0: a Qwen3-MoE trained with this many expert-parallel ranks (each runs batch / ep rows); 1 = the "
+          "whole MoE model in one process");
+ABSL_FLAG(int64_t, experts, 8, "--ep: routed experts per MoE layer");
+ABSL_FLAG(int64_t, experts_per_tok, 2, "--ep: experts per token");
+ABSL_FLAG(int64_t, moe_intermediate, 704, "--ep: each expert's MLP width");
 
 namespace rlmesh::learner {
 namespace {
@@ -84,8 +94,15 @@ int Main() {
   c.vocab_size = absl::GetFlag(FLAGS_vocab);
   c.max_positions = absl::GetFlag(FLAGS_seq);
 
-  const int zero3 = absl::GetFlag(FLAGS_zero3_dp);
-  const int ranks = zero3 > 0 ? zero3 : tp;
+  const int zero3 = absl::GetFlag(FLAGS_zero3_dp), ep = absl::GetFlag(FLAGS_ep);
+  const int ranks = ep > 0 ? ep : zero3 > 0 ? zero3 : tp;
+  if (ep > 0) {
+    c.arch = "qwen3_moe";
+    c.num_experts = absl::GetFlag(FLAGS_experts);
+    c.num_experts_per_tok = absl::GetFlag(FLAGS_experts_per_tok);
+    c.moe_intermediate_size = absl::GetFlag(FLAGS_moe_intermediate);
+    c.norm_topk_prob = true;
+  }
   c10::intrusive_ptr<c10d::Backend> group;
   if (ranks > 1) {
     auto store = dist::MakeFileStore(absl::GetFlag(FLAGS_store), ranks);
@@ -108,7 +125,42 @@ int Main() {
   int64_t local_params = 0;
   TensorParallelOptions options;
   options.sequence_parallel = absl::GetFlag(FLAGS_sp);
-  if (zero3 > 0) {
+  if (ep > 0) {
+    ExpertParallelOptions eo;
+    eo.grad_clip = 1.0;
+    auto model = ExpertParallelModel::Create(c, group, eo);
+    if (!model.ok()) return Fail(model.status());
+    {
+      // The full weights exist once, transiently, as a checkpoint load would
+      // bring them.
+      at::manual_seed(1);
+      actor::Transformer full(c);
+      absl::Status s = (*model)->LoadFromFull(full->NamedParameters());
+      if (!s.ok()) return Fail(s);
+    }
+    malloc_trim(0);
+    rss_setup = RssBytes();
+    for (const auto& [name, p] : (*model)->NamedParameters()) local_params += p.numel();
+    const int64_t per = B / ep;
+    at::Tensor my_ids = ids.narrow(0, rank * per, per), my_pos = pos.narrow(0, rank * per, per);
+    at::Tensor my_targets = targets.narrow(0, rank * per, per);
+    auto valid = my_targets.ge(0).to(at::kFloat);
+    for (int step = 0; step < warmup + steps; ++step) {
+      auto t0 = std::chrono::steady_clock::now();
+      (*model)->ZeroGrad();
+      absl::Status s = (*model)->PrepareBackward(valid.sum().item<double>());
+      if (!s.ok()) return Fail(s);
+      auto out = actor::TokenLogProbs((*model)->model(), my_ids, my_pos, my_targets, /*chunk_size=*/64);
+      if (!out.ok()) return Fail(out.status());
+      at::Tensor loss = -(out->logprobs * valid).sum() / valid.sum();
+      loss.backward();
+      auto stats = (*model)->Step(1e-4);
+      if (!stats.ok()) return Fail(stats.status());
+      if (step == 0) first_loss = loss.item<double>();
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (step >= warmup) seconds.push_back(secs);
+    }
+  } else if (zero3 > 0) {
     FullyShardedOptions fo;
     fo.prefetch = absl::GetFlag(FLAGS_prefetch);
     fo.optimizer.grad_clip = 1.0;
@@ -177,7 +229,7 @@ int Main() {
     }
   }
   std::string line = absl::StrCat(
-      "{\"tp\": ", tp, ", \"zero3_dp\": ", zero3, ", \"sp\": ", options.sequence_parallel ? "true" : "false",
+      "{\"tp\": ", tp, ", \"zero3_dp\": ", zero3, ", \"ep\": ", ep, ", \"sp\": ", options.sequence_parallel ? "true" : "false",
       ", \"rank\": ", rank,
       ", \"threads\": ", absl::GetFlag(FLAGS_threads), ", \"seconds\": [", absl::StrJoin(seconds, ", "),
       "], \"first_loss\": ", absl::StrFormat("%.9g", first_loss), ", \"rss_before\": ", rss_before,
