@@ -238,21 +238,21 @@ namespace {
 // to a record that is gone.
 class RoutingScope {
  public:
-  RoutingScope(Transformer& model, MoeRouting* routing) : model_(model) {
-    if (routing != nullptr) model_->set_routing(routing);
+  RoutingScope(GenerationModel& model, MoeRouting* routing) : model_(model) {
+    if (routing != nullptr) model_.set_routing(routing);
   }
-  ~RoutingScope() { model_->set_routing(nullptr); }
+  ~RoutingScope() { model_.set_routing(nullptr); }
   RoutingScope(const RoutingScope&) = delete;
   RoutingScope& operator=(const RoutingScope&) = delete;
 
  private:
-  Transformer& model_;
+  GenerationModel& model_;
 };
 
 }  // namespace
 
 struct Generator::State {
-  Transformer model{nullptr};
+  std::shared_ptr<GenerationModel> model;
   GeneratorOptions options;
   std::deque<std::shared_ptr<Group>> queue;
   std::vector<Row> rows;
@@ -413,7 +413,7 @@ struct Generator::State {
     for (const auto& u : units) routing.record |= Records(u.group->request);
     torch::Tensor hidden;
     {
-      RoutingScope scope(model, routing.record ? &routing : nullptr);
+      RoutingScope scope(*model, routing.record ? &routing : nullptr);
       // The prompts' keys and values only: they are copied into the cache's
       // reserved rows below.
       hidden = model->Prefill(ids_t, lens_t, T, &fresh);
@@ -539,7 +539,7 @@ struct Generator::State {
     for (const Row& r : rows) routing.record |= Records(r.group->request);
     torch::Tensor hidden;
     {
-      RoutingScope scope(model, routing.record ? &routing : nullptr);
+      RoutingScope scope(*model, routing.record ? &routing : nullptr);
       hidden = model->DecodeStep(torch::from_blob(ids.data(), {N}, torch::kInt64).to(device),
                                  torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &live);
     }
@@ -559,11 +559,19 @@ struct Generator::State {
   }
 };
 
-Generator::Generator(Transformer model, GeneratorOptions options) : s_(std::make_unique<State>()) {
+TransformerGeneration::TransformerGeneration(Transformer model) : model_(std::move(model)) {
+  auto params = model_->parameters();
+  if (!params.empty()) device_ = params[0].device();
+}
+
+Generator::Generator(Transformer model, GeneratorOptions options)
+    : Generator(std::make_shared<TransformerGeneration>(std::move(model)), options) {}
+
+Generator::Generator(std::shared_ptr<GenerationModel> model, GeneratorOptions options)
+    : s_(std::make_unique<State>()) {
   s_->model = std::move(model);
   s_->options = options;
-  auto params = s_->model->parameters();
-  if (!params.empty()) s_->device = params[0].device();
+  s_->device = s_->model->device();
 }
 
 Generator::~Generator() = default;

@@ -118,22 +118,81 @@ struct GeneratorOptions {
   absl::Status Validate() const;
 };
 
-class Generator {
+// What the Generator needs of a model: prefill and decode over a KV cache,
+// and logits over the whole vocabulary. TransformerGeneration wraps an
+// actor::Transformer; a tensor-parallel rank implements it over its slice
+// (its own KV heads, logits gathered over the ranks: rollout/tp_engine.h).
+// Called from the Generator's thread only.
+class GenerationModel {
+ public:
+  virtual ~GenerationModel() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Where the model's tensors live (inputs are moved there).
+  virtual torch::Device device() const = 0;
+  // TransformerImpl::Prefill and DecodeStep: final hidden states, the cache
+  // filled / extended.
+  virtual torch::Tensor Prefill(const torch::Tensor& ids, const torch::Tensor& lens, int64_t capacity,
+                                KvCache* cache) = 0;
+  virtual torch::Tensor DecodeStep(const torch::Tensor& ids, const torch::Tensor& lens, int64_t max_len,
+                                   KvCache* cache) = 0;
+  // Logits [N, vocab_size] of hidden states [N, H].
+  virtual torch::Tensor Logits(const torch::Tensor& hidden) = 0;
+  // The MoE routing record of the next calls (null = none); a model that
+  // cannot record routing ignores it and reports no MoE layers.
+  virtual void set_routing(MoeRouting* routing) = 0;
+};
+
+// An actor::Transformer as a GenerationModel (shared, not copied).
+class TransformerGeneration : public GenerationModel {
+ public:
+  explicit TransformerGeneration(Transformer model);
+  const ModelConfig& config() const override { return model_->config(); }
+  torch::Device device() const override { return device_; }
+  torch::Tensor Prefill(const torch::Tensor& ids, const torch::Tensor& lens, int64_t capacity,
+                        KvCache* cache) override {
+    return model_->Prefill(ids, lens, capacity, cache);
+  }
+  torch::Tensor DecodeStep(const torch::Tensor& ids, const torch::Tensor& lens, int64_t max_len,
+                           KvCache* cache) override {
+    return model_->DecodeStep(ids, lens, max_len, cache);
+  }
+  torch::Tensor Logits(const torch::Tensor& hidden) override { return model_->Logits(hidden); }
+  void set_routing(MoeRouting* routing) override { model_->set_routing(routing); }
+
+ private:
+  Transformer model_;
+  torch::Device device_{torch::kCPU};
+};
+
+// What drives generation: a Generator, or several in lockstep over a split
+// model (rollout/tp_engine.h). See Generator for each call's contract.
+class GenerationEngine {
+ public:
+  virtual ~GenerationEngine() = default;
+  virtual absl::Status Submit(GenerationRequest request) = 0;
+  virtual bool Idle() const = 0;
+  virtual absl::Status Step(const GroupCallback& on_group) = 0;
+  virtual int64_t running() const = 0;
+  virtual std::vector<GroupResult> Abort() = 0;
+};
+
+class Generator final : public GenerationEngine {
  public:
   // `model` is shared, not copied; it must outlive the Generator and not be
   // trained while a step runs.
   Generator(Transformer model, GeneratorOptions options = {});
+  Generator(std::shared_ptr<GenerationModel> model, GeneratorOptions options = {});
   ~Generator();
 
   // Queues a request. INVALID_ARGUMENT names the field (empty prompt, token
   // out of range, n > max_batch, bad sampling options).
-  absl::Status Submit(GenerationRequest request);
+  absl::Status Submit(GenerationRequest request) override;
 
   // No queued or running work.
-  bool Idle() const;
+  bool Idle() const override;
   // Admits queued requests that fit, then decodes one token for every running
   // sequence; `on_group` receives each group as soon as all its samples end.
-  absl::Status Step(const GroupCallback& on_group);
+  absl::Status Step(const GroupCallback& on_group) override;
   // Steps until idle.
   absl::Status RunUntilIdle(const GroupCallback& on_group);
   // Submits all, runs until idle, returns groups in request order.
@@ -141,14 +200,14 @@ class Generator {
   absl::StatusOr<std::vector<GroupResult>> Generate(std::vector<GenerationRequest> requests);
 
   // Sequences decoding now (for tests and metrics).
-  int64_t running() const;
+  int64_t running() const override;
 
   // Stops everything: every queued or running request comes back as a group
   // of all its n samples, finished ones as they ended and the others with
   // finish reason kAborted and their tokens so far; the Generator is then
   // idle. Submit the groups again with `resume` set to continue them (on
   // other weights, in another Generator).
-  std::vector<GroupResult> Abort();
+  std::vector<GroupResult> Abort() override;
 
  private:
   struct State;

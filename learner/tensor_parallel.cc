@@ -403,6 +403,15 @@ std::pair<at::Tensor, at::Tensor> TensorParallelModel::GreedyNext(const at::Tens
   return {id, -sum_e.log()};
 }
 
+at::Tensor TensorParallelModel::Logits(const at::Tensor& hidden) {
+  at::NoGradGuard no_grad;
+  at::Tensor z = at::matmul(hidden, shard_->LmHeadWeight().t());  // [N, V/tp]
+  if (size_ == 1) return z;
+  const int64_t n = z.size(0), v_local = z.size(1);
+  // [tp * N, V/tp] in rank order -> [N, tp, V/tp] -> [N, V].
+  return AllGathered(group_.get(), z).view({size_, n, v_local}).transpose(0, 1).reshape({n, size_ * v_local});
+}
+
 at::Tensor TensorParallelModel::Embed(const at::Tensor& ids) {
   auto* backbone = shard_->model.get();
   const int64_t v_local = shard_config_.vocab_size, v_begin = rank_ * v_local;

@@ -121,6 +121,12 @@ class TensorParallelModel {
   // stay vocabulary-parallel.
   std::pair<at::Tensor, at::Tensor> GreedyNext(const at::Tensor& hidden);
 
+  // Logits over the whole vocabulary [N, V] from hidden [N, H], the same on
+  // every rank: each rank's [N, V/tp] slice, all-gathered. What sampling
+  // with temperature / top-k / top-p needs (N rows, so small beside the
+  // [tokens, V] a training step never gathers).
+  at::Tensor Logits(const at::Tensor& hidden);
+
   // This rank's parameters with their Hugging Face names (slices where
   // split), in a fixed order.
   std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
