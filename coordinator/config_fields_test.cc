@@ -171,6 +171,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.RolloutConfig.device", "coordinator/main.cc"},
     {"rlmesh.RolloutConfig.request_timeout_ms", "coordinator/generation.cc"},
     {"rlmesh.RolloutConfig.on_timeout", "coordinator/generation.cc"},
+    {"rlmesh.RolloutConfig.tp", "coordinator/main.cc"},
     {"rlmesh.ExperimentConfig.reward", "coordinator/rl_loop.cc"},
     {"rlmesh.RewardConfig.servers", "coordinator/main.cc"},
     {"rlmesh.RewardConfig.verifiers", "coordinator/evaluation.cc"},

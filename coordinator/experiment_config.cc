@@ -230,6 +230,13 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
                 r->on_update() == "partial",
             "rollout.on_update", "must be finish, abort or partial");
   c.Require(r->request_timeout_ms() >= 0, "rollout.request_timeout_ms", "must be >= 0 (0 = no straggler deadline)");
+  if (r->tp() == 0) r->set_tp(1);
+  c.Require(r->tp() >= 1 && r->tp() <= 64, "rollout.tp", "must be in [1, 64]");
+  if (r->tp() > 1) {
+    const std::string& where = !r->device().empty() ? r->device() : m->device();
+    c.Require(where.empty() || where == "cpu", "rollout.tp",
+              "> 1 generates on the CPU only (rollout.device / model.device is not cpu)");
+  }
   c.Require(r->on_timeout().empty() || r->on_timeout() == "redispatch" || r->on_timeout() == "drop",
             "rollout.on_timeout", "must be redispatch or drop");
   c.Require(r->on_timeout().empty() || r->request_timeout_ms() > 0, "rollout.on_timeout",

@@ -240,6 +240,13 @@ TEST_CASE("straggler and reward-call settings are checked by key, with their def
             .find("rollout.on_timeout: must be redispatch or drop") != std::string::npos);
   CHECK(message("rollout: {on_timeout: drop}\n").find("rollout.on_timeout: set without rollout.request_timeout_ms") !=
         std::string::npos);
+  CHECK(defaults.rollout().tp() == 1);
+  CHECK(message("rollout: {tp: -2}\n").find("rollout.tp: must be in [1, 64]") != std::string::npos);
+  CHECK(message("rollout: {tp: 2, device: cuda}\n").find("rollout.tp: > 1 generates on the CPU only") !=
+        std::string::npos);
+  ExperimentConfig tp2;
+  REQUIRE(Normalize(base + "rollout: {tp: 2}\n", &tp2).ok());
+  CHECK(tp2.rollout().tp() == 2);
   CHECK(message("reward: {call: {on_failure: ignore}}\n")
             .find("reward.call.on_failure: must be retry, zero or drop_group") != std::string::npos);
   CHECK(message("reward: {call: {retries: 101}}\n").find("reward.call.retries: must be in [0, 100]") !=

@@ -906,6 +906,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   if (cfg->rollout().max_batch() > 0) co.rollout_args.push_back(absl::StrCat("--max_batch=", cfg->rollout().max_batch()));
   if (cfg->rollout().max_queue() > 0) co.rollout_args.push_back(absl::StrCat("--max_queue=", cfg->rollout().max_queue()));
   if (!cfg->rollout().on_update().empty()) co.rollout_args.push_back("--on_update=" + cfg->rollout().on_update());
+  if (cfg->rollout().tp() > 1) co.rollout_args.push_back(absl::StrCat("--tensor_parallel=", cfg->rollout().tp()));
   // rollout.device, else model.device (validated by name when the config
   // loaded; each worker resolves it at start and fails naming it).
   const std::string rollout_device = !cfg->rollout().device().empty() ? cfg->rollout().device() : cfg->model().device();

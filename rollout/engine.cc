@@ -164,7 +164,8 @@ void RolloutWorker::Impl::Loop() {
       }
     }
     if (apply) {
-      gen.reset();
+      // Tensor-parallel ranks are kept (idle now): a sync reloads them.
+      if (options.tensor_parallel == 1) gen.reset();
       absl::Status s;
       try {
         s = apply->apply();
@@ -178,6 +179,7 @@ void RolloutWorker::Impl::Loop() {
         if (apply->config) {
           config = apply->config;
           params = std::move(apply->params);
+          rank_bytes = std::move(apply->rank_bytes);
         }
       }
       apply->status = s;
@@ -278,7 +280,11 @@ void RolloutWorker::Impl::FailAllInflight(const absl::Status& s) {
     }
     inflight.clear();
   }
-  gen.reset();
+  if (options.tensor_parallel == 1) {
+    gen.reset();  // rebuilt over `model`
+  } else if (gen) {
+    gen->Abort();  // the ranks drop their rows; a broken engine keeps failing until the next load
+  }
   parked.clear();
   for (auto& e : all) {
     if (e.episodes) {

@@ -20,6 +20,8 @@ ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads; 0 = all hardware threads.
 ABSL_FLAG(std::string, name, "rollout-0", "Worker name recorded in every trajectory's provenance.");
 ABSL_FLAG(int64_t, max_queue, 64, "Requests waiting before Generate answers RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_batch, 64, "Sequences decoded at once.");
+ABSL_FLAG(int, tensor_parallel, 1,
+          "Tensor-parallel ranks (threads in lockstep) the policy is split over; > 1 needs --device=cpu, fp32.");
 ABSL_FLAG(std::string, on_update, "finish",
           "Weight update during generation: 'finish' in-flight sequences on the old weights, 'abort' them and "
           "regenerate on the new ones, or 'partial': continue them from their tokens on the new ones.");
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   worker_options.name = absl::GetFlag(FLAGS_name);
   worker_options.max_queue = absl::GetFlag(FLAGS_max_queue);
   worker_options.max_batch = absl::GetFlag(FLAGS_max_batch);
+  worker_options.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   worker_options.dtype = absl::GetFlag(FLAGS_dtype);
   // Resolved before anything loads, so a missing GPU fails the start with
   // the worker and the device named, not the first weight load.

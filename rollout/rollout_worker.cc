@@ -22,6 +22,11 @@ absl::Status RolloutWorkerOptions::Validate() const {
   if (pipeline_threads <= 0) return absl::InvalidArgumentError("pipeline_threads: must be > 0");
   if (environment_threads <= 0) return absl::InvalidArgumentError("environment_threads: must be > 0");
   if (rate_window <= absl::ZeroDuration()) return absl::InvalidArgumentError("rate_window: must be > 0");
+  if (tensor_parallel < 1) return absl::InvalidArgumentError("tensor_parallel: must be >= 1");
+  if (tensor_parallel > 1 && (device != "cpu" || dtype != "fp32")) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel: ", tensor_parallel, " needs device \"cpu\" and dtype \"fp32\" (got \"",
+                                                   device, "\", \"", dtype, "\"): the split model runs on the CPU only"));
+  }
   actor::LoadOptions lo;
   lo.dtype = dtype;
   lo.device = device;
@@ -104,6 +109,7 @@ RolloutStatus RolloutWorker::Status() const {
   s.set_failed_groups(impl_->failed_groups);
   s.set_dropped_groups(impl_->dropped_groups);
   if (impl_->update) s.set_pending_update_version(impl_->update->version);
+  for (int64_t b : impl_->rank_bytes) s.add_rank_parameter_bytes(b);
   if (!impl_->rate.empty()) {
     int64_t tokens = 0;
     for (const auto& [t, n] : impl_->rate) tokens += n;

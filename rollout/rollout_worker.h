@@ -84,6 +84,12 @@ struct RolloutWorkerOptions {
   std::string environment_auth_token;
   // Window of the tokens/s figure in GetStatus. Default 10 s.
   absl::Duration rate_window = absl::Seconds(10);
+  // Tensor-parallel ranks the policy is split over (rollout/tp_engine.h):
+  // one thread each, in lockstep, each holding 1/tp of the weights and of
+  // the KV cache; 1 = one whole model. > 1 needs device "cpu", dtype
+  // "fp32" and a dense Llama/Qwen model whose heads, KV heads, MLP width
+  // and vocabulary divide by it (refused by name at load). Default 1.
+  int tensor_parallel = 1;
 
   absl::Status Validate() const;
 };

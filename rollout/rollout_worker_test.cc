@@ -149,6 +149,8 @@ TEST_CASE("worker generation equals actor generation for the same seed, with ful
   auto status = worker->Status();
   CHECK(status.policy_version() == 1);
   CHECK(status.generated_tokens() == 2 * 3 * 3 * 12);
+  REQUIRE(status.rank_parameter_bytes_size() == 1);  // one whole model
+  CHECK(status.rank_parameter_bytes(0) == loaded->bytes);
 }
 
 TEST_CASE("bad input is INVALID_ARGUMENT naming the field; missing prerequisites are FAILED_PRECONDITION") {
@@ -438,6 +440,96 @@ TEST_CASE("weights through the in-process sync change the output and bump the ve
   CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(bad.status().message(), "extra.weight"));
   CHECK(worker->policy_version() == 5);
+}
+
+TEST_CASE("tensor_parallel=2: the split policy generates the whole model's tokens, across a fence and a sync") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
+  RolloutWorkerOptions o;
+  o.tensor_parallel = 2;
+  o.on_update = RolloutWorkerOptions::OnUpdate::kAbort;
+  auto worker = MakeWorker(o);
+  auto loaded = worker->LoadCheckpoint(dir.File("v1"), 1);
+  INFO(loaded.status().ToString());
+  REQUIRE(loaded.ok());
+  // Two ranks, each with about half the weights (the norms are whole).
+  const RolloutStatus status = worker->Status();
+  REQUIRE(status.rank_parameter_bytes_size() == 2);
+  for (int64_t b : status.rank_parameter_bytes()) CHECK(b < 0.55 * loaded->bytes);
+
+  GenerateRequest req = MakeRequest({"1+2=", "hello", "x"}, 3, 12, 42);
+  {
+    Collector col;
+    REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+    REQUIRE(col.Wait().ok());
+    auto ref = ReferenceGenerate(dir.File("v1"), req);
+    REQUIRE(ref.ok());
+    for (int p = 0; p < 3; ++p) {
+      const TrajectoryGroup* g = col.Find("q" + std::to_string(p));
+      REQUIRE(g != nullptr);
+      ExpectMatches(*g, (*ref)[p]);
+    }
+  }
+
+  // A checkpoint swap while a group decodes: it is cut and regenerated on
+  // v2's slices (on_update: abort), as one whole model would.
+  GenerateRequest req_b = MakeRequest({"long one"}, 2, 40, 9);
+  GenerateRequest req_c = MakeRequest({"long one"}, 2, 40, 9);
+  FenceRun run;
+  RunFence(*worker, dir.File("v2"), req_b, req_c, &run);
+  auto ref2 = ReferenceGenerate(dir.File("v2"), req_b);
+  REQUIRE(ref2.ok());
+  REQUIRE(run.b.Find("q0") != nullptr);
+  ExpectMatches(*run.b.Find("q0"), (*ref2)[0]);
+  for (const auto& t : run.b.Find("q0")->samples()) CHECK(t.policy_version() == 2);
+
+  // Weight sync: every rank reloads its slice of the received tensors.
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
+  spec.set_group_name("rw-tp-test");
+  spec.set_timeout_ms(5000);
+  REQUIRE(worker->ConfigureWeightSync(spec).ok());
+  auto pub = CreateWeightPublisher(spec);
+  REQUIRE(pub.ok());
+  auto v1 = actor::LoadHfModel(dir.File("v1"));
+  REQUIRE(v1.ok());
+  NamedTensors named;
+  for (auto& [n, t] : (*v1)->NamedParameters()) named.emplace_back(n, t);
+  auto layout = (*pub)->Publish(named, 7);
+  REQUIRE(layout.ok());
+  auto r = worker->LoadFromSync(*layout, 0);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  Collector col;
+  REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+  REQUIRE(col.Wait().ok());
+  auto ref = ReferenceGenerate(dir.File("v1"), req);
+  REQUIRE(ref.ok());
+  ExpectMatches(*col.Find("q1"), (*ref)[1]);
+  CHECK(col.Find("q1")->samples(0).policy_version() == 7);
+}
+
+TEST_CASE("tensor_parallel: what cannot be split is refused by name") {
+  RolloutWorkerOptions o;
+  o.tensor_parallel = 2;
+  o.device = "cuda";
+  CHECK(absl::StrContains(o.Validate().message(), "tensor_parallel"));
+  o.device = "cpu";
+  o.tensor_parallel = 0;
+  CHECK(absl::StrContains(o.Validate().message(), "tensor_parallel"));
+  o.tensor_parallel = 2;
+  REQUIRE(o.Validate().ok());
+  // The tiny model's 2 KV heads do not split over 4 ranks.
+  o.tensor_parallel = 4;
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  auto worker = MakeWorker(o);
+  auto loaded = worker->LoadCheckpoint(dir.File("v1"), 1);
+  CHECK(loaded.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK(absl::StrContains(loaded.status().message(), "tensor_parallel=4"));
+  CHECK(absl::StrContains(loaded.status().message(), "num_kv_heads"));
+  CHECK(worker->policy_version() == 0);
 }
 
 class FakeReward : public RewardClient {

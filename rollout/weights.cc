@@ -83,10 +83,24 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
   u->version = v;
   u->model_id = path;
   Impl* impl = impl_.get();
-  u->apply = [impl, model]() -> absl::Status {
-    impl->model = model;
-    return absl::OkStatus();
-  };
+  if (impl_->options.tensor_parallel > 1) {
+    // The ranks take their slices here, while generation goes on; the
+    // fence only swaps the engines. The whole model is dropped after.
+    auto ready = std::make_shared<std::unique_ptr<TensorParallelEngine>>();
+    RLMESH_ASSIGN_OR_RETURN(*ready, impl_->MakeTensorParallel(model->config(), model->NamedParameters()));
+    for (int r = 0; r < (*ready)->tp(); ++r) u->rank_bytes.push_back((*ready)->ParameterBytes(r));
+    u->apply = [impl, ready]() -> absl::Status {
+      impl->gen.reset();  // the old ranks end before the new ones take over
+      impl->gen = std::move(*ready);
+      return absl::OkStatus();
+    };
+  } else {
+    u->rank_bytes = {bytes};
+    u->apply = [impl, model]() -> absl::Status {
+      impl->model = model;
+      return absl::OkStatus();
+    };
+  }
   u->config = model->config();
   u->params = std::move(params);
   RLMESH_RETURN_IF_ERROR(impl_->PostUpdate(u));
@@ -158,6 +172,25 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
   Impl* impl = impl_.get();
   impl_->staging = tensors;  // this round's tensors become the next round's buffers
   auto staged = std::make_shared<NamedTensors>(std::move(tensors));
+  if (impl_->options.tensor_parallel > 1) {
+    actor::ModelConfig config;
+    {
+      absl::MutexLock lock(&impl_->mu);
+      config = *impl_->config;
+    }
+    // At the fence the ranks are idle: each copies its slice in place. A
+    // broken engine (a failed collective) is replaced by a new one.
+    u->apply = [impl, staged, config]() -> absl::Status {
+      TensorParallelEngine* engine = impl->tp_engine();
+      if (engine != nullptr && engine->broken().ok()) return engine->Load(*staged);
+      impl->gen.reset();
+      RLMESH_ASSIGN_OR_RETURN(impl->gen, impl->MakeTensorParallel(config, *staged));
+      return absl::OkStatus();
+    };
+    RLMESH_RETURN_IF_ERROR(impl_->PostUpdate(u));
+    RLMESH_LOG(INFO) << "received weights version=" << v << " bytes=" << bytes << " tensor_parallel=" << impl_->options.tensor_parallel;
+    return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};
+  }
   u->apply = [impl, staged]() -> absl::Status {
     at::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> params;
@@ -168,6 +201,21 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
   RLMESH_RETURN_IF_ERROR(impl_->PostUpdate(u));
   RLMESH_LOG(INFO) << "received weights version=" << v << " bytes=" << bytes;
   return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};
+}
+
+absl::StatusOr<std::unique_ptr<TensorParallelEngine>> RolloutWorker::Impl::MakeTensorParallel(
+    const actor::ModelConfig& config, const weight_sync::NamedTensors& full) {
+  TensorParallelEngineOptions o;
+  o.tp = options.tensor_parallel;
+  o.generator.max_batch = options.max_batch;
+  o.generator.max_prefill_tokens = options.max_prefill_tokens;
+  absl::StatusOr<std::unique_ptr<TensorParallelEngine>> engine = TensorParallelEngine::Create(config, o);
+  if (!engine.ok()) {
+    return absl::Status(engine.status().code(),
+                        absl::StrCat("tensor_parallel=", o.tp, ": ", engine.status().message()));
+  }
+  RLMESH_RETURN_IF_ERROR((*engine)->Load(full));
+  return engine;
 }
 
 }  // namespace rlmesh::rollout

@@ -39,6 +39,7 @@
 #include "environment/client.h"
 #include "reward_server/circuit_breaker.h"
 #include "rollout/rollout_worker.h"
+#include "rollout/tp_engine.h"
 #include "weight_sync/weight_sync.h"
 
 namespace rlmesh::rollout {
@@ -121,6 +122,8 @@ struct RolloutWorker::Impl {
     // Installed with the version when set (a checkpoint defines the shape).
     std::optional<actor::ModelConfig> config;
     std::map<std::string, ParamInfo> params;
+    // With config: the parameter bytes each rank holds.
+    std::vector<int64_t> rank_bytes;
     bool done = false;
     absl::Status status;
   };
@@ -165,6 +168,7 @@ struct RolloutWorker::Impl {
   std::string model_id ABSL_GUARDED_BY(mu);
   std::optional<actor::ModelConfig> config ABSL_GUARDED_BY(mu);
   std::map<std::string, ParamInfo> params ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> rank_bytes ABSL_GUARDED_BY(mu);
   int64_t generated_tokens ABSL_GUARDED_BY(mu) = 0;
   int64_t failed_groups ABSL_GUARDED_BY(mu) = 0;
   int64_t dropped_groups ABSL_GUARDED_BY(mu) = 0;
@@ -187,9 +191,18 @@ struct RolloutWorker::Impl {
   // Receive buffers reused from one sync to the next.
   weight_sync::NamedTensors staging ABSL_GUARDED_BY(load_mu);
 
-  // Engine thread only.
+  // Engine thread only. With tensor_parallel == 1, `model` is the policy
+  // and `gen` a Generator over it, rebuilt after each swap. With
+  // tensor_parallel > 1, `gen` is a TensorParallelEngine, which holds the
+  // policy's slices (`model` stays null): a checkpoint makes a new one, a
+  // sync reloads it (tp_engine()).
   actor::Transformer model{nullptr};
-  std::unique_ptr<actor::Generator> gen;
+  std::unique_ptr<actor::GenerationEngine> gen;
+  TensorParallelEngine* tp_engine() { return dynamic_cast<TensorParallelEngine*>(gen.get()); }
+  // A new TensorParallelEngine (options.tensor_parallel ranks, the
+  // generator options) holding its slices of `full`. Any thread.
+  absl::StatusOr<std::unique_ptr<TensorParallelEngine>> MakeTensorParallel(const actor::ModelConfig& config,
+                                                                           const weight_sync::NamedTensors& full);
   // Groups interrupted by an update (partial rollout), resubmitted with
   // their tokens so far once the new weights are in.
   std::vector<actor::GenerationRequest> parked;
