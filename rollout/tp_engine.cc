@@ -160,10 +160,14 @@ absl::Status TensorParallelEngine::Submit(actor::GenerationRequest request) {
   actor::GenerationRequest copy = request;
   RLMESH_RETURN_IF_ERROR(ranks_[0]->gen->Submit(std::move(copy)));
   if (ranks_.size() == 1) return absl::OkStatus();
-  return RunOnAll([&](Rank& rank) -> absl::Status {
+  absl::Status s = RunOnAll([&](Rank& rank) -> absl::Status {
     if (rank.index == 0) return absl::OkStatus();
     return rank.gen->Submit(request);
   });
+  // The ranks validate alike, so this cannot happen; if it did, their
+  // queues would differ from here on.
+  if (!s.ok() && broken_.ok()) broken_ = absl::AbortedError(absl::StrCat("ranks disagree on a request: ", s.message()));
+  return s;
 }
 
 absl::Status TensorParallelEngine::Step(const actor::GroupCallback& on_group) {

@@ -170,7 +170,10 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
   u->version = v;
   u->model_id = absl::StrCat("weight_sync:", impl_->sync_group.empty() ? "default" : impl_->sync_group);
   Impl* impl = impl_.get();
-  impl_->staging = tensors;  // this round's tensors become the next round's buffers
+  // This round's tensors become the next round's buffers, except under
+  // tensor parallelism: there the ranks hold slices so that the whole
+  // policy does not stay in memory, and the buffers are freed once copied.
+  if (impl_->options.tensor_parallel == 1) impl_->staging = tensors;
   auto staged = std::make_shared<NamedTensors>(std::move(tensors));
   if (impl_->options.tensor_parallel > 1) {
     actor::ModelConfig config;
