@@ -14,6 +14,12 @@
 // the resident set before the model existed, after it was built, and the
 // peak; the weights' bytes; and the KV cache's theory for max_batch rows of
 // (prompt_len + max_new) positions.
+//
+// --tp N > 1 generates with rollout::TensorParallelEngine instead: N rank
+// threads of --threads / N intra-op threads each, the whole model dropped
+// once they hold their slices. It adds each rank's parameter bytes
+// (`rank_weight_bytes`) and its KV-cache theory (1/N of the KV heads).
+// The ranks share one process, so the resident set is their sum.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -31,6 +37,7 @@
 #include "actor/generate.h"
 #include "actor/transformer.h"
 #include "bench/process_memory.h"
+#include "rollout/tp_engine.h"
 
 ABSL_FLAG(int, hidden, 512, "Hidden size.");
 ABSL_FLAG(int, layers, 8, "Decoder layers.");
@@ -46,6 +53,7 @@ ABSL_FLAG(int, max_batch, 64, "GeneratorOptions.max_batch.");
 ABSL_FLAG(int, threads, 2, "LibTorch intra-op threads.");
 ABSL_FLAG(int, repeats, 3, "Timed generations (one untimed first).");
 ABSL_FLAG(int, seed, 1, "Seed of the lengths and the weights.");
+ABSL_FLAG(int, tp, 1, "Tensor-parallel rank threads (rollout::TensorParallelEngine); 1 = one Generator.");
 
 namespace rlmesh::actor {
 namespace {
@@ -54,7 +62,9 @@ using bench::PeakRssBytes;
 using bench::RssBytes;
 
 int Main() {
-  at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  const int tp = absl::GetFlag(FLAGS_tp);
+  // The ranks share the cores: each runs its own intra-op pool.
+  at::set_num_threads(std::max(1, absl::GetFlag(FLAGS_threads) / tp));
   [[maybe_unused]] at::Tensor warm = at::randn({64, 64}).matmul(at::randn({64, 64}));
   const double rss_before = RssBytes();
   ModelConfig c;
@@ -91,19 +101,42 @@ int Main() {
 
   GeneratorOptions options;
   options.max_batch = absl::GetFlag(FLAGS_max_batch);
+  std::unique_ptr<rollout::TensorParallelEngine> engine;
+  std::vector<int64_t> rank_bytes;
+  if (tp > 1) {
+    rollout::TensorParallelEngineOptions o;
+    o.tp = tp;
+    o.generator = options;
+    auto e = rollout::TensorParallelEngine::Create(c, o);
+    absl::Status s = e.ok() ? (*e)->Load(model->NamedParameters()) : e.status();
+    if (!s.ok()) {
+      std::fprintf(stderr, "generate_bench: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    engine = std::move(*e);
+    for (int r = 0; r < tp; ++r) rank_bytes.push_back(engine->ParameterBytes(r));
+    model = nullptr;  // only the slices remain
+  }
   std::vector<double> seconds;
   int64_t tokens = 0;
   for (int rep = 0; rep <= absl::GetFlag(FLAGS_repeats); ++rep) {
-    Generator gen(model, options);
+    std::unique_ptr<Generator> whole;
+    if (!engine) whole = std::make_unique<Generator>(model, options);
+    GenerationEngine& gen = engine ? static_cast<GenerationEngine&>(*engine) : *whole;
     const auto t0 = std::chrono::steady_clock::now();
-    auto out = gen.Generate(requests);
+    absl::Status status;
+    tokens = 0;
+    for (const auto& r : requests) {
+      status.Update(gen.Submit(r));
+    }
+    while (status.ok() && !gen.Idle()) {
+      status.Update(gen.Step([&](GroupResult g) { tokens += static_cast<int64_t>(g.samples[0].tokens.size()); }));
+    }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!out.ok()) {
-      std::fprintf(stderr, "generate_bench: %s\n", out.status().ToString().c_str());
+    if (!status.ok()) {
+      std::fprintf(stderr, "generate_bench: %s\n", status.ToString().c_str());
       return 1;
     }
-    tokens = 0;
-    for (const auto& g : *out) tokens += static_cast<int64_t>(g.samples[0].tokens.size());
     if (tokens != want_tokens) {
       std::fprintf(stderr, "generate_bench: %lld tokens, expected %lld\n", static_cast<long long>(tokens),
                    static_cast<long long>(want_tokens));
@@ -115,10 +148,11 @@ int Main() {
   const double kv_theory = 2.0 * c.num_layers * c.num_kv_heads * c.HeadDim() * 4.0 * options.max_batch *
                            static_cast<double>(c.max_positions);
   std::printf("%s\n",
-              absl::StrCat("{\"seconds\": [", absl::StrJoin(seconds, ", "), "], \"tokens\": ", tokens,
+              absl::StrCat("{\"tp\": ", tp, ", \"seconds\": [", absl::StrJoin(seconds, ", "), "], \"tokens\": ", tokens,
                            ", \"rss_before\": ", rss_before, ", \"rss_model\": ", rss_model,
                            ", \"peak_rss\": ", PeakRssBytes(), ", \"weight_bytes\": ", weight_bytes,
-                           ", \"kv_theory_bytes\": ", kv_theory, "}")
+                           ", \"kv_theory_bytes\": ", kv_theory, ", \"rank_weight_bytes\": [",
+                           absl::StrJoin(rank_bytes, ", "), "], \"rank_kv_theory_bytes\": ", kv_theory / tp, "}")
                   .c_str());
   return 0;
 }
