@@ -24,8 +24,9 @@ absl::Status RolloutWorkerOptions::Validate() const {
   if (rate_window <= absl::ZeroDuration()) return absl::InvalidArgumentError("rate_window: must be > 0");
   if (tensor_parallel < 1) return absl::InvalidArgumentError("tensor_parallel: must be >= 1");
   if (tensor_parallel > 1 && (device != "cpu" || dtype != "fp32")) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel: ", tensor_parallel, " needs device \"cpu\" and dtype \"fp32\" (got \"",
-                                                   device, "\", \"", dtype, "\"): the split model runs on the CPU only"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel: ", tensor_parallel,
+                                                   " needs device \"cpu\" and dtype \"fp32\" (got \"", device,
+                                                   "\", \"", dtype, "\"): the split model runs on the CPU only"));
   }
   actor::LoadOptions lo;
   lo.dtype = dtype;

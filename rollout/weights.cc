@@ -190,19 +190,18 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
       RLMESH_ASSIGN_OR_RETURN(impl->gen, impl->MakeTensorParallel(config, *staged));
       return absl::OkStatus();
     };
-    RLMESH_RETURN_IF_ERROR(impl_->PostUpdate(u));
-    RLMESH_LOG(INFO) << "received weights version=" << v << " bytes=" << bytes << " tensor_parallel=" << impl_->options.tensor_parallel;
-    return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};
+  } else {
+    u->apply = [impl, staged]() -> absl::Status {
+      at::NoGradGuard no_grad;
+      std::map<std::string, at::Tensor> params;
+      for (auto& [name, p] : impl->model->NamedParameters()) params[name] = p;
+      for (auto& [name, t] : *staged) params.at(name).copy_(t);
+      return absl::OkStatus();
+    };
   }
-  u->apply = [impl, staged]() -> absl::Status {
-    at::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> params;
-    for (auto& [name, p] : impl->model->NamedParameters()) params[name] = p;
-    for (auto& [name, t] : *staged) params.at(name).copy_(t);
-    return absl::OkStatus();
-  };
   RLMESH_RETURN_IF_ERROR(impl_->PostUpdate(u));
-  RLMESH_LOG(INFO) << "received weights version=" << v << " bytes=" << bytes;
+  RLMESH_LOG(INFO) << "received weights version=" << v << " bytes=" << bytes
+                   << " tensor_parallel=" << impl_->options.tensor_parallel;
   return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};
 }
 
