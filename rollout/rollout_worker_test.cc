@@ -398,24 +398,37 @@ TEST_CASE("version fencing (abort): in-flight sequences are regenerated on the n
   CHECK(ParseOnUpdate("sometimes").status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+// Joins `worker` to an in-process sync group named `group` and returns its
+// publisher.
+std::unique_ptr<weight_sync::WeightPublisher> InProcessSync(RolloutWorker& worker, const std::string& group) {
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
+  spec.set_group_name(group);
+  spec.set_timeout_ms(5000);
+  REQUIRE(worker.ConfigureWeightSync(spec).ok());
+  auto pub = CreateWeightPublisher(spec);
+  REQUIRE(pub.ok());
+  return std::move(*pub);
+}
+
+// The weights of the checkpoint folder `dir`, by Hugging Face name.
+NamedTensors CheckpointWeights(const std::string& dir) {
+  auto model = actor::LoadHfModel(dir);
+  REQUIRE(model.ok());
+  NamedTensors named;
+  for (auto& [n, t] : (*model)->NamedParameters()) named.emplace_back(n, t);
+  return named;
+}
+
 TEST_CASE("weights through the in-process sync change the output and bump the version") {
   ::rlmesh::testing::TempDir dir;
   REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
   REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
   auto worker = MakeWorker();
   REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
-  WeightSyncSpec spec;
-  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
-  spec.set_group_name("rw-test");
-  spec.set_timeout_ms(5000);
-  REQUIRE(worker->ConfigureWeightSync(spec).ok());
-  auto pub = CreateWeightPublisher(spec);
-  REQUIRE(pub.ok());
-  auto v2 = actor::LoadHfModel(dir.File("v2"));
-  REQUIRE(v2.ok());
-  NamedTensors named;
-  for (auto& [n, t] : (*v2)->NamedParameters()) named.emplace_back(n, t);
-  auto layout = (*pub)->Publish(named, 5);
+  auto pub = InProcessSync(*worker, "rw-test");
+  NamedTensors named = CheckpointWeights(dir.File("v2"));
+  auto layout = pub->Publish(named, 5);
   REQUIRE(layout.ok());
   auto r = worker->LoadFromSync(*layout, 0);
   REQUIRE(r.ok());
@@ -433,7 +446,7 @@ TEST_CASE("weights through the in-process sync change the output and bump the ve
 
   // A layout with a tensor the model lacks is refused and changes nothing.
   named.emplace_back("extra.weight", at::zeros({2}));
-  REQUIRE((*pub)->Publish(named, 6).ok());
+  REQUIRE(pub->Publish(named, 6).ok());
   WeightLayout want;
   want.set_version(6);
   auto bad = worker->LoadFromSync(want, 0);
@@ -485,18 +498,8 @@ TEST_CASE("tensor_parallel=2: the split policy generates the whole model's token
   for (const auto& t : run.b.Find("q0")->samples()) CHECK(t.policy_version() == 2);
 
   // Weight sync: every rank reloads its slice of the received tensors.
-  WeightSyncSpec spec;
-  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
-  spec.set_group_name("rw-tp-test");
-  spec.set_timeout_ms(5000);
-  REQUIRE(worker->ConfigureWeightSync(spec).ok());
-  auto pub = CreateWeightPublisher(spec);
-  REQUIRE(pub.ok());
-  auto v1 = actor::LoadHfModel(dir.File("v1"));
-  REQUIRE(v1.ok());
-  NamedTensors named;
-  for (auto& [n, t] : (*v1)->NamedParameters()) named.emplace_back(n, t);
-  auto layout = (*pub)->Publish(named, 7);
+  auto pub = InProcessSync(*worker, "rw-tp-test");
+  auto layout = pub->Publish(CheckpointWeights(dir.File("v1")), 7);
   REQUIRE(layout.ok());
   auto r = worker->LoadFromSync(*layout, 0);
   INFO(r.status().ToString());
