@@ -298,8 +298,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   if (l->tp() == 0) l->set_tp(1);
   c.Require(l->tp() >= 1 && l->tp() <= l->shards() && l->shards() % l->tp() == 0, "learner.tp",
             absl::StrCat("must divide learner.shards (", l->shards(), ")"));
-  c.Require(l->tp() == 1 || l->zero() == 0, "learner.tp",
-            "tensor parallelism with learner.zero: 1 or 3 is not built in the trainer (plain DP over the replicas)");
+  c.Require(l->tp() == 1 || l->zero() != 3, "learner.tp",
+            "tensor parallelism with learner.zero: 3 is not built in the trainer (plain DP or ZeRO-1 over the replicas)");
   c.Require(l->tp() == 1 || l->autocast().empty() || l->autocast() == "fp32", "learner.autocast",
             "bf16 with learner.tp > 1 is not built");
   c.Require(l->tp() == 1 || config->model().device().empty() || config->model().device() == "cpu", "learner.tp",

@@ -61,6 +61,7 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"critic_optimizer_steps", s.critic_optimizer_steps},
       {"world_size", s.world_size},
       {"zero1", s.zero1},
+      {"tp", s.tp},
       {"rng", "every stream derives from (seed, stage_index, step)"},
       {"files", files},
   };
@@ -93,6 +94,7 @@ absl::StatusOr<TrainerState> TrainerStateFromJson(const std::string& text) {
     s.critic_optimizer_steps = need("critic_optimizer_steps").get<int64_t>();
     s.world_size = need("world_size").get<int>();
     s.zero1 = need("zero1").get<bool>();
+    s.tp = j.contains("tp") ? j.at("tp").get<int>() : 1;
     for (const auto& [name, d] : need("files").items()) {
       s.files[name] = FileDigest{d.at("size").get<int64_t>(), d.at("sha256").get<std::string>()};
     }

@@ -60,6 +60,9 @@ struct TrainerState {
   // a ZeRO-1 checkpoint resumes only with the same world size.
   int world_size = 1;
   bool zero1 = false;
+  // learner.tp of the run that wrote it: a ZeRO-1 checkpoint's per-rank
+  // moments are slices of that layout. Absent in older checkpoints (1).
+  int tp = 1;
   // Files of the checkpoint (relative paths) with size and digest.
   std::map<std::string, FileDigest> files;
 };

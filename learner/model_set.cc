@@ -258,7 +258,8 @@ at::Tensor FlattenAll(const std::vector<at::Tensor>& tensors) {
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
   if (sharded) return sharded->GatherMoments();
-  if (!tp_policy) return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
+  // Plain DP, and ZeRO-1 (each rank its share, tp or not: a per-rank file).
+  if (!tp_policy || zero1) return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
   // Replica 0's ranks gather their slices' moments (the replicas' agree).
   if (dp->rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
   const std::vector<at::Tensor> params = tp_policy->Parameters();
@@ -282,7 +283,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
 
 absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps) {
   if (sharded) return sharded->LoadMoments(exp_avg, exp_avg_sq, steps);
-  if (!tp_policy) return dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+  if (!tp_policy || zero1) return dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
   return CatchAll("moments", [&]() -> absl::Status {
     RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(policy_shapes, exp_avg, "policy.exp_avg"));
     RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(policy_shapes, exp_avg_sq, "policy.exp_avg_sq"));
@@ -492,6 +493,7 @@ absl::Status SplitPolicyTensorParallel(const StageOptions& stage, int rank, int 
   dpo.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
   dpo.norm_group = s.tp_group;
   dpo.norm_weights = s.tp_policy->NormWeights();
+  dpo.zero1 = stage.learner.zero1;
   RLMESH_ASSIGN_OR_RETURN(s.dp, DataParallel::Create(s.dp_group, s.tp_policy->Parameters(), dpo));
   return absl::OkStatus();
 }
@@ -587,6 +589,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     dpo.grad_clip = std::max(0.0, o.grad_clip);
     return DataParallel::Create(s.group, std::move(params), dpo);
   };
+  s.zero1 = stage.learner.zero1;
   if (stage.learner.zero3) {
     RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, &s));
   } else if (stage.learner.tp > 1) {

@@ -66,6 +66,9 @@ struct ModelSet {
   // Under ZeRO-3 or TP: the whole policy's parameter names and shapes, in
   // NamedParameters() order (what plain DP's flat optimizer layout follows).
   std::vector<std::pair<std::string, std::vector<int64_t>>> policy_shapes;
+  // learner.zero: 1. Under TP, each rank's moments (of its ZeRO-1 share of
+  // its slices) are its own checkpoint file, like plain ZeRO-1's.
+  bool zero1 = false;
   // Forward passes under bf16 autocast (learner.autocast: bf16).
   bool autocast_bf16 = false;
   c10::DeviceType device_type = c10::DeviceType::CPU;

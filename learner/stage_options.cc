@@ -32,10 +32,10 @@ absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp)
   l.tp = exp.learner().tp() == 0 ? 1 : exp.learner().tp();
   l.sequence_parallel = exp.learner().sequence_parallel();
   if (l.tp < 1) return absl::InvalidArgumentError("experiment.learner.tp: must be >= 1");
-  if (l.tp > 1 && exp.learner().zero() != 0) {
-    return absl::UnimplementedError(absl::StrCat("experiment.learner.tp: ", l.tp, " with learner.zero: ",
-                                                 exp.learner().zero(),
-                                                 " is not built in the trainer (plain DP over the replicas)"));
+  if (l.tp > 1 && l.zero3) {
+    return absl::UnimplementedError(absl::StrCat("experiment.learner.tp: ", l.tp,
+                                                 " with learner.zero: 3 is not built in the trainer (plain DP or "
+                                                 "ZeRO-1 over the replicas)"));
   }
   if (l.sequence_parallel && l.tp == 1) {
     return absl::InvalidArgumentError("experiment.learner.sequence_parallel: needs learner.tp > 1");

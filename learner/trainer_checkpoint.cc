@@ -59,7 +59,8 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     RLMESH_RETURN_IF_ERROR(barrier());
     // ZeRO-3 and TP gather their moments into plain DP's layout (every
     // rank takes part; rank 0 writes them): such a checkpoint resumes under
-    // any layout.
+    // any layout. Under ZeRO-1 (with TP or not) each rank writes its own
+    // share, which resumes only in the same layout.
     RLMESH_ASSIGN_OR_RETURN(auto moments, s.models.PolicyMoments());
     if (s.rank == 0 || s.opt.learner.zero1) {
       std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", moments.first},
@@ -92,6 +93,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       ts.critic_optimizer_steps = s.models.critic_dp ? s.models.critic_dp->steps() : 0;
       ts.world_size = s.world;
       ts.zero1 = s.opt.learner.zero1;
+      ts.tp = s.opt.learner.tp;
       for (fs::recursive_directory_iterator it(staging), end; it != end; ++it) {
         if (!it->is_regular_file()) continue;
         const std::string rel = fs::relative(it->path(), staging).string();
@@ -173,9 +175,10 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
         dir, ": checkpoint of stage ", ts.stage_index, " (", ts.stage_kind, "), configured stage is ",
         s.request.stage_index(), " (", kind, ")"));
   }
-  if (ts.zero1 != s.opt.learner.zero1 || (s.opt.learner.zero1 && ts.world_size != s.world)) {
+  if (ts.zero1 != s.opt.learner.zero1 ||
+      (s.opt.learner.zero1 && (ts.world_size != s.world || ts.tp != s.opt.learner.tp))) {
     return absl::FailedPreconditionError(absl::StrCat(dir, ": optimizer state written with world_size ",
-                                                      ts.world_size, " zero1=", ts.zero1,
+                                                      ts.world_size, " zero1=", ts.zero1, " tp=", ts.tp,
                                                       "; resume with the same sharding"));
   }
   const std::string opt_file = absl::StrCat(

@@ -17,7 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "actor/checkpoint.h"
+#include "actor/safetensors.h"
 #include "actor/generate.h"
 #include "actor/logprobs.h"
 #include "actor/tokenizer.h"
@@ -445,7 +448,8 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
   Trainer single;
   REQUIRE(single.Configure(Request(e, dir.File("ckpt_plain"))).ok());
   for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
-  REQUIRE(single.Save().ok());
+  auto plain_saved = single.Save();
+  REQUIRE(plain_saved.ok());
 
   ExperimentConfig t = e;
   t.mutable_learner()->set_tp(2);
@@ -485,6 +489,59 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     for (int step = 3; step < 5; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
     CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
   }
+  SECTION("tp=2 x dp=2 with ZeRO-1: per-rank moments that resume in the same layout only") {
+    t.mutable_learner()->set_zero(1);
+    Trainer ranks[4];
+    std::string saved;
+    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_z1")), dir.File("store_z1"), 3, SftStep,
+                                        [&](int r, Trainer& tr) -> absl::Status {
+                                          auto sv = tr.Save();
+                                          if (sv.ok() && r == 0) saved = sv->path();
+                                          return sv.status();
+                                        });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    auto state = VerifyCheckpoint(saved);
+    REQUIRE(state.ok());
+    for (int r = 0; r < 4; ++r) CHECK(state->files.count(absl::StrFormat("optimizer-rank-%d.safetensors", r)) == 1);
+    CHECK(state->tp == 2);
+    // Each rank's moments are its ZeRO-1 half of its TP half of the policy.
+    auto moments_of = [](const std::string& file) -> int64_t {
+      auto f = actor::SafetensorsFile::Open(file);
+      REQUIRE(f.ok());
+      auto m = (*f)->Read("policy.exp_avg");
+      REQUIRE(m.ok());
+      return m->numel();
+    };
+    const int64_t whole = moments_of(plain_saved->path() + "/optimizer.safetensors");
+    for (int r = 0; r < 4; ++r) {
+      const int64_t mine = moments_of(absl::StrFormat("%s/optimizer-rank-%d.safetensors", saved, r));
+      CHECK(mine < 0.3 * whole);
+      CHECK(mine > 0.2 * whole);
+    }
+    // The same layout resumes: its fourth step is single's.
+    Trainer again[4];
+    auto resumed = testing::TrainShards(again, 4, Request(t, dir.File("ckpt_z1")), dir.File("store_z1b"), 1,
+                                        [](int) { return SftStep(3); });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << resumed[r].ToString());
+      REQUIRE(resumed[r].ok());
+    }
+    REQUIRE(single.TrainStep(SftStep(3)).ok());
+    CHECK(MaxAbsDiff(single, again[0]) <= 1e-5);
+    // Four ZeRO-1 ranks without TP hold other shares: refused by name.
+    ExperimentConfig plain_z1 = e;
+    plain_z1.mutable_learner()->set_zero(1);
+    Trainer other[4];
+    auto refused = testing::TrainShards(other, 4, Request(plain_z1, dir.File("ckpt_z1")), dir.File("store_z1c"), 0,
+                                        SftStep);
+    INFO(refused[0].ToString());
+    CHECK(refused[0].code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(refused[0].message(), "tp=2"));
+  }
 }
 
 TEST_CASE("learner.tp is refused by name where it is not built") {
@@ -513,10 +570,10 @@ TEST_CASE("learner.tp is refused by name where it is not built") {
   REQUIRE(!r2.ok());
   CHECK(std::string(r2.status().message()).find("learner.tp: 2 does not divide the learner world size (3)") !=
         std::string::npos);
-  odd.mutable_learner()->set_zero(1);
+  odd.mutable_learner()->set_zero(3);
   auto r3 = t.Configure(Request(odd));
   REQUIRE(!r3.ok());
-  CHECK(std::string(r3.status().message()).find("learner.tp: 2 with learner.zero: 1 is not built") !=
+  CHECK(std::string(r3.status().message()).find("learner.tp: 2 with learner.zero: 3 is not built") !=
         std::string::npos);
 }
 
