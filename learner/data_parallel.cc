@@ -358,4 +358,20 @@ absl::Status DataParallel::LoadOptimizerState(const at::Tensor& exp_avg,
   });
 }
 
+std::vector<at::Tensor> UnflattenLike(const at::Tensor& flat, const std::vector<at::Tensor>& like) {
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (const at::Tensor& p : like) {
+    out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+  return out;
+}
+
+at::Tensor FlattenAll(const std::vector<at::Tensor>& parts) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : parts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
 }  // namespace rlmesh::learner

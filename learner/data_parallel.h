@@ -174,4 +174,9 @@ class DataParallel {
   int64_t steps_ = 0;
 };
 
+// DataParallel's flat layout (no ZeRO-1: every element, parameters in
+// order): `flat` cut into views shaped like `like`, and back (a copy).
+std::vector<at::Tensor> UnflattenLike(const at::Tensor& flat, const std::vector<at::Tensor>& like);
+at::Tensor FlattenAll(const std::vector<at::Tensor>& parts);
+
 }  // namespace rlmesh::learner

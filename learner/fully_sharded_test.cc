@@ -35,7 +35,7 @@ FullyShardedOptions Options(bool prefetch) {
 
 // The moments as one tensor per shard (FullyShardedModel::Shards order).
 std::vector<at::Tensor> PerShard(const at::Tensor& flat, const std::vector<at::Tensor>& shards) {
-  return Unflatten(flat, shards);
+  return UnflattenLike(flat, shards);
 }
 
 // One rank: `steps` steps from `start`, then the gathered checkpoint.
@@ -51,7 +51,7 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
     auto sq = m.SliceOf(start.exp_avg_sq);
     if (!avg.ok()) return avg.status();
     if (!sq.ok()) return sq.status();
-    s = m.LoadOptimizerState(Flatten(*avg), Flatten(*sq), start.steps);
+    s = m.LoadOptimizerState(FlattenAll(*avg), FlattenAll(*sq), start.steps);
     if (!s.ok()) return s;
   }
   Run r;

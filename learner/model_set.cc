@@ -247,13 +247,6 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SplitInPolicyOrd
   return out;
 }
 
-// A module's parameters as one flat vector (DataParallel's layout).
-at::Tensor FlattenAll(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> parts;
-  for (const at::Tensor& t : tensors) parts.push_back(t.reshape({-1}));
-  return at::cat(parts);
-}
-
 }  // namespace
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
@@ -263,17 +256,8 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
   // Replica 0's ranks gather their slices' moments (the replicas' agree).
   if (dp->rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
   const std::vector<at::Tensor> params = tp_policy->Parameters();
-  auto local = [&](const at::Tensor& flat) {
-    std::vector<at::Tensor> out;
-    int64_t offset = 0;
-    for (const at::Tensor& p : params) {
-      out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
-      offset += p.numel();
-    }
-    return out;
-  };
-  RLMESH_ASSIGN_OR_RETURN(auto m, tp_policy->GatherFullOf(local(dp->exp_avg())));
-  RLMESH_ASSIGN_OR_RETURN(auto v, tp_policy->GatherFullOf(local(dp->exp_avg_sq())));
+  RLMESH_ASSIGN_OR_RETURN(auto m, tp_policy->GatherFullOf(UnflattenLike(dp->exp_avg(), params)));
+  RLMESH_ASSIGN_OR_RETURN(auto v, tp_policy->GatherFullOf(UnflattenLike(dp->exp_avg_sq(), params)));
   return CatchAll("moments", [&]() -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
     RLMESH_ASSIGN_OR_RETURN(at::Tensor fm, FlattenInPolicyOrder(policy_shapes, m));
     RLMESH_ASSIGN_OR_RETURN(at::Tensor fv, FlattenInPolicyOrder(policy_shapes, v));

@@ -58,7 +58,7 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
     auto v = (*model)->SliceOf(start.exp_avg_sq);
     if (!m.ok()) return m.status();
     if (!v.ok()) return v.status();
-    s = (*dp)->LoadOptimizerState(Flatten(*m), Flatten(*v), start.steps);
+    s = (*dp)->LoadOptimizerState(FlattenAll(*m), FlattenAll(*v), start.steps);
     if (!s.ok()) return s;
   }
   Run r;
@@ -81,8 +81,8 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
   // of them per rank (not gathered here).
   if (zero1) return r;
   const std::vector<at::Tensor> params = (*model)->Parameters();
-  auto m = (*model)->GatherFullOf(Unflatten((*dp)->exp_avg(), params));
-  auto v = (*model)->GatherFullOf(Unflatten((*dp)->exp_avg_sq(), params));
+  auto m = (*model)->GatherFullOf(UnflattenLike((*dp)->exp_avg(), params));
+  auto v = (*model)->GatherFullOf(UnflattenLike((*dp)->exp_avg_sq(), params));
   if (!m.ok()) return m.status();
   if (!v.ok()) return v.status();
   r.checkpoint.exp_avg = *m;

@@ -94,24 +94,6 @@ struct Run {
   Checkpoint checkpoint;
 };
 
-// DataParallel's flat moments (no ZeRO-1: every element) as one tensor per
-// parameter, and back.
-inline std::vector<at::Tensor> Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> out;
-  int64_t offset = 0;
-  for (const at::Tensor& p : params) {
-    out.push_back(flat.narrow(0, offset, p.numel()).view(p.sizes()));
-    offset += p.numel();
-  }
-  return out;
-}
-
-inline at::Tensor Flatten(const std::vector<at::Tensor>& parts) {
-  std::vector<at::Tensor> flat;
-  for (const at::Tensor& t : parts) flat.push_back(t.reshape({-1}));
-  return at::cat(flat);
-}
-
 inline Named InitialWeights(const actor::ModelConfig& c) {
   at::manual_seed(5);
   actor::Transformer m(c);
