@@ -47,38 +47,6 @@ std::vector<at::Tensor> Replay(const actor::ModelConfig& c, int64_t tokens) {
   return out;
 }
 
-// One process on the whole batch, the reference (as Reference(), with the
-// routing replayed when `replay` is given).
-Run WholeModel(const actor::ModelConfig& c, const Named& init, const Batch& batch,
-               const std::vector<at::Tensor>& replay) {
-  actor::Transformer m(c);
-  {
-    torch::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> src(init.begin(), init.end());
-    for (auto& [name, p] : m->NamedParameters()) p.copy_(src.at(name));
-  }
-  auto dp = DataParallel::Create(nullptr, m->parameters(), Optimizer());
-  REQUIRE(dp.ok());
-  actor::MoeRouting routing;
-  routing.replay = replay;
-  if (!replay.empty()) m->set_routing(&routing);
-  Run r;
-  for (int step = 0; step < kSteps; ++step) {
-    (*dp)->ZeroGrad();
-    auto out = actor::TokenLogProbs(m, batch.ids, batch.pos, batch.targets, /*chunk_size=*/4, 0.9, batch.mask);
-    REQUIRE(out.ok());
-    at::Tensor loss = Loss(*out, batch.targets);
-    loss.backward();
-    auto stats = (*dp)->Step(1.0, kLr);
-    REQUIRE(stats.ok());
-    r.losses.push_back(loss.item<double>());
-    r.norms.push_back(stats->grad_norm);
-  }
-  m->set_routing(nullptr);
-  r.weights = m->NamedParameters();
-  return r;
-}
-
 struct RankResult {
   absl::StatusOr<Run> run = absl::UnknownError("not run");
   std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
@@ -177,7 +145,7 @@ void CheckEqualsWholeModel(const std::string& arch, bool replayed) {
   const Batch batch = MakeBatch();
   const Named init = InitialWeights(c);
   const std::vector<at::Tensor> replay = replayed ? Replay(c, batch.ids.numel()) : std::vector<at::Tensor>{};
-  const Run ref = WholeModel(c, init, batch, replay);
+  const Run ref = Reference(c, init, batch, replay);
   // The steps must move the weights, or equal weights would prove nothing.
   REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
   std::vector<RankResult> ranks = TrainExpertParallel(c, init, batch, 2, replay);
@@ -211,7 +179,7 @@ TEST_CASE("ep=1 is the whole model: every expert local, no exchange") {
   const actor::ModelConfig c = MoeConfig("qwen3_moe");
   const Batch batch = MakeBatch();
   const Named init = InitialWeights(c);
-  const Run ref = WholeModel(c, init, batch, {});
+  const Run ref = Reference(c, init, batch);
   std::vector<RankResult> one = TrainExpertParallel(c, init, batch, 1, {});
   REQUIRE(one[0].run.ok());
   CHECK(MaxAbsDiff(one[0].run->weights, ref.weights) < 1e-6);

@@ -102,7 +102,10 @@ inline Named InitialWeights(const actor::ModelConfig& c) {
   return out;
 }
 
-inline Run Reference(const actor::ModelConfig& c, const Named& init, const Batch& batch) {
+// `replay` (MoE models): the experts every MoE layer must use, replayed
+// instead of routed (actor::MoeRouting::replay); empty = routed.
+inline Run Reference(const actor::ModelConfig& c, const Named& init, const Batch& batch,
+                     const std::vector<at::Tensor>& replay = {}) {
   actor::Transformer m(c);
   {
     torch::NoGradGuard no_grad;
@@ -111,6 +114,9 @@ inline Run Reference(const actor::ModelConfig& c, const Named& init, const Batch
   }
   auto dp = DataParallel::Create(nullptr, m->parameters(), Optimizer());
   REQUIRE(dp.ok());
+  actor::MoeRouting routing;
+  routing.replay = replay;
+  if (!replay.empty()) m->set_routing(&routing);
   Run r;
   for (int step = 0; step < kSteps; ++step) {
     (*dp)->ZeroGrad();
@@ -123,6 +129,7 @@ inline Run Reference(const actor::ModelConfig& c, const Named& init, const Batch
     r.losses.push_back(loss.item<double>());
     r.norms.push_back(stats->grad_norm);
   }
+  m->set_routing(nullptr);
   r.weights = m->NamedParameters();
   return r;
 }
