@@ -25,12 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "bazel-bin/bench/tensor_parallel_bench")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tensor_parallel import BIN, launch_ranks  # noqa: E402  (the same binary and launcher)
+
 SHAPE = dict(hidden=512, layers=8, heads=8, kv_heads=4, vocab=8000, batch=4, seq=128, experts=8,
              experts_per_tok=2, moe_intermediate=704)
 
@@ -45,19 +45,10 @@ def param_counts(s):
     return replicated, experts
 
 
-def run_layout(ep, cores, steps, workdir, serial):
-    store = os.path.join(workdir, f"store-{serial}")
-    procs, outs = [], []
-    for rank in range(ep):
-        out = os.path.join(workdir, f"out-{serial}-{rank}.json")
-        args = [BIN, f"--ep={ep}", f"--rank={rank}", f"--store={store}", f"--threads={max(1, cores // ep)}",
-                f"--steps={steps}", f"--out={out}"] + [f"--{k}={v}" for k, v in SHAPE.items()]
-        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
-        outs.append(out)
-    for p in procs:
-        if p.wait(timeout=900) != 0:
-            sys.exit(f"tensor_parallel_bench --ep={ep} failed")
-    return [json.load(open(o)) for o in outs]
+def run_layout(ep, cores, steps, workdir):
+    flags = [f"--ep={ep}", f"--threads={max(1, cores // ep)}", f"--steps={steps}"] + [
+        f"--{k}={v}" for k, v in SHAPE.items()]
+    return launch_ranks(ep, flags, workdir, f"--ep={ep}")
 
 
 def main():
@@ -72,11 +63,9 @@ def main():
     layouts = [1, 2]
     results = {l: [] for l in layouts}
     with tempfile.TemporaryDirectory() as workdir:
-        serial = 0
         for rep in range(args.repeats):
             for ep in (layouts if rep % 2 == 0 else list(reversed(layouts))):
-                serial += 1
-                results[ep].append(run_layout(ep, args.cores, args.steps, workdir, serial))
+                results[ep].append(run_layout(ep, args.cores, args.steps, workdir))
                 print(json.dumps(dict(ep=ep, repeat=rep, ranks=results[ep][-1])), file=sys.stderr)
     replicated, experts = param_counts(SHAPE)
     rows = []

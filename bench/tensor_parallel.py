@@ -40,22 +40,29 @@ def param_counts(s):
     return sliced, replicated
 
 
-def run_layout(tp, sp, zero3, cores, steps, workdir):
-    ranks = zero3 or tp
-    threads = max(1, cores // ranks)
-    store = os.path.join(workdir, f"store-{tp}-{int(sp)}-{zero3}-{os.getpid()}-{len(os.listdir(workdir))}")
+def launch_ranks(ranks, flags, workdir, label):
+    """Runs `ranks` processes of tensor_parallel_bench with `flags` (each
+    also gets --rank, one fresh --store and its own --out) and returns each
+    rank's JSON record, in rank order. Exits naming `label` if one fails."""
+    serial = f"{os.getpid()}-{len(os.listdir(workdir))}"
+    store = os.path.join(workdir, f"store-{serial}")
     procs, outs = [], []
     for rank in range(ranks):
-        out = os.path.join(workdir, f"out-{tp}-{int(sp)}-{zero3}-{rank}-{len(os.listdir(workdir))}.json")
-        args = [BIN, f"--tp={tp}", f"--rank={rank}", f"--store={store}", f"--sp={'true' if sp else 'false'}",
-                f"--zero3_dp={zero3}", f"--threads={threads}", f"--steps={steps}",
-                f"--out={out}"] + [f"--{k}={v}" for k, v in SHAPE.items()]
+        out = os.path.join(workdir, f"out-{serial}-{rank}.json")
+        args = [BIN, f"--rank={rank}", f"--store={store}", f"--out={out}"] + flags
         procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
         outs.append(out)
     for p in procs:
         if p.wait(timeout=900) != 0:
-            sys.exit(f"tensor_parallel_bench tp={tp} sp={sp} zero3_dp={zero3} failed")
+            sys.exit(f"tensor_parallel_bench {label} failed")
     return [json.load(open(o)) for o in outs]
+
+
+def run_layout(tp, sp, zero3, cores, steps, workdir):
+    ranks = zero3 or tp
+    flags = [f"--tp={tp}", f"--sp={'true' if sp else 'false'}", f"--zero3_dp={zero3}",
+             f"--threads={max(1, cores // ranks)}", f"--steps={steps}"] + [f"--{k}={v}" for k, v in SHAPE.items()]
+    return launch_ranks(ranks, flags, workdir, f"tp={tp} sp={sp} zero3_dp={zero3}")
 
 
 def main():

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,39 @@ using bench::RssBytes;
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "tensor_parallel_bench: %s\n", s.ToString().c_str());
   return 1;
+}
+
+// A rank's rows of the batch (rank r of `of` takes B / of rows) and their
+// scored-token mask.
+struct Rows {
+  at::Tensor ids, pos, targets, valid;
+};
+Rows RowsOf(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& targets, int rank, int of) {
+  const int64_t per = ids.size(0) / of;
+  Rows r{ids.narrow(0, rank * per, per), pos.narrow(0, rank * per, per), targets.narrow(0, rank * per, per), {}};
+  r.valid = r.targets.ge(0).to(at::kFloat);
+  return r;
+}
+
+// Token-mean negative log-likelihood over the scored tokens.
+at::Tensor MeanNll(const actor::TokenLogProbsOutput& out, const at::Tensor& valid) {
+  return -(out.logprobs * valid).sum() / valid.sum();
+}
+
+// Runs warmup + steps calls of `step` (one training step, returning its
+// loss), timing each; the first step's loss goes to *first_loss and the
+// timed steps' seconds to *seconds.
+absl::Status TimeSteps(int warmup, int steps, double* first_loss, std::vector<double>* seconds,
+                       const std::function<absl::StatusOr<at::Tensor>()>& step) {
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<at::Tensor> loss = step();
+    if (!loss.ok()) return loss.status();
+    if (i == 0) *first_loss = loss->item<double>();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= warmup) seconds->push_back(s);
+  }
+  return absl::OkStatus();
 }
 
 int Main() {
@@ -141,25 +175,20 @@ int Main() {
     malloc_trim(0);
     rss_setup = RssBytes();
     for (const auto& [name, p] : (*model)->NamedParameters()) local_params += p.numel();
-    const int64_t per = B / ep;
-    at::Tensor my_ids = ids.narrow(0, rank * per, per), my_pos = pos.narrow(0, rank * per, per);
-    at::Tensor my_targets = targets.narrow(0, rank * per, per);
-    auto valid = my_targets.ge(0).to(at::kFloat);
-    for (int step = 0; step < warmup + steps; ++step) {
-      auto t0 = std::chrono::steady_clock::now();
+    const Rows mine = RowsOf(ids, pos, targets, rank, ep);
+    absl::Status s = TimeSteps(warmup, steps, &first_loss, &seconds, [&]() -> absl::StatusOr<at::Tensor> {
       (*model)->ZeroGrad();
-      absl::Status s = (*model)->PrepareBackward(valid.sum().item<double>());
-      if (!s.ok()) return Fail(s);
-      auto out = actor::TokenLogProbs((*model)->model(), my_ids, my_pos, my_targets, /*chunk_size=*/64);
-      if (!out.ok()) return Fail(out.status());
-      at::Tensor loss = -(out->logprobs * valid).sum() / valid.sum();
+      absl::Status prepared = (*model)->PrepareBackward(mine.valid.sum().item<double>());
+      if (!prepared.ok()) return prepared;
+      auto out = actor::TokenLogProbs((*model)->model(), mine.ids, mine.pos, mine.targets, /*chunk_size=*/64);
+      if (!out.ok()) return out.status();
+      at::Tensor loss = MeanNll(*out, mine.valid);
       loss.backward();
       auto stats = (*model)->Step(1e-4);
-      if (!stats.ok()) return Fail(stats.status());
-      if (step == 0) first_loss = loss.item<double>();
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (step >= warmup) seconds.push_back(secs);
-    }
+      if (!stats.ok()) return stats.status();
+      return loss;
+    });
+    if (!s.ok()) return Fail(s);
   } else if (zero3 > 0) {
     FullyShardedOptions fo;
     fo.prefetch = absl::GetFlag(FLAGS_prefetch);
@@ -170,24 +199,18 @@ int Main() {
     malloc_trim(0);
     rss_setup = RssBytes();
     local_params = (*model)->shard_numel();
-    // This rank's rows of the batch.
-    const int64_t per = B / zero3;
-    at::Tensor my_ids = ids.narrow(0, rank * per, per), my_pos = pos.narrow(0, rank * per, per);
-    at::Tensor my_targets = targets.narrow(0, rank * per, per);
-    auto valid = my_targets.ge(0).to(at::kFloat);
-    for (int step = 0; step < warmup + steps; ++step) {
-      auto t0 = std::chrono::steady_clock::now();
-      (*model)->ZeroGrad(valid.sum().item<double>());
-      auto out = (*model)->TokenLogProbs(my_ids, my_pos, my_targets);
-      if (!out.ok()) return Fail(out.status());
-      at::Tensor loss = -(out->logprobs * valid).sum() / valid.sum();
+    const Rows mine = RowsOf(ids, pos, targets, rank, zero3);
+    absl::Status s = TimeSteps(warmup, steps, &first_loss, &seconds, [&]() -> absl::StatusOr<at::Tensor> {
+      (*model)->ZeroGrad(mine.valid.sum().item<double>());
+      auto out = (*model)->TokenLogProbs(mine.ids, mine.pos, mine.targets);
+      if (!out.ok()) return out.status();
+      at::Tensor loss = MeanNll(*out, mine.valid);
       loss.backward();
       auto stats = (*model)->Step(1e-4);
-      if (!stats.ok()) return Fail(stats.status());
-      if (step == 0) first_loss = loss.item<double>();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (step >= warmup) seconds.push_back(s);
-    }
+      if (!stats.ok()) return stats.status();
+      return loss;
+    });
+    if (!s.ok()) return Fail(s);
   } else {
     auto model = TensorParallelModel::Create(c, group, options);
     if (!model.ok()) return Fail(model.status());
@@ -213,20 +236,19 @@ int Main() {
     rss_setup = RssBytes();
     for (const at::Tensor& p : (*model)->Parameters()) local_params += p.numel();
 
-    for (int step = 0; step < warmup + steps; ++step) {
-      auto t0 = std::chrono::steady_clock::now();
+    // Every TP rank runs the whole batch.
+    const Rows all = RowsOf(ids, pos, targets, 0, 1);
+    absl::Status s = TimeSteps(warmup, steps, &first_loss, &seconds, [&]() -> absl::StatusOr<at::Tensor> {
       (*dp)->ZeroGrad();
-      auto out = (*model)->TokenLogProbs(ids, pos, targets);
-      if (!out.ok()) return Fail(out.status());
-      auto valid = targets.ge(0).to(at::kFloat);
-      at::Tensor loss = -(out->logprobs * valid).sum() / valid.sum();
+      auto out = (*model)->TokenLogProbs(all.ids, all.pos, all.targets);
+      if (!out.ok()) return out.status();
+      at::Tensor loss = MeanNll(*out, all.valid);
       loss.backward();
       auto stats = (*dp)->Step(1.0, 1e-4);
-      if (!stats.ok()) return Fail(stats.status());
-      if (step == 0) first_loss = loss.item<double>();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (step >= warmup) seconds.push_back(s);
-    }
+      if (!stats.ok()) return stats.status();
+      return loss;
+    });
+    if (!s.ok()) return Fail(s);
   }
   std::string line = absl::StrCat(
       "{\"tp\": ", tp, ", \"zero3_dp\": ", zero3, ", \"ep\": ", ep, ", \"sp\": ", options.sequence_parallel ? "true" : "false",
