@@ -91,6 +91,16 @@ Rows RowsOf(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& targ
   return r;
 }
 
+// Seeded whole weights of shape `c`, loaded into a split model (its
+// LoadFromFull): the full weights exist once, transiently, as a checkpoint
+// load would bring them: built, sliced, dropped.
+template <typename Split>
+absl::Status LoadSeededWeights(const actor::ModelConfig& c, Split& model) {
+  at::manual_seed(1);
+  actor::Transformer full(c);
+  return model.LoadFromFull(full->NamedParameters());
+}
+
 // Token-mean negative log-likelihood over the scored tokens.
 at::Tensor MeanNll(const actor::TokenLogProbsOutput& out, const at::Tensor& valid) {
   return -(out.logprobs * valid).sum() / valid.sum();
@@ -164,14 +174,7 @@ int Main() {
     eo.grad_clip = 1.0;
     auto model = ExpertParallelModel::Create(c, group, eo);
     if (!model.ok()) return Fail(model.status());
-    {
-      // The full weights exist once, transiently, as a checkpoint load would
-      // bring them.
-      at::manual_seed(1);
-      actor::Transformer full(c);
-      absl::Status s = (*model)->LoadFromFull(full->NamedParameters());
-      if (!s.ok()) return Fail(s);
-    }
+    if (absl::Status s = LoadSeededWeights(c, **model); !s.ok()) return Fail(s);
     malloc_trim(0);
     rss_setup = RssBytes();
     for (const auto& [name, p] : (*model)->NamedParameters()) local_params += p.numel();
@@ -214,14 +217,7 @@ int Main() {
   } else {
     auto model = TensorParallelModel::Create(c, group, options);
     if (!model.ok()) return Fail(model.status());
-    {
-      // The full weights exist once, transiently, as a checkpoint load would
-      // bring them: built, sliced, dropped.
-      at::manual_seed(1);
-      actor::Transformer full(c);
-      absl::Status s = (*model)->LoadFromFull(full->NamedParameters());
-      if (!s.ok()) return Fail(s);
-    }
+    if (absl::Status s = LoadSeededWeights(c, **model); !s.ok()) return Fail(s);
     DataParallelOptions o;
     o.grad_clip = 1.0;
     o.norm_group = group;
