@@ -90,8 +90,6 @@ absl::StatusOr<std::unique_ptr<TensorParallelEngine>> TensorParallelEngine::Crea
   RLMESH_RETURN_IF_ERROR(options.Validate());
   RLMESH_RETURN_IF_ERROR(learner::ValidateTensorParallel(config, options.tp));
   std::unique_ptr<TensorParallelEngine> e(new TensorParallelEngine());
-  e->config_ = config;
-  e->options_ = options;
   for (int r = 0; r < options.tp; ++r) {
     e->ranks_.push_back(std::make_unique<Rank>());
     e->ranks_.back()->index = r;

@@ -81,7 +81,6 @@ class TensorParallelEngine final : public actor::GenerationEngine {
   // OK, or the failure that left the engine unusable.
   const absl::Status& broken() const { return broken_; }
 
-  const actor::ModelConfig& config() const { return config_; }
   int tp() const { return static_cast<int>(ranks_.size()); }
   // Bytes of rank r's parameters (its slice), for memory accounting.
   int64_t ParameterBytes(int rank) const;
@@ -94,8 +93,6 @@ class TensorParallelEngine final : public actor::GenerationEngine {
   // on theirs; returns the first error, or OK.
   absl::Status RunOnAll(const std::function<absl::Status(Rank&)>& job);
 
-  actor::ModelConfig config_;
-  TensorParallelEngineOptions options_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   absl::Status broken_;
 };
