@@ -57,7 +57,8 @@ struct TrainerState {
   int64_t optimizer_steps = 0;
   int64_t critic_optimizer_steps = 0;
   // Shards that wrote it and whether optimizer state is sharded (ZeRO-1):
-  // a ZeRO-1 checkpoint resumes only with the same world size.
+  // the per-rank files' layout, which learner/moments_layout.h reads back
+  // under any other.
   int world_size = 1;
   bool zero1 = false;
   // learner.tp of the run that wrote it: a ZeRO-1 checkpoint's per-rank

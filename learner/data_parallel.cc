@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <cmath>
@@ -355,6 +356,26 @@ absl::Status DataParallel::LoadOptimizerState(const at::Tensor& exp_avg,
     exp_avg_sq_.copy_(exp_avg_sq);
     steps_ = steps;
     return absl::OkStatus();
+  });
+}
+
+absl::Status DataParallel::LoadWholeOptimizerState(const at::Tensor& exp_avg,
+                                                   const at::Tensor& exp_avg_sq, int64_t steps) {
+  for (const auto& [t, what] : {std::make_pair(&exp_avg, "exp_avg"), std::make_pair(&exp_avg_sq, "exp_avg_sq")}) {
+    if (!t->defined() || t->dim() != 1 || t->numel() != numel_) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": expected [", numel_, "] (every element), got ",
+                                                     internal::ShapeString(*t)));
+    }
+  }
+  return internal::CatchTorch([&]() -> absl::Status {
+    // This rank's range; past numel_ it is ZeRO-1's zero padding.
+    const int64_t n = std::max<int64_t>(0, std::min(shard_end_, numel_) - shard_begin_);
+    auto share = [&](const at::Tensor& whole) {
+      at::Tensor out = at::zeros({shard_end_ - shard_begin_}, exp_avg_.options());
+      if (n > 0) out.narrow(0, 0, n).copy_(whole.narrow(0, shard_begin_, n));
+      return out;
+    };
+    return LoadOptimizerState(share(exp_avg), share(exp_avg_sq), steps);
   });
 }
 

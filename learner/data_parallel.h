@@ -134,6 +134,11 @@ class DataParallel {
   // Restores the moments and the step count (shapes as exp_avg()).
   absl::Status LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                                   int64_t steps);
+  // The same from the moments of every element, [numel()] each (what one
+  // process without ZeRO-1 holds): this rank keeps its share. How a ZeRO-1
+  // checkpoint written under another world size resumes.
+  absl::Status LoadWholeOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                       int64_t steps);
 
  private:
   DataParallel() = default;

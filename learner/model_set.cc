@@ -265,15 +265,22 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
   });
 }
 
-absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps) {
+absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
+                                         bool whole) {
   if (sharded) return sharded->LoadMoments(exp_avg, exp_avg_sq, steps);
-  if (!tp_policy || zero1) return dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+  // ZeRO-1 from its own share (a per-rank file of the same layout).
+  if (zero1 && !whole) return dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+  // dp's every element: ZeRO-1 keeps its share of them.
+  auto load = [&](const at::Tensor& m, const at::Tensor& v) {
+    return zero1 ? dp->LoadWholeOptimizerState(m, v, steps) : dp->LoadOptimizerState(m, v, steps);
+  };
+  if (!tp_policy) return load(exp_avg, exp_avg_sq);
   return CatchAll("moments", [&]() -> absl::Status {
     RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(policy_shapes, exp_avg, "policy.exp_avg"));
     RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(policy_shapes, exp_avg_sq, "policy.exp_avg_sq"));
     RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> ms, tp_policy->SliceOf(m));
     RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> vs, tp_policy->SliceOf(v));
-    return dp->LoadOptimizerState(FlattenAll(ms), FlattenAll(vs), steps);
+    return load(FlattenAll(ms), FlattenAll(vs));
   });
 }
 

@@ -106,8 +106,12 @@ struct ModelSet {
   // (ZeRO-1: this rank's flat range). Under ZeRO-3 and TP every rank must
   // call it; the result is meaningful on rank 0 only.
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PolicyMoments();
-  // Restores them from that layout, with the optimizer's step count.
-  absl::Status LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
+  // Restores them from that layout, with the optimizer's step count. With
+  // `whole`, they are plain DP's flat layout of the whole policy under every
+  // layout (ZeRO-1 keeps this rank's share): learner/moments_layout.h's
+  // ReadWholeMoments, how a checkpoint resumes in another layout.
+  absl::Status LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
+                                 bool whole = false);
   // Reads the policy's weights from the Hugging Face folder `dir` (under
   // ZeRO-3 and TP every rank reads the whole model and keeps its part;
   // rank `rank` 0 also keeps it whole in `policy`).

@@ -17,12 +17,28 @@
 #include "common/path_root.h"
 #include "common/status_macros.h"
 #include "learner/checkpoint.h"
+#include "learner/moments_layout.h"
 #include "learner/trainer.h"
 #include "learner/trainer_internal.h"
 
 namespace rlmesh::learner {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The parameters DataParallel steps for `m`, as moments_layout.h names them
+// (a reward model's and a critic's lm_head is left out of the optimizer).
+ParameterShapes ShapesOf(actor::Transformer& m, bool skip_lm_head) {
+  ParameterShapes out;
+  for (auto& [name, t] : m->NamedParameters()) {
+    if (skip_lm_head && name == "lm_head.weight") continue;
+    out.emplace_back(name, t.sizes().vec());
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
   if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
@@ -58,9 +74,9 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     }
     RLMESH_RETURN_IF_ERROR(barrier());
     // ZeRO-3 and TP gather their moments into plain DP's layout (every
-    // rank takes part; rank 0 writes them): such a checkpoint resumes under
-    // any layout. Under ZeRO-1 (with TP or not) each rank writes its own
-    // share, which resumes only in the same layout.
+    // rank takes part; rank 0 writes them). Under ZeRO-1 (with TP or not)
+    // each rank writes its own share. Either resumes under any layout
+    // (LoadFrom).
     RLMESH_ASSIGN_OR_RETURN(auto moments, s.models.PolicyMoments());
     if (s.rank == 0 || s.opt.learner.zero1) {
       std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", moments.first},
@@ -175,14 +191,12 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
         dir, ": checkpoint of stage ", ts.stage_index, " (", ts.stage_kind, "), configured stage is ",
         s.request.stage_index(), " (", kind, ")"));
   }
-  if (ts.zero1 != s.opt.learner.zero1 ||
-      (s.opt.learner.zero1 && (ts.world_size != s.world || ts.tp != s.opt.learner.tp))) {
-    return absl::FailedPreconditionError(absl::StrCat(dir, ": optimizer state written with world_size ",
-                                                      ts.world_size, " zero1=", ts.zero1, " tp=", ts.tp,
-                                                      "; resume with the same sharding"));
-  }
-  const std::string opt_file = absl::StrCat(
-      dir, "/", s.opt.learner.zero1 ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors");
+  // A ZeRO-1 checkpoint of this very layout: each rank reads its own share.
+  // Any other pair of layouts: every rank rebuilds the whole policy's moments
+  // from the files and keeps its part (learner/moments_layout.h).
+  const bool own_share =
+      ts.zero1 && s.opt.learner.zero1 && ts.world_size == s.world && ts.tp == s.opt.learner.tp;
+  const MomentsLayout saved{ts.world_size, ts.tp, ts.zero1};
   RLMESH_RETURN_IF_ERROR(CatchAll("load", [&]() -> absl::Status {
     RLMESH_RETURN_IF_ERROR(s.models.LoadPolicyWeights(dir, s.rank));
     if (s.models.critic) {
@@ -190,15 +204,35 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
       lo.add_value_head = true;
       RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir + "/critic", s.models.critic, lo));
     }
-    RLMESH_ASSIGN_OR_RETURN(auto file, actor::SafetensorsFile::Open(opt_file));
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, file->Read("policy.exp_avg"));
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, file->Read("policy.exp_avg_sq"));
-    RLMESH_RETURN_IF_ERROR(PrefixStatus(opt_file, s.models.LoadPolicyMoments(m, v, ts.optimizer_steps)));
+    if (own_share) {
+      const std::string opt_file = absl::StrFormat("%s/optimizer-rank-%d.safetensors", dir, s.rank);
+      RLMESH_ASSIGN_OR_RETURN(auto file, actor::SafetensorsFile::Open(opt_file));
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor m, file->Read("policy.exp_avg"));
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor v, file->Read("policy.exp_avg_sq"));
+      RLMESH_RETURN_IF_ERROR(PrefixStatus(opt_file, s.models.LoadPolicyMoments(m, v, ts.optimizer_steps)));
+      if (s.models.critic_dp) {
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor cm, file->Read("critic.exp_avg"));
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor cv, file->Read("critic.exp_avg_sq"));
+        RLMESH_RETURN_IF_ERROR(
+            PrefixStatus(opt_file, s.models.critic_dp->LoadOptimizerState(cm, cv, ts.critic_optimizer_steps)));
+      }
+      return absl::OkStatus();
+    }
+    if (ts.zero1 || s.opt.learner.zero1) {
+      RLMESH_LOG(INFO) << "resharding optimizer moments of " << dir << " from world_size=" << ts.world_size
+                       << " tp=" << ts.tp << " zero1=" << ts.zero1 << " to world_size=" << s.world
+                       << " tp=" << s.opt.learner.tp << " zero1=" << s.opt.learner.zero1;
+    }
+    const ParameterShapes policy_shapes =
+        s.models.PolicySplit() ? s.models.policy_shapes
+                               : ShapesOf(s.models.policy, s.opt.kind == StageKind::kRewardModel);
+    RLMESH_ASSIGN_OR_RETURN(auto pm, ReadWholeMoments(dir, saved, "policy", policy_shapes));
+    RLMESH_RETURN_IF_ERROR(PrefixStatus(
+        dir, s.models.LoadPolicyMoments(pm.first, pm.second, ts.optimizer_steps, /*whole=*/true)));
     if (s.models.critic_dp) {
-      RLMESH_ASSIGN_OR_RETURN(at::Tensor cm, file->Read("critic.exp_avg"));
-      RLMESH_ASSIGN_OR_RETURN(at::Tensor cv, file->Read("critic.exp_avg_sq"));
-      RLMESH_RETURN_IF_ERROR(
-          PrefixStatus(opt_file, s.models.critic_dp->LoadOptimizerState(cm, cv, ts.critic_optimizer_steps)));
+      RLMESH_ASSIGN_OR_RETURN(auto cm, ReadWholeMoments(dir, saved, "critic", ShapesOf(s.models.critic, true)));
+      RLMESH_RETURN_IF_ERROR(PrefixStatus(
+          dir, s.models.critic_dp->LoadWholeOptimizerState(cm.first, cm.second, ts.critic_optimizer_steps)));
     }
     return absl::OkStatus();
   }));

@@ -1,0 +1,115 @@
+#include "learner/moments_layout.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "actor/safetensors.h"
+#include "common/status_macros.h"
+#include "learner/tensor_parallel.h"
+
+namespace rlmesh::learner {
+namespace {
+
+int64_t NumelOf(const ParameterShapes& shapes) {
+  int64_t n = 0;
+  for (const auto& [name, shape] : shapes) n += c10::multiply_integers(shape);
+  return n;
+}
+
+// `name` from `file`, which must be one-dimensional with `numel` elements.
+absl::StatusOr<at::Tensor> ReadFlat(const actor::SafetensorsFile& file, const std::string& name, int64_t numel) {
+  RLMESH_ASSIGN_OR_RETURN(at::Tensor t, file.Read(name));
+  if (t.dim() != 1 || t.numel() != numel) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", name, " has shape ", c10::str(t.sizes()),
+                                                   ", the layout expects [", numel, "]"));
+  }
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadWholeMoments(const std::string& dir,
+                                                                   const MomentsLayout& layout,
+                                                                   const std::string& prefix,
+                                                                   const ParameterShapes& shapes) {
+  const std::string m_name = prefix + ".exp_avg", v_name = prefix + ".exp_avg_sq";
+  const int64_t total = NumelOf(shapes);
+  if (!layout.zero1) {
+    const std::string path = dir + "/optimizer.safetensors";
+    RLMESH_ASSIGN_OR_RETURN(auto file, actor::SafetensorsFile::Open(path));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, ReadFlat(*file, m_name, total));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, ReadFlat(*file, v_name, total));
+    return std::make_pair(m, v);
+  }
+  const int W = layout.world_size, T = layout.tp;
+  if (W < 1 || T < 1 || W % T != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": trainer_state says world_size ", W, " and tp ", T, ", which no layout has"));
+  }
+  const int D = W / T;
+  // One TP rank's slices: a split parameter's dimension is 1/T of the whole.
+  ParameterShapes slice = shapes;
+  std::vector<int> split(shapes.size(), -1);
+  for (size_t i = 0; i < slice.size(); ++i) {
+    if (T == 1) break;
+    split[i] = TensorParallelSplitDim(slice[i].first);
+    if (split[i] < 0) continue;
+    int64_t& extent = slice[i].second.at(split[i]);
+    if (extent % T != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": parameter ", slice[i].first, " (", extent,
+                                                     " along dimension ", split[i], ") cannot be split over tp=", T));
+    }
+    extent /= T;
+  }
+  const int64_t slice_numel = NumelOf(slice);
+  const int64_t share = (slice_numel + D - 1) / D;  // DataParallel's ZeRO-1 share.
+
+  std::vector<std::unique_ptr<actor::SafetensorsFile>> files(W);
+  for (int r = 0; r < W; ++r) {
+    RLMESH_ASSIGN_OR_RETURN(files[r],
+                            actor::SafetensorsFile::Open(absl::StrFormat("%s/optimizer-rank-%d.safetensors", dir, r)));
+  }
+  auto whole = [&](const std::string& name) -> absl::StatusOr<at::Tensor> {
+    // slices[t][i]: parameter i's moments on TP rank t.
+    std::vector<std::vector<at::Tensor>> slices(T);
+    for (int t = 0; t < T; ++t) {
+      std::vector<at::Tensor> shares;
+      for (int d = 0; d < D; ++d) {
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor s, ReadFlat(*files[d * T + t], name, share));
+        shares.push_back(s);
+      }
+      const at::Tensor flat = at::cat(shares).narrow(0, 0, slice_numel);
+      int64_t offset = 0;
+      for (const auto& [pname, shape] : slice) {
+        const int64_t n = c10::multiply_integers(shape);
+        slices[t].push_back(flat.narrow(0, offset, n).view(shape));
+        offset += n;
+      }
+    }
+    std::vector<at::Tensor> parts;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (split[i] < 0) {
+        // Replicated (every TP rank stepped the same gradient): rank 0's.
+        parts.push_back(slices[0][i].reshape(-1));
+        continue;
+      }
+      std::vector<at::Tensor> side;
+      for (int t = 0; t < T; ++t) side.push_back(slices[t][i]);
+      parts.push_back(at::cat(side, split[i]).reshape(-1));
+    }
+    return at::cat(parts);
+  };
+  try {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, whole(m_name));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, whole(v_name));
+    return std::make_pair(m, v);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(dir, ": gathering ", prefix, " moments: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace rlmesh::learner

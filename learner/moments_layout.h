@@ -1,0 +1,53 @@
+#pragma once
+
+// AdamW moments in a checkpoint, read back whatever layout wrote them.
+//
+// A checkpoint's moments take one of two forms (learner/trainer_checkpoint.cc):
+//   - `optimizer.safetensors`: plain DP's flat layout, every parameter's
+//     elements in NamedParameters() order (plain DP, ZeRO-3 and TP without
+//     ZeRO-1 gather into it);
+//   - `optimizer-rank-<r>.safetensors`, one per rank (ZeRO-1): rank r holds
+//     its ZeRO-1 share of the flat layout of its tensor-parallel slices.
+//     With tp = T and world size W, rank r is TP rank r % T of replica
+//     r / T; the W / T replicas holding TP slice t cut that slice's flat
+//     layout (zero-padded to a multiple of W / T) into equal shares, in
+//     replica order. T = 1 is plain ZeRO-1.
+// ReadWholeMoments turns either form back into plain DP's flat layout, so
+// that a checkpoint resumes under any layout (DeepSpeed calls this a
+// universal checkpoint). It reads every rank's file: the caller holds the
+// whole model's moments for a moment.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace rlmesh::learner {
+
+// How a checkpoint's moments were written (TrainerState's fields).
+struct MomentsLayout {
+  int world_size = 1;
+  int tp = 1;
+  bool zero1 = false;
+};
+
+// The parameters of the flat layout: Hugging Face names and whole shapes, in
+// NamedParameters() order.
+using ParameterShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+// `<prefix>.exp_avg` and `<prefix>.exp_avg_sq` ("policy", "critic") of the
+// checkpoint folder `dir`, written under `layout`, as two flat fp32 tensors
+// over `shapes`. INVALID_ARGUMENT naming the file when a share's size or a
+// tensor is not what the layout and shapes imply (another model, a damaged
+// file), or when the layout is impossible (tp not dividing world_size, a
+// parameter's split dimension not divisible by tp).
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadWholeMoments(const std::string& dir,
+                                                                   const MomentsLayout& layout,
+                                                                   const std::string& prefix,
+                                                                   const ParameterShapes& shapes);
+
+}  // namespace rlmesh::learner
