@@ -305,6 +305,17 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(l->tp() == 1 || config->model().device().empty() || config->model().device() == "cpu", "learner.tp",
             "tensor parallelism runs on the CPU so far (Gloo; its NCCL path is untested)");
   c.Require(!l->sequence_parallel() || l->tp() > 1, "learner.sequence_parallel", "needs learner.tp > 1");
+  if (l->ep() == 0) l->set_ep(1);
+  c.Require(l->ep() >= 1 && l->ep() <= l->shards() && l->shards() % l->ep() == 0, "learner.ep",
+            absl::StrCat("must divide learner.shards (", l->shards(), ")"));
+  c.Require(l->ep() == 1 || m->init() != "scratch", "learner.ep",
+            "needs a policy with MoE layers; a scratch model (model.arch " + m->arch() + ") has none");
+  c.Require(l->ep() == 1 || (l->tp() == 1 && l->zero() == 0), "learner.ep",
+            "expert parallelism with learner.tp > 1 or learner.zero: 1/3 is not built");
+  c.Require(l->ep() == 1 || l->autocast().empty() || l->autocast() == "fp32", "learner.autocast",
+            "bf16 with learner.ep > 1 is not built");
+  c.Require(l->ep() == 1 || config->model().device().empty() || config->model().device() == "cpu", "learner.ep",
+            "expert parallelism runs on the CPU so far (Gloo; its NCCL path is untested)");
   if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);
   c.Require(l->micro_batch_tokens() > 0, "learner.micro_batch_tokens", "must be > 0");
 
@@ -335,6 +346,9 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
     c.Require(l->zero() != 3 || st->has_sft() || st->has_grpo(), p,
               "learner.zero: 3 is built for sft and grpo stages (value heads and DPO's pair loss do not run "
               "through the sharded units yet)");
+    c.Require(l->ep() == 1 || st->has_sft() || st->has_grpo(), p,
+              "learner.ep > 1 is built for sft and grpo stages (value heads and DPO's pair loss do not run through "
+              "the expert-parallel model yet)");
     c.Require(l->tp() == 1 || st->has_sft() || st->has_grpo(), p,
               "learner.tp > 1 is built for sft and grpo stages (value heads and DPO's pair loss are not split over "
               "tensor-parallel ranks yet)");

@@ -125,6 +125,36 @@ TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused b
   }
 }
 
+TEST_CASE("learner.ep divides the shards, needs a MoE checkpoint and is refused by name where not built") {
+  const std::string moe = "model: {init: checkpoint, path: /some/moe}\n";
+  const std::string sft = "stages: [{sft: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n";
+  ExperimentConfig ok;
+  REQUIRE(Normalize("name: x\n" + moe + "learner: {shards: 4, ep: 2}\n" + sft, &ok).ok());
+  CHECK(ok.learner().ep() == 2);
+  ExperimentConfig plain;
+  REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
+  CHECK(plain.learner().ep() == 1);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {moe + "learner: {shards: 3, ep: 2}\n" + sft, "learner.ep: must divide learner.shards (3)"},
+      {moe + "learner: {shards: 2, ep: 4}\n" + sft, "learner.ep: must divide learner.shards (2)"},
+      {"learner: {shards: 2, ep: 2}\n" + sft, "learner.ep: needs a policy with MoE layers; a scratch model"},
+      {moe + "learner: {shards: 2, ep: 2, tp: 2}\n" + sft, "learner.ep: expert parallelism with learner.tp > 1"},
+      {moe + "learner: {shards: 2, ep: 2, zero: 1}\n" + sft, "learner.zero: 1/3 is not built"},
+      {moe + "learner: {shards: 2, ep: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.ep > 1"},
+      {"model: {init: checkpoint, path: /m, device: cuda}\nlearner: {shards: 2, ep: 2}\n" + sft,
+       "learner.ep: expert parallelism runs on the CPU"},
+      {moe + "learner: {shards: 2, ep: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.ep > 1 is built for sft and grpo stages"},
+  };
+  for (const auto& [yaml, why] : refused) {
+    ExperimentConfig cfg;
+    INFO(yaml);
+    absl::Status s = Normalize("name: x\n" + yaml, &cfg);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find(why) != absl::string_view::npos);
+  }
+}
+
 TEST_CASE("MoE settings: refused by name on a scratch (dense) model, checked on a checkpoint") {
   const std::string stage =
       "stages:\n  - grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}, ";

@@ -62,6 +62,7 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"world_size", s.world_size},
       {"zero1", s.zero1},
       {"tp", s.tp},
+      {"ep", s.ep},
       {"rng", "every stream derives from (seed, stage_index, step)"},
       {"files", files},
   };
@@ -95,6 +96,7 @@ absl::StatusOr<TrainerState> TrainerStateFromJson(const std::string& text) {
     s.world_size = need("world_size").get<int>();
     s.zero1 = need("zero1").get<bool>();
     s.tp = j.contains("tp") ? j.at("tp").get<int>() : 1;
+    s.ep = j.contains("ep") ? j.at("ep").get<int>() : 1;
     for (const auto& [name, d] : need("files").items()) {
       s.files[name] = FileDigest{d.at("size").get<int64_t>(), d.at("sha256").get<std::string>()};
     }

@@ -64,6 +64,9 @@ struct TrainerState {
   // learner.tp of the run that wrote it: a ZeRO-1 checkpoint's per-rank
   // moments are slices of that layout. Absent in older checkpoints (1).
   int tp = 1;
+  // learner.ep of the run that wrote it: > 1 means one moments file per
+  // rank, each its own experts'. Absent in older checkpoints (1).
+  int ep = 1;
   // Files of the checkpoint (relative paths) with size and digest.
   std::map<std::string, FileDigest> files;
 };

@@ -104,7 +104,9 @@ absl::StatusOr<std::unique_ptr<ExpertParallelModel>> ExpertParallelModel::Create
     // The other ranks' experts: names and config stay, data goes.
     for (auto& [name, p] : m->model_->NamedParameters()) {
       if (m->IsLocal(name)) {
-        (ExpertIndex(name) >= 0 ? m->local_experts_ : m->replicated_).push_back(p);
+        const bool expert = ExpertIndex(name) >= 0;
+        (expert ? m->local_experts_ : m->replicated_).push_back(p);
+        (expert ? m->local_expert_names_ : m->replicated_names_).push_back(name);
       } else {
         p.set_requires_grad(false);
         p.set_data(at::empty({0}, p.options()));
@@ -256,11 +258,10 @@ absl::Status ExpertParallelModel::PrepareBackward(double local_weight) {
     return absl::InvalidArgumentError("local_weight: must be finite and >= 0");
   }
   double global = local_weight;
-  if (size_ > 1) {
+  if (size_ > 1 || options_.data_group) {
     at::Tensor t = at::full({1}, local_weight, at::kDouble);
     RLMESH_RETURN_IF_ERROR(dist::Collective("all-reduce of the local weights", [&] {
-      std::vector<at::Tensor> v = {t};
-      group_->allreduce(v)->wait();
+      SumOverAllRanks(t);
     }));
     global = t.item<double>();
   }
@@ -286,10 +287,7 @@ absl::StatusOr<DataParallelStepStats> ExpertParallelModel::Step(double lr) {
     std::vector<at::Tensor> parts;
     for (const at::Tensor& p : replicated_) parts.push_back(grad_of(p).reshape({-1}) * local_weight_);
     at::Tensor flat = at::cat(parts);
-    if (size_ > 1) {
-      std::vector<at::Tensor> v = {flat};
-      group_->allreduce(v)->wait();
-    }
+    SumOverAllRanks(flat);
     flat.div_(global_weight_);
     int64_t offset = 0;
     for (at::Tensor& p : replicated_) {
@@ -297,12 +295,27 @@ absl::StatusOr<DataParallelStepStats> ExpertParallelModel::Step(double lr) {
       p.grad().copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
       offset += p.numel();
     }
-    // The norm: the replicated part once, every rank's experts.
-    at::Tensor expert_sq = at::zeros({1}, at::kDouble);
     for (at::Tensor& p : local_experts_) {
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      expert_sq += p.grad().to(at::kDouble).pow(2).sum();
     }
+    // Expert data parallelism: each group's share of the global mean,
+    // summed over the groups.
+    if (options_.data_group && !local_experts_.empty()) {
+      std::vector<at::Tensor> grads;
+      for (at::Tensor& p : local_experts_) grads.push_back(p.grad().reshape({-1}));
+      at::Tensor all = at::cat(grads);
+      std::vector<at::Tensor> v = {all};
+      options_.data_group->allreduce(v)->wait();
+      int64_t at_offset = 0;
+      for (at::Tensor& p : local_experts_) {
+        p.grad().copy_(all.narrow(0, at_offset, p.numel()).view(p.sizes()));
+        at_offset += p.numel();
+      }
+    }
+    // The norm: the replicated part once, every expert once (the groups'
+    // experts are alike).
+    at::Tensor expert_sq = at::zeros({1}, at::kDouble);
+    for (at::Tensor& p : local_experts_) expert_sq += p.grad().to(at::kDouble).pow(2).sum();
     if (size_ > 1) {
       std::vector<at::Tensor> v = {expert_sq};
       group_->allreduce(v)->wait();
@@ -325,6 +338,45 @@ absl::StatusOr<DataParallelStepStats> ExpertParallelModel::Step(double lr) {
   RLMESH_ASSIGN_OR_RETURN(DataParallelStepStats applied, adamw_->Step(1.0, lr));
   stats.update_seconds = applied.update_seconds;
   return stats;
+}
+
+void ExpertParallelModel::SumOverAllRanks(at::Tensor& t) {
+  std::vector<at::Tensor> v = {t};
+  if (size_ > 1) group_->allreduce(v)->wait();
+  if (options_.data_group) options_.data_group->allreduce(v)->wait();
+}
+
+absl::Status ExpertParallelModel::LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                                     int64_t steps) {
+  return adamw_->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+}
+
+absl::Status ExpertParallelModel::LoadWholeMoments(const Named& exp_avg, const Named& exp_avg_sq, int64_t steps) {
+  auto mine = [&](const Named& whole, const char* what) -> absl::StatusOr<at::Tensor> {
+    std::map<std::string, at::Tensor> by_name(whole.begin(), whole.end());
+    std::vector<at::Tensor> parts;
+    auto take = [&](const std::vector<std::string>& names, const std::vector<at::Tensor>& params) -> absl::Status {
+      for (size_t i = 0; i < names.size(); ++i) {
+        auto it = by_name.find(names[i]);
+        if (it == by_name.end() || !it->second.defined() || it->second.sizes() != params[i].sizes()) {
+          return absl::InvalidArgumentError(absl::StrCat(what, " of ", names[i], ": missing or not shaped ",
+                                                         c10::str(params[i].sizes())));
+        }
+        parts.push_back(it->second.reshape({-1}));
+      }
+      return absl::OkStatus();
+    };
+    RLMESH_RETURN_IF_ERROR(take(replicated_names_, replicated_));
+    RLMESH_RETURN_IF_ERROR(take(local_expert_names_, local_experts_));
+    return at::cat(parts);
+  };
+  try {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, mine(exp_avg, "exp_avg"));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, mine(exp_avg_sq, "exp_avg_sq"));
+    return adamw_->LoadOptimizerState(m, v, steps);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("expert-parallel moments: ", e.what_without_backtrace()));
+  }
 }
 
 }  // namespace rlmesh::learner

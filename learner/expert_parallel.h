@@ -26,6 +26,13 @@
 // all the ranks' rows together, up to summation order
 // (learner/expert_parallel_test.cc: 1e-5 in fp32 after three AdamW steps).
 //
+// Several expert-parallel groups (options.data_group, expert data
+// parallelism): D groups of ep ranks, each group holding every expert once,
+// train D x ep slices of the rows. W is then the sum over all D x ep ranks;
+// the replicated gradients average over all of them, and each expert's
+// gradient (its group's share of the global mean) is summed over the D ranks
+// that hold it. The same equality holds.
+//
 // Refused by name: a dense architecture, num_experts not divisible by ep.
 // Creating the model needs the whole model's weights once (LoadFromFull);
 // the other ranks' experts are then dropped.
@@ -66,6 +73,10 @@ struct ExpertParallelOptions {
   AdamWOptions adamw;
   // Clip the whole model's gradient norm to this; 0 = no clipping.
   double grad_clip = 0.0;
+  // The ranks holding this rank's experts in the other expert-parallel
+  // groups, one from each (expert data parallelism). Null = one group.
+  // Default null.
+  c10::intrusive_ptr<c10d::Backend> data_group;
 };
 
 class ExpertParallelModel {
@@ -109,12 +120,26 @@ class ExpertParallelModel {
   int64_t experts_per_rank() const { return experts_per_rank_; }
   int64_t optimizer_steps() const { return adamw_ ? adamw_->steps() : 0; }
 
+  // AdamW's moments over this rank's parameters, flat: the replicated ones,
+  // then its experts, each in NamedParameters() order (a checkpoint's
+  // per-rank file, which learner/moments_layout.h reads back).
+  const at::Tensor& exp_avg() const { return adamw_->exp_avg(); }
+  const at::Tensor& exp_avg_sq() const { return adamw_->exp_avg_sq(); }
+  absl::Status LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
+  // The same from the whole model's moments under Hugging Face names (every
+  // expert): keeps this rank's part. INVALID_ARGUMENT naming a missing or
+  // misshapen one.
+  absl::Status LoadWholeMoments(const Named& exp_avg, const Named& exp_avg_sq, int64_t steps);
+
  private:
   ExpertParallelModel() = default;
   // The experts' part of one MoE layer (actor::MoeImpl::ExpertsFn).
   at::Tensor RunExperts(actor::MoeImpl& moe, const at::Tensor& tokens, const at::Tensor& idx,
                         const at::Tensor& weights);
   bool IsLocal(const std::string& hf_name) const;
+  // Sums `t` over the expert-parallel group and then options_.data_group
+  // (every rank of both): throws on a failed collective.
+  void SumOverAllRanks(at::Tensor& t);
 
   actor::ModelConfig config_;
   ExpertParallelOptions options_;
@@ -126,6 +151,8 @@ class ExpertParallelModel {
   // AdamW over this rank's parameters (no group: Step reduces first).
   std::unique_ptr<DataParallel> adamw_;
   std::vector<at::Tensor> replicated_, local_experts_;
+  // Their Hugging Face names, in the same order.
+  std::vector<std::string> replicated_names_, local_expert_names_;
   double local_weight_ = -1;
   double global_weight_ = 0;
   // local_weight / global_weight: the scale of this rank's contribution to

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "dist/gloo.h"
 #include "dist/store.h"
@@ -55,32 +56,42 @@ struct RankResult {
   double weight = 0;
 };
 
+// `groups` expert-parallel groups of `ep` ranks: rank w is rank w % ep of
+// group w / ep, and rank w / ep of the data group of the ranks holding the
+// same experts. One group: rank 0 trains the first row, rank 1 the other
+// two; several: rank w trains row w.
 std::vector<RankResult> TrainExpertParallel(const actor::ModelConfig& c, const Named& init, const Batch& batch,
-                                            int ep, const std::vector<at::Tensor>& replay) {
+                                            int ep, const std::vector<at::Tensor>& replay, int groups = 1) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::future<RankResult>> futures;
   const int64_t rows = batch.ids.size(0), T = batch.ids.size(1);
-  for (int rank = 0; rank < ep; ++rank) {
+  const int world = ep * groups;
+  if (groups > 1) REQUIRE(rows == world);
+  for (int rank = 0; rank < world; ++rank) {
     futures.push_back(std::async(std::launch::async, [=]() {
       RankResult r;
-      c10::intrusive_ptr<c10d::Backend> group;
-      if (ep > 1) {
-        dist::GlooGroupOptions gloo;
-        gloo.timeout_ms = 60'000;
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, "ep"), rank, ep, gloo);
+      dist::GlooGroupOptions gloo;
+      gloo.timeout_ms = 60'000;
+      auto join = [&](const std::string& prefix, int group_rank, int size) -> c10::intrusive_ptr<c10d::Backend> {
+        if (size == 1) return {};
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
         if (!g.ok()) {
           r.run = g.status();
-          return r;
+          return {};
         }
-        group = *g;
-        r.groups.push_back(group);
-      }
-      // Rank 0 trains the first row, rank 1 the other two.
-      const int64_t begin = rank == 0 ? 0 : 1, n = rank == 0 ? 1 : rows - 1;
-      const Batch mine = ep == 1 ? batch : Rows(batch, begin, n);
+        r.groups.push_back(*g);
+        return *g;
+      };
+      c10::intrusive_ptr<c10d::Backend> group = join(absl::StrCat("ep", rank / ep), rank % ep, ep);
+      c10::intrusive_ptr<c10d::Backend> data = join(absl::StrCat("edp", rank % ep), rank / ep, groups);
+      if (r.run.status().code() != absl::StatusCode::kUnknown) return r;
+      const int64_t begin = groups > 1 ? rank : rank == 0 ? 0 : 1;
+      const int64_t n = groups > 1 ? 1 : rank == 0 ? 1 : rows - 1;
+      const Batch mine = world == 1 ? batch : Rows(batch, begin, n);
       ExpertParallelOptions o;
       o.adamw = Optimizer().adamw;
       o.grad_clip = Optimizer().grad_clip;
+      o.data_group = data;
       auto model = ExpertParallelModel::Create(c, group, o);
       if (!model.ok()) {
         r.run = model.status();
@@ -93,7 +104,7 @@ std::vector<RankResult> TrainExpertParallel(const actor::ModelConfig& c, const N
       }
       actor::MoeRouting routing;
       for (const at::Tensor& t : replay) {
-        routing.replay.push_back(ep == 1 ? t : t.narrow(0, begin * T, n * T).contiguous());
+        routing.replay.push_back(world == 1 ? t : t.narrow(0, begin * T, n * T).contiguous());
       }
       if (!replay.empty()) (*model)->model()->set_routing(&routing);
       r.weight = Weight(mine);
@@ -139,16 +150,23 @@ std::vector<RankResult> TrainExpertParallel(const actor::ModelConfig& c, const N
   return out;
 }
 
-void CheckEqualsWholeModel(const std::string& arch, bool replayed) {
-  CAPTURE(arch, replayed);
+// One group of 2 (3 rows), or `groups` groups of 2 (a row each).
+void CheckEqualsWholeModel(const std::string& arch, bool replayed, int groups = 1) {
+  CAPTURE(arch, replayed, groups);
   const actor::ModelConfig c = MoeConfig(arch);
-  const Batch batch = MakeBatch();
+  Batch batch = MakeBatch();
+  if (groups > 1) {
+    // 2 x groups rows: the three, then the first ones again.
+    Batch more = Rows(batch, 0, 2 * groups - 3);
+    batch = {at::cat({batch.ids, more.ids}), at::cat({batch.pos, more.pos}), at::cat({batch.targets, more.targets}),
+             at::cat({batch.mask, more.mask})};
+  }
   const Named init = InitialWeights(c);
   const std::vector<at::Tensor> replay = replayed ? Replay(c, batch.ids.numel()) : std::vector<at::Tensor>{};
   const Run ref = Reference(c, init, batch, replay);
   // The steps must move the weights, or equal weights would prove nothing.
   REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
-  std::vector<RankResult> ranks = TrainExpertParallel(c, init, batch, 2, replay);
+  std::vector<RankResult> ranks = TrainExpertParallel(c, init, batch, 2, replay, groups);
   double total = 0;
   for (const RankResult& r : ranks) {
     INFO(r.run.status().ToString());
@@ -172,6 +190,12 @@ TEST_CASE("ep=2 equals one process on all the rows: Qwen3-MoE and Qwen2-MoE (sha
   for (const char* arch : {"qwen3_moe", "qwen2_moe"}) {
     for (bool replayed : {false, true}) CheckEqualsWholeModel(arch, replayed);
   }
+}
+
+TEST_CASE("ep=2 x 2 groups (expert data parallelism) equals one process on all the rows") {
+  at::set_num_threads(1);
+  CheckEqualsWholeModel("qwen3_moe", false, 2);
+  CheckEqualsWholeModel("qwen2_moe", true, 2);
 }
 
 TEST_CASE("ep=1 is the whole model: every expert local, no exchange") {

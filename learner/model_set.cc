@@ -106,10 +106,12 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   if (tp_reference && m.get() == reference.get()) {
     return tp_reference->TokenLogProbs(ids, pos, targets, temperature, attention_mask);
   }
+  // Expert parallelism: the same module code, with the experts' exchange.
+  actor::Transformer& module = ep_policy && m.get() == policy.get() ? ep_policy->model() : m;
   AutocastScope ac(autocast_bf16, device_type);
-  const c10::Device dev = m->LmHeadWeight().device();
+  const c10::Device dev = module->LmHeadWeight().device();
   const at::Tensor mask = attention_mask.defined() ? attention_mask.to(dev) : attention_mask;
-  auto out = actor::TokenLogProbs(m, ids.to(dev), pos.to(dev), targets.to(dev), chunk, temperature, mask);
+  auto out = actor::TokenLogProbs(module, ids.to(dev), pos.to(dev), targets.to(dev), chunk, temperature, mask);
   if (!out.ok() || dev.is_cpu()) return out;
   out->logprobs = out->logprobs.to(at::kCPU);
   if (out->entropy.defined()) out->entropy = out->entropy.to(at::kCPU);
@@ -122,22 +124,33 @@ at::Tensor ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const 
   return m->Values(ids.to(dev), pos.to(dev)).to(at::kFloat).to(at::kCPU);
 }
 
-void ModelSet::ZeroGradPolicy(double local_weight) {
+absl::Status ModelSet::ZeroGradPolicy(double local_weight) {
   if (sharded) {
     sharded->ZeroGrad(local_weight);
+  } else if (ep_policy) {
+    ep_policy->ZeroGrad();
+    // The experts' gradients gather every rank's tokens: their scale needs
+    // the global weight before the backward passes.
+    return ep_policy->PrepareBackward(local_weight);
   } else {
     dp->ZeroGrad();
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DataParallelStepStats> ModelSet::StepPolicy(double local_weight, double lr) {
   // ZeRO-3 took the local weight at ZeroGradPolicy: its gradients were
   // reduce-scattered during the backward passes.
   if (sharded) return sharded->Step(lr);
+  if (ep_policy) return ep_policy->Step(lr);
   return dp->Step(local_weight, lr);
 }
 
-int64_t ModelSet::PolicySteps() const { return sharded ? sharded->steps() : dp->steps(); }
+int64_t ModelSet::PolicySteps() const {
+  if (sharded) return sharded->steps();
+  if (ep_policy) return ep_policy->optimizer_steps();
+  return dp->steps();
+}
 
 absl::Status ModelSet::AllReduceSum(at::Tensor& t) {
   if (dp) return dp->AllReduceSum(t);
@@ -164,11 +177,12 @@ absl::StatusOr<int64_t> ModelSet::MaxOverGroup(int64_t n) {
 }
 
 absl::Status ModelSet::EmptyPolicyPass(bool backward) {
-  if (!sharded) return absl::OkStatus();
+  if (!AlignedPasses()) return absl::OkStatus();
   // One token whose target is masked (-1): its log-prob is 0 and carries no
-  // gradient, but every unit is gathered, run and reduce-scattered.
+  // gradient, but every unit is gathered, run and reduce-scattered (ZeRO-3),
+  // every MoE layer's exchange made (EP).
   const at::Tensor zero = at::zeros({1, 1}, at::kLong);
-  RLMESH_ASSIGN_OR_RETURN(auto lp, sharded->TokenLogProbs(zero, zero, at::full({1, 1}, -1, at::kLong)));
+  RLMESH_ASSIGN_OR_RETURN(auto lp, LogProbs(policy, zero, zero, at::full({1, 1}, -1, at::kLong), 1, 1.0));
   if (backward) {
     return CatchAll("empty backward", [&]() -> absl::Status {
       (lp.logprobs.sum() * 0).backward();
@@ -188,6 +202,12 @@ absl::Status ModelSet::SyncPolicy() {
     if (dp->rank() != 0) return absl::OkStatus();
     RLMESH_ASSIGN_OR_RETURN(full, tp_policy->GatherFull());
     if (tp_policy->rank() != 0) return absl::OkStatus();
+  } else if (ep_policy) {
+    // The groups hold the same experts: the first group's ranks gather them.
+    const int world_rank = group ? group->getRank() : 0;
+    if (world_rank >= ep_policy->size()) return absl::OkStatus();
+    RLMESH_ASSIGN_OR_RETURN(full, ep_policy->GatherFull());
+    if (ep_policy->rank() != 0) return absl::OkStatus();
   } else {
     return absl::OkStatus();
   }
@@ -251,6 +271,8 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SplitInPolicyOrd
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
   if (sharded) return sharded->GatherMoments();
+  // EP: each rank its own parameters' (a per-rank file).
+  if (ep_policy) return std::make_pair(ep_policy->exp_avg(), ep_policy->exp_avg_sq());
   // Plain DP, and ZeRO-1 (each rank its share, tp or not: a per-rank file).
   if (!tp_policy || zero1) return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
   // Replica 0's ranks gather their slices' moments (the replicas' agree).
@@ -268,6 +290,14 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
 absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
                                          bool whole) {
   if (sharded) return sharded->LoadMoments(exp_avg, exp_avg_sq, steps);
+  if (ep_policy) {
+    if (!whole) return ep_policy->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+    return CatchAll("moments", [&]() -> absl::Status {
+      RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(policy_shapes, exp_avg, "policy.exp_avg"));
+      RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(policy_shapes, exp_avg_sq, "policy.exp_avg_sq"));
+      return ep_policy->LoadWholeMoments(m, v, steps);
+    });
+  }
   // ZeRO-1 from its own share (a per-rank file of the same layout).
   if (zero1 && !whole) return dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
   // dp's every element: ZeRO-1 keeps its share of them.
@@ -296,7 +326,9 @@ absl::Status ModelSet::LoadPolicyWeights(const std::string& dir, int rank) {
     }
     RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, full));
     const auto named = full->NamedParameters();
-    return sharded ? sharded->LoadFromFull(named) : tp_policy->LoadFromFull(named);
+    if (sharded) return sharded->LoadFromFull(named);
+    if (ep_policy) return ep_policy->LoadFromFull(named);
+    return tp_policy->LoadFromFull(named);
   });
 }
 
@@ -384,7 +416,7 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
 
 namespace {
 
-// ZeRO-3 and TP: rank 0's policy weights broadcast to every rank (over the
+// ZeRO-3, TP and EP: rank 0's policy weights broadcast to every rank (over the
 // whole group) and copied into the reference, when there is one; records
 // the policy's shapes before a split frees its data.
 absl::Status BroadcastPolicy(ModelSet* models) {
@@ -489,6 +521,45 @@ absl::Status SplitPolicyTensorParallel(const StageOptions& stage, int rank, int 
   return absl::OkStatus();
 }
 
+// learner.ep > 1: the policy's routed experts spread over groups of ep
+// ranks (rank r is rank r % ep of group r / ep; with several groups, the
+// ranks r % ep of every group share experts: expert data parallelism), the
+// rest replicated; the reference, when there is one, stays whole on every
+// rank (frozen: its passes need no exchange).
+absl::Status SplitPolicyExpertParallel(const StageOptions& stage, int rank, int world_size,
+                                       const dist::GlooGroupOptions& gloo, ModelSet* models) {
+  ModelSet& s = *models;
+  if (s.device_type != c10::DeviceType::CPU) {
+    return absl::UnimplementedError("experiment.learner.ep > 1 runs on the CPU so far");
+  }
+  const int ep = stage.learner.ep, groups = world_size / ep;
+  ExpertParallelOptions eo;
+  eo.adamw = stage.optimizer().adamw;
+  eo.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
+  c10::intrusive_ptr<c10d::Backend> ep_group = s.group;
+  if (groups > 1) {
+    // The same order on every rank: its expert-parallel group, then its
+    // expert-data-parallel group.
+    RLMESH_ASSIGN_OR_RETURN(ep_group, dist::CreateGlooGroup(dist::WithPrefix(s.store, absl::StrCat("ep", rank / ep)),
+                                                            rank % ep, ep, gloo));
+    RLMESH_ASSIGN_OR_RETURN(eo.data_group,
+                            dist::CreateGlooGroup(dist::WithPrefix(s.store, absl::StrCat("edp", rank % ep)),
+                                                  rank / ep, groups, gloo));
+  }
+  {
+    std::lock_guard<std::mutex> lock(InitMutex());
+    auto made = ExpertParallelModel::Create(s.policy->config(), ep_group, eo);
+    if (!made.ok()) return PrefixStatus("experiment.learner.ep", made.status());
+    s.ep_policy = *std::move(made);
+  }
+  return CatchAll("split the policy", [&]() -> absl::Status {
+    RLMESH_RETURN_IF_ERROR(BroadcastPolicy(&s));
+    RLMESH_RETURN_IF_ERROR(s.ep_policy->LoadFromFull(s.policy->NamedParameters()));
+    if (rank != 0) DropParameterData(s.policy);
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions& stage,
@@ -585,6 +656,8 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, &s));
   } else if (stage.learner.tp > 1) {
     RLMESH_RETURN_IF_ERROR(SplitPolicyTensorParallel(stage, rank, world_size, gloo, &s));
+  } else if (stage.learner.ep > 1) {
+    RLMESH_RETURN_IF_ERROR(SplitPolicyExpertParallel(stage, rank, world_size, gloo, &s));
   } else {
     // A reward model never uses its lm_head; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, stage.optimizer(), stage.kind == StageKind::kRewardModel));
@@ -597,7 +670,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   }
   if (s.reference && !s.PolicySplit()) {
     // Every rank's reference equals its (broadcast) initial policy (under
-    // ZeRO-3 and TP, BroadcastPolicy copied it before the split).
+    // ZeRO-3, TP and EP, BroadcastPolicy copied it before the split).
     RLMESH_RETURN_IF_ERROR(CatchAll("reference", [&]() -> absl::Status {
       torch::NoGradGuard no_grad;
       auto src = s.policy->NamedParameters();

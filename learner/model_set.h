@@ -25,6 +25,7 @@
 #include "dist/gloo.h"
 #include "dist/store.h"
 #include "learner/data_parallel.h"
+#include "learner/expert_parallel.h"
 #include "learner/fully_sharded.h"
 #include "learner/tensor_parallel.h"
 #include "learner/stage_options.h"
@@ -63,7 +64,12 @@ struct ModelSet {
   // `reference` holds no parameter data.
   std::unique_ptr<TensorParallelModel> tp_policy, tp_reference;
   c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
-  // Under ZeRO-3 or TP: the whole policy's parameter names and shapes, in
+  // learner.ep > 1: the policy's routed experts spread over the group, the
+  // rest replicated, with its own optimizer (dp is null). The policy's
+  // passes run through ep_policy->model() (LogProbs, PolicyModule); as
+  // under TP, `policy` holds the whole model on rank 0 only (SyncPolicy).
+  std::unique_ptr<ExpertParallelModel> ep_policy;
+  // Under ZeRO-3, TP or EP: the whole policy's parameter names and shapes, in
   // NamedParameters() order (what plain DP's flat optimizer layout follows).
   std::vector<std::pair<std::string, std::vector<int64_t>>> policy_shapes;
   // learner.zero: 1. Under TP, each rank's moments (of its ZeRO-1 share of
@@ -85,7 +91,7 @@ struct ModelSet {
   // DataParallel's convention: ZeroGrad before a step's backward passes, in
   // which each rank's loss is its local mean over `local_weight` units, then
   // Step with the same local weight.
-  void ZeroGradPolicy(double local_weight);
+  absl::Status ZeroGradPolicy(double local_weight);
   absl::StatusOr<DataParallelStepStats> StepPolicy(double local_weight, double lr);
   int64_t PolicySteps() const;
   // Sums `t` over the learner's group in place (alone: unchanged).
@@ -93,15 +99,23 @@ struct ModelSet {
   // The largest `n` over the group (alone: n). ZeRO-3 runs as many policy
   // passes on every rank as the rank with the most.
   absl::StatusOr<int64_t> MaxOverGroup(int64_t n);
-  // ZeRO-3: one forward (and, with `backward`, backward) pass of the policy
-  // on a one-token batch whose gradient is zero, so that a rank with fewer
-  // micro-batches makes the same collectives as the others. No-op otherwise.
+  // ZeRO-3 and EP: one forward (and, with `backward`, backward) pass of the
+  // policy on a one-token batch whose gradient is zero, so that a rank with
+  // fewer micro-batches makes the same collectives as the others. No-op
+  // otherwise.
   absl::Status EmptyPolicyPass(bool backward);
+  // True when every rank must run as many policy passes as the others
+  // (MaxOverGroup, EmptyPolicyPass): the passes hold collectives.
+  bool AlignedPasses() const { return sharded != nullptr || ep_policy != nullptr; }
+  // The module the policy's forward passes run through (routing replay and
+  // router logits attach to it): ep_policy->model() under EP, else policy.
+  actor::Transformer& PolicyModule() { return ep_policy ? ep_policy->model() : policy; }
   // ZeRO-3 and TP: gathers the updated weights into rank 0's `policy`
   // (every rank must call it). No-op otherwise.
   absl::Status SyncPolicy();
-  // True when the policy's parameters live split over ranks (ZeRO-3, TP).
-  bool PolicySplit() const { return sharded != nullptr || tp_policy != nullptr; }
+  // True when the policy's parameters live split over ranks (ZeRO-3, TP,
+  // EP).
+  bool PolicySplit() const { return sharded != nullptr || tp_policy != nullptr || ep_policy != nullptr; }
   // The policy's AdamW moments for a checkpoint: plain DP's flat layout
   // (ZeRO-1: this rank's flat range). Under ZeRO-3 and TP every rank must
   // call it; the result is meaningful on rank 0 only.

@@ -14,13 +14,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "actor/checkpoint.h"
+#include "actor/safetensors.h"
 #include "actor/tokenizer.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
+#include "learner/checkpoint.h"
 #include "learner/testing/tiny_experiment.h"
 #include "learner/trainer.h"
 #include "replay_buffer/store.h"
@@ -312,6 +315,155 @@ TEST_CASE("router aux loss on the learner path: its value, its weight, and confi
   TrainOnce(MoeRequest(dir.File("moe_aux"), false, 0.25), groups, &explicit_coef);
   CHECK(torch::equal(gate(from_config), gate(explicit_coef)));
   CHECK_FALSE(torch::equal(gate(from_config), gate(without)));
+}
+
+ConfigureRequest WithCheckpointDir(ConfigureRequest r, const std::string& dir) {
+  r.set_checkpoint_dir(dir);
+  return r;
+}
+
+double MaxAbsDiff(Trainer& a, Trainer& b) {
+  auto pa = a.PolicyParameters(), pb = b.PolicyParameters();
+  REQUIRE(pa.size() == pb.size());
+  double m = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    REQUIRE(pa[i].first == pb[i].first);
+    m = std::max(m, (pa[i].second - pb[i].second).abs().max().item<double>());
+  }
+  return m;
+}
+
+TEST_CASE("learner.ep: 2 (one group, and 2 groups) equals one process on GRPO steps with routing replay; checkpoints resume across layouts") {
+  actor::ConfigureThreads(1);
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(rollout::testing::WriteTinyMoeCheckpoint(dir.File("moe"), 3).ok());
+  // Five groups of four (the fifth a copy of the first under another id):
+  // the ranks train 2 and 3 groups at ep=2, 1, 1, 1 and 2 at 2 x ep=2, so
+  // they run different numbers of micro-batches and the short ones pad with
+  // empty passes.
+  std::vector<TrajectoryGroup> groups = RolloutGroups(dir.File("moe"), true);
+  groups.push_back(groups[0]);
+  groups.back().set_group_id(groups[0].group_id() + "-copy");
+  auto step = [&](int i) {
+    TrainStepRequest r = Step(groups);
+    r.set_step(i);
+    return r;
+  };
+  // Routing replay and the load-balancing loss (the router logits come
+  // from the module the passes run through); small micro-batches.
+  ConfigureRequest one = MoeRequest(dir.File("moe"), true, 0.01);
+  one.mutable_experiment()->mutable_learner()->set_micro_batch_tokens(24);
+  one.mutable_experiment()->mutable_stages(0)->mutable_grpo()->mutable_rl()->set_steps(5);
+  one.set_checkpoint_dir(dir.File("ckpt_one"));
+  Trainer single, untrained;
+  REQUIRE(single.Configure(one).ok());
+  REQUIRE(untrained.Configure(one).ok());
+  for (int i = 0; i < 3; ++i) REQUIRE(single.TrainStep(step(i)).ok());
+  CHECK(MaxAbsDiff(single, untrained) > 1e-4);
+  auto single_saved = single.Save();
+  REQUIRE(single_saved.ok());
+
+  ConfigureRequest ep = one;
+  ep.mutable_experiment()->mutable_learner()->set_ep(2);
+  ep.set_checkpoint_dir(dir.File("ckpt_ep"));
+  Trainer ranks[2];
+  std::string saved;
+  auto results = testing::TrainShards(ranks, 2, ep, dir.File("store"), 3, step, [&](int r, Trainer& t) -> absl::Status {
+    auto sv = t.Save();
+    if (sv.ok() && r == 0) saved = sv->path();
+    return sv.status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << results[r].ToString());
+    REQUIRE(results[r].ok());
+  }
+  CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  // Each rank's moments cover the replicated part and half of the experts.
+  auto state = VerifyCheckpoint(saved);
+  REQUIRE(state.ok());
+  CHECK(state->ep == 2);
+  auto moments_of = [](const std::string& file) -> int64_t {
+    auto f = actor::SafetensorsFile::Open(file);
+    REQUIRE(f.ok());
+    auto m = (*f)->Read("policy.exp_avg");
+    REQUIRE(m.ok());
+    return m->numel();
+  };
+  const int64_t whole = moments_of(single_saved->path() + "/optimizer.safetensors");
+  const int64_t r0 = moments_of(saved + "/optimizer-rank-0.safetensors");
+  const int64_t r1 = moments_of(saved + "/optimizer-rank-1.safetensors");
+  CHECK(r0 == r1);
+  CHECK(r0 < whole);
+  CHECK(r0 + r1 > whole);
+
+  // The EP checkpoint resumes in one process, and the plain one as ep=2:
+  // the fourth step is single's either way.
+  ConfigureRequest from_ep = one;
+  from_ep.set_checkpoint_dir(dir.File("ckpt_ep"));
+  Trainer plain;
+  REQUIRE(plain.Configure(from_ep).ok());
+  CHECK(plain.Status().step() == 3);
+  Trainer again[2];
+  auto resumed = testing::TrainShards(again, 2, WithCheckpointDir(ep, dir.File("ckpt_one")), dir.File("store2"), 1,
+                                      [&](int) { return step(3); });
+  for (int r = 0; r < 2; ++r) {
+    INFO("resumed rank " << r << ": " << resumed[r].ToString());
+    REQUIRE(resumed[r].ok());
+  }
+  REQUIRE(plain.TrainStep(step(3)).ok());
+  // Two groups of ep=2 (expert data parallelism): four ranks; their
+  // checkpoint resumes in one process too.
+  ConfigureRequest two_groups = WithCheckpointDir(ep, dir.File("ckpt_ep2x2"));
+  Trainer four[4];
+  auto r4 = testing::TrainShards(four, 4, two_groups, dir.File("store4"), 3, step,
+                                 [](int, Trainer& t) { return t.Save().status(); });
+  for (int r = 0; r < 4; ++r) {
+    INFO("2 groups, rank " << r << ": " << r4[r].ToString());
+    REQUIRE(r4[r].ok());
+  }
+  CHECK(MaxAbsDiff(single, four[0]) <= 1e-5);
+  Trainer from_groups;
+  REQUIRE(from_groups.Configure(WithCheckpointDir(one, dir.File("ckpt_ep2x2"))).ok());
+  REQUIRE(from_groups.TrainStep(step(3)).ok());
+
+  REQUIRE(single.TrainStep(step(3)).ok());
+  CHECK(MaxAbsDiff(single, plain) <= 1e-5);
+  CHECK(MaxAbsDiff(single, again[0]) <= 1e-5);
+  CHECK(MaxAbsDiff(single, from_groups) <= 1e-5);
+}
+
+TEST_CASE("learner.ep is refused by name where it is not built") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(rollout::testing::WriteTinyMoeCheckpoint(dir.File("moe"), 3).ok());
+  auto refusal = [&](ConfigureRequest r, int world) {
+    r.set_world_size(world);
+    r.set_store_address("file:/nonexistent/never-used");
+    Trainer t;
+    auto c = t.Configure(r);
+    REQUIRE(!c.ok());
+    return std::string(c.status().message());
+  };
+  ConfigureRequest r = MoeRequest(dir.File("moe"), false);
+  r.mutable_experiment()->mutable_learner()->set_ep(2);
+  CHECK(absl::StrContains(refusal(r, 3), "learner.ep: 2 does not divide the learner world size (3)"));
+  ConfigureRequest tp = r;
+  tp.mutable_experiment()->mutable_learner()->set_tp(2);
+  CHECK(absl::StrContains(refusal(tp, 2), "learner.ep: 2 with learner.tp > 1 or learner.zero: 1/3 is not built"));
+  ConfigureRequest ppo = r;
+  *ppo.mutable_experiment()->mutable_stages(0)->mutable_ppo()->mutable_rl() =
+      r.experiment().stages(0).grpo().rl();
+  CHECK(absl::StrContains(refusal(ppo, 2), "learner.ep: 2 is built for sft and grpo stages"));
+  // A dense policy: both ranks form the group, then refuse by name.
+  ConfigureRequest dense = r;
+  dense.mutable_experiment()->mutable_model()->set_init("scratch");
+  dense.mutable_experiment()->mutable_learner()->set_ep(2);
+  Trainer ranks[2];
+  auto results = testing::TrainShards(ranks, 2, dense, dir.File("store"), 0, [&](int i) { return Step({}); });
+  for (int k = 0; k < 2; ++k) {
+    INFO(results[k].ToString());
+    CHECK(absl::StrContains(results[k].message(), "experiment.learner.ep"));
+    CHECK(absl::StrContains(results[k].message(), "needs MoE layers"));
+  }
 }
 
 }  // namespace

@@ -3,12 +3,14 @@
 #include <ATen/ATen.h>
 #include <c10/util/accumulate.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actor/safetensors.h"
 #include "common/status_macros.h"
+#include "learner/expert_parallel.h"
 #include "learner/tensor_parallel.h"
 
 namespace rlmesh::learner {
@@ -30,6 +32,67 @@ absl::StatusOr<at::Tensor> ReadFlat(const actor::SafetensorsFile& file, const st
   return t;
 }
 
+// Expert parallelism's per-rank files (moments_layout.h).
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadExpertParallel(const std::string& dir,
+                                                                     const MomentsLayout& layout,
+                                                                     const std::string& m_name,
+                                                                     const std::string& v_name,
+                                                                     const ParameterShapes& shapes) {
+  const int ep = layout.ep;
+  if (layout.zero1 || layout.tp != 1 || layout.world_size % ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": trainer_state says ep ", ep, " with world_size ",
+                                                   layout.world_size, ", tp ", layout.tp, " and zero1 ",
+                                                   layout.zero1, ", which no layout has"));
+  }
+  int64_t experts = 0;
+  for (const auto& [name, shape] : shapes) experts = std::max<int64_t>(experts, ExpertOf(name) + 1);
+  if (experts == 0 || experts % ep != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": ", experts, " experts per MoE layer cannot be split over ep=", ep));
+  }
+  // Each rank's parameters (indices into `shapes`) in its file's order. With
+  // several expert-parallel groups, the first group's files hold them all
+  // (the others' are alike).
+  std::vector<std::vector<size_t>> order(ep);
+  for (int r = 0; r < ep; ++r) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (ExpertOf(shapes[i].first) < 0) order[r].push_back(i);
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int e = ExpertOf(shapes[i].first);
+      if (e >= 0 && e / (experts / ep) == r) order[r].push_back(i);
+    }
+  }
+  std::vector<std::unique_ptr<actor::SafetensorsFile>> files(ep);
+  for (int r = 0; r < ep; ++r) {
+    RLMESH_ASSIGN_OR_RETURN(files[r],
+                            actor::SafetensorsFile::Open(absl::StrFormat("%s/optimizer-rank-%d.safetensors", dir, r)));
+  }
+  auto whole = [&](const std::string& name) -> absl::StatusOr<at::Tensor> {
+    std::vector<at::Tensor> parts(shapes.size());
+    for (int r = 0; r < ep; ++r) {
+      int64_t numel = 0;
+      for (size_t i : order[r]) numel += c10::multiply_integers(shapes[i].second);
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor flat, ReadFlat(*files[r], name, numel));
+      int64_t offset = 0;
+      for (size_t i : order[r]) {
+        const int64_t n = c10::multiply_integers(shapes[i].second);
+        // The replicated parameters (stepped alike on every rank): rank 0's.
+        if (!parts[i].defined()) parts[i] = flat.narrow(0, offset, n);
+        offset += n;
+      }
+    }
+    return at::cat(parts);
+  };
+  try {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, whole(m_name));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, whole(v_name));
+    return std::make_pair(m, v);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(dir, ": gathering expert-parallel moments: ", e.what_without_backtrace()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadWholeMoments(const std::string& dir,
@@ -38,6 +101,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadWholeMoments(const std::st
                                                                    const ParameterShapes& shapes) {
   const std::string m_name = prefix + ".exp_avg", v_name = prefix + ".exp_avg_sq";
   const int64_t total = NumelOf(shapes);
+  if (layout.ep > 1) return ReadExpertParallel(dir, layout, m_name, v_name, shapes);
   if (!layout.zero1) {
     const std::string path = dir + "/optimizer.safetensors";
     RLMESH_ASSIGN_OR_RETURN(auto file, actor::SafetensorsFile::Open(path));

@@ -11,7 +11,12 @@
 //     With tp = T and world size W, rank r is TP rank r % T of replica
 //     r / T; the W / T replicas holding TP slice t cut that slice's flat
 //     layout (zero-padded to a multiple of W / T) into equal shares, in
-//     replica order. T = 1 is plain ZeRO-1.
+//     replica order. T = 1 is plain ZeRO-1;
+//   - `optimizer-rank-<r>.safetensors` under expert parallelism (W / ep
+//     groups of ep ranks, no ZeRO, no TP): rank r's parameters, the
+//     replicated ones and then its experts [k E/ep, (k+1) E/ep) of every
+//     MoE layer (k = r % ep), each in NamedParameters() order
+//     (learner/expert_parallel.h).
 // ReadWholeMoments turns either form back into plain DP's flat layout, so
 // that a checkpoint resumes under any layout (DeepSpeed calls this a
 // universal checkpoint). It reads every rank's file: the caller holds the
@@ -33,6 +38,7 @@ struct MomentsLayout {
   int world_size = 1;
   int tp = 1;
   bool zero1 = false;
+  int ep = 1;
 };
 
 // The parameters of the flat layout: Hugging Face names and whole shapes, in

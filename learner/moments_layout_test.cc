@@ -124,5 +124,64 @@ TEST_CASE("ReadWholeMoments refuses what its layout cannot have written, naming 
   }
 }
 
+TEST_CASE("ReadWholeMoments rebuilds expert parallelism's per-rank files") {
+  rlmesh::testing::TempDir dir;
+  // Experts interleaved with replicated parameters, as a MoE model's
+  // NamedParameters() lists them: 4 experts in each of 2 layers over ep=2.
+  ParameterShapes shapes;
+  std::vector<int> expert;  // -1: replicated
+  for (int layer = 0; layer < 2; ++layer) {
+    shapes.push_back({absl::StrFormat("model.layers.%d.input_layernorm.weight", layer), {3}});
+    expert.push_back(-1);
+    for (int e = 0; e < 4; ++e) {
+      shapes.push_back({absl::StrFormat("model.layers.%d.mlp.experts.%d.up_proj.weight", layer, e), {2, 3}});
+      expert.push_back(e);
+    }
+    shapes.push_back({absl::StrFormat("model.layers.%d.mlp.gate.weight", layer), {4, 3}});
+    expert.push_back(-1);
+  }
+  int64_t total = 0;
+  std::vector<int64_t> offset;
+  for (const auto& [name, shape] : shapes) {
+    offset.push_back(total);
+    total += shape[0] * (shape.size() > 1 ? shape[1] : 1);
+  }
+  const at::Tensor m = at::arange(total, at::kFloat);
+  const at::Tensor v = m * 3 + 1;
+  for (int r = 0; r < 2; ++r) {
+    auto own = [&](const at::Tensor& whole) {
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        if (expert[i] < 0) parts.push_back(whole.narrow(0, offset[i], shapes[i].second[0] * (shapes[i].second.size() > 1 ? shapes[i].second[1] : 1)));
+      }
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        if (expert[i] >= 0 && expert[i] / 2 == r) parts.push_back(whole.narrow(0, offset[i], 6));
+      }
+      return at::cat(parts);
+    };
+    REQUIRE(actor::WriteSafetensors(absl::StrFormat("%s/optimizer-rank-%d.safetensors", dir.path(), r),
+                                    {{"policy.exp_avg", own(m)}, {"policy.exp_avg_sq", own(v)}})
+                .ok());
+  }
+  MomentsLayout layout;
+  layout.world_size = 2;
+  layout.ep = 2;
+  auto got = ReadWholeMoments(dir.path(), layout, "policy", shapes);
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(at::equal(got->first, m));
+  CHECK(at::equal(got->second, v));
+  // Two groups of 2: the second group's files (absent here) are not read.
+  layout.world_size = 4;
+  auto two_groups = ReadWholeMoments(dir.path(), layout, "policy", shapes);
+  REQUIRE(two_groups.ok());
+  CHECK(at::equal(two_groups->first, m));
+  layout.world_size = 2;
+  layout.ep = 4;  // more than the world size
+  auto bad = ReadWholeMoments(dir.path(), layout, "policy", shapes);
+  REQUIRE(!bad.ok());
+  CHECK(absl::StrContains(bad.status().message(), "ep 4 with world_size 2"));
+}
+
 }  // namespace
 }  // namespace rlmesh::learner

@@ -216,7 +216,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     // freely (docs/decisions.md, Session 6).
     const bool moe = s.models.policy->config().NumMoeLayers() > 0;
     auto start_routing = [&](std::optional<MoeForward>* f, int64_t a, int64_t e, int64_t T) {
-      if (moe) f->emplace(s.models.policy, rl.routing_replay ? &routes : nullptr, a, e, T);
+      if (moe) f->emplace(s.models.PolicyModule(), rl.routing_replay ? &routes : nullptr, a, e, T);
     };
     // [rows, T]: 1 at the rows' real (unpadded) positions.
     auto real_positions = [&](int64_t a, int64_t e, int64_t T) {
@@ -312,8 +312,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     if (s.models.critic) old_values = at::zeros({B, T_all}, at::kFloat);
     {
       torch::NoGradGuard no_grad;
-      if (s.models.sharded && !reuse_forward) {
-        // ZeRO-3: as many policy forwards as the rank with the most
+      if (s.models.AlignedPasses() && !reuse_forward) {
+        // ZeRO-3 and EP: as many policy forwards as the rank with the most
         // micro-batches (the collectives must match).
         int64_t mine = 0;
         for (const auto& micro : minis) mine += static_cast<int64_t>(micro.size());
@@ -500,10 +500,10 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
         const auto t1 = Clock::now();
         double mini_w = 0;
         for (auto [a, e] : micro) mini_w += weight_of(Rows(loss_mask, a, e, longest(a, e)));
-        s.models.ZeroGradPolicy(mini_w);
+        RLMESH_RETURN_IF_ERROR(s.models.ZeroGradPolicy(mini_w));
         if (s.models.critic_dp) s.models.critic_dp->ZeroGrad();
-        if (s.models.sharded) {
-          // ZeRO-3: as many forward/backward passes as the rank with the
+        if (s.models.AlignedPasses()) {
+          // ZeRO-3 and EP: as many forward/backward passes as the rank with the
           // most micro-batches in this mini-batch.
           RLMESH_ASSIGN_OR_RETURN(const int64_t passes,
                                   s.models.MaxOverGroup(static_cast<int64_t>(micro.size())));
@@ -516,7 +516,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           at::Tensor mk = Rows(loss_mask, a, e, T);
           const double w = weight_of(mk);
           if (w == 0) {
-            RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(true));  // no-op unless ZeRO-3
+            RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(true));  // no-op unless ZeRO-3 or EP
             continue;
           }
           auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T);

@@ -89,14 +89,14 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
       for (const Seq& q : seqs) lengths.push_back(q.ids.size());
     }
     const double local_tokens = seqs.empty() ? 0.0 : b.mask.sum().item<double>();
-    s.models.ZeroGradPolicy(local_tokens);
+    RLMESH_RETURN_IF_ERROR(s.models.ZeroGradPolicy(local_tokens));
     MetricMeans means;
     const auto t0 = Clock::now();
     const auto micros = MicroBatches(lengths, 0, static_cast<int64_t>(lengths.size()), s.opt.learner.micro_tokens);
-    // ZeRO-3: every rank runs as many passes as the rank with the most
+    // ZeRO-3 and EP: every rank runs as many passes as the rank with the most
     // micro-batches (its collectives must match theirs).
     int64_t passes = static_cast<int64_t>(micros.size());
-    if (s.models.sharded) {
+    if (s.models.AlignedPasses()) {
       RLMESH_ASSIGN_OR_RETURN(passes, s.models.MaxOverGroup(passes));
     }
     for (int64_t k = static_cast<int64_t>(micros.size()); k < passes; ++k) {

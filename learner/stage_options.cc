@@ -37,6 +37,12 @@ absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp)
                                                  " with learner.zero: 3 is not built in the trainer (plain DP or "
                                                  "ZeRO-1 over the replicas)"));
   }
+  l.ep = exp.learner().ep() == 0 ? 1 : exp.learner().ep();
+  if (l.ep < 1) return absl::InvalidArgumentError("experiment.learner.ep: must be >= 1");
+  if (l.ep > 1 && (l.tp > 1 || l.zero1 || l.zero3)) {
+    return absl::UnimplementedError(absl::StrCat("experiment.learner.ep: ", l.ep,
+                                                 " with learner.tp > 1 or learner.zero: 1/3 is not built"));
+  }
   if (l.sequence_parallel && l.tp == 1) {
     return absl::InvalidArgumentError("experiment.learner.sequence_parallel: needs learner.tp > 1");
   }
@@ -357,6 +363,10 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
     return absl::InvalidArgumentError(absl::StrCat("experiment.learner.tp: ", o.learner.tp,
                                                    " does not divide the learner world size (", shards, ")"));
   }
+  if (shards % o.learner.ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("experiment.learner.ep: ", o.learner.ep,
+                                                   " does not divide the learner world size (", shards, ")"));
+  }
   // The replicas split the data; a replica's tensor-parallel ranks share it.
   const int world_size = shards / o.learner.tp;
   const Stage& stage = exp.stages(stage_index);
@@ -404,6 +414,18 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
       return absl::UnimplementedError(
           "experiment.learner.zero: 3 with learner.autocast: bf16 is not built (the backward recomputes each unit "
           "outside the autocast scope)");
+    }
+  }
+  if (o.learner.ep > 1) {
+    // learner/expert_parallel.h steps the policy only.
+    if (o.kind != StageKind::kSft && o.kind != StageKind::kGrpo) {
+      return absl::UnimplementedError(absl::StrCat(
+          "experiment.learner.ep: ", o.learner.ep, " is built for sft and grpo stages; ", sp, " is ",
+          StageKindName(o.kind), " (a value head, or DPO's pair loss, does not run through the expert-parallel "
+          "model yet)"));
+    }
+    if (o.learner.autocast_bf16) {
+      return absl::UnimplementedError("experiment.learner.ep > 1 with learner.autocast: bf16 is not built");
     }
   }
   if (o.learner.tp > 1) {

@@ -60,6 +60,10 @@ struct LearnerSettings {
   int tp = 1;
   // learner.sequence_parallel (tp > 1 only). Default false.
   bool sequence_parallel = false;
+  // learner.ep: expert-parallel ranks per group (learner/expert_parallel.h);
+  // the world size / ep groups hold the same experts, and every rank trains
+  // its own rows. Default 1.
+  int ep = 1;
   // Most padded tokens in one micro-batch. Default 8192.
   int64_t micro_tokens = 8192;
   // learner.autocast == "bf16": forward passes under bf16 autocast.

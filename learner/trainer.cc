@@ -163,7 +163,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   RLMESH_LOG(INFO) << "configured stage=" << s_->opt.name << " rank=" << s_->rank
                    << " world_size=" << s_->world
                    << " zero=" << (s_->opt.learner.zero3 ? 3 : s_->opt.learner.zero1 ? 1 : 0)
-                   << " tp=" << s_->opt.learner.tp << " step=" << step_
+                   << " tp=" << s_->opt.learner.tp << " ep=" << s_->opt.learner.ep << " step=" << step_
                    << " version=" << version_;
   ConfigureResponse resp;
   resp.set_policy_version(version_);

@@ -62,8 +62,10 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       return absl::OkStatus();
     });
   };
+  // ZeRO-1 and EP: each rank writes its own moments; else rank 0 all of them.
+  const bool per_rank = s.opt.learner.zero1 || s.opt.learner.ep > 1;
   const std::string opt_file =
-      s.opt.learner.zero1 ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors";
+      per_rank ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors";
 
   absl::Status st = CatchAll("save", [&]() -> absl::Status {
     std::error_code ec;
@@ -75,10 +77,10 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     RLMESH_RETURN_IF_ERROR(barrier());
     // ZeRO-3 and TP gather their moments into plain DP's layout (every
     // rank takes part; rank 0 writes them). Under ZeRO-1 (with TP or not)
-    // each rank writes its own share. Either resumes under any layout
-    // (LoadFrom).
+    // each rank writes its own share, under EP its own parameters'. Any of
+    // them resumes under any layout (LoadFrom).
     RLMESH_ASSIGN_OR_RETURN(auto moments, s.models.PolicyMoments());
-    if (s.rank == 0 || s.opt.learner.zero1) {
+    if (s.rank == 0 || per_rank) {
       std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", moments.first},
                                                            {"policy.exp_avg_sq", moments.second}};
       if (s.models.critic_dp) {
@@ -110,6 +112,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       ts.world_size = s.world;
       ts.zero1 = s.opt.learner.zero1;
       ts.tp = s.opt.learner.tp;
+      ts.ep = s.opt.learner.ep;
       for (fs::recursive_directory_iterator it(staging), end; it != end; ++it) {
         if (!it->is_regular_file()) continue;
         const std::string rel = fs::relative(it->path(), staging).string();
@@ -191,12 +194,14 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
         dir, ": checkpoint of stage ", ts.stage_index, " (", ts.stage_kind, "), configured stage is ",
         s.request.stage_index(), " (", kind, ")"));
   }
-  // A ZeRO-1 checkpoint of this very layout: each rank reads its own share.
-  // Any other pair of layouts: every rank rebuilds the whole policy's moments
-  // from the files and keeps its part (learner/moments_layout.h).
-  const bool own_share =
-      ts.zero1 && s.opt.learner.zero1 && ts.world_size == s.world && ts.tp == s.opt.learner.tp;
-  const MomentsLayout saved{ts.world_size, ts.tp, ts.zero1};
+  // A per-rank checkpoint (ZeRO-1, EP) of this very layout: each rank reads
+  // its own file. Any other pair of layouts: every rank rebuilds the whole
+  // policy's moments from the files and keeps its part
+  // (learner/moments_layout.h).
+  const bool per_rank = ts.zero1 || ts.ep > 1;
+  const bool own_share = per_rank && ts.zero1 == s.opt.learner.zero1 && ts.world_size == s.world &&
+                         ts.tp == s.opt.learner.tp && ts.ep == s.opt.learner.ep;
+  const MomentsLayout saved{ts.world_size, ts.tp, ts.zero1, ts.ep};
   RLMESH_RETURN_IF_ERROR(CatchAll("load", [&]() -> absl::Status {
     RLMESH_RETURN_IF_ERROR(s.models.LoadPolicyWeights(dir, s.rank));
     if (s.models.critic) {
@@ -218,10 +223,11 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
       }
       return absl::OkStatus();
     }
-    if (ts.zero1 || s.opt.learner.zero1) {
+    if (per_rank || s.opt.learner.zero1 || s.opt.learner.ep > 1) {
       RLMESH_LOG(INFO) << "resharding optimizer moments of " << dir << " from world_size=" << ts.world_size
-                       << " tp=" << ts.tp << " zero1=" << ts.zero1 << " to world_size=" << s.world
-                       << " tp=" << s.opt.learner.tp << " zero1=" << s.opt.learner.zero1;
+                       << " tp=" << ts.tp << " zero1=" << ts.zero1 << " ep=" << ts.ep << " to world_size="
+                       << s.world << " tp=" << s.opt.learner.tp << " zero1=" << s.opt.learner.zero1
+                       << " ep=" << s.opt.learner.ep;
     }
     const ParameterShapes policy_shapes =
         s.models.PolicySplit() ? s.models.policy_shapes
