@@ -4,6 +4,7 @@
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,20 @@ absl::StatusOr<at::Tensor> ReadFlat(const actor::SafetensorsFile& file, const st
   return t;
 }
 
+// `whole(m_name)` and `whole(v_name)`, LibTorch's errors as INTERNAL.
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> BothMoments(
+    const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& whole, const std::string& m_name,
+    const std::string& v_name, const std::string& dir) {
+  try {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, whole(m_name));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, whole(v_name));
+    return std::make_pair(m, v);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(dir, ": gathering ", m_name, " and ", v_name, ": ",
+                                            e.what_without_backtrace()));
+  }
+}
+
 // Expert parallelism's per-rank files (moments_layout.h).
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadExpertParallel(const std::string& dir,
                                                                      const MomentsLayout& layout,
@@ -39,7 +54,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadExpertParallel(const std::
                                                                      const std::string& v_name,
                                                                      const ParameterShapes& shapes) {
   const int ep = layout.ep;
-  if (layout.zero1 || layout.tp != 1 || layout.world_size % ep != 0) {
+  if (layout.zero1 || layout.tp != 1 || layout.world_size < ep || layout.world_size % ep != 0) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": trainer_state says ep ", ep, " with world_size ",
                                                    layout.world_size, ", tp ", layout.tp, " and zero1 ",
                                                    layout.zero1, ", which no layout has"));
@@ -84,13 +99,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadExpertParallel(const std::
     }
     return at::cat(parts);
   };
-  try {
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, whole(m_name));
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, whole(v_name));
-    return std::make_pair(m, v);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir, ": gathering expert-parallel moments: ", e.what_without_backtrace()));
-  }
+  return BothMoments(whole, m_name, v_name, dir);
 }
 
 }  // namespace
@@ -167,13 +176,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadWholeMoments(const std::st
     }
     return at::cat(parts);
   };
-  try {
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor m, whole(m_name));
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, whole(v_name));
-    return std::make_pair(m, v);
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(dir, ": gathering ", prefix, " moments: ", e.what_without_backtrace()));
-  }
+  return BothMoments(whole, m_name, v_name, dir);
 }
 
 }  // namespace rlmesh::learner

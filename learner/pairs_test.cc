@@ -92,16 +92,7 @@ TrainStepRequest Step(int64_t step) {
   return r;
 }
 
-double MaxAbsDiff(Trainer& a, Trainer& b) {
-  auto pa = a.PolicyParameters(), pb = b.PolicyParameters();
-  REQUIRE(pa.size() == pb.size());
-  double m = 0;
-  for (size_t i = 0; i < pa.size(); ++i) {
-    REQUIRE(pa[i].first == pb[i].first);
-    m = std::max(m, (pa[i].second - pb[i].second).abs().max().item<double>());
-  }
-  return m;
-}
+using testing::MaxAbsDiff;
 
 TEST_CASE("reward model ranks held-out pairs after training") {
   actor::ConfigureThreads(1);

@@ -5,13 +5,18 @@
 // examples, 4 held out; dozens of steps take seconds), and K trainers run
 // as the ranks of one data-parallel group.
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "actor/safetensors.h"
 #include "learner/trainer.h"
 #include "proto/config.pb.h"
 
@@ -68,6 +73,29 @@ inline std::vector<absl::Status> TrainShards(Trainer* ranks, int world, const Co
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+// The largest difference between two trainers' policy weights (rank 0's
+// under TP, ZeRO-3 and EP, where only it holds them whole); infinity when
+// their parameters differ in number or names.
+inline double MaxAbsDiff(Trainer& a, Trainer& b) {
+  auto pa = a.PolicyParameters(), pb = b.PolicyParameters();
+  if (pa.size() != pb.size()) return std::numeric_limits<double>::infinity();
+  double m = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (pa[i].first != pb[i].first) return std::numeric_limits<double>::infinity();
+    m = std::max(m, (pa[i].second - pb[i].second).abs().max().item<double>());
+  }
+  return m;
+}
+
+// Elements of policy.exp_avg in a checkpoint's optimizer file; -1 when it
+// cannot be read.
+inline int64_t MomentsNumel(const std::string& file) {
+  auto f = actor::SafetensorsFile::Open(file);
+  if (!f.ok()) return -1;
+  auto m = (*f)->Read("policy.exp_avg");
+  return m.ok() ? m->numel() : -1;
 }
 
 }  // namespace rlmesh::learner::testing
