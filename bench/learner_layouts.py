@@ -4,10 +4,12 @@ rank of one GRPO step for K=1, data parallelism (dp=2), ZeRO-3 (dp=2,
 zero 3) and tensor parallelism (tp=2, with and without sequence
 parallelism), each rank a process of bench/learner_step_bench (the
 learner's own Configure: groups, broadcast, layout, optimizer), layouts
-alternated (order reversed every other repeat).
+alternated (order reversed every other repeat). With --moe: a Qwen3-MoE
+(bench/expert_parallel.py's model) under K=1, dp=2 and expert parallelism
+(ep=2).
 
   bazel build //bench:learner_step_bench
-  python3 bench/learner_layouts.py --repeats 3 [--markdown]
+  python3 bench/learner_layouts.py --repeats 3 [--moe] [--markdown]
 
 bench/tensor_parallel.py measures the model-parallel libraries alone; this
 adds what the trainer keeps beside them. Every layout uses the same cores:
@@ -20,7 +22,8 @@ by TP, `replicated` norms), as bench/tensor_parallel.py states it:
                                            gradients 8
   tp=2           20 (sliced / 2 + replicated)
   ZeRO-3, dp=2   20 P / 2
-plus, on rank 0 under TP and ZeRO-3, the whole policy's weights (4 P) that
+  ep=2 (MoE)     20 (replicated + experts / 2)
+plus, on rank 0 under TP, ZeRO-3 and EP, the whole policy's weights (4 P) that
 the trainer keeps there for weight sync and checkpoints. Measured: the
 resident set once the trainer is configured minus the one before it
 existed (LibTorch's start-up); peak: the peak resident set minus the same.
@@ -34,27 +37,29 @@ import sys
 import tempfile
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tensor_parallel import SHAPE, param_counts  # noqa: E402  (the same model as the library bench)
+import expert_parallel  # noqa: E402  (its MoE model for --moe)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "bazel-bin/bench/learner_step_bench")
-# (name, world, tp, sequence parallel, zero)
-LAYOUTS = [("K=1", 1, 1, False, 0), ("dp=2", 2, 1, False, 0), ("dp=2 ZeRO-3", 2, 1, False, 3),
-           ("tp=2", 2, 2, False, 0), ("tp=2 + SP", 2, 2, True, 0)]
+# (name, world, tp, sequence parallel, zero, ep)
+LAYOUTS = [("K=1", 1, 1, False, 0, 1), ("dp=2", 2, 1, False, 0, 1), ("dp=2 ZeRO-3", 2, 1, False, 3, 1),
+           ("tp=2", 2, 2, False, 0, 1), ("tp=2 + SP", 2, 2, True, 0, 1)]
+MOE_LAYOUTS = [("K=1", 1, 1, False, 0, 1), ("dp=2", 2, 1, False, 0, 1), ("ep=2", 2, 1, False, 0, 2)]
 
 
-def run_layout(layout, model_dir, cores, steps, workdir, serial):
-    name, world, tp, sp, zero = layout
+def run_layout(layout, model_dir, cores, steps, workdir, serial, shape):
+    name, world, tp, sp, zero, ep = layout
     store = os.path.join(workdir, f"store-{serial}")
     procs = []
     for rank in range(world):
         args = [BIN, f"--model_dir={model_dir}", f"--threads={max(1, cores // world)}", "--warmup=1",
-                f"--steps={steps}", f"--groups={SHAPE['batch'] // 2}", "--group_size=2", "--prompt_len=32",
-                f"--response_len={SHAPE['seq'] - 32}", f"--world={world}", f"--rank={rank}", f"--store={store}",
-                f"--tp={tp}", f"--sequence_parallel={'true' if sp else 'false'}", f"--zero={zero}"]
+                f"--steps={steps}", f"--groups={shape['batch'] // 2}", "--group_size=2", "--prompt_len=32",
+                f"--response_len={shape['seq'] - 32}", f"--world={world}", f"--rank={rank}", f"--store={store}",
+                f"--tp={tp}", f"--sequence_parallel={'true' if sp else 'false'}", f"--zero={zero}", f"--ep={ep}"]
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     ranks = []
     for rank, p in enumerate(procs):
@@ -76,43 +81,59 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--moe", action="store_true", help="a Qwen3-MoE under K=1, dp=2 and ep=2")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     if not os.access(BIN, os.X_OK):
         sys.exit("build first: bazel build //bench:learner_step_bench")
-    sliced, replicated = param_counts(SHAPE)
-    P = sliced + replicated
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["intermediate"],
-        num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
-        num_key_value_heads=SHAPE["kv_heads"], max_position_embeddings=256, tie_word_embeddings=False,
-        rms_norm_eps=1e-6))
-    results = {l[0]: [] for l in LAYOUTS}
+    if args.moe:
+        shape, layouts = expert_parallel.SHAPE, MOE_LAYOUTS
+        replicated, experts = expert_parallel.param_counts(shape)
+        P = replicated + experts
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+            vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=4 * shape["hidden"],
+            moe_intermediate_size=shape["moe_intermediate"], num_hidden_layers=shape["layers"],
+            num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+            head_dim=shape["hidden"] // shape["heads"], num_experts=shape["experts"],
+            num_experts_per_tok=shape["experts_per_tok"], norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[], max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6))
+    else:
+        shape, layouts = SHAPE, LAYOUTS
+        sliced, replicated = param_counts(SHAPE)
+        P = sliced + replicated
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["intermediate"],
+            num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
+            num_key_value_heads=SHAPE["kv_heads"], max_position_embeddings=256, tie_word_embeddings=False,
+            rms_norm_eps=1e-6))
+    results = {l[0]: [] for l in layouts}
     with tempfile.TemporaryDirectory() as d:
         model_dir = os.path.join(d, "model")
         model.save_pretrained(model_dir)
         serial = 0
         for rep in range(args.repeats):
-            order = LAYOUTS if rep % 2 == 0 else list(reversed(LAYOUTS))
+            order = layouts if rep % 2 == 0 else list(reversed(layouts))
             for layout in order:
                 serial += 1
-                ranks = run_layout(layout, model_dir, args.cores, args.steps, d, serial)
+                ranks = run_layout(layout, model_dir, args.cores, args.steps, d, serial, shape)
                 results[layout[0]].append(ranks)
                 print(json.dumps(dict(layout=layout[0], repeat=rep, ranks=ranks)), file=sys.stderr)
     rows = []
-    for name, world, tp, sp, zero in LAYOUTS:
+    for name, world, tp, sp, zero, ep in layouts:
         runs = results[name]
         step = [max(r["step"] for r in ranks) for ranks in runs]  # a step ends when its slowest rank does
         per_rank = []
         for rank in range(world):
             if zero == 3:
                 theory = 20 * P / world
+            elif ep > 1:
+                theory = 20 * (replicated + experts / ep)
             elif tp > 1:
                 theory = 20 * (sliced / tp + replicated)
             else:
                 theory = 20 * P
-            if rank == 0 and (zero == 3 or tp > 1):
+            if rank == 0 and (zero == 3 or tp > 1 or ep > 1):
                 theory += 4 * P
             per_rank.append(dict(rank=rank, state=statistics.median(r[rank]["state"] for r in runs),
                                  peak=statistics.median(r[rank]["peak"] for r in runs),
@@ -129,7 +150,7 @@ def main():
             k["peak_ratio"] = k["peak"] / base["ranks"][0]["peak"]
     print(json.dumps(dict(params=P, rows=rows), indent=1))
     if args.markdown:
-        print(f"{P / 1e6:.1f}M parameters; batch {SHAPE['batch']} x {SHAPE['seq']} tokens; {args.cores} cores; "
+        print(f"{P / 1e6:.1f}M parameters; batch {shape['batch']} x {shape['seq']} tokens; {args.cores} cores; "
               f"{args.repeats} repeats alternated, {args.steps} timed steps each.\n")
         print("| layout | rank | s/step median (min-max) | time ratio | state MiB measured / theory "
               "| state ratio measured / theory | peak MiB median (min-max) | peak ratio | first loss |")

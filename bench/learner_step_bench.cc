@@ -63,6 +63,7 @@ ABSL_FLAG(std::string, store, "", "File for the ranks' c10d FileStore (with --wo
 ABSL_FLAG(int, tp, 1, "learner.tp.");
 ABSL_FLAG(bool, sequence_parallel, false, "learner.sequence_parallel.");
 ABSL_FLAG(int, zero, 0, "learner.zero (0, 1 or 3).");
+ABSL_FLAG(int, ep, 1, "learner.ep (a MoE --model_dir; equal to --world when > 1).");
 ABSL_FLAG(bool, grad_norms, false,
           "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
           "parameter gradients, for comparing against the eager side.");
@@ -135,6 +136,7 @@ int Run() {
   e.mutable_learner()->set_tp(absl::GetFlag(FLAGS_tp));
   e.mutable_learner()->set_sequence_parallel(absl::GetFlag(FLAGS_sequence_parallel));
   e.mutable_learner()->set_zero(absl::GetFlag(FLAGS_zero));
+  e.mutable_learner()->set_ep(absl::GetFlag(FLAGS_ep));
   ConfigureRequest req;
   req.set_world_size(absl::GetFlag(FLAGS_world));
   req.set_rank(absl::GetFlag(FLAGS_rank));
