@@ -340,10 +340,13 @@ TEST_CASE("learner.ep: 2 (one group, and 2 groups) equals one process on GRPO st
     return r;
   };
   // Routing replay and the load-balancing loss (the router logits come
-  // from the module the passes run through); small micro-batches.
+  // from the module the passes run through), a KL reference (whole on every
+  // rank), small micro-batches.
   ConfigureRequest one = MoeRequest(dir.File("moe"), true, 0.01);
   one.mutable_experiment()->mutable_learner()->set_micro_batch_tokens(24);
-  one.mutable_experiment()->mutable_stages(0)->mutable_grpo()->mutable_rl()->set_steps(5);
+  auto* rl = one.mutable_experiment()->mutable_stages(0)->mutable_grpo()->mutable_rl();
+  rl->set_steps(5);
+  rl->mutable_kl()->set_coef(0.05);
   one.set_checkpoint_dir(dir.File("ckpt_one"));
   Trainer single, untrained;
   REQUIRE(single.Configure(one).ok());
