@@ -95,6 +95,18 @@ TEST_CASE("learner.zero takes 0, 1 and 3; 3 is refused by name where it is not b
   CHECK(s.message().find("learner.zero: 3 runs on the CPU so far") != absl::string_view::npos);
 }
 
+// Each (YAML after "name: x", words of the error) is refused as
+// INVALID_ARGUMENT with those words.
+void CheckRefused(const std::vector<std::pair<std::string, std::string>>& refused) {
+  for (const auto& [yaml, why] : refused) {
+    ExperimentConfig cfg;
+    INFO(yaml);
+    absl::Status s = Normalize("name: x\n" + yaml, &cfg);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find(why) != absl::string_view::npos);
+  }
+}
+
 TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused by name where not built") {
   const std::string sft = "stages: [{sft: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n";
   ExperimentConfig ok;
@@ -116,13 +128,7 @@ TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused b
       {"learner: {shards: 2, tp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
        "stages[0]: learner.tp > 1 is built for sft and grpo stages"},
   };
-  for (const auto& [yaml, why] : refused) {
-    ExperimentConfig cfg;
-    INFO(yaml);
-    absl::Status s = Normalize("name: x\n" + yaml, &cfg);
-    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK(s.message().find(why) != absl::string_view::npos);
-  }
+  CheckRefused(refused);
 }
 
 TEST_CASE("learner.ep divides the shards, needs a MoE checkpoint and is refused by name where not built") {
@@ -146,13 +152,7 @@ TEST_CASE("learner.ep divides the shards, needs a MoE checkpoint and is refused 
       {moe + "learner: {shards: 2, ep: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
        "stages[0]: learner.ep > 1 is built for sft and grpo stages"},
   };
-  for (const auto& [yaml, why] : refused) {
-    ExperimentConfig cfg;
-    INFO(yaml);
-    absl::Status s = Normalize("name: x\n" + yaml, &cfg);
-    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK(s.message().find(why) != absl::string_view::npos);
-  }
+  CheckRefused(refused);
 }
 
 TEST_CASE("MoE settings: refused by name on a scratch (dense) model, checked on a checkpoint") {
