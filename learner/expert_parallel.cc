@@ -302,15 +302,11 @@ absl::StatusOr<DataParallelStepStats> ExpertParallelModel::Step(double lr) {
     // summed over the groups.
     if (options_.data_group && !local_experts_.empty()) {
       std::vector<at::Tensor> grads;
-      for (at::Tensor& p : local_experts_) grads.push_back(p.grad().reshape({-1}));
-      at::Tensor all = at::cat(grads);
-      std::vector<at::Tensor> v = {all};
+      for (at::Tensor& p : local_experts_) grads.push_back(p.grad());
+      std::vector<at::Tensor> v = {FlattenAll(grads)};
       options_.data_group->allreduce(v)->wait();
-      int64_t at_offset = 0;
-      for (at::Tensor& p : local_experts_) {
-        p.grad().copy_(all.narrow(0, at_offset, p.numel()).view(p.sizes()));
-        at_offset += p.numel();
-      }
+      const std::vector<at::Tensor> summed = UnflattenLike(v[0], grads);
+      for (size_t i = 0; i < grads.size(); ++i) grads[i].copy_(summed[i]);
     }
     // The norm: the replicated part once, every expert once (the groups'
     // experts are alike).
