@@ -64,8 +64,9 @@ struct ModelSet {
   // `reference` holds no parameter data.
   std::unique_ptr<TensorParallelModel> tp_policy, tp_reference;
   c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
-  // learner.ep > 1: the policy's routed experts spread over the group, the
-  // rest replicated, with its own optimizer (dp is null). The policy's
+  // learner.ep > 1: the policy's routed experts spread over this rank's
+  // expert-parallel group, the rest replicated, with its own optimizer (dp
+  // is null). The policy's
   // passes run through ep_policy->model() (LogProbs, PolicyModule); as
   // under TP, `policy` holds the whole model on rank 0 only (SyncPolicy).
   std::unique_ptr<ExpertParallelModel> ep_policy;

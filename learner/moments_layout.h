@@ -2,7 +2,7 @@
 
 // AdamW moments in a checkpoint, read back whatever layout wrote them.
 //
-// A checkpoint's moments take one of two forms (learner/trainer_checkpoint.cc):
+// A checkpoint's moments take one of three forms (learner/trainer_checkpoint.cc):
 //   - `optimizer.safetensors`: plain DP's flat layout, every parameter's
 //     elements in NamedParameters() order (plain DP, ZeRO-3 and TP without
 //     ZeRO-1 gather into it);
@@ -17,7 +17,7 @@
 //     replicated ones and then its experts [k E/ep, (k+1) E/ep) of every
 //     MoE layer (k = r % ep), each in NamedParameters() order
 //     (learner/expert_parallel.h).
-// ReadWholeMoments turns either form back into plain DP's flat layout, so
+// ReadWholeMoments turns any of them back into plain DP's flat layout, so
 // that a checkpoint resumes under any layout (DeepSpeed calls this a
 // universal checkpoint). It reads every rank's file: the caller holds the
 // whole model's moments for a moment.
