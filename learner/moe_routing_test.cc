@@ -361,11 +361,8 @@ TEST_CASE("learner.ep: 2 (one group, and 2 groups) equals one process on GRPO st
   ep.set_checkpoint_dir(dir.File("ckpt_ep"));
   Trainer ranks[2];
   std::string saved;
-  auto results = testing::TrainShards(ranks, 2, ep, dir.File("store"), 3, step, [&](int r, Trainer& t) -> absl::Status {
-    auto sv = t.Save();
-    if (sv.ok() && r == 0) saved = sv->path();
-    return sv.status();
-  });
+  auto results =
+      testing::TrainShards(ranks, 2, ep, dir.File("store"), 3, step, testing::SaveKeepingRank0Path(&saved));
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << results[r].ToString());
     REQUIRE(results[r].ok());

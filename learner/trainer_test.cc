@@ -384,11 +384,7 @@ TEST_CASE("learner.zero: 3 (K=1 and K=2, uneven micro-batches) equals plain K=1;
   Trainer ranks[2];
   std::string saved;
   auto results = testing::TrainShards(ranks, 2, Request(z, dir.File("ckpt")), dir.File("store"), 3, SftStep,
-                                      [&](int r, Trainer& t) -> absl::Status {
-                                        auto sv = t.Save();
-                                        if (sv.ok() && r == 0) saved = sv->path();
-                                        return sv.status();
-                                      });
+                                      testing::SaveKeepingRank0Path(&saved));
   INFO(results[0].ToString() << " / " << results[1].ToString());
   REQUIRE(results[0].ok());
   REQUIRE(results[1].ok());
@@ -447,11 +443,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     Trainer ranks[2];
     std::string saved;
     auto results = testing::TrainShards(ranks, 2, Request(t, dir.File("ckpt_tp")), dir.File("store"), 3, SftStep,
-                                        [&](int r, Trainer& tr) -> absl::Status {
-                                          auto sv = tr.Save();
-                                          if (sv.ok() && r == 0) saved = sv->path();
-                                          return sv.status();
-                                        });
+                                        testing::SaveKeepingRank0Path(&saved));
     INFO(results[0].ToString() << " / " << results[1].ToString());
     REQUIRE(results[0].ok());
     REQUIRE(results[1].ok());
@@ -484,11 +476,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     Trainer ranks[4];
     std::string saved;
     auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_z1")), dir.File("store_z1"), 3, SftStep,
-                                        [&](int r, Trainer& tr) -> absl::Status {
-                                          auto sv = tr.Save();
-                                          if (sv.ok() && r == 0) saved = sv->path();
-                                          return sv.status();
-                                        });
+                                        testing::SaveKeepingRank0Path(&saved));
     for (int r = 0; r < 4; ++r) {
       INFO("rank " << r << ": " << results[r].ToString());
       REQUIRE(results[r].ok());

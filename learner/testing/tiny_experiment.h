@@ -75,6 +75,16 @@ inline std::vector<absl::Status> TrainShards(Trainer* ranks, int world, const Co
   return results;
 }
 
+// An `after` for TrainShards: every rank saves (Save("")), and rank 0's
+// checkpoint path goes to *rank0_path.
+inline std::function<absl::Status(int, Trainer&)> SaveKeepingRank0Path(std::string* rank0_path) {
+  return [rank0_path](int rank, Trainer& t) -> absl::Status {
+    auto saved = t.Save();
+    if (saved.ok() && rank == 0) *rank0_path = saved->path();
+    return saved.status();
+  };
+}
+
 // The largest difference between two trainers' policy weights (rank 0's
 // under TP, ZeRO-3 and EP, where only it holds them whole); infinity when
 // their parameters differ in number or names.
