@@ -39,6 +39,8 @@
 #include "proto/learner.pb.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face folder (config.json + safetensors) to start from.");
+ABSL_FLAG(std::string, tokenizer, "",
+          "model.tokenizer (e.g. char for a model of the main job's vocabulary); empty = the folder's own.");
 ABSL_FLAG(int, threads, 1, "LibTorch intra-op threads (at::set_num_threads).");
 ABSL_FLAG(int, interop_threads, 0, "LibTorch inter-op threads; 0 = leave the default.");
 ABSL_FLAG(int, steps, 3, "Timed TrainSteps.");
@@ -126,6 +128,7 @@ int Run() {
   e.set_seed(1);
   e.mutable_model()->set_init("checkpoint");
   e.mutable_model()->set_path(dir);
+  e.mutable_model()->set_tokenizer(absl::GetFlag(FLAGS_tokenizer));
   auto* rl = e.add_stages()->mutable_grpo()->mutable_rl();
   rl->set_steps(warmup + steps);
   rl->mutable_optimizer()->set_lr(absl::GetFlag(FLAGS_lr));

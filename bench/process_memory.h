@@ -2,9 +2,8 @@
 
 // This process's memory, for the benchmarks that set it against a theory.
 
-#include <sys/resource.h>
-
 #include <fstream>
+#include <string>
 
 namespace rlmesh::bench {
 
@@ -16,11 +15,22 @@ inline double RssBytes() {
   return static_cast<double>(resident) * 4096.0;
 }
 
-// The largest resident set so far, bytes (getrusage's ru_maxrss).
+// The largest resident set of this program so far, bytes (/proc/self/status
+// VmHWM). Not getrusage's ru_maxrss: Linux keeps that across execve, so a
+// benchmark started by a large process (a Python driver holding a model)
+// would report its parent's peak whenever its own is smaller.
 inline double PeakRssBytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) * 1024.0;
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmHWM:") {
+      long kib = 0;
+      f >> kib;
+      return static_cast<double>(kib) * 1024.0;
+    }
+    std::getline(f, key);
+  }
+  return 0.0;
 }
 
 }  // namespace rlmesh::bench
