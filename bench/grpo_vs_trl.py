@@ -4,6 +4,7 @@
   bazel build //coordinator //learner //replay_buffer //reward_server //rollout:rollout_worker
   python3 bench/grpo_vs_trl.py --workload a --steps 100 --repeats 3 --out /tmp/a.json --markdown
   python3 bench/grpo_vs_trl.py --workload b --steps 3 --repeats 3 --out /tmp/b.json --markdown
+  (--baseline_bin_dir <another checkout>/bazel-bin adds that build's rlmesh as a third side)
 
 Workload (b), long long-tailed completions: a random Llama (hidden 512, 8
 layers) written by transformers, 16 prompts x 8 samples, up to 256 new
@@ -85,13 +86,16 @@ def write_task(workdir, n_train=20000, n_eval=300, seed=0):
     return paths
 
 
-def coordinator_run(cfg, workdir, name):
+def coordinator_run(cfg, workdir, name, bin_dir=None):
+    """`coordinator run` of `cfg` with the coordinator and role binaries of
+    bin_dir (a bazel-bin folder; this checkout's by default)."""
+    bin_dir = bin_dir or os.path.join(ROOT, "bazel-bin")
     path = os.path.join(workdir, name + ".yaml")
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f, sort_keys=False)
     run_root = os.path.join(workdir, name)
-    cmd = [os.path.join(ROOT, "bazel-bin/coordinator/coordinator"), "run", path, f"--run_dir={run_root}",
-           f"--bin_dir={os.path.join(ROOT, 'bazel-bin')}"]
+    cmd = [os.path.join(bin_dir, "coordinator/coordinator"), "run", path, f"--run_dir={run_root}",
+           f"--bin_dir={bin_dir}"]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.time() - t0
@@ -123,6 +127,9 @@ def main():
     ap.add_argument("--workdir", default="")
     ap.add_argument("--max_staleness", type=int, default=0,
                     help="rlmesh's rl.max_staleness (1: generation of step n+1 overlaps training of step n)")
+    ap.add_argument("--baseline_bin_dir", default="",
+                    help="a third side, 'baseline': rlmesh again with the binaries of this bazel-bin folder (another "
+                         "commit's build), alternated with the other two, to A/B an engine change end to end")
     a = ap.parse_args()
     steps_n = a.steps or (100 if a.workload == "a" else 3)
 
@@ -180,11 +187,12 @@ def main():
     records = []
     for r in range(a.repeats):
         seed = r + 1
-        order = ["rlmesh", "trl"] if r % 2 == 0 else ["trl", "rlmesh"]
+        order = ["rlmesh", "trl"] + (["baseline"] if a.baseline_bin_dir else [])
+        order = order[r % len(order):] + order[:r % len(order)]  # each side first in turn (A/B alternated)
         for side in order:
             res = os.path.join(workdir, f"{side}-s{seed}.json")
             t0 = time.time()
-            if side == "rlmesh":
+            if side in ("rlmesh", "baseline"):
                 cfg = copy.deepcopy(main_cfg)
                 cfg["name"] = f"grpo-s{seed}"
                 cfg["seed"] = seed
@@ -198,7 +206,8 @@ def main():
                     cfg["model"]["max_positions"] = 512  # the folder's; the config checks max_new_tokens against it
                     cfg["reward"] = {"verifiers": [{"name": "length", "max_tokens": 64, "penalty_per_token": 0.01}]}
                     cfg["eval"] = {"every": 0, "prompts": 8}
-                exp_dir, rows, wall = coordinator_run(cfg, workdir, f"rlmesh-s{seed}")
+                exp_dir, rows, wall = coordinator_run(cfg, workdir, f"{side}-s{seed}",
+                                                      a.baseline_bin_dir if side == "baseline" else None)
                 step_rows = [x for x in rows if x.get("event") == "step"]
                 times = [x["time"] for x in step_rows]
                 steps = [t1 - t0_ for t0_, t1 in zip(times, times[1:])][drop:]
@@ -242,8 +251,10 @@ def markdown(records, base_acc, steps):
     head = f"held-out after {steps} steps (base {100 * base_acc:.1f}%)" if base_acc is not None else "-"
     lines = ["| side | repeats | step s, median of repeats (min-max of per-repeat medians) | fastest step s | "
              f"{head} |", "| --- | --- | --- | --- | --- |"]
-    for s in ("rlmesh", "trl"):
+    for s in ("rlmesh", "trl", "baseline"):
         rs = side(s)
+        if not rs:
+            continue
         med = [r["step_s_median"] for r in rs]
         acc_txt = "-"
         if base_acc is not None:
@@ -257,6 +268,12 @@ def markdown(records, base_acc, steps):
     lines.append("")
     lines.append(f"rlmesh / TRL step time per repeat: {', '.join(f'{x:.2f}' for x in ratios)}; "
                  f"median {statistics.median(ratios):.2f} (TRL is {1 / statistics.median(ratios):.2f}x slower)")
+    if side("baseline"):
+        for other in ("trl", "rlmesh"):
+            pairs = [(a, b) for a in side("baseline") for b in side(other) if a["repeat"] == b["repeat"]]
+            ratios = [a["step_s_median"] / b["step_s_median"] for a, b in pairs]
+            lines.append(f"baseline / {other} step time per repeat: {', '.join(f'{x:.2f}' for x in ratios)}; "
+                         f"median {statistics.median(ratios):.2f}")
     return "\n".join(lines)
 
 
