@@ -21,7 +21,7 @@ APT_PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev librocksdb-dev libyaml-cpp-dev catch2 nlohmann-json3-dev
   libcpp-httplib-dev libssl-dev libicu-dev openssl g++ python3
-  # TCMalloc, the learner's and rollout worker's malloc (third_party/system.BUILD).
+  # TCMalloc, the learner's malloc (third_party/system.BUILD).
   libgoogle-perftools-dev
   # The dashboard's browser test (headless) and its HTTP checks.
   chromium curl
