@@ -7,7 +7,7 @@
 set -euo pipefail
 ROOT="$TEST_SRCDIR/$TEST_WORKSPACE"
 position() {  # $1: binary, $2: library name prefix -> its place in the load order (empty if absent)
-  LD_TRACE_LOADED_OBJECTS=1 "$1" | awk '{print $1}' | grep -n "^$2" | head -1 | cut -d: -f1
+  LD_TRACE_LOADED_OBJECTS=1 "$1" | awk -v p="$2" 'index($1, p) == 1 && !n {n = NR} END {if (n) print n}'
 }
 learner="$ROOT/learner/learner"
 tc=$(position "$learner" libtcmalloc_minimal.so)
