@@ -6,11 +6,15 @@ the function on its seed corpus and on seeded mutations of it. Under
 libFuzzer's main: `bazel run --config=fuzz //fuzz:X -- -runs=N corpus/X`.
 """
 
-def rlmesh_fuzz_test(name, srcs, deps, corpus, data = [], mutations = 300):
-    """`mutations`: seeded mutations of each corpus input in the smoke."""
+def rlmesh_fuzz_test(name, srcs, deps, corpus, data = [], mutations = 300, size = "small"):
+    """`mutations`: seeded mutations of each corpus input in the smoke.
+
+    `size`: the test's Bazel size (small = 60 s); "medium" for a smoke that
+    trains or saves models on every few calls.
+    """
     native.cc_test(
         name = name,
-        size = "small",
+        size = size,
         srcs = srcs,
         args = ["$(locations %s)" % corpus],
         env = {"RLMESH_FUZZ_MUTATIONS": str(mutations)},
