@@ -9,8 +9,7 @@ libFuzzer's main: `bazel run --config=fuzz //fuzz:X -- -runs=N corpus/X`.
 def rlmesh_fuzz_test(name, srcs, deps, corpus, data = [], mutations = 300, size = "small"):
     """`mutations`: seeded mutations of each corpus input in the smoke.
 
-    `size`: the test's Bazel size (small = 60 s); "medium" for a smoke that
-    trains or saves models on every few calls.
+    `size`: the test's Bazel size (small: a 60 s timeout; medium: 300 s).
     """
     native.cc_test(
         name = name,
