@@ -33,7 +33,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import learner_memory  # noqa: E402  (CFG, BATCHES, theory)
+import learner_memory  # noqa: E402  (CFG, BATCHES, theory, parse_bench)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = {
@@ -51,10 +51,7 @@ def run(binary, model_dir, flags, steps):
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"{binary} failed: {out.stderr[-2000:]}")
-    lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
-    secs = [l["seconds"] for l in lines if "seconds" in l]
-    mem = [l["memory"] for l in lines if "memory" in l][0]
-    tokens = int([l for l in lines if "tokens" in l][0]["tokens"])
+    secs, mem, tokens = learner_memory.parse_bench(out.stdout)
     return statistics.median(secs), (mem["peak_rss"] - mem["rss_before"]) / 2**20, mem["params"], tokens
 
 

@@ -43,6 +43,15 @@ CHUNK = 64  # learner_step_bench's --logprob_chunk default
 BATCHES = [(2, 4, 32, 96), (8, 4, 32, 96), (8, 8, 32, 96)]
 
 
+def parse_bench(stdout):
+    """learner_step_bench's output -> (per-step seconds, its "memory" record, tokens per step)."""
+    lines = [json.loads(l) for l in stdout.splitlines() if l.startswith("{")]
+    secs = [l["seconds"] for l in lines if "seconds" in l]
+    mem = [l["memory"] for l in lines if "memory" in l][0]
+    tokens = int([l for l in lines if "tokens" in l][0]["tokens"])
+    return secs, mem, tokens
+
+
 def theory(params, rows, tokens):
     H, I, L = CFG["hidden_size"], CFG["intermediate_size"], CFG["num_hidden_layers"]
     A, V = CFG["num_attention_heads"], CFG["vocab_size"]
@@ -69,9 +78,7 @@ def main():
             out = subprocess.run([BIN, f"--model_dir={d}", f"--threads={args.threads}", "--warmup=1", "--steps=2",
                                   f"--groups={groups}", f"--group_size={size}", f"--prompt_len={prompt}",
                                   f"--response_len={response}"], capture_output=True, text=True, check=True).stdout
-            lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-            mem = [l["memory"] for l in lines if "memory" in l][0]
-            tokens = int([l for l in lines if "tokens" in l][0]["tokens"])
+            _, mem, tokens = parse_bench(out)
             rows = groups * size
             state, grads, acts = theory(mem["params"], rows, tokens)
             configured = mem["rss_configured"] - mem["rss_before"]
