@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "weight_sync/internal.h"
 
 namespace rlmesh::weight_sync {
@@ -26,6 +28,14 @@ absl::Status ValidateSpec(const WeightSyncSpec& spec) {
         absl::StrCat("spec.timeout_ms: ", spec.timeout_ms(), " is outside [0, ", kMaxWeightSyncTimeoutMs, "]"));
   }
   if (spec.bucket_mb() < 0) return absl::InvalidArgumentError("spec.bucket_mb: must be >= 0");
+  if (spec.pieces() < 0 || spec.pieces() > kMaxWeightPieces) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.pieces: ", spec.pieces(), " is outside [0, ", kMaxWeightPieces, "]"));
+  }
+  if (spec.piece() < 0 || spec.piece() >= std::max(spec.pieces(), 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.piece: ", spec.piece(), " is outside [0, pieces=", std::max(spec.pieces(), 1), ")"));
+  }
   if (!WeightSyncBackend_IsValid(spec.backend())) return absl::InvalidArgumentError("spec.backend: unknown value");
   const WeightSyncBackend backend = ResolveBackend(spec);
   if (backend == WEIGHT_SYNC_GLOO || backend == WEIGHT_SYNC_NCCL) {

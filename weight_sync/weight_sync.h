@@ -39,6 +39,11 @@
 //   (dlopen: ...)", "CUDA_IPC backend: no CUDA device (...)").
 //   AUTO        SHM when spec.store_host is loopback (one host), else GLOO.
 //
+// Between tensor-parallel layouts the weights travel in pieces
+// (spec.pieces, weight_sync/pieces.h): each piece is a group of its own
+// with its own publisher (the learner rank that holds it) and a receiver in
+// every worker; nothing here knows what a piece holds.
+//
 // How a caller uses it, whatever the backend: the learner calls
 // Publish(tensors, V) and the workers call Receive(layout) with at least
 // layout.version = V; doing both concurrently always works, and for SHM and
@@ -81,6 +86,9 @@ inline constexpr int64_t kSlotAlignment = 64;
 
 // Largest spec.timeout_ms accepted: an hour.
 inline constexpr int64_t kMaxWeightSyncTimeoutMs = 3'600'000;
+
+// Largest spec.pieces accepted.
+inline constexpr int kMaxWeightPieces = 4096;
 
 // INVALID_ARGUMENT naming the field for a spec that cannot work
 // (world_size/rank out of range for GLOO/NCCL, a timeout outside [0, an

@@ -1,0 +1,24 @@
+#include "weight_sync/pieces.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace rlmesh::weight_sync {
+
+int WeightPieces(int learner_tp, int rollout_tp) {
+  const int lo = std::max(std::min(learner_tp, rollout_tp), 1);
+  const int hi = std::max(learner_tp, rollout_tp);
+  if (hi <= 1 || hi % lo != 0) return 0;
+  return hi;
+}
+
+WeightSyncSpec PieceSpec(const WeightSyncSpec& spec, int piece) {
+  WeightSyncSpec out = spec;
+  out.set_piece(piece);
+  out.set_group_name(absl::StrCat(spec.group_name(), "-p", piece));
+  if (!spec.shm_prefix().empty()) out.set_shm_prefix(absl::StrCat(spec.shm_prefix(), "-p", piece));
+  return out;
+}
+
+}  // namespace rlmesh::weight_sync

@@ -1,0 +1,24 @@
+#pragma once
+
+// Weight sync between tensor-parallel layouts (M learner ranks -> N rollout
+// ranks), without LibTorch: how many pieces the weights travel in, and each
+// piece's own group. What a piece holds is learner::TensorParallelPiece.
+
+#include "proto/common.pb.h"
+
+namespace rlmesh::weight_sync {
+
+// The number of pieces for a learner split over `learner_tp` ranks and
+// rollout workers split over `rollout_tp` (both >= 1): the larger of the two
+// when it is a multiple of the smaller, so that every rank on either side
+// holds a run of whole pieces; 0 (the whole model from the learner's rank
+// 0) when neither side is split or neither size divides the other.
+int WeightPieces(int learner_tp, int rollout_tp);
+
+// The spec of piece `piece`'s own group when the weights travel in
+// spec.pieces pieces: spec.piece set, "-p<piece>" appended to the group
+// name and (when set) to the shm prefix. Publisher and receivers of a piece
+// both derive it from the same base spec.
+WeightSyncSpec PieceSpec(const WeightSyncSpec& spec, int piece);
+
+}  // namespace rlmesh::weight_sync
