@@ -9,6 +9,7 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/rpc_handler.h"
+#include "common/status_macros.h"
 #include "common/trace.h"
 #include "weight_sync/weight_sync.h"
 
@@ -139,23 +140,36 @@ grpc::ServerUnaryReactor* LearnerService::PublishWeights(grpc::CallbackServerCon
     if (status.stage().empty()) {
       return absl::FailedPreconditionError("learner is not configured (call Configure first)");
     }
-    if (status.rank() != 0) {
+    const WeightSyncSpec& spec = req->spec();
+    RLMESH_RETURN_IF_ERROR(weight_sync::ValidateSpec(spec));
+    // A piece comes from the rank that holds it (Trainer::PolicyPiece); the
+    // whole model from rank 0.
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    if (spec.pieces() > 1) {
+      auto piece = trainer_->PolicyPiece(spec.piece(), spec.pieces());
+      if (!piece.ok()) return piece.status();
+      tensors = *std::move(piece);
+    } else if (status.rank() != 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("rank ", status.rank(), ": only rank 0 publishes weights"));
+          absl::StrCat("rank ", status.rank(), ": only rank 0 publishes the whole model"));
+    } else {
+      tensors = trainer_->PolicyParameters();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string key = req->spec().SerializeAsString();
-    if (!publisher_ || key != publisher_spec_) {
-      publisher_.reset();
-      auto pub = weight_sync::CreateWeightPublisher(req->spec());
+    const int key = spec.pieces() > 1 ? spec.piece() : -1;
+    Publisher& slot = publishers_[key];
+    const std::string serialized = spec.SerializeAsString();
+    if (!slot.publisher || serialized != slot.spec) {
+      slot.publisher.reset();
+      auto pub = weight_sync::CreateWeightPublisher(spec);
       if (!pub.ok()) return pub.status();
-      publisher_ = *std::move(pub);
-      publisher_spec_ = key;
+      slot.publisher = *std::move(pub);
+      slot.spec = serialized;
     }
-    auto layout = publisher_->Publish(trainer_->PolicyParameters(), status.policy_version());
+    auto layout = slot.publisher->Publish(tensors, status.policy_version());
     if (!layout.ok()) {
       // A failed publisher may be unusable; the next call builds a new one.
-      publisher_.reset();
+      slot.publisher.reset();
       return layout.status();
     }
     *resp->mutable_layout() = *std::move(layout);

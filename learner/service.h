@@ -12,6 +12,7 @@
 // GroupSource injected for tests.
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -77,8 +78,13 @@ class LearnerService final : public Learner::CallbackService {
   // Used only on the worker thread.
   std::unique_ptr<ReplayBufferGroupSource> source_;
   GroupSource* test_source_ = nullptr;
-  std::unique_ptr<weight_sync::WeightPublisher> publisher_;
-  std::string publisher_spec_;
+  // One publisher per weight piece (key -1: the whole model), each with the
+  // serialized spec it was made for; a new spec replaces it.
+  struct Publisher {
+    std::string spec;
+    std::unique_ptr<weight_sync::WeightPublisher> publisher;
+  };
+  std::map<int, Publisher> publishers_;
 
   // The c10d store this process hosts (HostStore) for the learner group and
   // the weight-sync groups, for the life of the process.

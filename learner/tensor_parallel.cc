@@ -121,6 +121,33 @@ int TensorParallelSplitDim(const std::string& name) {
   return -1;
 }
 
+absl::StatusOr<at::Tensor> TensorParallelPiece(const std::string& name, const at::Tensor& held, int slice,
+                                               int slices, int piece, int pieces) {
+  if (slices < 1 || pieces < 1 || pieces % slices != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pieces: ", pieces, " is not a multiple of the ", slices, " slices held"));
+  }
+  const int per_slice = pieces / slices;
+  if (slice < 0 || slice >= slices || piece < slice * per_slice || piece >= (slice + 1) * per_slice) {
+    return absl::InvalidArgumentError(absl::StrCat("piece: ", piece, " of ", pieces, " is not inside slice ", slice,
+                                                   " of ", slices));
+  }
+  const int dim = TensorParallelSplitDim(name);
+  if (dim < 0) return held;
+  if (!held.defined() || held.dim() <= dim || held.size(dim) % per_slice != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": dimension ", dim, " of shape ",
+                                                   held.defined() ? c10::str(held.sizes()) : "none",
+                                                   " does not split into ", per_slice, " pieces"));
+  }
+  return Slice(held, dim, piece - slice * per_slice, per_slice);
+}
+
+at::Tensor JoinTensorParallelPieces(const std::string& name, const std::vector<at::Tensor>& pieces) {
+  const int dim = TensorParallelSplitDim(name);
+  if (dim < 0 || pieces.size() == 1) return pieces.front();
+  return at::cat(pieces, dim);
+}
+
 absl::Status ValidateTensorParallel(const actor::ModelConfig& c, int tp) {
   if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tp: must be >= 1, got ", tp));
   RLMESH_RETURN_IF_ERROR(c.Validate());
@@ -214,6 +241,35 @@ absl::Status TensorParallelModel::LoadFromFull(const std::vector<std::pair<std::
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params = Parameters();
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(slices[i]);
+  return absl::OkStatus();
+}
+
+absl::Status TensorParallelModel::LoadSlices(const std::vector<std::pair<std::string, at::Tensor>>& slices) {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : slices) {
+    if (!by_name.emplace(name, &t).second) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": given twice"));
+    }
+  }
+  const auto params = shard_->NamedParameters();
+  for (const auto& [name, p] : params) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": missing"));
+    if (!it->second->defined() || it->second->sizes() != p.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", name, ": expected the slice shape ", c10::str(p.sizes()), ", got ",
+          it->second->defined() ? c10::str(it->second->sizes()) : "none"));
+    }
+  }
+  if (by_name.size() != params.size()) {
+    for (const auto& [name, t] : slices) {
+      bool known = false;
+      for (const auto& [pname, p] : params) known = known || pname == name;
+      if (!known) return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": not in the model"));
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) p.copy_(*by_name.at(name));
   return absl::OkStatus();
 }
 

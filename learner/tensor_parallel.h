@@ -63,6 +63,25 @@ absl::Status ValidateTensorParallel(const actor::ModelConfig& config, int tp);
 // slices, or -1 when every rank holds it whole.
 int TensorParallelSplitDim(const std::string& hf_name);
 
+// Resharding between tensor-parallel layouts (M learner ranks -> N rollout
+// ranks, weight_sync's pieces): the model is cut into `pieces` pieces, a
+// multiple of both tp sizes, so that every rank's slice is a run of whole
+// pieces.
+//
+// Piece `piece` of `pieces` of parameter `name`, cut from `held`, which is
+// slice `slice` of `slices` of it (slices = 1: the whole tensor): for a split
+// parameter the piece-th of `pieces` equal parts of the whole along its
+// split dimension (a view into `held`), for a replicated one `held` itself.
+// INVALID_ARGUMENT when `slices` does not divide `pieces`, the piece lies
+// outside the slice, or `pieces` does not divide the split dimension.
+absl::StatusOr<at::Tensor> TensorParallelPiece(const std::string& name, const at::Tensor& held, int slice,
+                                               int slices, int piece, int pieces);
+
+// The inverse for consecutive pieces of parameter `name`: laid side by side
+// along its split dimension (a replicated parameter: the first piece).
+// REQUIRES: !pieces.empty().
+at::Tensor JoinTensorParallelPieces(const std::string& name, const std::vector<at::Tensor>& pieces);
+
 struct TensorParallelOptions {
   // Split the residual stream along the tokens between blocks. Default off.
   bool sequence_parallel = false;
@@ -82,6 +101,12 @@ class TensorParallelModel {
   // lm_head may be absent). INVALID_ARGUMENT naming a missing or misshapen
   // parameter.
   absl::Status LoadFromFull(const std::vector<std::pair<std::string, at::Tensor>>& full);
+
+  // Copies this rank's own slices (Hugging Face names, the slice shapes of
+  // NamedParameters(), e.g. joined from weight_sync pieces), every parameter
+  // exactly once. INVALID_ARGUMENT naming a missing, misshapen or unknown
+  // one; nothing is copied then.
+  absl::Status LoadSlices(const std::vector<std::pair<std::string, at::Tensor>>& slices);
 
   // The whole model's weights under Hugging Face names, gathered from every
   // rank (every rank receives them): what a checkpoint writes. ABORTED when

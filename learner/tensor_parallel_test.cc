@@ -330,6 +330,87 @@ TEST_CASE("LoadFromFull names a missing or misshapen parameter") {
   CHECK(absl::StrContains((*m)->LoadFromFull(init).message(), init[1].first + ": expected shape"));
 }
 
+// Slice `rank` of `size` of a whole parameter, written out here from the
+// Megatron layout (not through the library).
+at::Tensor ExpectedSlice(const std::string& name, const at::Tensor& whole, int rank, int size) {
+  int dim = -1;
+  for (const char* col : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head"}) {
+    if (absl::StrContains(name, col)) dim = 0;
+  }
+  for (const char* row : {"o_proj", "down_proj"}) {
+    if (absl::StrContains(name, row)) dim = 1;
+  }
+  if (dim < 0) return whole;
+  const int64_t n = whole.size(dim) / size;
+  return whole.narrow(dim, rank * n, n);
+}
+
+TEST_CASE("weight pieces: cut from any learner layout, joined into any rollout layout, give its slices") {
+  actor::ModelConfig c = SmallConfig("qwen2");
+  c.num_kv_heads = 4;
+  REQUIRE(ValidateTensorParallel(c, 4).ok());
+  const Named whole = InitialWeights(c);
+  for (int learner_tp : {1, 2, 4}) {
+    for (int rollout_tp : {1, 2, 4}) {
+      const int pieces = std::max(learner_tp, rollout_tp);
+      INFO("learner tp " << learner_tp << ", rollout tp " << rollout_tp);
+      // Piece c comes from the learner rank whose slice holds it.
+      std::vector<Named> piece(pieces);
+      for (int t = 0; t < learner_tp; ++t) {
+        for (int p = t * pieces / learner_tp; p < (t + 1) * pieces / learner_tp; ++p) {
+          for (const auto& [name, w] : whole) {
+            auto cut = TensorParallelPiece(name, ExpectedSlice(name, w, t, learner_tp), t, learner_tp, p, pieces);
+            REQUIRE(cut.ok());
+            piece[p].emplace_back(name, *cut);
+          }
+        }
+      }
+      for (int r = 0; r < rollout_tp; ++r) {
+        for (size_t i = 0; i < whole.size(); ++i) {
+          const std::string& name = whole[i].first;
+          std::vector<at::Tensor> parts;
+          for (int p = r * pieces / rollout_tp; p < (r + 1) * pieces / rollout_tp; ++p) parts.push_back(piece[p][i].second);
+          INFO(name << " rank " << r);
+          CHECK(torch::equal(JoinTensorParallelPieces(name, parts), ExpectedSlice(name, whole[i].second, r, rollout_tp)));
+        }
+      }
+    }
+  }
+  // A one-rank model takes its slices (the whole) as LoadFromFull does.
+  auto m = TensorParallelModel::Create(c, nullptr);
+  REQUIRE(m.ok());
+  REQUIRE((*m)->LoadSlices(whole).ok());
+  const Named loaded = (*m)->NamedParameters();
+  REQUIRE(loaded.size() == whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) CHECK(torch::equal(loaded[i].second, whole[i].second));
+
+  // Refused by name: pieces that do not fit the slices, a piece outside the
+  // slice, a dimension the pieces do not divide; LoadSlices' missing,
+  // misshapen, unknown and repeated parameters.
+  const std::string q = "model.layers.0.self_attn.q_proj.weight";
+  at::Tensor qw;
+  for (const auto& [name, w] : whole) {
+    if (name == q) qw = w;
+  }
+  REQUIRE(qw.defined());
+  CHECK(absl::StrContains(TensorParallelPiece(q, qw, 0, 2, 0, 3).status().message(), "not a multiple"));
+  CHECK(absl::StrContains(TensorParallelPiece(q, qw, 0, 2, 2, 4).status().message(), "not inside slice 0"));
+  CHECK(absl::StrContains(TensorParallelPiece(q, qw, 0, 1, 0, 5).status().message(), q));
+  Named missing(whole.begin() + 1, whole.end());
+  CHECK(absl::StrContains((*m)->LoadSlices(missing).message(), whole[0].first + ": missing"));
+  Named misshapen = whole;
+  misshapen[1].second = at::zeros({3, 3});
+  CHECK(absl::StrContains((*m)->LoadSlices(misshapen).message(), whole[1].first + ": expected the slice shape"));
+  Named unknown = whole;
+  unknown.emplace_back("extra.weight", at::zeros({2}));
+  CHECK(absl::StrContains((*m)->LoadSlices(unknown).message(), "extra.weight: not in the model"));
+  Named twice = whole;
+  twice.push_back(whole[0]);
+  CHECK(absl::StrContains((*m)->LoadSlices(twice).message(), "given twice"));
+  // Nothing was copied by the refused calls.
+  for (size_t i = 0; i < whole.size(); ++i) CHECK(torch::equal((*m)->NamedParameters()[i].second, whole[i].second));
+}
+
 TEST_CASE("split dimensions follow Megatron's column / row / vocabulary layout") {
   CHECK(TensorParallelSplitDim("model.layers.0.self_attn.q_proj.weight") == 0);
   CHECK(TensorParallelSplitDim("model.layers.0.self_attn.v_proj.bias") == 0);

@@ -71,6 +71,31 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::PolicyParameters() cons
   return s_->models.policy->NamedParameters();
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::PolicyPiece(int piece, int pieces) const {
+  if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  const TensorParallelModel* tp = s_->models.tp_policy.get();
+  int slice = 0, slices = 1;
+  if (tp != nullptr) {
+    slice = tp->rank();
+    slices = tp->size();
+  }
+  // Replica 0's ranks are 0..tp-1 (TP innermost); without TP rank 0 keeps
+  // the whole policy.
+  if (s_->rank >= slices || (pieces > 0 && pieces % slices == 0 &&
+                             (piece < slice * (pieces / slices) || piece >= (slice + 1) * (pieces / slices)))) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", s_->rank, " does not hold piece ", piece, " of ",
+                                                      pieces, " (learner.tp=", slices, ")"));
+  }
+  const auto held = tp != nullptr ? tp->NamedParameters() : s_->models.policy->NamedParameters();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(held.size());
+  for (const auto& [name, t] : held) {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor p, TensorParallelPiece(name, t.detach(), slice, slices, piece, pieces));
+    out.emplace_back(name, std::move(p));
+  }
+  return out;
+}
+
 void* Trainer::policy_model() { return s_ ? &s_->models.policy : nullptr; }
 
 absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req) {

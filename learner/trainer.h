@@ -149,6 +149,15 @@ class Trainer {
   // For tests and benchmarks: the policy's parameters under their Hugging
   // Face names (the live tensors). REQUIRES: configured.
   std::vector<std::pair<std::string, at::Tensor>> PolicyParameters() const;
+  // The policy's piece `piece` of `pieces` for weight sync between
+  // tensor-parallel layouts (learner::TensorParallelPiece), cut from what
+  // this rank holds: under learner.tp > 1, rank t < tp (replica 0) holds
+  // slice t and so pieces [t, t+1) * pieces / tp; otherwise rank 0 holds the
+  // whole policy. The tensors are views of the live weights, in
+  // PolicyParameters() order. FAILED_PRECONDITION when this rank holds no
+  // such piece or the learner is not configured; INVALID_ARGUMENT when
+  // `pieces` does not split the model.
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> PolicyPiece(int piece, int pieces) const;
   // The policy model as an opaque pointer to actor::Transformer (tests
   // that generate with it include actor/transformer.h and cast).
   void* policy_model();

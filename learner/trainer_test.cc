@@ -28,6 +28,7 @@
 #include "common/testing/test_util.h"
 #include "learner/batching.h"
 #include "learner/checkpoint.h"
+#include "learner/tensor_parallel.h"
 #include "learner/testing/tiny_experiment.h"
 #include "tasks/encoding.h"
 #include "tasks/task.h"
@@ -452,6 +453,30 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     REQUIRE(results[0].ok());
     REQUIRE(results[1].ok());
     CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    // Weight sync in pieces: rank t publishes piece t of its own slice, and
+    // the two laid side by side are rank 0's gathered policy, bit for bit.
+    auto p0 = ranks[0].PolicyPiece(0, 2), p1 = ranks[1].PolicyPiece(1, 2);
+    REQUIRE(p0.ok());
+    REQUIRE(p1.ok());
+    const auto whole = ranks[0].PolicyParameters();
+    REQUIRE(p0->size() == whole.size());
+    for (size_t i = 0; i < whole.size(); ++i) {
+      INFO(whole[i].first);
+      CHECK((*p0)[i].first == whole[i].first);
+      CHECK(torch::equal(JoinTensorParallelPieces(whole[i].first, {(*p0)[i].second, (*p1)[i].second}),
+                         whole[i].second));
+    }
+    CHECK(ranks[0].PolicyPiece(1, 2).status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(ranks[1].PolicyPiece(0, 2).status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(ranks[1].PolicyPiece(1, 3).status().code() == absl::StatusCode::kInvalidArgument);
+    // One plain process cuts any piece from its whole policy.
+    auto half = single.PolicyPiece(1, 2);
+    REQUIRE(half.ok());
+    const auto single_whole = single.PolicyParameters();
+    for (size_t i = 0; i < single_whole.size(); ++i) {
+      CHECK(torch::equal((*half)[i].second, *TensorParallelPiece(single_whole[i].first, single_whole[i].second, 0,
+                                                                  1, 1, 2)));
+    }
     auto state = VerifyCheckpoint(saved);
     REQUIRE(state.ok());
     CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
