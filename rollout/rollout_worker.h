@@ -171,6 +171,10 @@ class RolloutWorker {
   struct Impl;
 
  private:
+  // LoadFromSync when the sync comes in pieces (ConfigureWeightSync with
+  // spec.pieces > 1). REQUIRES: the load turn held.
+  absl::StatusOr<LoadResult> LoadPiecesFromSync(const WeightLayout& expected, int64_t version, absl::Time start);
+
   std::unique_ptr<Impl> impl_;
 };
 

@@ -6,13 +6,16 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "actor/checkpoint.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
+#include "learner/tensor_parallel.h"
 #include "rollout/testing/tiny_model.h"
+#include "weight_sync/pieces.h"
 #include "weight_sync/weight_sync.h"
 
 namespace rlmesh::rollout {
@@ -511,6 +514,124 @@ TEST_CASE("tensor_parallel=2: the split policy generates the whole model's token
   REQUIRE(ref.ok());
   ExpectMatches(*col.Find("q1"), (*ref)[1]);
   CHECK(col.Find("q1")->samples(0).policy_version() == 7);
+}
+
+// Publishes `weights` as version `v` in spec.pieces pieces, each into its
+// own in-process group, cut as a learner split over `learner_tp` ranks
+// would cut them: rank t's slice first, then its pieces.
+void PublishPieces(const WeightSyncSpec& spec, const NamedTensors& weights, int learner_tp, int64_t v) {
+  const int per_rank = spec.pieces() / learner_tp;
+  for (int c = 0; c < spec.pieces(); ++c) {
+    const int t = c / per_rank;
+    NamedTensors piece;
+    for (const auto& [name, whole] : weights) {
+      auto slice = learner::TensorParallelPiece(name, whole, 0, 1, t, learner_tp);
+      REQUIRE(slice.ok());
+      auto p = learner::TensorParallelPiece(name, *slice, t, learner_tp, c, spec.pieces());
+      REQUIRE(p.ok());
+      piece.emplace_back(name, *p);
+    }
+    auto pub = CreateWeightPublisher(weight_sync::PieceSpec(spec, c));
+    REQUIRE(pub.ok());
+    REQUIRE((*pub)->Publish(piece, v).ok());
+  }
+}
+
+TEST_CASE("weight sync in pieces: each rank joins its own pieces, and the worker generates the sync's weights") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
+  const NamedTensors v2 = CheckpointWeights(dir.File("v2"));
+  GenerateRequest req = MakeRequest({"1+2=", "hello"}, 2, 12, 42);
+  auto ref = ReferenceGenerate(dir.File("v2"), req);
+  REQUIRE(ref.ok());
+  // {learner tp, rollout tp}: a split rollout from a whole learner and from
+  // one split alike (each rollout rank receives its one piece), and a whole
+  // rollout from a split learner (its one rank joins both pieces).
+  for (auto [learner_tp, rollout_tp] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{2, 1}}) {
+    INFO("learner tp " << learner_tp << ", rollout tp " << rollout_tp);
+    RolloutWorkerOptions o;
+    o.tensor_parallel = rollout_tp;
+    auto worker = MakeWorker(o);
+    REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+    WeightSyncSpec spec;
+    spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
+    spec.set_group_name(absl::StrCat("rw-pieces-", learner_tp, "-", rollout_tp));
+    spec.set_timeout_ms(5000);
+    spec.set_pieces(weight_sync::WeightPieces(learner_tp, rollout_tp));
+    REQUIRE(spec.pieces() == 2);
+    REQUIRE(worker->ConfigureWeightSync(spec).ok());
+    PublishPieces(spec, v2, learner_tp, 4);
+    WeightLayout want;
+    want.set_version(4);
+    auto r = worker->LoadFromSync(want, 0);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    CHECK(r->version == 4);
+    int64_t whole = 0;
+    for (const auto& [n, t] : v2) whole += static_cast<int64_t>(t.nbytes());
+    // The ranks received their slices once: the whole model's bytes, plus
+    // the replicated norms once more per extra rank.
+    CHECK(r->bytes >= whole);
+    CHECK(r->bytes < whole + whole / 10);
+    Collector col;
+    REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+    REQUIRE(col.Wait().ok());
+    for (int p = 0; p < 2; ++p) {
+      const TrajectoryGroup* g = col.Find("q" + std::to_string(p));
+      REQUIRE(g != nullptr);
+      ExpectMatches(*g, (*ref)[p]);
+      CHECK(g->samples(0).policy_version() == 4);
+    }
+
+    // A piece the model cannot hold (another shape) is refused by name and
+    // changes nothing.
+    NamedTensors wrong = v2;
+    for (auto& [n, t] : wrong) {
+      if (absl::EndsWith(n, "up_proj.weight")) t = at::zeros({t.size(0) + 2, t.size(1)});
+    }
+    PublishPieces(spec, wrong, learner_tp, 5);
+    want.set_version(5);
+    auto bad = worker->LoadFromSync(want, 0);
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(bad.status().message(), "up_proj.weight"));
+    CHECK(worker->policy_version() == 4);
+  }
+
+  // Pieces that do not give every rank a whole number of them.
+  RolloutWorkerOptions o;
+  o.tensor_parallel = 2;
+  auto worker = MakeWorker(o);
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
+  spec.set_group_name("rw-pieces-3");
+  spec.set_pieces(3);
+  auto s = worker->ConfigureWeightSync(spec);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "spec.pieces"));
+  // A sync in pieces before any checkpoint gave the model its shape: the
+  // pieces are drained, then refused as such.
+  spec.set_pieces(2);
+  spec.set_group_name("rw-pieces-early");
+  spec.set_timeout_ms(5000);
+  REQUIRE(worker->ConfigureWeightSync(spec).ok());
+  PublishPieces(spec, v2, 2, 3);
+  WeightLayout want;
+  want.set_version(3);
+  auto early = worker->LoadFromSync(want, 0);
+  CHECK(early.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(early.status().message(), "no model loaded"));
+  // Nobody publishes: one timeout, not one per piece (8 pieces over 2 ranks
+  // at 500 ms each would be 2 s).
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  spec.set_pieces(8);
+  spec.set_group_name("rw-pieces-silent");
+  spec.set_timeout_ms(500);
+  REQUIRE(worker->ConfigureWeightSync(spec).ok());
+  const absl::Time t0 = absl::Now();
+  auto silent = worker->LoadFromSync(want, 0);
+  CHECK(silent.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::Now() - t0 < absl::Milliseconds(1500));
 }
 
 TEST_CASE("tensor_parallel: what cannot be split is refused by name") {

@@ -152,6 +152,15 @@ absl::Status TensorParallelEngine::Load(const Named& full) {
   return RunOnAll([&](Rank& rank) { return rank.model->LoadFromFull(full); });
 }
 
+absl::Status TensorParallelEngine::LoadSlices(const std::vector<Named>& slices) {
+  if (!Idle()) return absl::FailedPreconditionError("LoadSlices: requests are queued or running");
+  if (slices.size() != ranks_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slices: ", slices.size(), " given for ", ranks_.size(), " ranks"));
+  }
+  return RunOnAll([&](Rank& rank) { return rank.model->LoadSlices(slices[rank.index]); });
+}
+
 absl::Status TensorParallelEngine::Submit(actor::GenerationRequest request) {
   if (!broken_.ok()) return broken_;
   // Rank 0 validates; the others, given the same request, then accept it.

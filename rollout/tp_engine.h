@@ -15,7 +15,8 @@
 //
 // Each rank copies only its slice of the weights it is given (Load), so the
 // model's memory is split; the full weights pass through the caller once
-// (a checkpoint read or a weight-sync receive on the host).
+// (a checkpoint read). A weight sync in pieces hands each rank its own
+// slice (LoadSlices), and nothing whole is assembled.
 //
 // Thread-safety: not thread-safe; one caller thread (the rollout worker's
 // engine thread), which also runs rank 0. A failed collective fails the
@@ -68,6 +69,11 @@ class TensorParallelEngine final : public actor::GenerationEngine {
   // (FAILED_PRECONDITION). INVALID_ARGUMENT naming a missing or misshapen
   // parameter.
   absl::Status Load(const Named& full);
+  // Every rank r copies slices[r], its own slice already cut (the shapes of
+  // its TensorParallelModel::NamedParameters(), e.g. joined from weight-sync
+  // pieces). REQUIRES: Idle() and slices.size() == tp() (FAILED_PRECONDITION
+  // / INVALID_ARGUMENT).
+  absl::Status LoadSlices(const std::vector<Named>& slices);
 
   // actor::Generator's calls, on every rank. Submit's INVALID_ARGUMENT
   // comes from rank 0 before any other rank sees the request.

@@ -3,9 +3,11 @@
 // generation goes on; the swap itself is posted to the engine thread, which
 // applies it at the fence (engine.cc).
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -15,7 +17,9 @@
 #include "actor/checkpoint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "learner/tensor_parallel.h"
 #include "rollout/worker_impl.h"
+#include "weight_sync/pieces.h"
 #include "weight_sync/weight_sync.h"
 
 namespace rlmesh::rollout {
@@ -87,7 +91,8 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
     // The ranks take their slices here, while generation goes on; the
     // fence only swaps the engines. The whole model is dropped after.
     auto ready = std::make_shared<std::unique_ptr<TensorParallelEngine>>();
-    RLMESH_ASSIGN_OR_RETURN(*ready, impl_->MakeTensorParallel(model->config(), model->NamedParameters()));
+    RLMESH_ASSIGN_OR_RETURN(*ready, impl_->MakeTensorParallel(model->config()));
+    RLMESH_RETURN_IF_ERROR((*ready)->Load(model->NamedParameters()));
     for (int r = 0; r < (*ready)->tp(); ++r) u->rank_bytes.push_back((*ready)->ParameterBytes(r));
     u->apply = [impl, ready]() -> absl::Status {
       impl->gen.reset();  // the old ranks end before the new ones take over
@@ -109,26 +114,114 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
 }
 
 absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& spec, absl::Time deadline) {
-  RLMESH_ASSIGN_OR_RETURN(auto receiver, CreateWeightReceiver(spec));
+  std::unique_ptr<weight_sync::WeightReceiver> receiver;
+  std::vector<std::unique_ptr<weight_sync::WeightReceiver>> pieces;
+  const int tp = impl_->options.tensor_parallel;
+  if (spec.pieces() > 1) {
+    RLMESH_RETURN_IF_ERROR(weight_sync::ValidateSpec(spec));
+    if (spec.pieces() % tp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.pieces: ", spec.pieces(),
+                                                     " is not a multiple of this worker's tensor_parallel=", tp));
+    }
+    for (int c = 0; c < spec.pieces(); ++c) {
+      RLMESH_ASSIGN_OR_RETURN(auto r, CreateWeightReceiver(weight_sync::PieceSpec(spec, c)));
+      pieces.push_back(std::move(r));
+    }
+  } else {
+    RLMESH_ASSIGN_OR_RETURN(receiver, CreateWeightReceiver(spec));
+  }
   RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
+  const WeightSyncBackend backend = receiver ? receiver->backend() : pieces[0]->backend();
   impl_->receiver = std::move(receiver);
+  impl_->piece_receivers = std::move(pieces);
   impl_->sync_group = spec.group_name();
   impl_->staging.clear();
-  RLMESH_LOG(INFO) << "weight sync configured backend=" << WeightSyncBackend_Name(impl_->receiver->backend())
-                   << " group=" << spec.group_name() << " rank=" << spec.rank();
+  RLMESH_LOG(INFO) << "weight sync configured backend=" << WeightSyncBackend_Name(backend)
+                   << " group=" << spec.group_name() << " rank=" << spec.rank()
+                   << " pieces=" << std::max(spec.pieces(), 1);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<NamedTensors>> RolloutWorker::Impl::ReceivePieces(
+    int64_t version, const std::map<std::string, ParamInfo>& shapes) {
+  const int tp = options.tensor_parallel;
+  const int pieces = static_cast<int>(piece_receivers.size());
+  const int per_rank = pieces / tp;
+  // Rank r's pieces arrive on a thread of their own, in order: a collective
+  // backend's publishers (one per piece, on several learner ranks) send at
+  // the same time.
+  std::vector<std::vector<NamedTensors>> got(tp);
+  std::vector<absl::Status> status(tp);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) {
+    threads.emplace_back([&, r] {
+      for (int c = r * per_rank; c < (r + 1) * per_rank; ++c) {
+        WeightLayout expected;
+        expected.set_version(version);
+        auto t = piece_receivers[c]->Receive(expected);
+        if (!t.ok()) {
+          if (status[r].ok()) status[r] = absl::Status(t.status().code(), absl::StrCat("piece ", c, ": ", t.status().message()));
+          // Nothing came within the timeout: the publishers are not
+          // sending, and waiting a timeout per remaining piece would only
+          // hold the load turn longer.
+          if (t.status().code() == absl::StatusCode::kDeadlineExceeded) break;
+          continue;
+        }
+        got[r].push_back(*std::move(t));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : status) RLMESH_RETURN_IF_ERROR(s);
+  // Each rank's pieces side by side; every parameter once, in its slice's
+  // shape (the split dimension / tp), before anything reaches the model.
+  std::vector<NamedTensors> slices(tp);
+  for (int r = 0; r < tp; ++r) {
+    const NamedTensors& first = got[r][0];
+    std::set<std::string> seen;
+    for (size_t i = 0; i < first.size(); ++i) {
+      const std::string& name = first[i].first;
+      auto it = shapes.find(name);
+      if (it == shapes.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "]: not a parameter of the model"));
+      }
+      std::vector<at::Tensor> parts;
+      for (const NamedTensors& piece : got[r]) {
+        if (piece.size() != first.size() || piece[i].first != name) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("sync: the pieces of rank ", r, " do not list the same parameters (", name, ")"));
+        }
+        parts.push_back(piece[i].second);
+      }
+      at::Tensor slice = learner::JoinTensorParallelPieces(name, parts);
+      std::vector<int64_t> want = it->second.shape;
+      const int dim = learner::TensorParallelSplitDim(name);
+      if (dim >= 0 && dim < static_cast<int>(want.size())) want[dim] /= tp;
+      if (slice.sizes().vec() != want) {
+        return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "].shape: ", c10::str(slice.sizes()),
+                                                       " is not rank ", r, "'s slice ", c10::str(want)));
+      }
+      seen.insert(name);
+      slices[r].emplace_back(name, std::move(slice));
+    }
+    for (const auto& [name, info] : shapes) {
+      if (!seen.count(name)) return absl::InvalidArgumentError(absl::StrCat("sync.tensors: missing ", name));
+    }
+  }
+  return slices;
 }
 
 absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layout, int64_t version,
                                                        absl::Time deadline) {
   const absl::Time start = absl::Now();
   RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
-  if (!impl_->receiver) {
+  if (!impl_->receiver && impl_->piece_receivers.empty()) {
     return absl::FailedPreconditionError("weight sync is not configured: call ConfigureWeightSync first");
   }
   WeightLayout expected = layout;
   if (expected.version() == 0) expected.set_version(version);
   if (expected.version() <= 0) return absl::InvalidArgumentError("sync.version: must be > 0 (or set version)");
+  if (!impl_->piece_receivers.empty()) return LoadPiecesFromSync(expected, version, start);
   // Receive first, whatever the state: for a collective backend the
   // publisher is sending now and must not be left hanging.
   WeightLayout received;
@@ -169,7 +262,6 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
   auto u = std::make_shared<Impl::Update>();
   u->version = v;
   u->model_id = absl::StrCat("weight_sync:", impl_->sync_group.empty() ? "default" : impl_->sync_group);
-  Impl* impl = impl_.get();
   // This round's tensors become the next round's buffers, except under
   // tensor parallelism: there the ranks hold slices so that the whole
   // policy does not stay in memory, and the buffers are freed once copied.
@@ -181,32 +273,94 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
       absl::MutexLock lock(&impl_->mu);
       config = *impl_->config;
     }
-    // At the fence the ranks are idle: each copies its slice in place. A
-    // broken engine (a failed collective) is replaced by a new one.
-    u->apply = [impl, staged, config]() -> absl::Status {
-      TensorParallelEngine* engine = impl->tp_engine();
-      if (engine != nullptr && engine->broken().ok()) return engine->Load(*staged);
-      impl->gen.reset();
-      RLMESH_ASSIGN_OR_RETURN(impl->gen, impl->MakeTensorParallel(config, *staged));
-      return absl::OkStatus();
-    };
+    // At the fence the ranks are idle: each copies its slice in place.
+    u->apply = impl_->ApplyToRanks(config, [staged](TensorParallelEngine& engine) { return engine.Load(*staged); });
   } else {
-    u->apply = [impl, staged]() -> absl::Status {
-      at::NoGradGuard no_grad;
-      std::map<std::string, at::Tensor> params;
-      for (auto& [name, p] : impl->model->NamedParameters()) params[name] = p;
-      for (auto& [name, t] : *staged) params.at(name).copy_(t);
-      return absl::OkStatus();
-    };
+    u->apply = impl_->ApplyToModel(staged);
   }
-  RLMESH_RETURN_IF_ERROR(impl_->PostUpdate(u));
+  return impl_->FinishSync(std::move(u), bytes, start);
+}
+
+absl::StatusOr<LoadResult> RolloutWorker::LoadPiecesFromSync(const WeightLayout& expected, int64_t version,
+                                                             absl::Time start) {
+  // Receive first, whatever the state (see LoadFromSync).
+  std::map<std::string, Impl::ParamInfo> shapes;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    shapes = impl_->params;
+  }
+  absl::StatusOr<std::vector<NamedTensors>> slices = impl_->ReceivePieces(expected.version(), shapes);
+  if (shapes.empty()) {
+    return absl::FailedPreconditionError("no model loaded: LoadWeights(checkpoint_path) once before a sync");
+  }
+  if (expected.tensors_size() > 0) {
+    return absl::InvalidArgumentError(
+        "sync.tensors: a sync in pieces checks each piece against the model's shapes; send only the version");
+  }
+  if (!slices.ok()) return slices.status();
+  const int64_t v = version != 0 ? version : expected.version();
+  int64_t bytes = 0;
+  actor::ModelConfig config;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    RLMESH_RETURN_IF_ERROR(impl_->CheckVersion(v));
+    if (!impl_->config) {
+      return absl::FailedPreconditionError("no model loaded: LoadWeights(checkpoint_path) once before a sync");
+    }
+    config = *impl_->config;
+  }
+  for (const NamedTensors& slice : *slices) {
+    for (const auto& [name, t] : slice) bytes += static_cast<int64_t>(t.nbytes());
+  }
+  auto u = std::make_shared<Impl::Update>();
+  u->version = v;
+  u->model_id = absl::StrCat("weight_sync:", impl_->sync_group.empty() ? "default" : impl_->sync_group);
+  auto staged = std::make_shared<std::vector<NamedTensors>>(*std::move(slices));
+  if (impl_->options.tensor_parallel > 1) {
+    u->apply = impl_->ApplyToRanks(config,
+                                   [staged](TensorParallelEngine& engine) { return engine.LoadSlices(*staged); });
+  } else {
+    u->apply = impl_->ApplyToModel(std::make_shared<NamedTensors>(std::move(staged->front())));
+  }
+  return impl_->FinishSync(std::move(u), bytes, start);
+}
+
+std::function<absl::Status()> RolloutWorker::Impl::ApplyToRanks(
+    const actor::ModelConfig& config, std::function<absl::Status(TensorParallelEngine&)> load) {
+  // A broken engine (a failed collective) is replaced by a new one.
+  return [this, config, load = std::move(load)]() -> absl::Status {
+    TensorParallelEngine* engine = tp_engine();
+    if (engine != nullptr && engine->broken().ok()) return load(*engine);
+    gen.reset();
+    RLMESH_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelEngine> fresh, MakeTensorParallel(config));
+    RLMESH_RETURN_IF_ERROR(load(*fresh));
+    gen = std::move(fresh);
+    return absl::OkStatus();
+  };
+}
+
+std::function<absl::Status()> RolloutWorker::Impl::ApplyToModel(std::shared_ptr<const NamedTensors> tensors) {
+  return [this, tensors = std::move(tensors)]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> params;
+    for (auto& [name, p] : model->NamedParameters()) params[name] = p;
+    for (auto& [name, t] : *tensors) params.at(name).copy_(t);
+    return absl::OkStatus();
+  };
+}
+
+absl::StatusOr<LoadResult> RolloutWorker::Impl::FinishSync(std::shared_ptr<Update> u, int64_t bytes,
+                                                           absl::Time start) {
+  const int64_t v = u->version;
+  RLMESH_RETURN_IF_ERROR(PostUpdate(std::move(u)));
   RLMESH_LOG(INFO) << "received weights version=" << v << " bytes=" << bytes
-                   << " tensor_parallel=" << impl_->options.tensor_parallel;
+                   << " tensor_parallel=" << options.tensor_parallel
+                   << " pieces=" << std::max<size_t>(piece_receivers.size(), 1);
   return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};
 }
 
 absl::StatusOr<std::unique_ptr<TensorParallelEngine>> RolloutWorker::Impl::MakeTensorParallel(
-    const actor::ModelConfig& config, const weight_sync::NamedTensors& full) {
+    const actor::ModelConfig& config) {
   TensorParallelEngineOptions o;
   o.tp = options.tensor_parallel;
   o.generator.max_batch = options.max_batch;
@@ -216,7 +370,6 @@ absl::StatusOr<std::unique_ptr<TensorParallelEngine>> RolloutWorker::Impl::MakeT
     return absl::Status(engine.status().code(),
                         absl::StrCat("tensor_parallel=", o.tp, ": ", engine.status().message()));
   }
-  RLMESH_RETURN_IF_ERROR((*engine)->Load(full));
   return engine;
 }
 

@@ -190,6 +190,10 @@ struct RolloutWorker::Impl {
   std::string sync_group ABSL_GUARDED_BY(load_mu);
   // Receive buffers reused from one sync to the next.
   weight_sync::NamedTensors staging ABSL_GUARDED_BY(load_mu);
+  // A sync in pieces (spec.pieces > 1): one receiver per piece, `receiver`
+  // null. Rank r of the tensor_parallel ranks receives pieces
+  // [r, r+1) * pieces / tensor_parallel.
+  std::vector<std::unique_ptr<weight_sync::WeightReceiver>> piece_receivers ABSL_GUARDED_BY(load_mu);
 
   // Engine thread only. With tensor_parallel == 1, `model` is the policy
   // and `gen` a Generator over it, rebuilt after each swap. With
@@ -200,9 +204,24 @@ struct RolloutWorker::Impl {
   std::unique_ptr<actor::GenerationEngine> gen;
   TensorParallelEngine* tp_engine() { return dynamic_cast<TensorParallelEngine*>(gen.get()); }
   // A new TensorParallelEngine (options.tensor_parallel ranks, the
-  // generator options) holding its slices of `full`. Any thread.
-  absl::StatusOr<std::unique_ptr<TensorParallelEngine>> MakeTensorParallel(const actor::ModelConfig& config,
-                                                                           const weight_sync::NamedTensors& full);
+  // generator options) shaped `config`, its weights unset. Any thread.
+  absl::StatusOr<std::unique_ptr<TensorParallelEngine>> MakeTensorParallel(const actor::ModelConfig& config);
+  // An Update's apply: `load` on the engine's ranks at the fence (a new
+  // engine when the current one is broken or absent), or the tensors copied
+  // into `model` by name.
+  std::function<absl::Status()> ApplyToRanks(const actor::ModelConfig& config,
+                                             std::function<absl::Status(TensorParallelEngine&)> load);
+  std::function<absl::Status()> ApplyToModel(std::shared_ptr<const weight_sync::NamedTensors> tensors);
+  // Posts a weight-sync update of `bytes` received since `start`, waits for
+  // its fence, and logs it.
+  absl::StatusOr<LoadResult> FinishSync(std::shared_ptr<Update> u, int64_t bytes, absl::Time start);
+  // Receives version `version` in pieces (piece_receivers) and returns each
+  // rank's slice, joined from its pieces and checked against `params` (the
+  // loaded model's shapes). A rank goes on receiving its pieces after an
+  // error, so that no publisher is left waiting, except after a timeout
+  // (nobody is sending): one timeout at most, not one per piece.
+  absl::StatusOr<std::vector<weight_sync::NamedTensors>> ReceivePieces(
+      int64_t version, const std::map<std::string, ParamInfo>& params) ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu);
   // Groups interrupted by an update (partial rollout), resubmitted with
   // their tokens so far once the new weights are in.
   std::vector<actor::GenerationRequest> parked;
