@@ -1,8 +1,10 @@
 // Weights into the rollout workers: through the weight-sync group when both
 // sides support it, else through a checkpoint folder.
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
+#include <vector>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +12,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "coordinator/run_loop.h"
+#include "weight_sync/pieces.h"
 #include "weight_sync/segments.h"
 
 namespace rlmesh {
@@ -54,7 +57,6 @@ absl::Status RunLoop::SyncWeights(bool through_checkpoint) {
 
 absl::Status RunLoop::SyncThroughGroup() {
   const int n = static_cast<int>(clients_->rollouts.size());
-  LearnerClient& learner0 = *clients_->learners[0];
   WeightSyncSpec spec;
   spec.set_backend(cfg().weight_sync().backend());
   spec.set_world_size(n + 1);
@@ -69,7 +71,18 @@ absl::Status RunLoop::SyncThroughGroup() {
     spec.set_store_port(port);
     spec.set_store_host(o_.sync_store_host);
   }
+  // Tensor-parallel resharding: when either side is split, the weights
+  // travel in pieces, each published by the learner rank that holds it
+  // (replica 0's TP rank t is learner t) and received by the rollout ranks
+  // whose slice it is part of; nothing whole is gathered for the sync.
+  const int learner_tp = std::max(cfg().learner().tp(), 1);
+  const int pieces = cfg().weight_sync().whole_model()
+                         ? 0
+                         : weight_sync::WeightPieces(learner_tp, std::max(cfg().rollout().tp(), 1));
+  if (pieces > 1) spec.set_pieces(pieces);
   if (!sync_configured_) {
+    if (pieces > 1) RLMESH_LOG(INFO) << "weight sync in " << pieces << " pieces (learner.tp=" << learner_tp
+                                     << ", rollout.tp=" << cfg().rollout().tp() << ")";
     RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
       ConfigureWeightSyncRequest req;
       *req.mutable_spec() = spec;
@@ -78,21 +91,32 @@ absl::Status RunLoop::SyncThroughGroup() {
     }));
     sync_configured_ = true;
   }
-  PublishWeightsRequest pub;
-  *pub.mutable_spec() = spec;
-  pub.mutable_spec()->set_rank(0);
-  // Publisher and receivers run at the same time: for Gloo it is one
-  // collective. The data carries its layout, so receivers need only the
-  // learner's version.
-  absl::Status publish_status;
-  std::thread publisher([&] {
-    publish_status = learner0.PublishWeights(pub, absl::Milliseconds(spec.timeout_ms() + 5000)).status();
-  });
+  // Publishers and receivers run at the same time: for Gloo each group is
+  // one collective. The data carries its layout, so receivers need only the
+  // learner's version. Each publishing learner rank sends its pieces in
+  // order (its calls run one at a time anyway).
+  const int publishers = pieces > 1 ? std::min(learner_tp, pieces) : 1;
+  const int per_learner = pieces > 1 ? pieces / publishers : 1;
+  std::vector<absl::Status> publish_status(publishers);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < publishers; ++t) {
+    threads.emplace_back([&, t] {
+      for (int c = t * per_learner; c < (t + 1) * per_learner && publish_status[t].ok(); ++c) {
+        PublishWeightsRequest pub;
+        *pub.mutable_spec() = pieces > 1 ? weight_sync::PieceSpec(spec, c) : spec;
+        pub.mutable_spec()->set_rank(0);
+        absl::Status s =
+            clients_->learners[t]->PublishWeights(pub, absl::Milliseconds(spec.timeout_ms() + 5000)).status();
+        if (!s.ok() && pieces > 1) s = absl::Status(s.code(), absl::StrCat("learner ", t, " piece ", c, ": ", s.message()));
+        publish_status[t] = s;
+      }
+    });
+  }
   const int64_t learner_version = versions_.learner();
   absl::Status load_status =
       LoadIntoRollouts([&](LoadWeightsRequest* req) { req->mutable_sync()->set_version(learner_version); });
-  publisher.join();
-  RLMESH_RETURN_IF_ERROR(publish_status);
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : publish_status) RLMESH_RETURN_IF_ERROR(s);
   return load_status;
 }
 
