@@ -160,12 +160,12 @@ absl::StatusOr<std::vector<NamedTensors>> RolloutWorker::Impl::ReceivePieces(
         expected.set_version(version);
         auto t = piece_receivers[c]->Receive(expected);
         if (!t.ok()) {
-          if (status[r].ok()) status[r] = absl::Status(t.status().code(), absl::StrCat("piece ", c, ": ", t.status().message()));
-          // Nothing came within the timeout: the publishers are not
-          // sending, and waiting a timeout per remaining piece would only
-          // hold the load turn longer.
-          if (t.status().code() == absl::StatusCode::kDeadlineExceeded) break;
-          continue;
+          // The sync has failed: this rank's later pieces are not waited
+          // for (a timeout each would hold the load turn that much longer).
+          // A collective receiver drains what arrived for its own piece;
+          // a publisher left waiting fails by its own timeout.
+          status[r] = absl::Status(t.status().code(), absl::StrCat("piece ", c, ": ", t.status().message()));
+          break;
         }
         got[r].push_back(*std::move(t));
       }

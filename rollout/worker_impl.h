@@ -217,9 +217,8 @@ struct RolloutWorker::Impl {
   absl::StatusOr<LoadResult> FinishSync(std::shared_ptr<Update> u, int64_t bytes, absl::Time start);
   // Receives version `version` in pieces (piece_receivers) and returns each
   // rank's slice, joined from its pieces and checked against `params` (the
-  // loaded model's shapes). A rank goes on receiving its pieces after an
-  // error, so that no publisher is left waiting, except after a timeout
-  // (nobody is sending): one timeout at most, not one per piece.
+  // loaded model's shapes). Each rank stops at its first failed piece, so a
+  // failed sync takes one timeout at most, not one per piece.
   absl::StatusOr<std::vector<weight_sync::NamedTensors>> ReceivePieces(
       int64_t version, const std::map<std::string, ParamInfo>& params) ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu);
   // Groups interrupted by an update (partial rollout), resubmitted with
