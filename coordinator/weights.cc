@@ -95,7 +95,7 @@ absl::Status RunLoop::SyncThroughGroup() {
   // one collective. The data carries its layout, so receivers need only the
   // learner's version. Each publishing learner rank sends its pieces in
   // order (its calls run one at a time anyway).
-  const int publishers = pieces > 1 ? std::min(learner_tp, pieces) : 1;
+  const int publishers = pieces > 1 ? learner_tp : 1;
   const int per_learner = pieces > 1 ? pieces / publishers : 1;
   std::vector<absl::Status> publish_status(publishers);
   std::vector<std::thread> threads;

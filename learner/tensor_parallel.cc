@@ -252,6 +252,7 @@ absl::Status TensorParallelModel::LoadSlices(const std::vector<std::pair<std::st
     }
   }
   const auto params = shard_->NamedParameters();
+  std::vector<const at::Tensor*> sources;  // in params' order
   for (const auto& [name, p] : params) {
     auto it = by_name.find(name);
     if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": missing"));
@@ -260,16 +261,15 @@ absl::Status TensorParallelModel::LoadSlices(const std::vector<std::pair<std::st
           "parameter ", name, ": expected the slice shape ", c10::str(p.sizes()), ", got ",
           it->second->defined() ? c10::str(it->second->sizes()) : "none"));
     }
+    sources.push_back(it->second);
+    by_name.erase(it);
   }
-  if (by_name.size() != params.size()) {
-    for (const auto& [name, t] : slices) {
-      bool known = false;
-      for (const auto& [pname, p] : params) known = known || pname == name;
-      if (!known) return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": not in the model"));
-    }
+  // What is left names no parameter.
+  if (!by_name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", by_name.begin()->first, ": not in the model"));
   }
   at::NoGradGuard no_grad;
-  for (const auto& [name, p] : params) p.copy_(*by_name.at(name));
+  for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(*sources[i]);
   return absl::OkStatus();
 }
 

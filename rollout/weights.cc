@@ -173,18 +173,13 @@ absl::StatusOr<std::vector<NamedTensors>> RolloutWorker::Impl::ReceivePieces(
   }
   for (auto& t : threads) t.join();
   for (const absl::Status& s : status) RLMESH_RETURN_IF_ERROR(s);
-  // Each rank's pieces side by side; every parameter once, in its slice's
-  // shape (the split dimension / tp), before anything reaches the model.
+  // Each rank's pieces side by side, checked as its slice before anything
+  // reaches the model.
   std::vector<NamedTensors> slices(tp);
   for (int r = 0; r < tp; ++r) {
     const NamedTensors& first = got[r][0];
-    std::set<std::string> seen;
     for (size_t i = 0; i < first.size(); ++i) {
       const std::string& name = first[i].first;
-      auto it = shapes.find(name);
-      if (it == shapes.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "]: not a parameter of the model"));
-      }
       std::vector<at::Tensor> parts;
       for (const NamedTensors& piece : got[r]) {
         if (piece.size() != first.size() || piece[i].first != name) {
@@ -193,22 +188,35 @@ absl::StatusOr<std::vector<NamedTensors>> RolloutWorker::Impl::ReceivePieces(
         }
         parts.push_back(piece[i].second);
       }
-      at::Tensor slice = learner::JoinTensorParallelPieces(name, parts);
-      std::vector<int64_t> want = it->second.shape;
-      const int dim = learner::TensorParallelSplitDim(name);
-      if (dim >= 0 && dim < static_cast<int>(want.size())) want[dim] /= tp;
-      if (slice.sizes().vec() != want) {
-        return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "].shape: ", c10::str(slice.sizes()),
-                                                       " is not rank ", r, "'s slice ", c10::str(want)));
-      }
-      seen.insert(name);
-      slices[r].emplace_back(name, std::move(slice));
+      slices[r].emplace_back(name, learner::JoinTensorParallelPieces(name, parts));
     }
-    for (const auto& [name, info] : shapes) {
-      if (!seen.count(name)) return absl::InvalidArgumentError(absl::StrCat("sync.tensors: missing ", name));
-    }
+    RLMESH_RETURN_IF_ERROR(CheckAgainstModel(slices[r], shapes, tp));
   }
   return slices;
+}
+
+absl::Status RolloutWorker::Impl::CheckAgainstModel(const NamedTensors& tensors,
+                                                    const std::map<std::string, ParamInfo>& params, int tp) {
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    auto it = params.find(name);
+    if (it == params.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "]: not a parameter of the model"));
+    }
+    std::vector<int64_t> want = it->second.shape;
+    const int dim = tp > 1 ? learner::TensorParallelSplitDim(name) : -1;
+    if (dim >= 0 && dim < static_cast<int>(want.size())) want[dim] /= tp;
+    if (t.sizes().vec() != want) {
+      return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "].shape: ", c10::str(t.sizes()),
+                                                     " does not match the model's ", c10::str(want),
+                                                     tp > 1 ? absl::StrCat(" (a slice of ", tp, ")") : ""));
+    }
+    seen.insert(name);
+  }
+  for (const auto& [name, info] : params) {
+    if (!seen.count(name)) return absl::InvalidArgumentError(absl::StrCat("sync.tensors: missing ", name));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layout, int64_t version,
@@ -241,24 +249,9 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
     if (!impl_->config) {
       return absl::FailedPreconditionError("no model loaded: LoadWeights(checkpoint_path) once before a sync");
     }
-    // Every parameter exactly once, with its shape: checked before the fence
-    // so that a bad layout never leaves the model half-written.
-    std::set<std::string> seen;
-    for (const auto& [name, t] : tensors) {
-      auto it = impl_->params.find(name);
-      if (it == impl_->params.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "]: not a parameter of the model"));
-      }
-      if (t.sizes().vec() != it->second.shape) {
-        return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "].shape: does not match the model"));
-      }
-      seen.insert(name);
-      bytes += static_cast<int64_t>(t.nbytes());
-    }
-    for (const auto& [name, info] : impl_->params) {
-      if (!seen.count(name)) return absl::InvalidArgumentError(absl::StrCat("sync.tensors: missing ", name));
-    }
+    RLMESH_RETURN_IF_ERROR(Impl::CheckAgainstModel(tensors, impl_->params, 1));
   }
+  for (const auto& [name, t] : tensors) bytes += static_cast<int64_t>(t.nbytes());
   auto u = std::make_shared<Impl::Update>();
   u->version = v;
   u->model_id = absl::StrCat("weight_sync:", impl_->sync_group.empty() ? "default" : impl_->sync_group);

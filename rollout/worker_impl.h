@@ -206,6 +206,12 @@ struct RolloutWorker::Impl {
   // A new TensorParallelEngine (options.tensor_parallel ranks, the
   // generator options) shaped `config`, its weights unset. Any thread.
   absl::StatusOr<std::unique_ptr<TensorParallelEngine>> MakeTensorParallel(const actor::ModelConfig& config);
+  // Every parameter of `params` exactly once in `tensors`, each with the
+  // model's shape, divided by `tp` on its split dimension when tp > 1 (a
+  // rank's slice): checked before the fence, so that a bad layout never
+  // leaves the model half-written. INVALID_ARGUMENT naming the tensor.
+  static absl::Status CheckAgainstModel(const weight_sync::NamedTensors& tensors,
+                                        const std::map<std::string, ParamInfo>& params, int tp);
   // An Update's apply: `load` on the engine's ranks at the fence (a new
   // engine when the current one is broken or absent), or the tensors copied
   // into `model` by name.
