@@ -53,6 +53,14 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
                                 : c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
     opts->threads = options.threads;
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+    // A rank's connectFullMesh returns once its own ends of the pairs are
+    // up, which can be before a peer's listener has handed it the same
+    // connection. A rank that then drops the group at once (a layout
+    // refused after the rendezvous, a failed step before the first
+    // collective) closes sockets the peer is still finishing, and the peer
+    // fails with "Connection closed by peer" instead of its own answer.
+    // The barrier returns only when every rank's constructor has returned.
+    group->barrier()->wait();
   }));
   return group;
 }

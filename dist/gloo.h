@@ -28,7 +28,9 @@ struct GlooGroupOptions {
 };
 
 // Creates a Gloo process group; blocks until all `world_size` ranks have
-// joined through `store` (or the timeout passes: ABORTED). The first call
+// joined through `store` and every rank's side of every connection is up
+// (a barrier ends the rendezvous), or the timeout passes: ABORTED. So a
+// rank may drop the group as soon as this returns without failing a peer. The first call
 // sets TORCH_FR_BUFFER_SIZE=0 unless the environment already sets it: c10d's
 // flight recorder races when several groups of one process run collectives
 // from different threads (docs/decisions.md).
