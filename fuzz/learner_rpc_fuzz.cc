@@ -6,7 +6,8 @@
 // checkpoint, ...), so TrainStep, Save, Load and PublishWeights reach a
 // configured trainer. Other Configures keep their fuzzed experiment and
 // must be refused or built, never crash. Weight-sync and store timeouts the
-// fuzzer picks are capped at 100 ms, as in the rollout target. After each
+// fuzzer picks are capped at 100 ms, as in the rollout target, and the
+// trainer's own store and Gloo waits at 200 ms. After each
 // call GetStatus answers.
 
 #include <cstdint>
@@ -65,6 +66,11 @@ rlmesh::fuzz::RpcFuzzHarness& Harness() {
     o.write_roots = {Root()};
     o.sample_timeout = absl::Milliseconds(200);
     o.store_timeout_ms = 200;
+    // A fuzzed Configure of world size > 1 whose store answers would wait
+    // for peers that never come for Gloo's 300 s default, past its client's
+    // deadline, and hold the server's shutdown (session 19 saw one 60 s
+    // wait there). Every wait the fuzzer can reach is capped.
+    o.gloo.timeout_ms = 200;
     static rlmesh::learner::Trainer trainer(o);
     static rlmesh::learner::LearnerService service(&trainer, &auth);
     rlmesh::fuzz::RpcFuzzTarget t;
