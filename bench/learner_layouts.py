@@ -23,8 +23,10 @@ by TP, `replicated` norms), as bench/tensor_parallel.py states it:
   tp=2           20 (sliced / 2 + replicated)
   ZeRO-3, dp=2   20 P / 2
   ep=2 (MoE)     20 (replicated + experts / 2)
-plus, on rank 0 under TP, ZeRO-3 and EP, the whole policy's weights (4 P) that
-the trainer keeps there for weight sync and checkpoints. Measured: the
+plus, on rank 0 under ZeRO-3 and EP, and under TP with weight_sync.whole_model
+("tp=2 whole_model"), the whole policy's weights (4 P) that the trainer keeps
+there for weight sync and checkpoints. Under TP with weight sync in pieces
+(the default) rank 0 gathers it only for checkpoints. --layouts picks some. Measured: the
 resident set once the trainer is configured minus the one before it
 existed (LibTorch's start-up); peak: the peak resident set minus the same.
 """
@@ -45,21 +47,24 @@ import expert_parallel  # noqa: E402  (its MoE model for --moe)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "bazel-bin/bench/learner_step_bench")
-# (name, world, tp, sequence parallel, zero, ep)
-LAYOUTS = [("K=1", 1, 1, False, 0, 1), ("dp=2", 2, 1, False, 0, 1), ("dp=2 ZeRO-3", 2, 1, False, 3, 1),
-           ("tp=2", 2, 2, False, 0, 1), ("tp=2 + SP", 2, 2, True, 0, 1)]
-MOE_LAYOUTS = [("K=1", 1, 1, False, 0, 1), ("dp=2", 2, 1, False, 0, 1), ("ep=2", 2, 1, False, 0, 2)]
+# (name, world, tp, sequence parallel, zero, ep, weight_sync.whole_model)
+LAYOUTS = [("K=1", 1, 1, False, 0, 1, False), ("dp=2", 2, 1, False, 0, 1, False),
+           ("dp=2 ZeRO-3", 2, 1, False, 3, 1, False), ("tp=2", 2, 2, False, 0, 1, False),
+           ("tp=2 + SP", 2, 2, True, 0, 1, False), ("tp=2 whole_model", 2, 2, False, 0, 1, True)]
+MOE_LAYOUTS = [("K=1", 1, 1, False, 0, 1, False), ("dp=2", 2, 1, False, 0, 1, False),
+               ("ep=2", 2, 1, False, 0, 2, False)]
 
 
 def run_layout(layout, model_dir, cores, steps, workdir, serial, shape):
-    name, world, tp, sp, zero, ep = layout
+    name, world, tp, sp, zero, ep, whole = layout
     store = os.path.join(workdir, f"store-{serial}")
     procs = []
     for rank in range(world):
         args = [BIN, f"--model_dir={model_dir}", f"--threads={max(1, cores // world)}", "--warmup=1",
                 f"--steps={steps}", f"--groups={shape['batch'] // 2}", "--group_size=2", "--prompt_len=32",
                 f"--response_len={shape['seq'] - 32}", f"--world={world}", f"--rank={rank}", f"--store={store}",
-                f"--tp={tp}", f"--sequence_parallel={'true' if sp else 'false'}", f"--zero={zero}", f"--ep={ep}"]
+                f"--tp={tp}", f"--sequence_parallel={'true' if sp else 'false'}", f"--zero={zero}", f"--ep={ep}",
+                f"--whole_model={'true' if whole else 'false'}"]
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     ranks = []
     for rank, p in enumerate(procs):
@@ -83,6 +88,7 @@ def main():
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--moe", action="store_true", help="a Qwen3-MoE under K=1, dp=2 and ep=2")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--layouts", default="", help="comma-separated layout names to run (default all; K=1 always)")
     args = ap.parse_args()
     if not os.access(BIN, os.X_OK):
         sys.exit("build first: bazel build //bench:learner_step_bench")
@@ -107,6 +113,12 @@ def main():
             num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
             num_key_value_heads=SHAPE["kv_heads"], max_position_embeddings=256, tie_word_embeddings=False,
             rms_norm_eps=1e-6))
+    if args.layouts:
+        wanted = set(args.layouts.split(",")) | {"K=1"}
+        unknown = wanted - {l[0] for l in layouts}
+        if unknown:
+            sys.exit(f"--layouts: unknown {sorted(unknown)}; known: {[l[0] for l in layouts]}")
+        layouts = [l for l in layouts if l[0] in wanted]
     results = {l[0]: [] for l in layouts}
     with tempfile.TemporaryDirectory() as d:
         model_dir = os.path.join(d, "model")
@@ -120,7 +132,7 @@ def main():
                 results[layout[0]].append(ranks)
                 print(json.dumps(dict(layout=layout[0], repeat=rep, ranks=ranks)), file=sys.stderr)
     rows = []
-    for name, world, tp, sp, zero, ep in layouts:
+    for name, world, tp, sp, zero, ep, whole in layouts:
         runs = results[name]
         step = [max(r["step"] for r in ranks) for ranks in runs]  # a step ends when its slowest rank does
         per_rank = []
@@ -133,7 +145,10 @@ def main():
                 theory = 20 * (sliced / tp + replicated)
             else:
                 theory = 20 * P
-            if rank == 0 and (zero == 3 or tp > 1 or ep > 1):
+            # Rank 0's whole copy of the policy: under TP only with
+            # weight_sync.whole_model (in pieces it is gathered for
+            # checkpoints only).
+            if rank == 0 and (zero == 3 or ep > 1 or (tp > 1 and whole)):
                 theory += 4 * P
             per_rank.append(dict(rank=rank, state=statistics.median(r[rank]["state"] for r in runs),
                                  peak=statistics.median(r[rank]["peak"] for r in runs),

@@ -22,6 +22,7 @@
 // tokens (prompt + response tokens in the batch), and the trainer's own
 // seconds_forward_backward / seconds_optimizer.
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -66,6 +67,9 @@ ABSL_FLAG(int, tp, 1, "learner.tp.");
 ABSL_FLAG(bool, sequence_parallel, false, "learner.sequence_parallel.");
 ABSL_FLAG(int, zero, 0, "learner.zero (0, 1 or 3).");
 ABSL_FLAG(int, ep, 1, "learner.ep (a MoE --model_dir; equal to --world when > 1).");
+ABSL_FLAG(bool, whole_model, false,
+          "weight_sync.whole_model: under --tp > 1, rank 0 keeps the whole policy after every step (else it is "
+          "gathered only for checkpoints).");
 ABSL_FLAG(bool, grad_norms, false,
           "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
           "parameter gradients, for comparing against the eager side.");
@@ -140,6 +144,7 @@ int Run() {
   e.mutable_learner()->set_sequence_parallel(absl::GetFlag(FLAGS_sequence_parallel));
   e.mutable_learner()->set_zero(absl::GetFlag(FLAGS_zero));
   e.mutable_learner()->set_ep(absl::GetFlag(FLAGS_ep));
+  e.mutable_weight_sync()->set_whole_model(absl::GetFlag(FLAGS_whole_model));
   ConfigureRequest req;
   req.set_world_size(absl::GetFlag(FLAGS_world));
   req.set_rank(absl::GetFlag(FLAGS_rank));
@@ -167,7 +172,14 @@ int Run() {
     std::fprintf(stderr, "configure: %s\n", cfg.status().ToString().c_str());
     return 1;
   }
+  // Memory the trainer freed while configuring (the broadcast's whole
+  // policy on the ranks that drop it) goes back to the system first:
+  // glibc's with malloc_trim, TCMalloc's (the learner's malloc, looked up
+  // so that the glibc build links too) with its own release.
   malloc_trim(0);
+  if (auto release = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
+    release();
+  }
   const double rss_configured = bench::RssBytes();
   // From the config: under ZeRO-3 and TP only rank 0's policy holds data.
   const actor::ModelConfig& mc = (*static_cast<actor::Transformer*>(trainer.policy_model()))->config();

@@ -76,9 +76,7 @@ absl::Status RunLoop::SyncThroughGroup() {
   // (replica 0's TP rank t is learner t) and received by the rollout ranks
   // whose slice it is part of; nothing whole is gathered for the sync.
   const int learner_tp = std::max(cfg().learner().tp(), 1);
-  const int pieces = cfg().weight_sync().whole_model()
-                         ? 0
-                         : weight_sync::WeightPieces(learner_tp, std::max(cfg().rollout().tp(), 1));
+  const int pieces = weight_sync::ConfiguredWeightPieces(cfg());
   if (pieces > 1) spec.set_pieces(pieces);
   if (!sync_configured_) {
     if (pieces > 1) RLMESH_LOG(INFO) << "weight sync in " << pieces << " pieces (learner.tp=" << learner_tp

@@ -18,6 +18,7 @@
 #include "dist/device.h"
 #include "learner/checkpoint.h"
 #include "learner/trainer_internal.h"
+#include "weight_sync/pieces.h"
 
 namespace rlmesh::learner {
 namespace {
@@ -82,6 +83,11 @@ absl::StatusOr<actor::Transformer> LoadTeacher(const StageOptions& stage, const 
   for (auto& p : (*teacher)->parameters()) p.set_requires_grad(false);
   (*teacher)->eval();
   return teacher;
+}
+
+// Drops a module's parameter data, keeping its names and config.
+void DropParameterData(actor::Transformer& m) {
+  for (auto& [name, t] : m->NamedParameters()) t.set_data(at::empty({0}, t.options()));
 }
 
 }  // namespace
@@ -193,6 +199,22 @@ absl::Status ModelSet::EmptyPolicyPass(bool backward) {
 }
 
 absl::Status ModelSet::SyncPolicy() {
+  if (whole_on_demand) {
+    whole_fresh = false;
+    DropParameterData(policy);
+    return absl::OkStatus();
+  }
+  return GatherIntoRank0();
+}
+
+absl::Status ModelSet::GatherPolicy() {
+  if (!whole_on_demand || whole_fresh) return absl::OkStatus();
+  RLMESH_RETURN_IF_ERROR(GatherIntoRank0());
+  whole_fresh = true;
+  return absl::OkStatus();
+}
+
+absl::Status ModelSet::GatherIntoRank0() {
   std::vector<std::pair<std::string, at::Tensor>> full;
   if (sharded) {
     RLMESH_ASSIGN_OR_RETURN(full, sharded->GatherFull());
@@ -217,7 +239,13 @@ absl::Status ModelSet::SyncPolicy() {
     for (auto& [name, p] : policy->NamedParameters()) {
       auto it = by_name.find(name);
       if (it == by_name.end()) return absl::InternalError(absl::StrCat("sync policy: ", name, " not gathered"));
-      p.copy_(it->second);
+      // A copy dropped between checkpoints (whole_on_demand) takes the
+      // gathered tensor itself.
+      if (p.sizes() == it->second.sizes()) {
+        p.copy_(it->second);
+      } else {
+        p.set_data(it->second.to(p.options()).contiguous());
+      }
     }
     return absl::OkStatus();
   });
@@ -318,7 +346,7 @@ absl::Status ModelSet::LoadPolicyWeights(const std::string& dir, int rank) {
   if (!PolicySplit()) return actor::LoadHfWeights(dir, policy);
   return CatchAll("load policy", [&]() -> absl::Status {
     actor::Transformer full{nullptr};
-    if (rank == 0) {
+    if (rank == 0 && !whole_on_demand) {
       full = policy;
     } else {
       std::lock_guard<std::mutex> lock(InitMutex());
@@ -328,6 +356,7 @@ absl::Status ModelSet::LoadPolicyWeights(const std::string& dir, int rank) {
     const auto named = full->NamedParameters();
     if (sharded) return sharded->LoadFromFull(named);
     if (ep_policy) return ep_policy->LoadFromFull(named);
+    whole_fresh = false;
     return tp_policy->LoadFromFull(named);
   });
 }
@@ -440,11 +469,6 @@ absl::Status BroadcastPolicy(ModelSet* models) {
   return absl::OkStatus();
 }
 
-// Drops a module's parameter data, keeping its names and config.
-void DropParameterData(actor::Transformer& m) {
-  for (auto& [name, t] : m->NamedParameters()) t.set_data(at::empty({0}, t.options()));
-}
-
 // learner.zero: 3: the broadcast policy cut into this rank's shards; ranks
 // other than 0 drop the policy's parameter data.
 absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) {
@@ -508,7 +532,7 @@ absl::Status SplitPolicyTensorParallel(const StageOptions& stage, int rank, int 
       for (at::Tensor& p : s.tp_reference->Parameters()) p.set_requires_grad(false);
       DropParameterData(s.reference);
     }
-    if (rank != 0) DropParameterData(s.policy);
+    if (rank != 0 || s.whole_on_demand) DropParameterData(s.policy);
     return absl::OkStatus();
   }));
   DataParallelOptions dpo;
@@ -652,6 +676,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     return DataParallel::Create(s.group, std::move(params), dpo);
   };
   s.zero1 = stage.learner.zero1;
+  s.whole_on_demand = stage.learner.tp > 1 && weight_sync::ConfiguredWeightPieces(exp) > 1;
   if (stage.learner.zero3) {
     RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, &s));
   } else if (stage.learner.tp > 1) {

@@ -61,7 +61,8 @@ struct ModelSet {
   // `dp_group`, the ranks that hold the same slices (null when there is one
   // replica), with the gradient norm summed over `tp_group`. As under
   // ZeRO-3, `policy` holds the whole model on rank 0 only (SyncPolicy), and
-  // `reference` holds no parameter data.
+  // `reference` holds no parameter data. With weight sync in pieces
+  // (whole_on_demand) not even rank 0 keeps it between checkpoints.
   std::unique_ptr<TensorParallelModel> tp_policy, tp_reference;
   c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
   // learner.ep > 1: the policy's routed experts spread over this rank's
@@ -111,9 +112,26 @@ struct ModelSet {
   // The module the policy's forward passes run through (routing replay and
   // router logits attach to it): ep_policy->model() under EP, else policy.
   actor::Transformer& PolicyModule() { return ep_policy ? ep_policy->model() : policy; }
-  // ZeRO-3 and TP: gathers the updated weights into rank 0's `policy`
-  // (every rank must call it). No-op otherwise.
+  // After an optimizer step (every rank must call it). ZeRO-3, TP and EP:
+  // gathers the updated weights into rank 0's `policy`; with
+  // whole_on_demand, drops rank 0's now stale copy instead. No-op
+  // otherwise.
   absl::Status SyncPolicy();
+  // learner.tp > 1 with weight sync in pieces (weight_sync::
+  // ConfiguredWeightPieces > 1): the rollout receives each rank's slices
+  // from that rank, so nobody needs the whole policy after a step, and rank
+  // 0 keeps none (0.20 of K=1's training state, bench/learner_layouts.md).
+  // GatherPolicy builds it when a checkpoint asks; the next step drops it.
+  bool whole_on_demand = false;
+  // With whole_on_demand: rank 0's `policy` holds the current weights.
+  bool whole_fresh = false;
+  // Makes rank 0's `policy` the whole current policy (every rank must call
+  // it): a gather under whole_on_demand unless already fresh; a no-op
+  // otherwise, where SyncPolicy keeps it current.
+  absl::Status GatherPolicy();
+  // What SyncPolicy and GatherPolicy share: the split policy gathered into
+  // rank 0's `policy` (every rank must call it).
+  absl::Status GatherIntoRank0();
   // True when the policy's parameters live split over ranks (ZeRO-3, TP,
   // EP).
   bool PolicySplit() const { return sharded != nullptr || tp_policy != nullptr || ep_policy != nullptr; }

@@ -149,11 +149,10 @@ grpc::ServerUnaryReactor* LearnerService::PublishWeights(grpc::CallbackServerCon
       auto piece = trainer_->PolicyPiece(spec.piece(), spec.pieces());
       if (!piece.ok()) return piece.status();
       tensors = *std::move(piece);
-    } else if (status.rank() != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", status.rank(), ": only rank 0 publishes the whole model"));
     } else {
-      tensors = trainer_->PolicyParameters();
+      auto whole = trainer_->WholePolicy();
+      if (!whole.ok()) return whole.status();
+      tensors = *std::move(whole);
     }
     const auto t0 = std::chrono::steady_clock::now();
     const int key = spec.pieces() > 1 ? spec.piece() : -1;

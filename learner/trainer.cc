@@ -71,6 +71,24 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::PolicyParameters() cons
   return s_->models.policy->NamedParameters();
 }
 
+absl::Status Trainer::GatherPolicy() {
+  if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  return s_->models.GatherPolicy();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::WholePolicy() const {
+  if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  if (s_->rank != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", s_->rank, ": only rank 0 publishes the whole model"));
+  }
+  if (s_->models.whole_on_demand) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "learner.tp=", s_->opt.learner.tp, " syncs weights in pieces (weight_sync.whole_model: false), so rank 0 "
+        "keeps no whole copy of the policy to publish; ask for spec.pieces, or set weight_sync.whole_model: true"));
+  }
+  return s_->models.policy->NamedParameters();
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::PolicyPiece(int piece, int pieces) const {
   if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
   const TensorParallelModel* tp = s_->models.tp_policy.get();

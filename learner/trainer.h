@@ -147,8 +147,21 @@ class Trainer {
   absl::StatusOr<std::map<std::string, double>> EvaluatePairs(const std::vector<PreferencePair>& pairs);
 
   // For tests and benchmarks: the policy's parameters under their Hugging
-  // Face names (the live tensors). REQUIRES: configured.
+  // Face names (the live tensors). REQUIRES: configured. Under ZeRO-3, TP
+  // and EP only rank 0's are whole, and under TP with weight sync in pieces
+  // only after GatherPolicy (or Save) since the last step: between them its
+  // tensors are empty.
   std::vector<std::pair<std::string, at::Tensor>> PolicyParameters() const;
+  // Makes rank 0's PolicyParameters() the whole current policy; every rank
+  // must call it (a gather under TP with weight sync in pieces, where no
+  // rank keeps the whole policy between checkpoints; a no-op elsewhere).
+  // Save does it itself.
+  absl::Status GatherPolicy();
+  // The whole policy for a whole-model weight sync: rank 0's
+  // PolicyParameters(). FAILED_PRECONDITION on other ranks, and under TP
+  // with weight sync in pieces (naming weight_sync.whole_model), where rank
+  // 0 holds no whole copy to send.
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> WholePolicy() const;
   // The policy's piece `piece` of `pieces` for weight sync between
   // tensor-parallel layouts (learner::TensorParallelPiece), cut from what
   // this rank holds: under learner.tp > 1, rank t < tp (replica 0) holds

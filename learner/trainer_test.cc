@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -486,6 +487,46 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     REQUIRE(resumed.TrainStep(SftStep(3)).ok());
     REQUIRE(single.TrainStep(SftStep(3)).ok());
     CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  }
+  SECTION("tp=2 with weight sync in pieces: no rank keeps the whole policy between checkpoints") {
+    // rollout.tp is 1, so weight sync travels in 2 pieces, one from each
+    // rank's slice (weight_sync::ConfiguredWeightPieces).
+    Trainer ranks[2];
+    auto results = testing::TrainShards(ranks, 2, Request(t, dir.File("ckpt_tp")), dir.File("store"), 3, SftStep,
+                                        nullptr, /*gather=*/false);
+    INFO(results[0].ToString() << " / " << results[1].ToString());
+    REQUIRE(results[0].ok());
+    REQUIRE(results[1].ok());
+    for (int r = 0; r < 2; ++r) {
+      for (const auto& [name, p] : ranks[r].PolicyParameters()) {
+        INFO("rank " << r << " " << name);
+        CHECK(p.numel() == 0);
+      }
+    }
+    auto refused = ranks[0].WholePolicy();
+    CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(refused.status().message(), "weight_sync.whole_model"));
+    // Gathered on demand (as Save does), it is one process's policy.
+    absl::Status gathered[2];
+    std::thread other([&] { gathered[1] = ranks[1].GatherPolicy(); });
+    gathered[0] = ranks[0].GatherPolicy();
+    other.join();
+    REQUIRE(gathered[0].ok());
+    REQUIRE(gathered[1].ok());
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    for (const auto& [name, p] : ranks[1].PolicyParameters()) CHECK(p.numel() == 0);
+
+    // weight_sync.whole_model: rank 0 keeps it current after every step.
+    ExperimentConfig whole = t;
+    whole.mutable_weight_sync()->set_whole_model(true);
+    Trainer kept[2];
+    auto w = testing::TrainShards(kept, 2, Request(whole, dir.File("ckpt_whole")), dir.File("store_whole"), 3, SftStep,
+                                  nullptr, /*gather=*/false);
+    REQUIRE(w[0].ok());
+    REQUIRE(w[1].ok());
+    CHECK(MaxAbsDiff(single, kept[0]) <= 1e-5);
+    REQUIRE(kept[0].WholePolicy().ok());
+    CHECK(kept[1].WholePolicy().status().code() == absl::StatusCode::kFailedPrecondition);
   }
   SECTION("tp=2 x dp=2 with sequence parallelism, resumed from the plain checkpoint") {
     t.mutable_learner()->set_sequence_parallel(true);

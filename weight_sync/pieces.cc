@@ -13,6 +13,11 @@ int WeightPieces(int learner_tp, int rollout_tp) {
   return hi;
 }
 
+int ConfiguredWeightPieces(const ExperimentConfig& exp) {
+  if (exp.weight_sync().whole_model()) return 0;
+  return WeightPieces(std::max(exp.learner().tp(), 1), std::max(exp.rollout().tp(), 1));
+}
+
 WeightSyncSpec PieceSpec(const WeightSyncSpec& spec, int piece) {
   WeightSyncSpec out = spec;
   out.set_piece(piece);

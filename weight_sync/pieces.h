@@ -5,6 +5,7 @@
 // piece's own group. What a piece holds is learner::TensorParallelPiece.
 
 #include "proto/common.pb.h"
+#include "proto/config.pb.h"
 
 namespace rlmesh::weight_sync {
 
@@ -14,6 +15,12 @@ namespace rlmesh::weight_sync {
 // holds a run of whole pieces; 0 (the whole model from the learner's rank
 // 0) when neither side is split or neither size divides the other.
 int WeightPieces(int learner_tp, int rollout_tp);
+
+// The pieces a run's weight sync travels in: WeightPieces(learner.tp,
+// rollout.tp), or 0 with weight_sync.whole_model. The coordinator asks for
+// this many, and the learner plans rank 0's memory by it (with pieces it
+// keeps no whole copy of a tensor-parallel policy between checkpoints).
+int ConfiguredWeightPieces(const ExperimentConfig& exp);
 
 // The spec of piece `piece`'s own group when the weights travel in
 // spec.pieces pieces: spec.piece set, "-p<piece>" appended to the group

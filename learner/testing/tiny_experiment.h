@@ -42,12 +42,15 @@ inline ExperimentConfig TinyExperiment(uint64_t seed, int64_t train) {
 // Runs ranks[0..world) as one group over a FileStore at `store_path`, a
 // thread each: Configure(`base` with rank, world size and store), `steps`
 // TrainSteps from `step(i)`, then `after(rank, trainer)` when given (calls
-// such as Save that need every rank at once). Returns each rank's first
-// error, or OK.
+// such as Save that need every rank at once). With `gather` (the default),
+// when every rank got that far, they all GatherPolicy, so that rank 0's
+// PolicyParameters() is the whole policy whatever the layout. Returns each
+// rank's first error, or OK.
 inline std::vector<absl::Status> TrainShards(Trainer* ranks, int world, const ConfigureRequest& base,
                                              const std::string& store_path, int steps,
                                              const std::function<TrainStepRequest(int)>& step,
-                                             const std::function<absl::Status(int, Trainer&)>& after = nullptr) {
+                                             const std::function<absl::Status(int, Trainer&)>& after = nullptr,
+                                             bool gather = true) {
   std::vector<absl::Status> results(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -71,6 +74,12 @@ inline std::vector<absl::Status> TrainShards(Trainer* ranks, int world, const Co
       if (after) results[r] = after(r, ranks[r]);
     });
   }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  // A collective: only when no rank has left the group.
+  for (const absl::Status& s : results) gather = gather && s.ok();
+  if (!gather) return results;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { results[r] = ranks[r].GatherPolicy(); });
   for (auto& t : threads) t.join();
   return results;
 }
