@@ -208,7 +208,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.WeightSyncConfig.backend", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.bucket_mb", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.timeout_ms", "coordinator/weights.cc"},
-    {"rlmesh.WeightSyncConfig.whole_model", "coordinator/weights.cc"},
+    {"rlmesh.WeightSyncConfig.whole_model", "weight_sync/pieces.cc"},
     {"rlmesh.ExperimentConfig.checkpoint", "coordinator/rl_loop.cc"},
     {"rlmesh.CheckpointConfig.every", "coordinator/rl_loop.cc"},
     {"rlmesh.CheckpointConfig.keep", "learner/stage_options.cc"},
