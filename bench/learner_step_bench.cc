@@ -181,7 +181,8 @@ int Run() {
     release();
   }
   const double rss_configured = bench::RssBytes();
-  // From the config: under ZeRO-3 and TP only rank 0's policy holds data.
+  // From the config: under ZeRO-3, EP and TP only rank 0's policy holds data
+  // (under TP with weight sync in pieces, none does between checkpoints).
   const actor::ModelConfig& mc = (*static_cast<actor::Transformer*>(trainer.policy_model()))->config();
   const int vocab = static_cast<int>(mc.vocab_size);
   int64_t params = 0;
