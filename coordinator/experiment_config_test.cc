@@ -86,7 +86,12 @@ TEST_CASE("learner.zero takes 0, 1 and 3; 3 is refused by name where it is not b
   s = Normalize("name: x\nlearner: {zero: 3}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, optimizer: "
                 "{lr: 0.001}}}}]\n",
                 &ppo);
-  CHECK(s.message().find("stages[0]: learner.zero: 3 is built for sft and grpo stages") != absl::string_view::npos);
+  CHECK(s.message().find("stages[0]: learner.zero: 3 is built for sft, dpo and grpo stages") != absl::string_view::npos);
+  ExperimentConfig dpo;
+  CHECK(Normalize("name: x\nlearner: {shards: 2, zero: 3}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: "
+                  "0.001}}}]\n",
+                  &dpo)
+            .ok());
   ExperimentConfig bf16;
   s = Normalize("name: x\nlearner: {zero: 3, autocast: bf16}\n" + sft, &bf16);
   CHECK(s.message().find("learner.autocast: bf16 with learner.zero: 3 is not built") != absl::string_view::npos);
@@ -114,6 +119,11 @@ TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused b
   CHECK(ok.learner().tp() == 2);
   ExperimentConfig tp_zero1;
   REQUIRE(Normalize("name: x\nlearner: {shards: 4, tp: 2, zero: 1}\n" + sft, &tp_zero1).ok());
+  ExperimentConfig tp_dpo;
+  CHECK(Normalize("name: x\nlearner: {shards: 2, tp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: "
+                  "0.001}}}]\n",
+                  &tp_dpo)
+            .ok());
   ExperimentConfig plain;
   REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
   CHECK(plain.learner().tp() == 1);
@@ -125,8 +135,8 @@ TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused b
       {"learner: {shards: 2, tp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.tp > 1"},
       {"model: {device: cuda}\nlearner: {shards: 2, tp: 2}\n" + sft, "learner.tp: tensor parallelism runs on the CPU"},
       {"learner: {shards: 2, sequence_parallel: true}\n" + sft, "learner.sequence_parallel: needs learner.tp > 1"},
-      {"learner: {shards: 2, tp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
-       "stages[0]: learner.tp > 1 is built for sft and grpo stages"},
+      {"learner: {shards: 2, tp: 2}\nstages: [{reward_model: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.tp > 1 is built for sft, dpo and grpo stages"},
   };
   CheckRefused(refused);
 }
@@ -149,8 +159,8 @@ TEST_CASE("learner.ep divides the shards, needs a MoE checkpoint and is refused 
       {moe + "learner: {shards: 2, ep: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.ep > 1"},
       {"model: {init: checkpoint, path: /m, device: cuda}\nlearner: {shards: 2, ep: 2}\n" + sft,
        "learner.ep: expert parallelism runs on the CPU"},
-      {moe + "learner: {shards: 2, ep: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
-       "stages[0]: learner.ep > 1 is built for sft and grpo stages"},
+      {moe + "learner: {shards: 2, ep: 2}\nstages: [{reward_model: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.ep > 1 is built for sft, dpo and grpo stages"},
   };
   CheckRefused(refused);
 }

@@ -436,7 +436,7 @@ TEST_CASE("learner.ep is refused by name where it is not built") {
   ConfigureRequest ppo = r;
   *ppo.mutable_experiment()->mutable_stages(0)->mutable_ppo()->mutable_rl() =
       r.experiment().stages(0).grpo().rl();
-  CHECK(absl::StrContains(refusal(ppo, 2), "learner.ep: 2 is built for sft and grpo stages"));
+  CHECK(absl::StrContains(refusal(ppo, 2), "learner.ep: 2 is built for sft, dpo and grpo stages"));
   // A dense policy: both ranks form the group, then refuse by name.
   ConfigureRequest dense = r;
   dense.mutable_experiment()->mutable_model()->set_init("scratch");

@@ -44,14 +44,26 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
     pair_lengths.push_back(longest);
   }
   const int64_t n = pairs.size();
-  if (n == 0) return absl::OkStatus();
   return CatchAll("pair step", [&]() -> absl::Status {
+    // Each micro-batch holds whole pairs (2 rows per pair).
+    const auto micros = n == 0 ? std::vector<std::pair<int64_t, int64_t>>()
+                               : MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.opt.learner.micro_tokens / 2));
+    // ZeRO-3 and EP: every rank runs as many policy passes as the rank with
+    // the most micro-batches (the passes hold collectives); the frozen
+    // reference is whole on every rank there, and its passes hold none.
+    // Under TP the ranks of a replica train the same pairs.
+    if (s.models.AlignedPasses()) {
+      RLMESH_ASSIGN_OR_RETURN(const int64_t passes, s.models.MaxOverGroup(static_cast<int64_t>(micros.size())));
+      for (int64_t k = static_cast<int64_t>(micros.size()); k < passes; ++k) {
+        RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(/*backward=*/train));
+      }
+    }
+    if (n == 0) return absl::OkStatus();
     Batch b = MakeBatch(seqs, false);
     std::vector<int64_t> row_lengths;
     for (const Seq& q : seqs) row_lengths.push_back(q.ids.size());
     MetricMeans means;
-    // Each micro-batch holds whole pairs (2 rows per pair).
-    for (auto [a, e] : MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.opt.learner.micro_tokens / 2))) {
+    for (auto [a, e] : micros) {
       const int64_t ra = 2 * a, re = 2 * e;
       const int64_t T = *std::max_element(row_lengths.begin() + ra, row_lengths.begin() + re);
       auto ids = Rows(b.input_ids, ra, re, T), pos = Rows(b.positions, ra, re, T);
@@ -113,15 +125,21 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainPairs() {
   TrainStepResponse resp;
   auto& m = *resp.mutable_metrics()->mutable_values();
   std::map<std::string, double> vals;
-  s.models.dp->ZeroGrad();
+  // Each rank's loss is the mean over its own pairs (DataParallel's
+  // convention; ZeRO-3 and EP take the weight before the backward passes).
+  const double local_pairs = static_cast<double>(mine.size());
+  RLMESH_RETURN_IF_ERROR(CatchAll("zero grad", [&]() { return s.models.ZeroGradPolicy(local_pairs); }));
   const auto t0 = Clock::now();
   RLMESH_RETURN_IF_ERROR(PairPass(mine, /*train=*/true, &vals));
   const double fb_seconds = Since(t0);
   const auto t1 = Clock::now();
-  const double lr = LearningRate(s.opt.optimizer().schedule, s.models.dp->steps());
-  absl::StatusOr<DataParallelStepStats> stats = CatchAll(
-      "optimizer step", [&]() { return s.models.dp->Step(static_cast<double>(mine.size()), lr); });
+  const double lr = LearningRate(s.opt.optimizer().schedule, s.models.PolicySteps());
+  absl::StatusOr<DataParallelStepStats> stats =
+      CatchAll("optimizer step", [&]() { return s.models.StepPolicy(local_pairs, lr); });
   if (!stats.ok()) return stats.status();
+  // ZeRO-3, TP and EP: rank 0's whole copy for weight sync (or, with
+  // weight sync in pieces under TP, none).
+  RLMESH_RETURN_IF_ERROR(s.models.SyncPolicy());
   for (auto& [k, v] : vals) m[k] = v;
   m["grad_norm"] = stats->grad_norm;
   m["lr"] = lr;

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "learner/checkpoint.h"
 #include "learner/testing/tiny_experiment.h"
 #include "learner/trainer.h"
+#include "rollout/testing/tiny_model.h"
 #include "actor/tokenizer.h"
 #include "tasks/encoding.h"
 #include "tasks/preferences.h"
@@ -309,6 +311,72 @@ TEST_CASE("K=2 DPO shards (threads, FileStore) equal K=1 on the same global batc
   REQUIRE(results[1].ok());
   CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
   CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
+}
+
+// DPO through the layouts that split the policy, against one process: 3
+// steps on 7 pairs a step, a pair per micro-batch, so that ranks with
+// different pairs run different numbers of passes (ZeRO-3 and EP must run
+// empty ones to match). lr 1e-3 as in trainer_test's TP case: AdamW's first
+// steps move near-zero-gradient weights by up to lr in the direction their
+// sign gives, which TP's summation order can flip at 1e-2.
+TEST_CASE("DPO under learner.tp, learner.zero: 3 and learner.ep equals one process; TP resumes in one process") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  if (GENERATE(false, true)) {
+    // A tiny Qwen3-MoE (4 experts, 2 a token) for expert parallelism.
+    REQUIRE(rollout::testing::WriteTinyMoeCheckpoint(dir.File("moe"), 3).ok());
+    e.mutable_model()->set_init("checkpoint");
+    e.mutable_model()->set_path(dir.File("moe"));
+  }
+  const bool moe = e.model().init() == "checkpoint";
+  *e.add_stages() = DpoStageOf(5, 7, 1e-3, 0.1, WritePairs(dir, LowDigitPairs(40, 1)));
+  e.mutable_learner()->set_micro_batch_tokens(12);
+  Trainer single, untrained;
+  REQUIRE(single.Configure(Request(e, 0, dir.File("ckpt_plain"))).ok());
+  REQUIRE(untrained.Configure(Request(e)).ok());
+  for (int s = 0; s < 3; ++s) REQUIRE(single.TrainStep(Step(s)).ok());
+  // The steps move the weights, or equal weights would prove nothing.
+  CHECK(MaxAbsDiff(single, untrained) > 1e-3);
+
+  auto layout = [&](int world, int tp, int zero, int ep, bool sp, const std::string& ckpt = "") {
+    ExperimentConfig l = e;
+    l.mutable_learner()->set_tp(tp);
+    l.mutable_learner()->set_zero(zero);
+    l.mutable_learner()->set_ep(ep);
+    l.mutable_learner()->set_sequence_parallel(sp);
+    std::vector<Trainer> ranks(world);
+    std::function<absl::Status(int, Trainer&)> save;
+    if (!ckpt.empty()) save = [](int, Trainer& t) { return t.Save().status(); };
+    auto results = testing::TrainShards(ranks.data(), world, Request(l, 0, ckpt), dir.File("store"), 3, Step, save);
+    std::filesystem::remove_all(dir.File("store"));
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    return MaxAbsDiff(single, ranks[0]);
+  };
+  if (moe) {
+    SECTION("ep=2, and 2 groups of ep=2") {
+      CHECK(layout(2, 1, 0, 2, false) <= 1e-5);
+      CHECK(layout(4, 1, 0, 2, false) <= 1e-5);
+    }
+  } else {
+    SECTION("zero=3 over 2 ranks") { CHECK(layout(2, 1, 3, 1, false) <= 1e-5); }
+    SECTION("tp=2 x dp=2 with sequence parallelism") { CHECK(layout(4, 2, 0, 1, true) <= 1e-5); }
+    SECTION("tp=2, its checkpoint resumed in one plain process") {
+      CHECK(layout(2, 2, 0, 1, false, dir.File("ckpt_tp")) <= 1e-5);
+      // The resumed stage's reference is the stage's initial policy again:
+      // its 4th step equals the uninterrupted one's.
+      Trainer resumed;
+      auto c = resumed.Configure(Request(e, 0, dir.File("ckpt_tp")));
+      REQUIRE(c.ok());
+      REQUIRE(c->step() == 3);
+      REQUIRE(resumed.TrainStep(Step(3)).ok());
+      REQUIRE(single.TrainStep(Step(3)).ok());
+      CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+    }
+  }
 }
 
 TEST_CASE("reward_model / dpo configuration errors name the field") {

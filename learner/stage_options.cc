@@ -404,11 +404,12 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
   }
   o.name = stage.name().empty() ? std::string(StageKindName(o.kind)) : stage.name();
   if (o.learner.zero3) {
-    // learner/fully_sharded.h carries the policy's log-probs only.
-    if (o.kind != StageKind::kSft && o.kind != StageKind::kGrpo) {
+    // learner/fully_sharded.h carries the policy's log-probs only (DPO's
+    // frozen reference stays whole on every rank).
+    if (o.kind == StageKind::kRewardModel || o.kind == StageKind::kPpo) {
       return absl::UnimplementedError(absl::StrCat(
-          "experiment.learner.zero: 3 is built for sft and grpo stages; ", sp, " is ", StageKindName(o.kind),
-          " (a value head, or DPO's pair loss, does not run through the sharded units yet)"));
+          "experiment.learner.zero: 3 is built for sft, dpo and grpo stages; ", sp, " is ", StageKindName(o.kind),
+          " (a value head does not run through the sharded units yet)"));
     }
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError(
@@ -417,23 +418,24 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
     }
   }
   if (o.learner.ep > 1) {
-    // learner/expert_parallel.h steps the policy only.
-    if (o.kind != StageKind::kSft && o.kind != StageKind::kGrpo) {
+    // learner/expert_parallel.h steps the policy only (DPO's frozen
+    // reference stays whole on every rank).
+    if (o.kind == StageKind::kRewardModel || o.kind == StageKind::kPpo) {
       return absl::UnimplementedError(absl::StrCat(
-          "experiment.learner.ep: ", o.learner.ep, " is built for sft and grpo stages; ", sp, " is ",
-          StageKindName(o.kind), " (a value head, or DPO's pair loss, does not run through the expert-parallel "
-          "model yet)"));
+          "experiment.learner.ep: ", o.learner.ep, " is built for sft, dpo and grpo stages; ", sp, " is ",
+          StageKindName(o.kind), " (a value head does not run through the expert-parallel model yet)"));
     }
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError("experiment.learner.ep > 1 with learner.autocast: bf16 is not built");
     }
   }
   if (o.learner.tp > 1) {
-    // learner/tensor_parallel.h carries the policy's log-probs only.
-    if (o.kind != StageKind::kSft && o.kind != StageKind::kGrpo) {
+    // learner/tensor_parallel.h carries log-probs only: the policy's, and
+    // the frozen reference's (split like the policy) for KL and DPO.
+    if (o.kind == StageKind::kRewardModel || o.kind == StageKind::kPpo) {
       return absl::UnimplementedError(absl::StrCat(
-          "experiment.learner.tp: ", o.learner.tp, " is built for sft and grpo stages; ", sp, " is ",
-          StageKindName(o.kind), " (a value head, or DPO's pair loss, is not split over tensor-parallel ranks yet)"));
+          "experiment.learner.tp: ", o.learner.tp, " is built for sft, dpo and grpo stages; ", sp, " is ",
+          StageKindName(o.kind), " (a value head is not split over tensor-parallel ranks yet)"));
     }
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError("experiment.learner.tp > 1 with learner.autocast: bf16 is not built");

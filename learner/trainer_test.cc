@@ -624,7 +624,7 @@ TEST_CASE("learner.tp is refused by name where it is not built") {
   auto r = t.Configure(req);
   REQUIRE(!r.ok());
   INFO(r.status().ToString());
-  CHECK(std::string(r.status().message()).find("learner.tp: 2 is built for sft and grpo stages") !=
+  CHECK(std::string(r.status().message()).find("learner.tp: 2 is built for sft, dpo and grpo stages") !=
         std::string::npos);
   ExperimentConfig odd = Tiny();
   odd.mutable_learner()->set_tp(2);
