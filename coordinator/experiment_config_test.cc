@@ -83,10 +83,15 @@ TEST_CASE("learner.zero takes 0, 1 and 3; 3 is refused by name where it is not b
   absl::Status s = Normalize("name: x\nlearner: {zero: 2}\n" + sft, &two);
   CHECK(s.message().find("learner.zero: must be 0, 1 or 3 (ZeRO-2 is not built)") != absl::string_view::npos);
   ExperimentConfig ppo;
-  s = Normalize("name: x\nlearner: {zero: 3}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, optimizer: "
-                "{lr: 0.001}}}}]\n",
-                &ppo);
-  CHECK(s.message().find("stages[0]: learner.zero: 3 is built for sft, dpo and grpo stages") != absl::string_view::npos);
+  CHECK(Normalize("name: x\nlearner: {zero: 3}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, optimizer: "
+                  "{lr: 0.001}}}}]\n",
+                  &ppo)
+            .ok());
+  ExperimentConfig rm;
+  s = Normalize("name: x\nlearner: {zero: 3}\nstages: [{reward_model: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+                &rm);
+  CHECK(s.message().find("stages[0]: learner.zero: 3 is built for sft, dpo, grpo and ppo stages") !=
+        absl::string_view::npos);
   ExperimentConfig dpo;
   CHECK(Normalize("name: x\nlearner: {shards: 2, zero: 3}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: "
                   "0.001}}}]\n",
@@ -119,6 +124,11 @@ TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused b
   CHECK(ok.learner().tp() == 2);
   ExperimentConfig tp_zero1;
   REQUIRE(Normalize("name: x\nlearner: {shards: 4, tp: 2, zero: 1}\n" + sft, &tp_zero1).ok());
+  ExperimentConfig tp_ppo;
+  CHECK(Normalize("name: x\nlearner: {shards: 2, tp: 2}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, "
+                  "optimizer: {lr: 0.001}}}}]\n",
+                  &tp_ppo)
+            .ok());
   ExperimentConfig tp_dpo;
   CHECK(Normalize("name: x\nlearner: {shards: 2, tp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: "
                   "0.001}}}]\n",
@@ -136,7 +146,7 @@ TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused b
       {"model: {device: cuda}\nlearner: {shards: 2, tp: 2}\n" + sft, "learner.tp: tensor parallelism runs on the CPU"},
       {"learner: {shards: 2, sequence_parallel: true}\n" + sft, "learner.sequence_parallel: needs learner.tp > 1"},
       {"learner: {shards: 2, tp: 2}\nstages: [{reward_model: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
-       "stages[0]: learner.tp > 1 is built for sft, dpo and grpo stages"},
+       "stages[0]: learner.tp > 1 is built for sft, dpo, grpo and ppo stages"},
   };
   CheckRefused(refused);
 }
@@ -160,6 +170,9 @@ TEST_CASE("learner.ep divides the shards, needs a MoE checkpoint and is refused 
       {"model: {init: checkpoint, path: /m, device: cuda}\nlearner: {shards: 2, ep: 2}\n" + sft,
        "learner.ep: expert parallelism runs on the CPU"},
       {moe + "learner: {shards: 2, ep: 2}\nstages: [{reward_model: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.ep > 1 is built for sft, dpo and grpo stages"},
+      {moe + "learner: {shards: 2, ep: 2}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: "
+             "0.001}}}}]\n",
        "stages[0]: learner.ep > 1 is built for sft, dpo and grpo stages"},
   };
   CheckRefused(refused);

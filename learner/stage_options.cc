@@ -404,12 +404,13 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
   }
   o.name = stage.name().empty() ? std::string(StageKindName(o.kind)) : stage.name();
   if (o.learner.zero3) {
-    // learner/fully_sharded.h carries the policy's log-probs only (DPO's
-    // frozen reference stays whole on every rank).
-    if (o.kind == StageKind::kRewardModel || o.kind == StageKind::kPpo) {
+    // learner/fully_sharded.h carries the policy's log-probs only. DPO's
+    // frozen reference and PPO's critic stay whole on every rank (the
+    // critic data-parallel over all the ranks).
+    if (o.kind == StageKind::kRewardModel) {
       return absl::UnimplementedError(absl::StrCat(
-          "experiment.learner.zero: 3 is built for sft, dpo and grpo stages; ", sp, " is ", StageKindName(o.kind),
-          " (a value head does not run through the sharded units yet)"));
+          "experiment.learner.zero: 3 is built for sft, dpo, grpo and ppo stages; ", sp,
+          " is reward_model (a policy with a value head does not run through the sharded units yet)"));
     }
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError(
@@ -419,7 +420,8 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
   }
   if (o.learner.ep > 1) {
     // learner/expert_parallel.h steps the policy only (DPO's frozen
-    // reference stays whole on every rank).
+    // reference stays whole on every rank). PPO's critic would too, but its
+    // moments in EP's per-rank checkpoint files are not built.
     if (o.kind == StageKind::kRewardModel || o.kind == StageKind::kPpo) {
       return absl::UnimplementedError(absl::StrCat(
           "experiment.learner.ep: ", o.learner.ep, " is built for sft, dpo and grpo stages; ", sp, " is ",
@@ -431,11 +433,13 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
   }
   if (o.learner.tp > 1) {
     // learner/tensor_parallel.h carries log-probs only: the policy's, and
-    // the frozen reference's (split like the policy) for KL and DPO.
-    if (o.kind == StageKind::kRewardModel || o.kind == StageKind::kPpo) {
+    // the frozen reference's (split like the policy) for KL and DPO. PPO's
+    // critic stays whole on every rank, data-parallel over all the ranks
+    // (a replica's ranks train the same rows, so the mean is unchanged).
+    if (o.kind == StageKind::kRewardModel) {
       return absl::UnimplementedError(absl::StrCat(
-          "experiment.learner.tp: ", o.learner.tp, " is built for sft, dpo and grpo stages; ", sp, " is ",
-          StageKindName(o.kind), " (a value head is not split over tensor-parallel ranks yet)"));
+          "experiment.learner.tp: ", o.learner.tp, " is built for sft, dpo, grpo and ppo stages; ", sp,
+          " is reward_model (a policy with a value head is not split over tensor-parallel ranks yet)"));
     }
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError("experiment.learner.tp > 1 with learner.autocast: bf16 is not built");

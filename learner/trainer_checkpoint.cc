@@ -239,7 +239,11 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
     RLMESH_RETURN_IF_ERROR(PrefixStatus(
         dir, s.models.LoadPolicyMoments(pm.first, pm.second, ts.optimizer_steps, /*whole=*/true)));
     if (s.models.critic_dp) {
-      RLMESH_ASSIGN_OR_RETURN(auto cm, ReadWholeMoments(dir, saved, "critic", ShapesOf(s.models.critic, true)));
+      // PPO's critic is whole on every rank and data-parallel over all of
+      // them (ZeRO-1 or not) whatever split the policy had.
+      const MomentsLayout critic_saved{ts.world_size, 1, ts.zero1, 1};
+      RLMESH_ASSIGN_OR_RETURN(auto cm,
+                              ReadWholeMoments(dir, critic_saved, "critic", ShapesOf(s.models.critic, true)));
       RLMESH_RETURN_IF_ERROR(PrefixStatus(
           dir, s.models.critic_dp->LoadWholeOptimizerState(cm.first, cm.second, ts.critic_optimizer_steps)));
     }

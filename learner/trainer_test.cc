@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "actor/checkpoint.h"
+#include "actor/safetensors.h"
 #include "actor/generate.h"
 #include "actor/logprobs.h"
 #include "actor/tokenizer.h"
@@ -406,18 +407,25 @@ TEST_CASE("learner.zero: 3 (K=1 and K=2, uneven micro-batches) equals plain K=1;
   CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
 }
 
+// A reward model: a policy with a value head.
+Stage RewardModelStage() {
+  Stage rm;
+  rm.mutable_reward_model()->set_steps(1);
+  rm.mutable_reward_model()->set_batch(2);
+  rm.mutable_reward_model()->mutable_optimizer()->set_lr(1e-2);
+  return rm;
+}
+
 TEST_CASE("learner.zero: 3 is refused by name where it is not built") {
   ExperimentConfig e = Tiny();
   e.mutable_learner()->set_zero(3);
-  Stage ppo;  // a value head
-  ppo.mutable_ppo()->mutable_rl()->set_steps(1);
-  ppo.mutable_ppo()->mutable_rl()->mutable_optimizer()->set_lr(1e-2);
-  *e.add_stages() = ppo;
+  *e.add_stages() = RewardModelStage();
   Trainer t;
   auto r = t.Configure(Request(e));
   REQUIRE(!r.ok());
   INFO(r.status().ToString());
-  CHECK(std::string(r.status().message()).find("learner.zero: 3") != std::string::npos);
+  CHECK(std::string(r.status().message()).find("learner.zero: 3 is built for sft, dpo, grpo and ppo stages") !=
+        std::string::npos);
   ExperimentConfig two = Tiny();
   two.mutable_learner()->set_zero(2);
   *two.add_stages() = SftStageOf(1, 8, 1e-2);
@@ -613,10 +621,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
 TEST_CASE("learner.tp is refused by name where it is not built") {
   ExperimentConfig e = Tiny();
   e.mutable_learner()->set_tp(2);
-  Stage ppo;  // a value head
-  ppo.mutable_ppo()->mutable_rl()->set_steps(1);
-  ppo.mutable_ppo()->mutable_rl()->mutable_optimizer()->set_lr(1e-2);
-  *e.add_stages() = ppo;
+  *e.add_stages() = RewardModelStage();
   ConfigureRequest req = Request(e);
   req.set_world_size(2);
   req.set_store_address("file:/nonexistent/never-used");
@@ -624,7 +629,7 @@ TEST_CASE("learner.tp is refused by name where it is not built") {
   auto r = t.Configure(req);
   REQUIRE(!r.ok());
   INFO(r.status().ToString());
-  CHECK(std::string(r.status().message()).find("learner.tp: 2 is built for sft, dpo and grpo stages") !=
+  CHECK(std::string(r.status().message()).find("learner.tp: 2 is built for sft, dpo, grpo and ppo stages") !=
         std::string::npos);
   ExperimentConfig odd = Tiny();
   odd.mutable_learner()->set_tp(2);
@@ -755,6 +760,95 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     CHECK(ShardedRlDiff(t, groups, dir.File("store_tp2"), &plain, 2) <= 1e-5);
     t.mutable_learner()->set_sequence_parallel(true);
     CHECK(ShardedRlDiff(t, groups, dir.File("store_tp2dp2"), &plain, 4) <= 1e-5);
+  }
+  // The critic stays whole on every rank, data-parallel over all of them,
+  // while the policy is split: its weights (read from the checkpoints) must
+  // equal one process's as the policy's do, and a checkpoint of each layout
+  // must resume in one plain process with the critic's moments in place.
+  SECTION("PPO under learner.zero: 3, learner.tp: 2 and tp=2 x dp=2 with ZeRO-1: policy and critic equal one "
+          "process's; each checkpoint resumes in one process") {
+    ExperimentConfig p = e;
+    Stage s;
+    auto* rl = s.mutable_ppo()->mutable_rl();
+    rl->set_steps(3);
+    rl->set_mini_batches(2);
+    rl->mutable_optimizer()->set_lr(kLr);
+    *p.add_stages() = s;
+    p.mutable_learner()->set_micro_batch_tokens(40);
+    auto step = [&](int i) {
+      TrainStepRequest q;
+      *q.mutable_groups() = groups;
+      q.set_step(i);
+      return q;
+    };
+    auto critic_diff = [](const std::string& a, const std::string& b) {
+      auto fa = actor::SafetensorsFile::Open(a + "/critic/model.safetensors");
+      auto fb = actor::SafetensorsFile::Open(b + "/critic/model.safetensors");
+      REQUIRE(fa.ok());
+      REQUIRE(fb.ok());
+      REQUIRE((*fa)->entries().size() == (*fb)->entries().size());
+      double m = 0;
+      for (const auto& entry : (*fa)->entries()) {
+        auto ta = (*fa)->Read(entry.name), tb = (*fb)->Read(entry.name);
+        INFO(entry.name);
+        REQUIRE(ta.ok());
+        REQUIRE(tb.ok());
+        REQUIRE(ta->sizes() == tb->sizes());
+        m = std::max(m, (*ta - *tb).abs().max().item<double>());
+      }
+      return m;
+    };
+    Trainer single, untrained;
+    REQUIRE(single.Configure(Request(p)).ok());
+    REQUIRE(untrained.Configure(Request(p)).ok());
+    for (int i = 0; i < 2; ++i) REQUIRE(single.TrainStep(step(i)).ok());
+    auto two = single.Save(dir.File("ppo_plain_2"));
+    REQUIRE(two.ok());
+    REQUIRE(single.TrainStep(step(2)).ok());
+    auto three = single.Save(dir.File("ppo_plain_3"));
+    REQUIRE(three.ok());
+    auto start = untrained.Save(dir.File("ppo_untrained"));
+    REQUIRE(start.ok());
+    // The steps move the critic, or equal critics would prove nothing.
+    CHECK(critic_diff(two->path(), start->path()) > 1e-3);
+    struct Layout {
+      const char* name;
+      int world, tp, zero;
+      bool sp;
+    };
+    for (const Layout& l : {Layout{"zero3", 2, 1, 3, false}, Layout{"tp2", 2, 2, 0, false},
+                            Layout{"tp2dp2_zero1", 4, 2, 1, true}}) {
+      INFO(l.name);
+      ExperimentConfig q = p;
+      q.mutable_learner()->set_tp(l.tp);
+      q.mutable_learner()->set_zero(l.zero);
+      q.mutable_learner()->set_sequence_parallel(l.sp);
+      const std::string ckpt = dir.File(std::string("ppo_") + l.name);
+      Trainer ranks[4];
+      std::string saved;
+      auto results = testing::TrainShards(ranks, l.world, Request(q, ckpt), dir.File(std::string("store_") + l.name),
+                                          2, step, testing::SaveKeepingRank0Path(&saved));
+      for (int r = 0; r < l.world; ++r) {
+        INFO("rank " << r << ": " << results[r].ToString());
+        REQUIRE(results[r].ok());
+      }
+      Trainer after_two;
+      REQUIRE(after_two.Configure(Request(p)).ok());
+      REQUIRE(after_two.Load(two->path()).ok());
+      CHECK(MaxAbsDiff(after_two, ranks[0]) <= 1e-5);
+      CHECK(critic_diff(two->path(), saved) <= 1e-5);
+      // Resumed in one plain process: its third step is one process's.
+      Trainer resumed;
+      auto c = resumed.Configure(Request(p, ckpt));
+      INFO(c.status().ToString());
+      REQUIRE(c.ok());
+      REQUIRE(c->step() == 2);
+      REQUIRE(resumed.TrainStep(step(2)).ok());
+      auto resumed_saved = resumed.Save(dir.File(std::string("ppo_resumed_") + l.name));
+      REQUIRE(resumed_saved.ok());
+      CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+      CHECK(critic_diff(three->path(), resumed_saved->path()) <= 1e-5);
+    }
   }
   SECTION("PPO (GAE whitening)") {
     ExperimentConfig p = e;
