@@ -160,6 +160,12 @@ TEST_CASE("learner.ep divides the shards, needs a MoE checkpoint and is refused 
   ExperimentConfig plain;
   REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
   CHECK(plain.learner().ep() == 1);
+  ExperimentConfig ppo;
+  CHECK(Normalize("name: x\n" + moe +
+                      "learner: {shards: 2, ep: 2}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 2, optimizer: "
+                      "{lr: 0.001}}}}]\n",
+                  &ppo)
+            .ok());
   const std::vector<std::pair<std::string, std::string>> refused = {
       {moe + "learner: {shards: 3, ep: 2}\n" + sft, "learner.ep: must divide learner.shards (3)"},
       {moe + "learner: {shards: 2, ep: 4}\n" + sft, "learner.ep: must divide learner.shards (2)"},
@@ -170,10 +176,7 @@ TEST_CASE("learner.ep divides the shards, needs a MoE checkpoint and is refused 
       {"model: {init: checkpoint, path: /m, device: cuda}\nlearner: {shards: 2, ep: 2}\n" + sft,
        "learner.ep: expert parallelism runs on the CPU"},
       {moe + "learner: {shards: 2, ep: 2}\nstages: [{reward_model: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
-       "stages[0]: learner.ep > 1 is built for sft, dpo and grpo stages"},
-      {moe + "learner: {shards: 2, ep: 2}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: "
-             "0.001}}}}]\n",
-       "stages[0]: learner.ep > 1 is built for sft, dpo and grpo stages"},
+       "stages[0]: learner.ep > 1 is built for sft, dpo, grpo and ppo stages"},
   };
   CheckRefused(refused);
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "actor/checkpoint.h"
@@ -416,6 +417,75 @@ TEST_CASE("learner.ep: 2 (one group, and 2 groups) equals one process on GRPO st
   CHECK(MaxAbsDiff(single, from_groups) <= 1e-5);
 }
 
+// PPO's critic (the MoE policy's copy with a value head) stays whole on
+// every rank, data-parallel over all of them, while the policy's experts
+// are split: policy and critic after 2 steps equal one process's, and each
+// layout's checkpoint resumes in one process with the critic's moments.
+TEST_CASE("PPO under learner.ep: 2 (one group, and 2 groups): policy and critic equal one process's; checkpoints "
+          "resume in one process") {
+  actor::ConfigureThreads(1);
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(rollout::testing::WriteTinyMoeCheckpoint(dir.File("moe"), 3).ok());
+  const std::vector<TrajectoryGroup> groups = RolloutGroups(dir.File("moe"), false);
+  ConfigureRequest one = MoeRequest(dir.File("moe"), false);
+  {
+    Stage ppo;
+    *ppo.mutable_ppo()->mutable_rl() = one.experiment().stages(0).grpo().rl();
+    ppo.mutable_ppo()->mutable_rl()->set_mini_batches(2);
+    *one.mutable_experiment()->mutable_stages(0) = ppo;
+  }
+  // Micro-batches of a row or two: uneven passes over the ranks.
+  one.mutable_experiment()->mutable_learner()->set_micro_batch_tokens(24);
+  auto step = [&](int i) {
+    TrainStepRequest q = Step(groups);
+    q.set_step(i);
+    return q;
+  };
+  Trainer single, untrained;
+  REQUIRE(single.Configure(one).ok());
+  REQUIRE(untrained.Configure(one).ok());
+  for (int i = 0; i < 2; ++i) REQUIRE(single.TrainStep(step(i)).ok());
+  auto two = single.Save(dir.File("plain_2"));
+  REQUIRE(two.ok());
+  REQUIRE(single.TrainStep(step(2)).ok());
+  auto three = single.Save(dir.File("plain_3"));
+  REQUIRE(three.ok());
+  auto start = untrained.Save(dir.File("untrained"));
+  REQUIRE(start.ok());
+  // The steps move the critic, or equal critics would prove nothing.
+  CHECK(testing::MaxAbsDiffOfFolders(two->path(), start->path(), "critic") > 1e-3);
+  for (int world : {2, 4}) {
+    INFO("ep=2 over " << world << " ranks");
+    ConfigureRequest ep = one;
+    ep.mutable_experiment()->mutable_learner()->set_ep(2);
+    const std::string ckpt = dir.File(absl::StrCat("ckpt_ep_", world));
+    Trainer ranks[4];
+    std::string saved;
+    auto results = testing::TrainShards(ranks, world, WithCheckpointDir(ep, ckpt),
+                                        dir.File(absl::StrCat("store_", world)), 2, step,
+                                        testing::SaveKeepingRank0Path(&saved));
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    Trainer after_two;
+    REQUIRE(after_two.Configure(one).ok());
+    REQUIRE(after_two.Load(two->path()).ok());
+    CHECK(MaxAbsDiff(after_two, ranks[0]) <= 1e-5);
+    CHECK(testing::MaxAbsDiffOfFolders(two->path(), saved, "critic") <= 1e-5);
+    Trainer resumed;
+    auto c = resumed.Configure(WithCheckpointDir(one, ckpt));
+    INFO(c.status().ToString());
+    REQUIRE(c.ok());
+    REQUIRE(c->step() == 2);
+    REQUIRE(resumed.TrainStep(step(2)).ok());
+    auto resumed_saved = resumed.Save(dir.File(absl::StrCat("resumed_", world)));
+    REQUIRE(resumed_saved.ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+    CHECK(testing::MaxAbsDiffOfFolders(three->path(), resumed_saved->path(), "critic") <= 1e-5);
+  }
+}
+
 TEST_CASE("learner.ep is refused by name where it is not built") {
   ::rlmesh::testing::TempDir dir;
   REQUIRE(rollout::testing::WriteTinyMoeCheckpoint(dir.File("moe"), 3).ok());
@@ -433,10 +503,12 @@ TEST_CASE("learner.ep is refused by name where it is not built") {
   ConfigureRequest tp = r;
   tp.mutable_experiment()->mutable_learner()->set_tp(2);
   CHECK(absl::StrContains(refusal(tp, 2), "learner.ep: 2 with learner.tp > 1 or learner.zero: 1/3 is not built"));
-  ConfigureRequest ppo = r;
-  *ppo.mutable_experiment()->mutable_stages(0)->mutable_ppo()->mutable_rl() =
-      r.experiment().stages(0).grpo().rl();
-  CHECK(absl::StrContains(refusal(ppo, 2), "learner.ep: 2 is built for sft, dpo and grpo stages"));
+  ConfigureRequest rm = r;  // a policy with a value head
+  auto* stage = rm.mutable_experiment()->mutable_stages(0)->mutable_reward_model();
+  stage->set_steps(1);
+  stage->set_batch(2);
+  stage->mutable_optimizer()->set_lr(1e-3);
+  CHECK(absl::StrContains(refusal(rm, 2), "learner.ep: 2 is built for sft, dpo, grpo and ppo stages"));
   // A dense policy: both ranks form the group, then refuse by name.
   ConfigureRequest dense = r;
   dense.mutable_experiment()->mutable_model()->set_init("scratch");

@@ -419,13 +419,13 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
     }
   }
   if (o.learner.ep > 1) {
-    // learner/expert_parallel.h steps the policy only (DPO's frozen
-    // reference stays whole on every rank). PPO's critic would too, but its
-    // moments in EP's per-rank checkpoint files are not built.
-    if (o.kind == StageKind::kRewardModel || o.kind == StageKind::kPpo) {
+    // learner/expert_parallel.h steps the policy only. DPO's frozen
+    // reference and PPO's critic stay whole on every rank (the critic
+    // data-parallel over all the ranks).
+    if (o.kind == StageKind::kRewardModel) {
       return absl::UnimplementedError(absl::StrCat(
-          "experiment.learner.ep: ", o.learner.ep, " is built for sft, dpo and grpo stages; ", sp, " is ",
-          StageKindName(o.kind), " (a value head does not run through the expert-parallel model yet)"));
+          "experiment.learner.ep: ", o.learner.ep, " is built for sft, dpo, grpo and ppo stages; ", sp,
+          " is reward_model (a policy with a value head does not run through the expert-parallel model yet)"));
     }
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError("experiment.learner.ep > 1 with learner.autocast: bf16 is not built");

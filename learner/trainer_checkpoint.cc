@@ -240,8 +240,11 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
         dir, s.models.LoadPolicyMoments(pm.first, pm.second, ts.optimizer_steps, /*whole=*/true)));
     if (s.models.critic_dp) {
       // PPO's critic is whole on every rank and data-parallel over all of
-      // them (ZeRO-1 or not) whatever split the policy had.
-      const MomentsLayout critic_saved{ts.world_size, 1, ts.zero1, 1};
+      // them (ZeRO-1 or not) whatever split the policy had. Under EP every
+      // rank's own file holds the critic's whole moments (EP has no
+      // ZeRO-1): rank 0's file is read as the one share of one rank.
+      const MomentsLayout critic_saved =
+          ts.ep > 1 ? MomentsLayout{1, 1, true, 1} : MomentsLayout{ts.world_size, 1, ts.zero1, 1};
       RLMESH_ASSIGN_OR_RETURN(auto cm,
                               ReadWholeMoments(dir, critic_saved, "critic", ShapesOf(s.models.critic, true)));
       RLMESH_RETURN_IF_ERROR(PrefixStatus(

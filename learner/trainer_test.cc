@@ -21,7 +21,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "actor/checkpoint.h"
-#include "actor/safetensors.h"
 #include "actor/generate.h"
 #include "actor/logprobs.h"
 #include "actor/tokenizer.h"
@@ -782,21 +781,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       return q;
     };
     auto critic_diff = [](const std::string& a, const std::string& b) {
-      auto fa = actor::SafetensorsFile::Open(a + "/critic/model.safetensors");
-      auto fb = actor::SafetensorsFile::Open(b + "/critic/model.safetensors");
-      REQUIRE(fa.ok());
-      REQUIRE(fb.ok());
-      REQUIRE((*fa)->entries().size() == (*fb)->entries().size());
-      double m = 0;
-      for (const auto& entry : (*fa)->entries()) {
-        auto ta = (*fa)->Read(entry.name), tb = (*fb)->Read(entry.name);
-        INFO(entry.name);
-        REQUIRE(ta.ok());
-        REQUIRE(tb.ok());
-        REQUIRE(ta->sizes() == tb->sizes());
-        m = std::max(m, (*ta - *tb).abs().max().item<double>());
-      }
-      return m;
+      return testing::MaxAbsDiffOfFolders(a, b, "critic");
     };
     Trainer single, untrained;
     REQUIRE(single.Configure(Request(p)).ok());

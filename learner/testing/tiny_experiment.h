@@ -117,4 +117,21 @@ inline int64_t MomentsNumel(const std::string& file) {
   return m.ok() ? m->numel() : -1;
 }
 
+// The largest difference between the weights in two checkpoint folders'
+// `sub`/model.safetensors ("critic" for PPO's critic); infinity when either
+// cannot be read or their tensors differ in names or shapes.
+inline double MaxAbsDiffOfFolders(const std::string& a, const std::string& b, const std::string& sub) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  auto fa = actor::SafetensorsFile::Open(a + "/" + sub + "/model.safetensors");
+  auto fb = actor::SafetensorsFile::Open(b + "/" + sub + "/model.safetensors");
+  if (!fa.ok() || !fb.ok() || (*fa)->entries().size() != (*fb)->entries().size()) return kInf;
+  double m = 0;
+  for (const auto& entry : (*fa)->entries()) {
+    auto ta = (*fa)->Read(entry.name), tb = (*fb)->Read(entry.name);
+    if (!ta.ok() || !tb.ok() || ta->sizes() != tb->sizes()) return kInf;
+    m = std::max(m, (*ta - *tb).abs().max().item<double>());
+  }
+  return m;
+}
+
 }  // namespace rlmesh::learner::testing
