@@ -1,10 +1,13 @@
 // The learner shards: configure, train and save all of them at once.
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "coordinator/experiment_config.h"
 #include "coordinator/run_loop.h"
+#include "coordinator/step_metrics.h"
 
 namespace rlmesh {
 
@@ -92,7 +95,11 @@ absl::StatusOr<StepMetrics> RunLoop::TrainStep(const std::function<void(TrainSte
   }));
   ++stage_step_;
   versions_.OnTrainStep(responses[0].policy_version());
-  return responses[0].metrics();
+  // Each rank measured its own share of the batch: the logged row merges
+  // the data-parallel replicas (coordinator/step_metrics.h).
+  std::vector<StepMetrics> metrics;
+  for (const TrainStepResponse& resp : responses) metrics.push_back(resp.metrics());
+  return MergeStepMetrics(metrics, cfg().learner().tp());
 }
 
 absl::StatusOr<StepMetrics> RunLoop::TrainFromBuffer(const Stage& stage, const RlStage& rl, int num_groups) {
