@@ -209,6 +209,62 @@ TEST_CASE("weight sync in pieces: learner tp=2 to rollout tp=2, Gloo and shared 
   }
 }
 
+TEST_CASE("DPO then PPO under learner.zero: 3 and learner.tp: 2 across real processes; the logged steps merge "
+          "both learner ranks") {
+  // Two learner processes, tiny scratch model, a few steps of each stage:
+  // the layouts run both stages end to end (DPO's policy reaches the PPO
+  // stage's rollout: the learner recomputes the rollout's log-probs), and
+  // the logged step counts both ranks' pairs (8 = 4 + 4 under ZeRO-3, where
+  // each rank trains half; 8 under tp=2, one replica).
+  testing::TempDir dir;
+  {
+    std::ofstream f(dir.File("layouts.yaml"));
+    f << "name: layouts_e2e\nseed: 7\n"
+         "model: {init: scratch, arch: llama, hidden: 64, layers: 2, heads: 4, kv_heads: 2, max_positions: 32, "
+         "tokenizer: char}\n"
+         "task: {kind: arithmetic, digits: 2, ops: \"+\", train: 200, eval: 20}\n"
+         "stages:\n"
+         "  - dpo: {steps: 3, batch: 8, beta: 0.1, optimizer: {lr: 1.0e-3}}\n"
+         "  - ppo:\n      rl: {steps: 3, prompts_per_step: 8, samples_per_prompt: 1, optimizer: {lr: 1.0e-3}}\n"
+         "rollout: {workers: 1, sampling: {temperature: 1.0, max_new_tokens: 5}}\n"
+         "reward: {verifiers: [{name: numeric_answer, weight: 1.0}]}\n"
+         "learner: {shards: 2}\n"
+         "checkpoint: {every: 0}\neval: {every: 0}\nlogging: {tensorboard: false}\n";
+  }
+  for (const std::string layout : {"zero=3", "tp=2"}) {
+    INFO("learner." << layout);
+    const std::string name = layout.substr(0, layout.find('='));
+    const std::string runs = dir.File("runs-" + name);
+    auto run = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run", dir.File("layouts.yaml"),
+                                  "--run_dir=" + runs, "--bin_dir=" + testing::Runfile(""), "--set=learner." + layout},
+                                 dir.File("out-" + name));
+    REQUIRE(run.ok());
+    auto st = run->Wait(absl::Minutes(6));
+    const std::string out = ReadAll(dir.File("out-" + name));
+    INFO(out);
+    REQUIRE(st.ok());
+    REQUIRE(*st == 0);
+    const std::string run_dir = RunDir(runs);
+    REQUIRE(!run_dir.empty());
+    int dpo_steps = 0, ppo_steps = 0;
+    std::istringstream metrics(ReadAll(run_dir + "/metrics.jsonl"));
+    for (std::string line; std::getline(metrics, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["event"] != "step") continue;
+      if (j.contains("pairs")) {
+        ++dpo_steps;
+        CHECK(j["pairs"].get<double>() == 8.0);
+      } else if (j.contains("value_loss")) {
+        ++ppo_steps;
+        CHECK(j["groups"].get<double>() == 8.0);
+        CHECK(j["behaviour_logp_abs_diff_max"].get<double>() <= 1e-4);
+      }
+    }
+    CHECK(dpo_steps == 3);
+    CHECK(ppo_steps == 3);
+  }
+}
+
 TEST_CASE("a run cancelled mid-stage resumes from its checkpoint and finishes") {
   testing::TempDir dir;
   auto first = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run",
