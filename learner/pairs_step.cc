@@ -46,8 +46,7 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
   const int64_t n = pairs.size();
   return CatchAll("pair step", [&]() -> absl::Status {
     // Each micro-batch holds whole pairs (2 rows per pair).
-    const auto micros = n == 0 ? std::vector<std::pair<int64_t, int64_t>>()
-                               : MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.opt.learner.micro_tokens / 2));
+    const auto micros = MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.opt.learner.micro_tokens / 2));
     // ZeRO-3 and EP: every rank runs as many policy passes as the rank with
     // the most micro-batches (the passes hold collectives); the frozen
     // reference is whole on every rank there, and its passes hold none.

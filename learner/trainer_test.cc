@@ -780,9 +780,6 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       q.set_step(i);
       return q;
     };
-    auto critic_diff = [](const std::string& a, const std::string& b) {
-      return testing::MaxAbsDiffOfFolders(a, b, "critic");
-    };
     Trainer single, untrained;
     REQUIRE(single.Configure(Request(p)).ok());
     REQUIRE(untrained.Configure(Request(p)).ok());
@@ -795,7 +792,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     auto start = untrained.Save(dir.File("ppo_untrained"));
     REQUIRE(start.ok());
     // The steps move the critic, or equal critics would prove nothing.
-    CHECK(critic_diff(two->path(), start->path()) > 1e-3);
+    CHECK(testing::MaxAbsDiffOfFolders(two->path(), start->path(), "critic") > 1e-3);
     struct Layout {
       const char* name;
       int world, tp, zero;
@@ -821,7 +818,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       REQUIRE(after_two.Configure(Request(p)).ok());
       REQUIRE(after_two.Load(two->path()).ok());
       CHECK(MaxAbsDiff(after_two, ranks[0]) <= 1e-5);
-      CHECK(critic_diff(two->path(), saved) <= 1e-5);
+      CHECK(testing::MaxAbsDiffOfFolders(two->path(), saved, "critic") <= 1e-5);
       // Resumed in one plain process: its third step is one process's.
       Trainer resumed;
       auto c = resumed.Configure(Request(p, ckpt));
@@ -832,7 +829,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       auto resumed_saved = resumed.Save(dir.File(std::string("ppo_resumed_") + l.name));
       REQUIRE(resumed_saved.ok());
       CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
-      CHECK(critic_diff(three->path(), resumed_saved->path()) <= 1e-5);
+      CHECK(testing::MaxAbsDiffOfFolders(three->path(), resumed_saved->path(), "critic") <= 1e-5);
     }
   }
   SECTION("PPO (GAE whitening)") {
