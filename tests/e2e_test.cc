@@ -181,12 +181,8 @@ TEST_CASE("weight sync in pieces: learner tp=2 to rollout tp=2, Gloo and shared 
   for (const std::string backend : {"gloo", "shm"}) {
     INFO("backend " << backend);
     const std::string runs = dir.File("runs-" + backend);
-    auto run = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run", dir.File("pieces.yaml"),
-                                  "--run_dir=" + runs, "--bin_dir=" + testing::Runfile(""),
-                                  "--set=weight_sync.backend=" + backend},
-                                 dir.File("out-" + backend));
-    REQUIRE(run.ok());
-    auto st = run->Wait(absl::Minutes(6));
+    auto st = testing::RunExperiment(dir.File("pieces.yaml"), runs, {"--set=weight_sync.backend=" + backend},
+                                     dir.File("out-" + backend), absl::Minutes(6));
     const std::string out = ReadAll(dir.File("out-" + backend));
     INFO(out);
     REQUIRE(st.ok());
@@ -235,11 +231,8 @@ TEST_CASE("DPO then PPO under learner.zero: 3 and learner.tp: 2 across real proc
     INFO("learner." << layout);
     const std::string name = layout.substr(0, layout.find('='));
     const std::string runs = dir.File("runs-" + name);
-    auto run = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run", dir.File("layouts.yaml"),
-                                  "--run_dir=" + runs, "--bin_dir=" + testing::Runfile(""), "--set=learner." + layout},
-                                 dir.File("out-" + name));
-    REQUIRE(run.ok());
-    auto st = run->Wait(absl::Minutes(6));
+    auto st = testing::RunExperiment(dir.File("layouts.yaml"), runs, {"--set=learner." + layout},
+                                     dir.File("out-" + name), absl::Minutes(6));
     const std::string out = ReadAll(dir.File("out-" + name));
     INFO(out);
     REQUIRE(st.ok());
