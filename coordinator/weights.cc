@@ -71,16 +71,23 @@ absl::Status RunLoop::SyncThroughGroup() {
     spec.set_store_port(port);
     spec.set_store_host(o_.sync_store_host);
   }
-  // Tensor-parallel resharding: when either side is split, the weights
-  // travel in pieces, each published by the learner rank that holds it
-  // (replica 0's TP rank t is learner t) and received by the rollout ranks
-  // whose slice it is part of; nothing whole is gathered for the sync.
-  const int learner_tp = std::max(cfg().learner().tp(), 1);
-  const int pieces = weight_sync::ConfiguredWeightPieces(cfg());
+  // Resharding between split layouts: when either side is split, the
+  // weights travel in pieces, each published by the learner rank that holds
+  // its slice (learner.tp: replica 0's TP rank t is learner t; learner.zero:
+  // 3: learner t keeps slice t of the whole world) and received by the
+  // rollout ranks whose slice it is part of; nothing whole is gathered for
+  // the sync.
+  const int learner_world = static_cast<int>(clients_->learners.size());
+  const int slices = weight_sync::LearnerWeightSlices(cfg(), learner_world);
+  const int pieces = weight_sync::ConfiguredWeightPieces(cfg(), learner_world);
   if (pieces > 1) spec.set_pieces(pieces);
   if (!sync_configured_) {
-    if (pieces > 1) RLMESH_LOG(INFO) << "weight sync in " << pieces << " pieces (learner.tp=" << learner_tp
-                                     << ", rollout.tp=" << cfg().rollout().tp() << ")";
+    if (pieces > 1) {
+      RLMESH_LOG(INFO) << "weight sync in " << pieces << " pieces ("
+                       << (cfg().learner().tp() > 1 ? absl::StrCat("learner.tp=", slices)
+                                                    : absl::StrCat("learner.zero=3 over ", slices, " ranks"))
+                       << ", rollout.tp=" << std::max(cfg().rollout().tp(), 1) << ")";
+    }
     RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
       ConfigureWeightSyncRequest req;
       *req.mutable_spec() = spec;
@@ -93,7 +100,7 @@ absl::Status RunLoop::SyncThroughGroup() {
   // one collective. The data carries its layout, so receivers need only the
   // learner's version. Each publishing learner rank sends its pieces in
   // order (its calls run one at a time anyway).
-  const int publishers = pieces > 1 ? learner_tp : 1;
+  const int publishers = pieces > 1 ? slices : 1;
   const int per_learner = pieces > 1 ? pieces / publishers : 1;
   std::vector<absl::Status> publish_status(publishers);
   std::vector<std::thread> threads;

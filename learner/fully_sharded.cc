@@ -486,6 +486,22 @@ absl::Status FullyShardedModel::LoadFromFull(const Named& full) {
 absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFull() { return GatherFullOf(Shards()); }
 
 absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFullOf(const std::vector<at::Tensor>& shards) {
+  Named out;
+  RLMESH_RETURN_IF_ERROR(VisitGathered(shards, [&](const std::string& name, const at::Tensor& full) {
+    out.emplace_back(name, full.clone());
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::Status FullyShardedModel::VisitFull(
+    const std::function<absl::Status(const std::string&, const at::Tensor&)>& visit) {
+  return VisitGathered(Shards(), visit);
+}
+
+absl::Status FullyShardedModel::VisitGathered(
+    const std::vector<at::Tensor>& shards,
+    const std::function<absl::Status(const std::string&, const at::Tensor&)>& visit) {
   if (shards.size() != units_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("shards: ", shards.size(), " tensors for ", units_.size(), " units"));
@@ -496,26 +512,28 @@ absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFullOf(const s
           absl::StrCat("shards[", u, "]: expected ", units_[u]->shard.numel(), " elements"));
     }
   }
-  Named out;
-  RLMESH_RETURN_IF_ERROR(dist::Collective("fully sharded gather", [&] {
-    at::NoGradGuard no_grad;
-    for (size_t u = 0; u < units_.size(); ++u) {
-      const Unit& unit = *units_[u];
-      at::Tensor full;
-      if (size_ == 1) {
-        full = shards[u].detach().reshape({-1});
-      } else {
-        full = at::empty({unit.padded}, at::kFloat);
-        at::Tensor mine = shards[u].detach().reshape({-1}).contiguous();
-        group_->_allgather_base(full, mine)->wait();
-      }
-      for (size_t i = 0; i < unit.names.size(); ++i) {
-        const int64_t n = c10::multiply_integers(unit.shapes[i]);
-        out.emplace_back(unit.names[i], full.narrow(0, unit.offsets[i], n).view(unit.shapes[i]).clone());
-      }
+  at::NoGradGuard no_grad;
+  absl::Status first;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = *units_[u];
+    at::Tensor full;
+    if (size_ == 1) {
+      full = shards[u].detach().reshape({-1});
+    } else {
+      full = at::empty({unit.padded}, at::kFloat);
+      at::Tensor mine = shards[u].detach().reshape({-1}).contiguous();
+      RLMESH_RETURN_IF_ERROR(
+          dist::Collective("fully sharded gather", [&] { group_->_allgather_base(full, mine)->wait(); }));
     }
-  }));
-  return out;
+    // Every rank visits every unit (a failed visit on one rank must not
+    // leave the others waiting in the next unit's gather): the first error
+    // is kept and returned after the last unit.
+    for (size_t i = 0; i < unit.names.size() && first.ok(); ++i) {
+      const int64_t n = c10::multiply_integers(unit.shapes[i]);
+      first = visit(unit.names[i], full.narrow(0, unit.offsets[i], n).view(unit.shapes[i]));
+    }
+  }
+  return first;
 }
 
 }  // namespace rlmesh::learner

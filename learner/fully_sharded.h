@@ -52,6 +52,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -108,6 +109,13 @@ class FullyShardedModel {
   absl::StatusOr<Named> GatherFull();
   // The same for per-shard state shaped like Shards() (AdamW's moments).
   absl::StatusOr<Named> GatherFullOf(const std::vector<at::Tensor>& shards);
+  // The whole model's weights one unit at a time, so that no rank holds
+  // more than one gathered unit: `visit(name, full)` sees each parameter,
+  // in GatherFull's order, as a view into the unit's gathered buffer, valid
+  // only during the call (clone what is kept). Every rank must call it.
+  // ABORTED when a collective fails; otherwise the first error `visit`
+  // returns (after the remaining units' gathers, which every rank makes).
+  absl::Status VisitFull(const std::function<absl::Status(const std::string&, const at::Tensor&)>& visit);
   // This rank's shards (Shards() shapes) of full-layout tensors.
   absl::StatusOr<std::vector<at::Tensor>> SliceOf(const Named& full) const;
 
@@ -170,6 +178,10 @@ class FullyShardedModel {
  private:
   FullyShardedModel() = default;
   void Prefetch(size_t unit);
+  // GatherFullOf and VisitFull: `shards` (Shards() shapes) gathered unit by
+  // unit, each parameter's full view passed to `visit`.
+  absl::Status VisitGathered(const std::vector<at::Tensor>& shards,
+                             const std::function<absl::Status(const std::string&, const at::Tensor&)>& visit);
 
   actor::ModelConfig config_;
   FullyShardedOptions options_;

@@ -202,9 +202,62 @@ absl::Status ModelSet::SyncPolicy() {
   if (whole_on_demand) {
     whole_fresh = false;
     DropParameterData(policy);
-    return absl::OkStatus();
+    return RefreshSyncSlices();
   }
   return GatherIntoRank0();
+}
+
+namespace {
+
+// Sets `slices`' entry for parameter `name` to slice `slice` of `slices_n`
+// of its whole tensor `full` (a copy: `full` may be a transient buffer).
+absl::Status SetSyncSlice(std::vector<std::pair<std::string, at::Tensor>>& slices, const std::string& name,
+                          const at::Tensor& full, int slice, int slices_n) {
+  auto cut = TensorParallelPiece(name, full, 0, 1, slice, slices_n);
+  if (!cut.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "experiment.learner.zero: 3 sends the weights in pieces, each learner rank its slice of ", slices_n,
+        ", and ", cut.status().message(), "; set weight_sync.whole_model: true to send the whole model from rank 0"));
+  }
+  for (auto& [n, t] : slices) {
+    if (n != name) continue;
+    if (t.defined() && t.sizes() == cut->sizes()) {
+      t.copy_(*cut);
+    } else {
+      t = cut->clone();
+    }
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat("sync slices: ", name, " is not a policy parameter"));
+}
+
+}  // namespace
+
+absl::Status ModelSet::RefreshSyncSlices() {
+  if (!sharded || !whole_on_demand) return absl::OkStatus();
+  return CatchAll("sync slices", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    return sharded->VisitFull([&](const std::string& name, const at::Tensor& full) {
+      return SetSyncSlice(sync_slices, name, full, sharded->rank(), sharded->size());
+    });
+  });
+}
+
+absl::Status ModelSet::CutSyncSlices(const std::vector<std::pair<std::string, at::Tensor>>& full) {
+  if (!sharded || !whole_on_demand) return absl::OkStatus();
+  return CatchAll("sync slices", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    // The names in the policy's order, each then refreshed in place.
+    sync_slices.clear();
+    for (const auto& [name, shape] : policy_shapes) sync_slices.emplace_back(name, at::Tensor());
+    for (const auto& [name, t] : full) {
+      RLMESH_RETURN_IF_ERROR(SetSyncSlice(sync_slices, name, t, sharded->rank(), sharded->size()));
+    }
+    for (const auto& [name, t] : sync_slices) {
+      if (!t.defined()) return absl::InternalError(absl::StrCat("sync slices: ", name, " was not given"));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status ModelSet::GatherPolicy() {
@@ -217,8 +270,37 @@ absl::Status ModelSet::GatherPolicy() {
 absl::Status ModelSet::GatherIntoRank0() {
   std::vector<std::pair<std::string, at::Tensor>> full;
   if (sharded) {
-    RLMESH_ASSIGN_OR_RETURN(full, sharded->GatherFull());
-    if (sharded->rank() != 0) return absl::OkStatus();
+    // Unit by unit: only rank 0 keeps anything, so the other ranks never
+    // hold more than one gathered unit.
+    const bool keep = sharded->rank() == 0;
+    std::map<std::string, at::Tensor> params;
+    if (keep) {
+      for (auto& [name, p] : policy->NamedParameters()) params.emplace(name, p);
+    }
+    size_t visited = 0;
+    return CatchAll("sync policy", [&]() -> absl::Status {
+      torch::NoGradGuard no_grad;
+      RLMESH_RETURN_IF_ERROR(sharded->VisitFull([&](const std::string& name, const at::Tensor& t) -> absl::Status {
+        if (!keep) return absl::OkStatus();
+        ++visited;
+        auto it = params.find(name);
+        if (it == params.end()) return absl::InternalError(absl::StrCat("sync policy: ", name, " is not in the policy"));
+        at::Tensor& p = it->second;
+        // A copy dropped between checkpoints (whole_on_demand) takes a
+        // clone of the gathered view.
+        if (p.sizes() == t.sizes()) {
+          p.copy_(t);
+        } else {
+          p.set_data(t.to(p.options()).clone().contiguous());
+        }
+        return absl::OkStatus();
+      }));
+      if (visited != params.size()) {
+        return absl::InternalError(
+            absl::StrCat("sync policy: ", visited, " parameters gathered for ", params.size()));
+      }
+      return absl::OkStatus();
+    });
   } else if (tp_policy) {
     // The replicas hold the same slices: replica 0's ranks gather them.
     if (dp->rank() != 0) return absl::OkStatus();
@@ -354,7 +436,11 @@ absl::Status ModelSet::LoadPolicyWeights(const std::string& dir, int rank) {
     }
     RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, full));
     const auto named = full->NamedParameters();
-    if (sharded) return sharded->LoadFromFull(named);
+    if (sharded) {
+      RLMESH_RETURN_IF_ERROR(sharded->LoadFromFull(named));
+      whole_fresh = false;
+      return CutSyncSlices(named);
+    }
     if (ep_policy) return ep_policy->LoadFromFull(named);
     whole_fresh = false;
     return tp_policy->LoadFromFull(named);
@@ -487,7 +573,10 @@ absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) 
   return CatchAll("shard the policy", [&]() -> absl::Status {
     RLMESH_RETURN_IF_ERROR(BroadcastPolicy(&s));
     RLMESH_RETURN_IF_ERROR(s.sharded->LoadFromFull(s.policy->NamedParameters()));
-    if (rank != 0) DropParameterData(s.policy);
+    // With weight sync in pieces each rank keeps its slice, and none the
+    // whole policy.
+    RLMESH_RETURN_IF_ERROR(s.CutSyncSlices(s.policy->NamedParameters()));
+    if (rank != 0 || s.whole_on_demand) DropParameterData(s.policy);
     return absl::OkStatus();
   });
 }
@@ -676,7 +765,8 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     return DataParallel::Create(s.group, std::move(params), dpo);
   };
   s.zero1 = stage.learner.zero1;
-  s.whole_on_demand = stage.learner.tp > 1 && weight_sync::ConfiguredWeightPieces(exp) > 1;
+  s.whole_on_demand =
+      (stage.learner.tp > 1 || stage.learner.zero3) && weight_sync::ConfiguredWeightPieces(exp, world_size) > 1;
   if (stage.learner.zero3) {
     RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, &s));
   } else if (stage.learner.tp > 1) {

@@ -74,6 +74,14 @@ struct ModelSet {
   // Under ZeRO-3, TP or EP: the whole policy's parameter names and shapes, in
   // NamedParameters() order (what plain DP's flat optimizer layout follows).
   std::vector<std::pair<std::string, std::vector<int64_t>>> policy_shapes;
+  // learner.zero: 3 with weight sync in pieces (whole_on_demand): this
+  // rank's slice r of the group's size of every policy parameter
+  // (learner::TensorParallelPiece's cut, Hugging Face names in
+  // NamedParameters() order), what Trainer::PolicyPiece cuts this rank's
+  // pieces from. Refreshed after each step by a gather one unit at a time
+  // (SyncPolicy) and on a load, so no rank holds the whole policy for
+  // weight sync: 1/world of it each.
+  std::vector<std::pair<std::string, at::Tensor>> sync_slices;
   // learner.zero: 1. Under TP, each rank's moments (of its ZeRO-1 share of
   // its slices) are its own checkpoint file, like plain ZeRO-1's.
   bool zero1 = false;
@@ -114,14 +122,20 @@ struct ModelSet {
   actor::Transformer& PolicyModule() { return ep_policy ? ep_policy->model() : policy; }
   // After an optimizer step (every rank must call it). ZeRO-3, TP and EP:
   // gathers the updated weights into rank 0's `policy`; with
-  // whole_on_demand, drops rank 0's now stale copy instead. No-op
-  // otherwise.
+  // whole_on_demand, drops rank 0's now stale copy instead (and under
+  // ZeRO-3 refreshes sync_slices). No-op otherwise.
   absl::Status SyncPolicy();
-  // learner.tp > 1 with weight sync in pieces (weight_sync::
-  // ConfiguredWeightPieces > 1): the rollout receives each rank's slices
-  // from that rank, so nobody needs the whole policy after a step, and rank
-  // 0 keeps none (0.20 of K=1's training state, bench/learner_layouts.md).
-  // GatherPolicy builds it when a checkpoint asks; the next step drops it.
+  // ZeRO-3 with whole_on_demand: sync_slices cut from the whole policy,
+  // gathered unit by unit (every rank must call it), or from `full` (the
+  // whole policy's weights, held by this rank). No-op otherwise.
+  absl::Status RefreshSyncSlices();
+  absl::Status CutSyncSlices(const std::vector<std::pair<std::string, at::Tensor>>& full);
+  // learner.tp > 1 or learner.zero: 3 with weight sync in pieces
+  // (weight_sync::ConfiguredWeightPieces > 1): the rollout receives each
+  // rank's slices from that rank (under ZeRO-3 from sync_slices), so
+  // nobody needs the whole policy after a step, and rank 0 keeps none (0.20
+  // of K=1's training state, bench/learner_layouts.md). GatherPolicy builds
+  // it when a checkpoint asks; the next step drops it.
   bool whole_on_demand = false;
   // With whole_on_demand: rank 0's `policy` holds the current weights.
   bool whole_fresh = false;

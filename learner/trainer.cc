@@ -83,7 +83,8 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::WholePo
   }
   if (s_->models.whole_on_demand) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "learner.tp=", s_->opt.learner.tp, " syncs weights in pieces (weight_sync.whole_model: false), so rank 0 "
+        s_->models.sharded ? "learner.zero=3" : absl::StrCat("learner.tp=", s_->opt.learner.tp),
+        " syncs weights in pieces (weight_sync.whole_model: false), so rank 0 "
         "keeps no whole copy of the policy to publish; ask for spec.pieces, or set weight_sync.whole_model: true"));
   }
   return s_->models.policy->NamedParameters();
@@ -91,20 +92,28 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::WholePo
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::PolicyPiece(int piece, int pieces) const {
   if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
-  const TensorParallelModel* tp = s_->models.tp_policy.get();
+  const ModelSet& m = s_->models;
+  const TensorParallelModel* tp = m.tp_policy.get();
+  // ZeRO-3 with weight sync in pieces: every rank keeps its slice.
+  const bool zero3_slices = m.sharded && m.whole_on_demand;
   int slice = 0, slices = 1;
   if (tp != nullptr) {
     slice = tp->rank();
     slices = tp->size();
+  } else if (zero3_slices) {
+    slice = m.sharded->rank();
+    slices = m.sharded->size();
   }
-  // Replica 0's ranks are 0..tp-1 (TP innermost); without TP rank 0 keeps
-  // the whole policy.
+  // Replica 0's ranks are 0..tp-1 (TP innermost); without TP or ZeRO-3's
+  // slices rank 0 keeps the whole policy.
   if (s_->rank >= slices || (pieces > 0 && pieces % slices == 0 &&
                              (piece < slice * (pieces / slices) || piece >= (slice + 1) * (pieces / slices)))) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", s_->rank, " does not hold piece ", piece, " of ",
-                                                      pieces, " (learner.tp=", slices, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", s_->rank, " does not hold piece ", piece, " of ", pieces, " (",
+                     zero3_slices ? "learner.zero=3 over " : "learner.tp=", slices, zero3_slices ? " ranks" : "",
+                     ")"));
   }
-  const auto held = tp != nullptr ? tp->NamedParameters() : s_->models.policy->NamedParameters();
+  const auto held = tp != nullptr ? tp->NamedParameters() : zero3_slices ? m.sync_slices : m.policy->NamedParameters();
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.reserve(held.size());
   for (const auto& [name, t] : held) {

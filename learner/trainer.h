@@ -139,7 +139,8 @@ class Trainer {
   LearnerStatus Status() const;
 
   // Reward-model and DPO stages: scores `pairs` with the current model, no
-  // gradient, no collectives (any rank may call it alone). Reward model:
+  // gradient; no collectives (any rank may call it alone) except under
+  // ZeRO-3, TP and EP, where every rank must call it. Reward model:
   // rm_loss, rm_accuracy, rm_margin of the scores; DPO: dpo_loss,
   // dpo_accuracy, reward_margin, chosen_reward, rejected_reward of the
   // implicit rewards against the frozen reference. FAILED_PRECONDITION for
@@ -148,25 +149,27 @@ class Trainer {
 
   // For tests and benchmarks: the policy's parameters under their Hugging
   // Face names (the live tensors). REQUIRES: configured. Under ZeRO-3, TP
-  // and EP only rank 0's are whole, and under TP with weight sync in pieces
-  // only after GatherPolicy (or Save) since the last step: between them its
-  // tensors are empty.
+  // and EP only rank 0's are whole, and under TP or ZeRO-3 with weight sync
+  // in pieces only after GatherPolicy (or Save) since the last step:
+  // between them its tensors are empty.
   std::vector<std::pair<std::string, at::Tensor>> PolicyParameters() const;
   // Makes rank 0's PolicyParameters() the whole current policy; every rank
-  // must call it (a gather under TP with weight sync in pieces, where no
-  // rank keeps the whole policy between checkpoints; a no-op elsewhere).
+  // must call it (a gather under TP or ZeRO-3 with weight sync in pieces,
+  // where no rank keeps the whole policy between checkpoints; a no-op
+  // elsewhere).
   // Save does it itself.
   absl::Status GatherPolicy();
   // The whole policy for a whole-model weight sync: rank 0's
-  // PolicyParameters(). FAILED_PRECONDITION on other ranks, and under TP
-  // with weight sync in pieces (naming weight_sync.whole_model), where rank
-  // 0 holds no whole copy to send.
+  // PolicyParameters(). FAILED_PRECONDITION on other ranks, and under TP or
+  // ZeRO-3 with weight sync in pieces (naming weight_sync.whole_model),
+  // where rank 0 holds no whole copy to send.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> WholePolicy() const;
-  // The policy's piece `piece` of `pieces` for weight sync between
-  // tensor-parallel layouts (learner::TensorParallelPiece), cut from what
-  // this rank holds: under learner.tp > 1, rank t < tp (replica 0) holds
-  // slice t and so pieces [t, t+1) * pieces / tp; otherwise rank 0 holds the
-  // whole policy. The tensors are views of the live weights, in
+  // The policy's piece `piece` of `pieces` for weight sync between split
+  // layouts (learner::TensorParallelPiece), cut from what this rank holds:
+  // under learner.tp > 1, rank t < tp (replica 0) holds slice t and so
+  // pieces [t, t+1) * pieces / tp; under learner.zero: 3 with weight sync in
+  // pieces, rank t of the world W holds slice t of W the same way;
+  // otherwise rank 0 holds the whole policy. The tensors are views of the live weights, in
   // PolicyParameters() order. FAILED_PRECONDITION when this rank holds no
   // such piece or the learner is not configured; INVALID_ARGUMENT when
   // `pieces` does not split the model.

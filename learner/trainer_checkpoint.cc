@@ -75,8 +75,8 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       if (ec) return absl::InternalError(absl::StrCat("create ", staging, ": ", ec.message()));
     }
     RLMESH_RETURN_IF_ERROR(barrier());
-    // Under TP with weight sync in pieces, rank 0 holds the whole policy
-    // only from here until the next step.
+    // Under TP or ZeRO-3 with weight sync in pieces, rank 0 holds the whole
+    // policy only from here until the next step.
     RLMESH_RETURN_IF_ERROR(s.models.GatherPolicy());
     // ZeRO-3 and TP gather their moments into plain DP's layout (every
     // rank takes part; rank 0 writes them). Under ZeRO-1 (with TP or not)

@@ -406,6 +406,94 @@ TEST_CASE("learner.zero: 3 (K=1 and K=2, uneven micro-batches) equals plain K=1;
   CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
 }
 
+TEST_CASE("learner.zero: 3 with weight sync in pieces: each rank publishes its slice, none keeps the whole policy") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(5, 7, 1e-2);
+  Trainer single;
+  REQUIRE(single.Configure(Request(e)).ok());
+  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+  const auto whole = single.PolicyParameters();
+
+  // rollout.tp is 1, so weight sync travels in 2 pieces, one from each
+  // rank's slice (weight_sync::ConfiguredWeightPieces).
+  ExperimentConfig z = e;
+  z.mutable_learner()->set_zero(3);
+  Trainer ranks[2];
+  auto results = testing::TrainShards(ranks, 2, Request(z, dir.File("ckpt")), dir.File("store"), 3, SftStep,
+                                      nullptr, /*gather=*/false);
+  INFO(results[0].ToString() << " / " << results[1].ToString());
+  REQUIRE(results[0].ok());
+  REQUIRE(results[1].ok());
+  for (int r = 0; r < 2; ++r) {
+    for (const auto& [name, p] : ranks[r].PolicyParameters()) {
+      INFO("rank " << r << " " << name);
+      CHECK(p.numel() == 0);
+    }
+  }
+  auto refused = ranks[0].WholePolicy();
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(), "learner.zero=3"));
+  CHECK(absl::StrContains(refused.status().message(), "weight_sync.whole_model"));
+  // Rank t publishes piece t: the two laid side by side are one process's
+  // policy after the same three steps.
+  auto p0 = ranks[0].PolicyPiece(0, 2), p1 = ranks[1].PolicyPiece(1, 2);
+  REQUIRE(p0.ok());
+  REQUIRE(p1.ok());
+  REQUIRE(p0->size() == whole.size());
+  REQUIRE(p1->size() == whole.size());
+  double joined_diff = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    INFO(whole[i].first);
+    CHECK((*p0)[i].first == whole[i].first);
+    const at::Tensor joined = JoinTensorParallelPieces(whole[i].first, {(*p0)[i].second, (*p1)[i].second});
+    REQUIRE(joined.sizes() == whole[i].second.sizes());
+    joined_diff = std::max(joined_diff, (joined - whole[i].second).abs().max().item<double>());
+  }
+  CHECK(joined_diff <= 1e-5);
+  // A rollout split 4 ways takes two pieces from each rank.
+  auto q1 = ranks[0].PolicyPiece(1, 4), q2 = ranks[1].PolicyPiece(2, 4);
+  REQUIRE(q1.ok());
+  REQUIRE(q2.ok());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    CHECK(torch::allclose((*q1)[i].second, *TensorParallelPiece(whole[i].first, whole[i].second, 0, 1, 1, 4), 0,
+                          1e-5));
+    CHECK(torch::allclose((*q2)[i].second, *TensorParallelPiece(whole[i].first, whole[i].second, 0, 1, 2, 4), 0,
+                          1e-5));
+  }
+  CHECK(ranks[0].PolicyPiece(1, 2).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(ranks[1].PolicyPiece(0, 2).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(ranks[1].PolicyPiece(1, 3).status().code() == absl::StatusCode::kInvalidArgument);
+
+  // Gathered on demand (as Save does), rank 0 holds one process's policy.
+  absl::Status gathered[2];
+  std::thread other([&] { gathered[1] = ranks[1].GatherPolicy(); });
+  gathered[0] = ranks[0].GatherPolicy();
+  other.join();
+  REQUIRE(gathered[0].ok());
+  REQUIRE(gathered[1].ok());
+  CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  for (const auto& [name, p] : ranks[1].PolicyParameters()) CHECK(p.numel() == 0);
+
+  // A model that 3 ranks cannot cut into slices is refused by name, with
+  // the way out.
+  Trainer three[3];
+  auto odd = testing::TrainShards(three, 3, Request(z), dir.File("store3"), 0, SftStep, nullptr, false);
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << odd[r].ToString());
+    CHECK(odd[r].code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(odd[r].message(), "set weight_sync.whole_model: true"));
+  }
+  // With weight_sync.whole_model, rank 0 keeps the whole policy current.
+  z.mutable_weight_sync()->set_whole_model(true);
+  Trainer kept[3];
+  auto w = testing::TrainShards(kept, 3, Request(z), dir.File("store_whole"), 1, SftStep, nullptr, false);
+  for (int r = 0; r < 3; ++r) REQUIRE(w[r].ok());
+  REQUIRE(kept[0].WholePolicy().ok());
+  CHECK(kept[1].WholePolicy().status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
 // A reward model: a policy with a value head.
 Stage RewardModelStage() {
   Stage rm;

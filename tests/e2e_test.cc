@@ -211,7 +211,8 @@ TEST_CASE("DPO then PPO under learner.zero: 3 and learner.tp: 2 across real proc
   // the layouts run both stages end to end (DPO's policy reaches the PPO
   // stage's rollout: the learner recomputes the rollout's log-probs), and
   // the logged step counts both ranks' pairs (8 = 4 + 4 under ZeRO-3, where
-  // each rank trains half; 8 under tp=2, one replica).
+  // each rank trains half; 8 under tp=2, one replica). Both send the
+  // weights in pieces, each learner rank its slice.
   testing::TempDir dir;
   {
     std::ofstream f(dir.File("layouts.yaml"));
@@ -237,6 +238,10 @@ TEST_CASE("DPO then PPO under learner.zero: 3 and learner.tp: 2 across real proc
     INFO(out);
     REQUIRE(st.ok());
     REQUIRE(*st == 0);
+    // Under both layouts the weights reach the rollout in pieces, one from
+    // each learner rank.
+    CHECK(out.find(name == "zero" ? "weight sync in 2 pieces (learner.zero=3 over 2 ranks, rollout.tp=1)"
+                                  : "weight sync in 2 pieces (learner.tp=2, rollout.tp=1)") != std::string::npos);
     const std::string run_dir = RunDir(runs);
     REQUIRE(!run_dir.empty());
     int dpo_steps = 0, ppo_steps = 0;

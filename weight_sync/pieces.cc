@@ -13,9 +13,15 @@ int WeightPieces(int learner_tp, int rollout_tp) {
   return hi;
 }
 
-int ConfiguredWeightPieces(const ExperimentConfig& exp) {
+int LearnerWeightSlices(const ExperimentConfig& exp, int learner_world) {
+  if (exp.learner().tp() > 1) return exp.learner().tp();
+  if (exp.learner().zero() == 3) return std::max(learner_world, 1);
+  return 1;
+}
+
+int ConfiguredWeightPieces(const ExperimentConfig& exp, int learner_world) {
   if (exp.weight_sync().whole_model()) return 0;
-  return WeightPieces(std::max(exp.learner().tp(), 1), std::max(exp.rollout().tp(), 1));
+  return WeightPieces(LearnerWeightSlices(exp, learner_world), std::max(exp.rollout().tp(), 1));
 }
 
 WeightSyncSpec PieceSpec(const WeightSyncSpec& spec, int piece) {

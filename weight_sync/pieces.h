@@ -1,8 +1,8 @@
 #pragma once
 
-// Weight sync between tensor-parallel layouts (M learner ranks -> N rollout
-// ranks), without LibTorch: how many pieces the weights travel in, and each
-// piece's own group. What a piece holds is learner::TensorParallelPiece.
+// Weight sync between split layouts (M learner ranks -> N rollout ranks),
+// without LibTorch: how many pieces the weights travel in, and each piece's
+// own group. What a piece holds is learner::TensorParallelPiece.
 
 #include "proto/common.pb.h"
 #include "proto/config.pb.h"
@@ -16,11 +16,20 @@ namespace rlmesh::weight_sync {
 // 0) when neither side is split or neither size divides the other.
 int WeightPieces(int learner_tp, int rollout_tp);
 
-// The pieces a run's weight sync travels in: WeightPieces(learner.tp,
-// rollout.tp), or 0 with weight_sync.whole_model. The coordinator asks for
-// this many, and the learner plans rank 0's memory by it (with pieces it
-// keeps no whole copy of a tensor-parallel policy between checkpoints).
-int ConfiguredWeightPieces(const ExperimentConfig& exp);
+// The learner ranks the weights are published from, each holding one slice
+// (slice r of this many for rank r): learner.tp when it splits the model
+// (replica 0's ranks), else the `learner_world` ranks of learner.zero: 3
+// (after each step every rank keeps its slice of the gathered weights),
+// else 1.
+int LearnerWeightSlices(const ExperimentConfig& exp, int learner_world);
+
+// The pieces a run's weight sync travels in: WeightPieces(
+// LearnerWeightSlices, rollout.tp), or 0 with weight_sync.whole_model.
+// `learner_world` is the learner's world size (learner.shards). The
+// coordinator asks for this many, and the learner plans its memory by it
+// (with pieces no rank keeps a whole copy of a split policy between
+// checkpoints).
+int ConfiguredWeightPieces(const ExperimentConfig& exp, int learner_world);
 
 // The spec of piece `piece`'s own group when the weights travel in
 // spec.pieces pieces: spec.piece set, "-p<piece>" appended to the group

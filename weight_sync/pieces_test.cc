@@ -18,13 +18,32 @@ TEST_CASE("pieces: the larger tp when it is a multiple of the smaller, else the 
   CHECK(WeightPieces(0, 0) == 0);
 
   ExperimentConfig exp;
-  CHECK(ConfiguredWeightPieces(exp) == 0);  // tp unset on both sides
+  CHECK(ConfiguredWeightPieces(exp, 2) == 0);  // tp unset on both sides, plain DP
+  exp.mutable_learner()->set_zero(1);
+  CHECK(ConfiguredWeightPieces(exp, 2) == 0);
   exp.mutable_learner()->set_tp(2);
-  CHECK(ConfiguredWeightPieces(exp) == 2);
+  CHECK(LearnerWeightSlices(exp, 4) == 2);  // replica 0's two ranks
+  CHECK(ConfiguredWeightPieces(exp, 4) == 2);
   exp.mutable_rollout()->set_tp(4);
-  CHECK(ConfiguredWeightPieces(exp) == 4);
+  CHECK(ConfiguredWeightPieces(exp, 4) == 4);
   exp.mutable_weight_sync()->set_whole_model(true);
-  CHECK(ConfiguredWeightPieces(exp) == 0);
+  CHECK(ConfiguredWeightPieces(exp, 4) == 0);
+}
+
+TEST_CASE("pieces under learner.zero: 3: one slice per learner rank") {
+  ExperimentConfig exp;
+  exp.mutable_learner()->set_zero(3);
+  CHECK(LearnerWeightSlices(exp, 1) == 1);
+  CHECK(ConfiguredWeightPieces(exp, 1) == 0);  // one rank holds it all
+  CHECK(LearnerWeightSlices(exp, 4) == 4);
+  CHECK(ConfiguredWeightPieces(exp, 4) == 4);
+  exp.mutable_rollout()->set_tp(2);
+  CHECK(ConfiguredWeightPieces(exp, 4) == 4);  // each rollout rank takes 2
+  exp.mutable_rollout()->set_tp(3);
+  CHECK(ConfiguredWeightPieces(exp, 4) == 0);  // 3 does not divide 4: whole
+  exp.mutable_rollout()->set_tp(1);
+  exp.mutable_weight_sync()->set_whole_model(true);
+  CHECK(ConfiguredWeightPieces(exp, 4) == 0);
 }
 
 TEST_CASE("a piece's spec names its own group and shared-memory prefix") {
