@@ -23,10 +23,12 @@ by TP, `replicated` norms), as bench/tensor_parallel.py states it:
   tp=2           20 (sliced / 2 + replicated)
   ZeRO-3, dp=2   20 P / 2
   ep=2 (MoE)     20 (replicated + experts / 2)
-plus, on rank 0 under ZeRO-3 and EP, and under TP with weight_sync.whole_model
-("tp=2 whole_model"), the whole policy's weights (4 P) that the trainer keeps
-there for weight sync and checkpoints. Under TP with weight sync in pieces
-(the default) rank 0 gathers it only for checkpoints. --layouts picks some. Measured: the
+plus, on rank 0 under EP, and under TP and ZeRO-3 with
+weight_sync.whole_model ("tp=2 whole_model", "dp=2 ZeRO-3 whole_model"), the
+whole policy's weights (4 P) that the trainer keeps there for weight sync and
+checkpoints. With weight sync in pieces (the default) rank 0 gathers it only
+for checkpoints; under ZeRO-3 every rank then keeps its slice of the weights
+for the sync, 4 (sliced / 2 + replicated). --layouts picks some. Measured: the
 resident set once the trainer is configured minus the one before it
 existed (LibTorch's start-up); peak: the peak resident set minus the same.
 """
@@ -50,7 +52,8 @@ BIN = os.path.join(ROOT, "bazel-bin/bench/learner_step_bench")
 # (name, world, tp, sequence parallel, zero, ep, weight_sync.whole_model)
 LAYOUTS = [("K=1", 1, 1, False, 0, 1, False), ("dp=2", 2, 1, False, 0, 1, False),
            ("dp=2 ZeRO-3", 2, 1, False, 3, 1, False), ("tp=2", 2, 2, False, 0, 1, False),
-           ("tp=2 + SP", 2, 2, True, 0, 1, False), ("tp=2 whole_model", 2, 2, False, 0, 1, True)]
+           ("tp=2 + SP", 2, 2, True, 0, 1, False), ("tp=2 whole_model", 2, 2, False, 0, 1, True),
+           ("dp=2 ZeRO-3 whole_model", 2, 1, False, 3, 1, True)]
 MOE_LAYOUTS = [("K=1", 1, 1, False, 0, 1, False), ("dp=2", 2, 1, False, 0, 1, False),
                ("ep=2", 2, 1, False, 0, 2, False)]
 
@@ -145,11 +148,15 @@ def main():
                 theory = 20 * (sliced / tp + replicated)
             else:
                 theory = 20 * P
-            # Rank 0's whole copy of the policy: under TP only with
-            # weight_sync.whole_model (in pieces it is gathered for
+            # Rank 0's whole copy of the policy: under TP and ZeRO-3 only
+            # with weight_sync.whole_model (in pieces it is gathered for
             # checkpoints only).
-            if rank == 0 and (zero == 3 or ep > 1 or (tp > 1 and whole)):
+            if rank == 0 and (ep > 1 or ((tp > 1 or zero == 3) and whole)):
                 theory += 4 * P
+            # ZeRO-3 in pieces: every rank keeps its slice of the weights
+            # for weight sync (the norms whole).
+            if zero == 3 and not whole:
+                theory += 4 * (sliced / world + replicated)
             per_rank.append(dict(rank=rank, state=statistics.median(r[rank]["state"] for r in runs),
                                  peak=statistics.median(r[rank]["peak"] for r in runs),
                                  peak_min=min(r[rank]["peak"] for r in runs),

@@ -68,8 +68,8 @@ ABSL_FLAG(bool, sequence_parallel, false, "learner.sequence_parallel.");
 ABSL_FLAG(int, zero, 0, "learner.zero (0, 1 or 3).");
 ABSL_FLAG(int, ep, 1, "learner.ep (a MoE --model_dir; equal to --world when > 1).");
 ABSL_FLAG(bool, whole_model, false,
-          "weight_sync.whole_model: under --tp > 1, rank 0 keeps the whole policy after every step (else it is "
-          "gathered only for checkpoints).");
+          "weight_sync.whole_model: under --tp > 1 or --zero 3, rank 0 keeps the whole policy after every step "
+          "(else it is gathered only for checkpoints).");
 ABSL_FLAG(bool, grad_norms, false,
           "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
           "parameter gradients, for comparing against the eager side.");
