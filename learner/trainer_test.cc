@@ -363,6 +363,30 @@ TEST_CASE("K=2 shards (threads, FileStore, ZeRO-1) equal K=1 on the same global 
   CHECK(state->world_size == 2);
 }
 
+// Two ranks under weight sync in pieces, trained without a gather: neither
+// holds the policy's data, and rank 0 refuses a whole-model publish naming
+// weight_sync.whole_model; gathered on demand (as Save does), rank 0 holds
+// `single`'s policy within 1e-5 and rank 1 still nothing.
+void CheckWholePolicyOnlyOnDemand(Trainer (&ranks)[2], Trainer& single) {
+  for (int r = 0; r < 2; ++r) {
+    for (const auto& [name, p] : ranks[r].PolicyParameters()) {
+      INFO("rank " << r << " " << name);
+      CHECK(p.numel() == 0);
+    }
+  }
+  auto refused = ranks[0].WholePolicy();
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(), "weight_sync.whole_model"));
+  absl::Status gathered[2];
+  std::thread other([&] { gathered[1] = ranks[1].GatherPolicy(); });
+  gathered[0] = ranks[0].GatherPolicy();
+  other.join();
+  REQUIRE(gathered[0].ok());
+  REQUIRE(gathered[1].ok());
+  CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  for (const auto& [name, p] : ranks[1].PolicyParameters()) CHECK(p.numel() == 0);
+}
+
 TEST_CASE("learner.zero: 3 (K=1 and K=2, uneven micro-batches) equals plain K=1; its checkpoint resumes without it") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
@@ -426,16 +450,7 @@ TEST_CASE("learner.zero: 3 with weight sync in pieces: each rank publishes its s
   INFO(results[0].ToString() << " / " << results[1].ToString());
   REQUIRE(results[0].ok());
   REQUIRE(results[1].ok());
-  for (int r = 0; r < 2; ++r) {
-    for (const auto& [name, p] : ranks[r].PolicyParameters()) {
-      INFO("rank " << r << " " << name);
-      CHECK(p.numel() == 0);
-    }
-  }
-  auto refused = ranks[0].WholePolicy();
-  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(absl::StrContains(refused.status().message(), "learner.zero=3"));
-  CHECK(absl::StrContains(refused.status().message(), "weight_sync.whole_model"));
+  CHECK(absl::StrContains(ranks[0].WholePolicy().status().message(), "learner.zero=3"));
   // Rank t publishes piece t: the two laid side by side are one process's
   // policy after the same three steps.
   auto p0 = ranks[0].PolicyPiece(0, 2), p1 = ranks[1].PolicyPiece(1, 2);
@@ -465,16 +480,7 @@ TEST_CASE("learner.zero: 3 with weight sync in pieces: each rank publishes its s
   CHECK(ranks[0].PolicyPiece(1, 2).status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(ranks[1].PolicyPiece(0, 2).status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(ranks[1].PolicyPiece(1, 3).status().code() == absl::StatusCode::kInvalidArgument);
-
-  // Gathered on demand (as Save does), rank 0 holds one process's policy.
-  absl::Status gathered[2];
-  std::thread other([&] { gathered[1] = ranks[1].GatherPolicy(); });
-  gathered[0] = ranks[0].GatherPolicy();
-  other.join();
-  REQUIRE(gathered[0].ok());
-  REQUIRE(gathered[1].ok());
-  CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
-  for (const auto& [name, p] : ranks[1].PolicyParameters()) CHECK(p.numel() == 0);
+  CheckWholePolicyOnlyOnDemand(ranks, single);
 
   // A model that 3 ranks cannot cut into slices is refused by name, with
   // the way out.
@@ -592,24 +598,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     INFO(results[0].ToString() << " / " << results[1].ToString());
     REQUIRE(results[0].ok());
     REQUIRE(results[1].ok());
-    for (int r = 0; r < 2; ++r) {
-      for (const auto& [name, p] : ranks[r].PolicyParameters()) {
-        INFO("rank " << r << " " << name);
-        CHECK(p.numel() == 0);
-      }
-    }
-    auto refused = ranks[0].WholePolicy();
-    CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
-    CHECK(absl::StrContains(refused.status().message(), "weight_sync.whole_model"));
-    // Gathered on demand (as Save does), it is one process's policy.
-    absl::Status gathered[2];
-    std::thread other([&] { gathered[1] = ranks[1].GatherPolicy(); });
-    gathered[0] = ranks[0].GatherPolicy();
-    other.join();
-    REQUIRE(gathered[0].ok());
-    REQUIRE(gathered[1].ok());
-    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
-    for (const auto& [name, p] : ranks[1].PolicyParameters()) CHECK(p.numel() == 0);
+    CheckWholePolicyOnlyOnDemand(ranks, single);
 
     // weight_sync.whole_model: rank 0 keeps it current after every step.
     ExperimentConfig whole = t;
