@@ -211,32 +211,21 @@ TEST_CASE("ep=1 is the whole model: every expert local, no exchange") {
 
 TEST_CASE("each rank holds its experts only; refusals are by name") {
   const actor::ModelConfig c = MoeConfig("qwen3_moe");
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::future<absl::Status>> futures;
-  for (int rank = 0; rank < 2; ++rank) {
-    futures.push_back(std::async(std::launch::async, [=]() -> absl::Status {
-      auto g = dist::CreateGlooGroup(dist::WithPrefix(store, "held"), rank, 2, {});
-      if (!g.ok()) return g.status();
-      auto model = ExpertParallelModel::Create(c, *g);
-      if (!model.ok()) return model.status();
-      for (auto& [name, p] : (*model)->NamedParameters()) {
-        const int e = ExpertOf(name);
-        if (e >= 0 && e / 2 != rank) return absl::InternalError(absl::StrCat(name, " held by rank ", rank));
-      }
-      int64_t held = 0;
-      for (auto& [name, p] : (*model)->model()->NamedParameters()) {
-        if (ExpertOf(name) >= 0) held += p.numel();
-      }
-      // Half of the 2 layers x 4 experts x 3 matrices of 32 x 16.
-      if (held != 2 * 2 * 3 * 32 * 16) return absl::InternalError(absl::StrCat("expert elements held: ", held));
-      return absl::OkStatus();
-    }));
-  }
-  for (auto& f : futures) {
-    absl::Status s = f.get();
-    INFO(s.ToString());
-    CHECK(s.ok());
-  }
+  OnRanks(2, [&](int rank, c10::intrusive_ptr<c10d::Backend> g) -> absl::Status {
+    auto model = ExpertParallelModel::Create(c, g);
+    if (!model.ok()) return model.status();
+    for (auto& [name, p] : (*model)->NamedParameters()) {
+      const int e = ExpertOf(name);
+      if (e >= 0 && e / 2 != rank) return absl::InternalError(absl::StrCat(name, " held by rank ", rank));
+    }
+    int64_t held = 0;
+    for (auto& [name, p] : (*model)->model()->NamedParameters()) {
+      if (ExpertOf(name) >= 0) held += p.numel();
+    }
+    // Half of the 2 layers x 4 experts x 3 matrices of 32 x 16.
+    if (held != 2 * 2 * 3 * 32 * 16) return absl::InternalError(absl::StrCat("expert elements held: ", held));
+    return absl::OkStatus();
+  });
   CHECK(ExpertOf("model.layers.3.mlp.experts.5.up_proj.weight") == 5);
   CHECK(ExpertOf("model.layers.3.mlp.shared_expert.up_proj.weight") == -1);
   CHECK(ExpertOf("model.layers.3.mlp.gate.weight") == -1);

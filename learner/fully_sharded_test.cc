@@ -165,91 +165,69 @@ TEST_CASE("a ZeRO-3 checkpoint gathered at one dp resumes at another") {
 
 TEST_CASE("each rank holds 1/dp of the parameters, and the module none between units") {
   const actor::ModelConfig c = SmallConfig("llama");
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::future<absl::Status>> ranks;
-  for (int d = 0; d < 2; ++d) {
-    ranks.push_back(std::async(std::launch::async, [=]() -> absl::Status {
-      auto g = dist::CreateGlooGroup(dist::WithPrefix(store, "mem"), d, 2, {});
-      if (!g.ok()) return g.status();
-      auto m = FullyShardedModel::Create(c, *g, Options(true));
-      if (!m.ok()) return m.status();
-      int64_t whole = 0;
-      for (auto& [name, t] : InitialWeights(c)) whole += t.numel();
-      if ((*m)->full_numel() != whole) return absl::InternalError("full_numel is not the model's size");
-      // Units are padded to a multiple of 2: at most one element each.
-      const int64_t units = c.num_layers + 2;
-      if ((*m)->shard_numel() * 2 < whole || (*m)->shard_numel() * 2 > whole + units) {
-        return absl::InternalError(absl::StrCat("shard_numel ", (*m)->shard_numel(), " is not half of ", whole));
+  OnRanks(2, [&](int, c10::intrusive_ptr<c10d::Backend> g) -> absl::Status {
+    auto m = FullyShardedModel::Create(c, g, Options(true));
+    if (!m.ok()) return m.status();
+    int64_t whole = 0;
+    for (auto& [name, t] : InitialWeights(c)) whole += t.numel();
+    if ((*m)->full_numel() != whole) return absl::InternalError("full_numel is not the model's size");
+    // Units are padded to a multiple of 2: at most one element each.
+    const int64_t units = c.num_layers + 2;
+    if ((*m)->shard_numel() * 2 < whole || (*m)->shard_numel() * 2 > whole + units) {
+      return absl::InternalError(absl::StrCat("shard_numel ", (*m)->shard_numel(), " is not half of ", whole));
+    }
+    for (size_t u = 0; u < (*m)->num_units(); ++u) {
+      for (const at::Tensor& p : (*m)->UnitParams(u)) {
+        if (p.numel() != 0) return absl::InternalError("a module parameter holds data between units");
       }
-      for (size_t u = 0; u < (*m)->num_units(); ++u) {
-        for (const at::Tensor& p : (*m)->UnitParams(u)) {
-          if (p.numel() != 0) return absl::InternalError("a module parameter holds data between units");
-        }
-      }
-      return absl::OkStatus();
-    }));
-  }
-  for (auto& f : ranks) {
-    const absl::Status s = f.get();
-    INFO(s.ToString());
-    CHECK(s.ok());
-  }
+    }
+    return absl::OkStatus();
+  });
 }
 
 TEST_CASE("VisitFull: the whole weights one unit at a time; a failed visit still makes every gather") {
   const actor::ModelConfig c = SmallConfig("qwen3");
   const Named initial = InitialWeights(c);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::future<absl::Status>> ranks;
-  for (int d = 0; d < 2; ++d) {
-    ranks.push_back(std::async(std::launch::async, [=]() -> absl::Status {
-      auto g = dist::CreateGlooGroup(dist::WithPrefix(store, "visit"), d, 2, {});
-      if (!g.ok()) return g.status();
-      auto m = FullyShardedModel::Create(c, *g, Options(true));
-      if (!m.ok()) return m.status();
-      absl::Status s = (*m)->LoadFromFull(initial);
-      if (!s.ok()) return s;
-      // Every parameter once, in GatherFull's order, equal to the loaded
-      // weights (the views are compared during the call, as they must be).
-      auto gathered = (*m)->GatherFull();
-      if (!gathered.ok()) return gathered.status();
-      size_t i = 0;
-      s = (*m)->VisitFull([&](const std::string& name, const at::Tensor& full) -> absl::Status {
-        if (i >= gathered->size() || (*gathered)[i].first != name) {
-          return absl::InternalError(absl::StrCat("visit ", i, " is ", name));
-        }
-        if (!torch::equal(full, (*gathered)[i].second)) return absl::InternalError(name + " differs");
-        ++i;
-        return absl::OkStatus();
-      });
-      if (!s.ok()) return s;
-      if (i != initial.size()) return absl::InternalError(absl::StrCat(i, " visits for ", initial.size()));
-      for (const auto& [name, t] : *gathered) {
-        bool found = false;
-        for (const auto& [n, w] : initial) found = found || (n == name && torch::equal(w, t));
-        if (!found) return absl::InternalError(name + " is not the loaded weight");
+  OnRanks(2, [&](int d, c10::intrusive_ptr<c10d::Backend> g) -> absl::Status {
+    auto m = FullyShardedModel::Create(c, g, Options(true));
+    if (!m.ok()) return m.status();
+    absl::Status s = (*m)->LoadFromFull(initial);
+    if (!s.ok()) return s;
+    // Every parameter once, in GatherFull's order, equal to the loaded
+    // weights (the views are compared during the call, as they must be).
+    auto gathered = (*m)->GatherFull();
+    if (!gathered.ok()) return gathered.status();
+    size_t i = 0;
+    s = (*m)->VisitFull([&](const std::string& name, const at::Tensor& full) -> absl::Status {
+      if (i >= gathered->size() || (*gathered)[i].first != name) {
+        return absl::InternalError(absl::StrCat("visit ", i, " is ", name));
       }
-      // Rank 1's visitor fails at its first parameter: it returns that
-      // error, and both ranks finish (a rank that stopped gathering would
-      // leave the other waiting in the next unit's all-gather).
-      int calls = 0;
-      s = (*m)->VisitFull([&](const std::string& name, const at::Tensor&) -> absl::Status {
-        ++calls;
-        return d == 1 ? absl::DataLossError("refused " + name) : absl::OkStatus();
-      });
-      if (d == 0 && !s.ok()) return s;
-      if (d == 1 && (s.code() != absl::StatusCode::kDataLoss || calls != 1)) {
-        return absl::InternalError(absl::StrCat("rank 1: ", s.ToString(), " after ", calls, " calls"));
-      }
-      // The group still works: the two ranks are in step.
-      return (*m)->GatherFull().status();
-    }));
-  }
-  for (auto& f : ranks) {
-    const absl::Status s = f.get();
-    INFO(s.ToString());
-    CHECK(s.ok());
-  }
+      if (!torch::equal(full, (*gathered)[i].second)) return absl::InternalError(name + " differs");
+      ++i;
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    if (i != initial.size()) return absl::InternalError(absl::StrCat(i, " visits for ", initial.size()));
+    for (const auto& [name, t] : *gathered) {
+      bool found = false;
+      for (const auto& [n, w] : initial) found = found || (n == name && torch::equal(w, t));
+      if (!found) return absl::InternalError(name + " is not the loaded weight");
+    }
+    // Rank 1's visitor fails at its first parameter: it returns that
+    // error, and both ranks finish (a rank that stopped gathering would
+    // leave the other waiting in the next unit's all-gather).
+    int calls = 0;
+    s = (*m)->VisitFull([&](const std::string& name, const at::Tensor&) -> absl::Status {
+      ++calls;
+      return d == 1 ? absl::DataLossError("refused " + name) : absl::OkStatus();
+    });
+    if (d == 0 && !s.ok()) return s;
+    if (d == 1 && (s.code() != absl::StatusCode::kDataLoss || calls != 1)) {
+      return absl::InternalError(absl::StrCat("rank 1: ", s.ToString(), " after ", calls, " calls"));
+    }
+    // The group still works: the two ranks are in step.
+    return (*m)->GatherFull().status();
+  });
 }
 
 TEST_CASE("models and options ZeRO-3 cannot take are refused by name") {

@@ -7,16 +7,22 @@
 
 #include <torch/torch.h>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "actor/logprobs.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
+#include "dist/gloo.h"
+#include "dist/store.h"
 #include "learner/data_parallel.h"
 
 namespace rlmesh::learner::model_parallel_testing {
@@ -163,6 +169,28 @@ std::vector<Run> Collect(std::vector<std::future<RankResult>>& futures) {
     out.push_back(*r.run);
   }
   return out;
+}
+
+// Runs `body(rank, group)` on `world` ranks, a thread each, every rank in one
+// Gloo group over a fresh HashStore; fails the test when a rank is not done
+// in two minutes or returns an error.
+inline void OnRanks(int world,
+                    const std::function<absl::Status(int, c10::intrusive_ptr<c10d::Backend>)>& body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<absl::Status>> futures;
+  for (int rank = 0; rank < world; ++rank) {
+    futures.push_back(std::async(std::launch::async, [=]() -> absl::Status {
+      auto g = dist::CreateGlooGroup(store, rank, world, {});
+      if (!g.ok()) return g.status();
+      return body(rank, *g);
+    }));
+  }
+  for (auto& f : futures) {
+    REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    const absl::Status s = f.get();
+    INFO(s.ToString());
+    CHECK(s.ok());
+  }
 }
 
 }  // namespace rlmesh::learner::model_parallel_testing
