@@ -343,17 +343,12 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   for (int i = 0; i < config->stages_size(); ++i) {
     Stage* st = config->mutable_stages(i);
     const std::string p = absl::StrCat("stages[", i, "]");
-    // A policy with a value head (a reward model) runs through none of the
-    // split layouts yet. PPO's critic stays whole on every rank.
-    c.Require(l->zero() != 3 || !st->has_reward_model(), p,
-              "learner.zero: 3 is built for sft, dpo, grpo and ppo stages (a policy with a value head does not "
-              "run through the sharded units yet)");
+    // A policy with a value head (a reward model) runs through the sharded
+    // units and the tensor-parallel model, not the expert-parallel one yet.
+    // PPO's critic stays whole on every rank.
     c.Require(l->ep() == 1 || !st->has_reward_model(), p,
               "learner.ep > 1 is built for sft, dpo, grpo and ppo stages (a policy with a value head does not "
               "run through the expert-parallel model yet)");
-    c.Require(l->tp() == 1 || !st->has_reward_model(), p,
-              "learner.tp > 1 is built for sft, dpo, grpo and ppo stages (a policy with a value head is not "
-              "split over tensor-parallel ranks yet)");
     switch (st->kind_case()) {
       case Stage::kSft:
         c.Require(st->sft().steps() > 0, p + ".sft.steps", "must be > 0");

@@ -172,9 +172,6 @@ absl::Status ValidateFullySharded(const actor::ModelConfig& c) {
         ": fully sharded MoE layers are not built (the router's auxiliary loss and routing replay do not pass "
         "through the units)"));
   }
-  if (c.value_head) {
-    return absl::UnimplementedError("model.value_head: a value head under ZeRO-3 is not built");
-  }
   return absl::OkStatus();
 }
 
@@ -214,7 +211,21 @@ absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
       unit.layer = unit.kind == Unit::kLayer ? static_cast<int64_t>(u) - 1 : -1;
       unit.tied = unit.kind == Unit::kHead && config.tie_embeddings;
     }
+    // A value-head model (a reward model, a critic) never uses its lm_head:
+    // it is sharded like a unit but frozen, out of the optimizer.
+    const bool freeze_lm_head = config.value_head && !config.tie_embeddings;
+    if (freeze_lm_head) m->frozen_ = std::make_unique<Unit>();
+    auto frozen = [&](const std::string& name) { return freeze_lm_head && name == "lm_head.weight"; };
     for (const auto& [name, p] : named) {
+      if (frozen(name)) {
+        Unit& unit = *m->frozen_;
+        unit.names.push_back(name);
+        unit.params.push_back(p);
+        unit.shapes.push_back(p.sizes().vec());
+        unit.offsets.push_back(0);
+        unit.numel = p.numel();
+        continue;
+      }
       auto [kind, layer] = unit_of(name);
       const size_t u = kind == Unit::kEmbedding ? 0 : kind == Unit::kLayer ? layer + 1 : m->units_.size() - 1;
       Unit& unit = *m->units_[u];
@@ -225,11 +236,13 @@ absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
       unit.numel += p.numel();
     }
     // The units' parameters, in unit order, are the model's NamedParameters
-    // in order (GatherMoments' flat layout relies on it).
+    // in order, a frozen lm_head aside (GatherMoments' flat layout relies on
+    // it: plain DP's, which leaves that lm_head out of the optimizer too).
     {
       size_t k = 0;
       for (const auto& unit : m->units_) {
         for (const std::string& name : unit->names) {
+          if (k < named.size() && frozen(named[k].first)) ++k;
           if (k >= named.size() || named[k].first != name) {
             return absl::InternalError(absl::StrCat("fully sharded model: parameter ", name,
                                                     " is out of the model's order"));
@@ -240,16 +253,21 @@ absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
     }
     // Shard every unit: rank r keeps slice r of the zero-padded flat vector.
     at::NoGradGuard no_grad;
-    for (auto& unit : m->units_) {
-      unit->padded = (unit->numel + m->size_ - 1) / m->size_ * m->size_;
-      const int64_t len = unit->padded / m->size_;
-      at::Tensor flat = at::zeros({unit->padded}, at::kFloat);
-      for (size_t i = 0; i < unit->params.size(); ++i) {
-        flat.narrow(0, unit->offsets[i], unit->params[i].numel()).copy_(unit->params[i].reshape({-1}));
+    auto shard = [&](Unit& unit, bool trained) {
+      unit.padded = (unit.numel + m->size_ - 1) / m->size_ * m->size_;
+      const int64_t len = unit.padded / m->size_;
+      at::Tensor flat = at::zeros({unit.padded}, at::kFloat);
+      for (size_t i = 0; i < unit.params.size(); ++i) {
+        flat.narrow(0, unit.offsets[i], unit.params[i].numel()).copy_(unit.params[i].reshape({-1}));
       }
-      unit->shard = flat.narrow(0, m->rank_ * len, len).clone().requires_grad_(true);
-    }
+      unit.shard = flat.narrow(0, m->rank_ * len, len).clone().requires_grad_(trained);
+    };
+    for (auto& unit : m->units_) shard(*unit, /*trained=*/true);
     for (size_t u = 0; u < m->units_.size(); ++u) m->Unbind(u);
+    if (m->frozen_) {
+      shard(*m->frozen_, /*trained=*/false);
+      for (at::Tensor& p : m->frozen_->params) p.set_data(at::empty({0}, p.options()));
+    }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("fully sharded model: ", e.what_without_backtrace()));
   }
@@ -326,6 +344,7 @@ std::vector<at::Tensor> FullyShardedModel::Compute(size_t u, const std::vector<a
       return {h};
     }
     case Unit::kHead: {
+      if (head_values_) return {model_->ValuesFromHidden(backbone->norm(in[0]))};
       auto out = actor::TokenLogProbsFromHidden(backbone->norm(in[0]), model_->LmHeadWeight(), in[1],
                                                 logprob_chunk_, temperature_);
       TORCH_CHECK(out.ok(), out.status().ToString());
@@ -343,14 +362,17 @@ absl::StatusOr<actor::TokenLogProbsOutput> FullyShardedModel::TokenLogProbs(cons
                                                                            int64_t logprob_chunk) {
   RLMESH_RETURN_IF_ERROR(ValidateTokenInputs(ids, positions, targets, temperature, config_.vocab_size));
   if (logprob_chunk < 0) return absl::InvalidArgumentError("logprob_chunk: must be >= 0");
+  if (frozen_) {
+    return absl::FailedPreconditionError(
+        "TokenLogProbs: a value-head model (reward model, critic) gives values; its lm_head is frozen and never "
+        "gathered");
+  }
   try {
     temperature_ = temperature;
     logprob_chunk_ = logprob_chunk > 0 ? logprob_chunk : options_.logprob_chunk;
+    head_values_ = false;
     const size_t head = units_.size() - 1;
-    at::Tensor h = ApplyUnit(this, 0, units_[0]->shard, at::Tensor(), {ids})[0];
-    auto [cos, sin] = actor::RopeCosSin(config_, rope_, positions, h.scalar_type());
-    at::Tensor mask = actor::AttentionMask4d(attention_mask, ids.size(1), h.device());
-    for (size_t u = 1; u < head; ++u) h = ApplyUnit(this, u, units_[u]->shard, at::Tensor(), {h, cos, sin, mask})[0];
+    at::Tensor h = Layers(ids, positions, attention_mask);
     variable_list out = ApplyUnit(this, head, units_[head]->shard,
                                   units_[head]->tied ? units_[0]->shard : at::Tensor(), {h, targets});
     return actor::TokenLogProbsOutput{out[0], out[1]};
@@ -358,6 +380,34 @@ absl::StatusOr<actor::TokenLogProbsOutput> FullyShardedModel::TokenLogProbs(cons
     prefetched_.clear();
     return absl::AbortedError(absl::StrCat("fully sharded log-probs failed: ", e.what()));
   }
+}
+
+absl::StatusOr<at::Tensor> FullyShardedModel::Values(const at::Tensor& ids, const at::Tensor& positions,
+                                                     const at::Tensor& attention_mask) {
+  if (!config_.value_head) {
+    return absl::FailedPreconditionError("Values: the model has no value head (config.value_head=false)");
+  }
+  // The ids stand in for targets: only their shapes and range are checked.
+  RLMESH_RETURN_IF_ERROR(ValidateTokenInputs(ids, positions, ids, 1.0, config_.vocab_size));
+  try {
+    head_values_ = true;
+    const size_t head = units_.size() - 1;
+    at::Tensor h = Layers(ids, positions, attention_mask);
+    return ApplyUnit(this, head, units_[head]->shard, at::Tensor(), {h})[0];
+  } catch (const std::exception& e) {
+    prefetched_.clear();
+    return absl::AbortedError(absl::StrCat("fully sharded values failed: ", e.what()));
+  }
+}
+
+at::Tensor FullyShardedModel::Layers(const at::Tensor& ids, const at::Tensor& positions,
+                                     const at::Tensor& attention_mask) {
+  const size_t head = units_.size() - 1;
+  at::Tensor h = ApplyUnit(this, 0, units_[0]->shard, at::Tensor(), {ids})[0];
+  auto [cos, sin] = actor::RopeCosSin(config_, rope_, positions, h.scalar_type());
+  at::Tensor mask = actor::AttentionMask4d(attention_mask, ids.size(1), h.device());
+  for (size_t u = 1; u < head; ++u) h = ApplyUnit(this, u, units_[u]->shard, at::Tensor(), {h, cos, sin, mask})[0];
+  return h;
 }
 
 void FullyShardedModel::ZeroGrad(double local_weight) {
@@ -447,60 +497,76 @@ int64_t FullyShardedModel::full_numel() const {
 }
 
 int64_t FullyShardedModel::shard_numel() const {
-  int64_t n = 0;
+  int64_t n = frozen_ ? frozen_->shard.numel() : 0;
   for (const auto& unit : units_) n += unit->shard.numel();
   return n;
+}
+
+absl::StatusOr<at::Tensor> FullyShardedModel::SliceUnit(const Unit& unit,
+                                                        const std::map<std::string, at::Tensor>& by_name) const {
+  at::Tensor flat = at::zeros({unit.padded}, at::kFloat);
+  for (size_t i = 0; i < unit.names.size(); ++i) {
+    auto it = by_name.find(unit.names[i]);
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("parameter ", unit.names[i], ": missing"));
+    if (!it->second.defined() || it->second.sizes().vec() != unit.shapes[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", unit.names[i], ": expected shape ",
+                                                     c10::str(at::IntArrayRef(unit.shapes[i])), ", got ",
+                                                     it->second.defined() ? c10::str(it->second.sizes()) : "none"));
+    }
+    flat.narrow(0, unit.offsets[i], it->second.numel()).copy_(it->second.detach().reshape({-1}));
+  }
+  const int64_t len = unit.padded / size_;
+  return flat.narrow(0, rank_ * len, len).clone();
 }
 
 absl::StatusOr<std::vector<at::Tensor>> FullyShardedModel::SliceOf(const Named& full) const {
   std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
   std::vector<at::Tensor> out;
   for (const auto& unit : units_) {
-    at::Tensor flat = at::zeros({unit->padded}, at::kFloat);
-    for (size_t i = 0; i < unit->names.size(); ++i) {
-      auto it = by_name.find(unit->names[i]);
-      if (it == by_name.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", unit->names[i], ": missing"));
-      }
-      if (!it->second.defined() || it->second.sizes().vec() != unit->shapes[i]) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", unit->names[i], ": expected shape ",
-                                                       c10::str(at::IntArrayRef(unit->shapes[i])), ", got ",
-                                                       it->second.defined() ? c10::str(it->second.sizes())
-                                                                            : "none"));
-      }
-      flat.narrow(0, unit->offsets[i], it->second.numel()).copy_(it->second.detach().reshape({-1}));
-    }
-    const int64_t len = unit->padded / size_;
-    out.push_back(flat.narrow(0, rank_ * len, len).clone());
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor shard, SliceUnit(*unit, by_name));
+    out.push_back(std::move(shard));
   }
   return out;
 }
 
 absl::Status FullyShardedModel::LoadFromFull(const Named& full) {
   RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> shards, SliceOf(full));
+  at::Tensor frozen;
+  if (frozen_) {
+    RLMESH_ASSIGN_OR_RETURN(frozen, SliceUnit(*frozen_, std::map<std::string, at::Tensor>(full.begin(), full.end())));
+  }
   at::NoGradGuard no_grad;
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->shard.copy_(shards[u]);
+  if (frozen_) frozen_->shard.copy_(frozen);
   return absl::OkStatus();
 }
 
-absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFull() { return GatherFullOf(Shards()); }
-
-absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFullOf(const std::vector<at::Tensor>& shards) {
+absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFull() {
   Named out;
-  RLMESH_RETURN_IF_ERROR(VisitGathered(shards, [&](const std::string& name, const at::Tensor& full) {
+  RLMESH_RETURN_IF_ERROR(VisitFull([&](const std::string& name, const at::Tensor& full) {
     out.emplace_back(name, full.clone());
     return absl::OkStatus();
   }));
   return out;
 }
 
+absl::StatusOr<FullyShardedModel::Named> FullyShardedModel::GatherFullOf(const std::vector<at::Tensor>& shards) {
+  Named out;
+  RLMESH_RETURN_IF_ERROR(VisitGathered(shards, /*with_frozen=*/false,
+                                       [&](const std::string& name, const at::Tensor& full) {
+                                         out.emplace_back(name, full.clone());
+                                         return absl::OkStatus();
+                                       }));
+  return out;
+}
+
 absl::Status FullyShardedModel::VisitFull(
     const std::function<absl::Status(const std::string&, const at::Tensor&)>& visit) {
-  return VisitGathered(Shards(), visit);
+  return VisitGathered(Shards(), /*with_frozen=*/true, visit);
 }
 
 absl::Status FullyShardedModel::VisitGathered(
-    const std::vector<at::Tensor>& shards,
+    const std::vector<at::Tensor>& shards, bool with_frozen,
     const std::function<absl::Status(const std::string&, const at::Tensor&)>& visit) {
   if (shards.size() != units_.size()) {
     return absl::InvalidArgumentError(
@@ -512,25 +578,27 @@ absl::Status FullyShardedModel::VisitGathered(
           absl::StrCat("shards[", u, "]: expected ", units_[u]->shard.numel(), " elements"));
     }
   }
+  std::vector<std::pair<const Unit*, at::Tensor>> visits;
+  for (size_t u = 0; u < units_.size(); ++u) visits.emplace_back(units_[u].get(), shards[u]);
+  if (with_frozen && frozen_) visits.emplace_back(frozen_.get(), frozen_->shard);
   at::NoGradGuard no_grad;
   absl::Status first;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const Unit& unit = *units_[u];
+  for (const auto& [unit, shard] : visits) {
     at::Tensor full;
     if (size_ == 1) {
-      full = shards[u].detach().reshape({-1});
+      full = shard.detach().reshape({-1});
     } else {
-      full = at::empty({unit.padded}, at::kFloat);
-      at::Tensor mine = shards[u].detach().reshape({-1}).contiguous();
+      full = at::empty({unit->padded}, at::kFloat);
+      at::Tensor mine = shard.detach().reshape({-1}).contiguous();
       RLMESH_RETURN_IF_ERROR(
           dist::Collective("fully sharded gather", [&] { group_->_allgather_base(full, mine)->wait(); }));
     }
     // Every rank visits every unit (a failed visit on one rank must not
     // leave the others waiting in the next unit's gather): the first error
     // is kept and returned after the last unit.
-    for (size_t i = 0; i < unit.names.size() && first.ok(); ++i) {
-      const int64_t n = c10::multiply_integers(unit.shapes[i]);
-      first = visit(unit.names[i], full.narrow(0, unit.offsets[i], n).view(unit.shapes[i]));
+    for (size_t i = 0; i < unit->names.size() && first.ok(); ++i) {
+      const int64_t n = c10::multiply_integers(unit->shapes[i]);
+      first = visit(unit->names[i], full.narrow(0, unit->offsets[i], n).view(unit->shapes[i]));
     }
   }
   return first;

@@ -33,10 +33,16 @@
 // moments, and SliceOf cuts a rank's shards out of full tensors, so a run
 // saved at one dp resumes at another (or on one process).
 //
+// A value-head model (config.value_head: a reward model, a critic) runs
+// through the same units with Values instead of TokenLogProbs: the head unit
+// is the final norm and the scalar head. Its lm_head, never used, is sharded
+// but frozen, out of the optimizer and its moments, as plain DP leaves it
+// out (learner/model_set.cc); the gathers still return it.
+//
 // Limits: the model is built whole once in Create (to initialise and then
 // shard it), so creation needs the whole model's fp32 weights in memory for a
 // moment; MoE architectures (the router's auxiliary loss and routing replay
-// are not threaded through the units) and value heads are refused by name.
+// are not threaded through the units) are refused by name.
 //
 // Collectives: every rank must make the same calls in the same order with
 // the same shapes: TokenLogProbs, backward, Step, the gathers. A failed
@@ -105,7 +111,7 @@ class FullyShardedModel {
   absl::Status LoadFromFull(const Named& full);
 
   // The whole model's weights under Hugging Face names, gathered on every
-  // rank. ABORTED when a collective fails.
+  // rank (a frozen lm_head last). ABORTED when a collective fails.
   absl::StatusOr<Named> GatherFull();
   // The same for per-shard state shaped like Shards() (AdamW's moments).
   absl::StatusOr<Named> GatherFullOf(const std::vector<at::Tensor>& shards);
@@ -116,7 +122,8 @@ class FullyShardedModel {
   // ABORTED when a collective fails; otherwise the first error `visit`
   // returns (after the remaining units' gathers, which every rank makes).
   absl::Status VisitFull(const std::function<absl::Status(const std::string&, const at::Tensor&)>& visit);
-  // This rank's shards (Shards() shapes) of full-layout tensors.
+  // This rank's shards (Shards() shapes) of full-layout tensors (a frozen
+  // lm_head, not a shard, may be absent).
   absl::StatusOr<std::vector<at::Tensor>> SliceOf(const Named& full) const;
 
   // Per-token log-probs of `targets` and entropies, [B,T] fp32, as
@@ -129,6 +136,12 @@ class FullyShardedModel {
                                                            const at::Tensor& targets, double temperature = 1.0,
                                                            const at::Tensor& attention_mask = {},
                                                            int64_t logprob_chunk = 0);
+  // A value-head model's values [B,T] fp32, as actor::TransformerImpl::
+  // Values on the whole model, under the same rules as TokenLogProbs
+  // (FAILED_PRECONDITION for a model without a value head; TokenLogProbs
+  // is refused for one whose lm_head is frozen).
+  absl::StatusOr<at::Tensor> Values(const at::Tensor& input_ids, const at::Tensor& positions,
+                                    const at::Tensor& attention_mask = {});
 
   // Zeroes the shards' gradients and records this rank's local weight for
   // the coming backward passes (see the convention above). REQUIRES:
@@ -159,7 +172,8 @@ class FullyShardedModel {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const actor::ModelConfig& config() const { return config_; }
-  // Elements in the whole model, and in this rank's shards (with padding).
+  // Elements the optimizer trains in the whole model (a frozen lm_head
+  // aside), and in this rank's shards (with padding; frozen ones included).
   int64_t full_numel() const;
   int64_t shard_numel() const;
 
@@ -178,9 +192,15 @@ class FullyShardedModel {
  private:
   FullyShardedModel() = default;
   void Prefetch(size_t unit);
+  // The embedding and decoder-layer units: the hidden states entering the
+  // head unit.
+  at::Tensor Layers(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& attention_mask);
+  // `unit`'s shard cut from full-layout tensors by name.
+  absl::StatusOr<at::Tensor> SliceUnit(const Unit& unit, const std::map<std::string, at::Tensor>& by_name) const;
   // GatherFullOf and VisitFull: `shards` (Shards() shapes) gathered unit by
-  // unit, each parameter's full view passed to `visit`.
-  absl::Status VisitGathered(const std::vector<at::Tensor>& shards,
+  // unit, then, `with_frozen`, the frozen lm_head; each parameter's full
+  // view passed to `visit`.
+  absl::Status VisitGathered(const std::vector<at::Tensor>& shards, bool with_frozen,
                              const std::function<absl::Status(const std::string&, const at::Tensor&)>& visit);
 
   actor::ModelConfig config_;
@@ -192,6 +212,12 @@ class FullyShardedModel {
   actor::Transformer model_{nullptr};
   actor::RopeFrequencies rope_;
   std::vector<std::unique_ptr<Unit>> units_;
+  // A value-head model's lm_head: sharded like a unit, never bound or
+  // trained (null otherwise).
+  std::unique_ptr<Unit> frozen_;
+  // The head unit computes values (Values) instead of log-probs; set by the
+  // forward pass, read again by its backward.
+  bool head_values_ = false;
   // All-gathers started ahead, by unit.
   std::map<size_t, std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> prefetched_;
   double local_weight_ = 1.0;

@@ -124,7 +124,9 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   return out;
 }
 
-at::Tensor ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
+absl::StatusOr<at::Tensor> ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
+  if (sharded && m.get() == policy.get()) return sharded->Values(ids, pos);
+  if (tp_policy && m.get() == policy.get()) return tp_policy->Values(ids, pos);
   AutocastScope ac(autocast_bf16, device_type);
   const c10::Device dev = m->LmHeadWeight().device();
   return m->Values(ids.to(dev), pos.to(dev)).to(at::kFloat).to(at::kCPU);
@@ -188,10 +190,17 @@ absl::Status ModelSet::EmptyPolicyPass(bool backward) {
   // gradient, but every unit is gathered, run and reduce-scattered (ZeRO-3),
   // every MoE layer's exchange made (EP).
   const at::Tensor zero = at::zeros({1, 1}, at::kLong);
-  RLMESH_ASSIGN_OR_RETURN(auto lp, LogProbs(policy, zero, zero, at::full({1, 1}, -1, at::kLong), 1, 1.0));
+  at::Tensor out;
+  if (policy->config().value_head) {
+    // A reward model's passes are value passes.
+    RLMESH_ASSIGN_OR_RETURN(out, Values(policy, zero, zero));
+  } else {
+    RLMESH_ASSIGN_OR_RETURN(auto lp, LogProbs(policy, zero, zero, at::full({1, 1}, -1, at::kLong), 1, 1.0));
+    out = lp.logprobs;
+  }
   if (backward) {
     return CatchAll("empty backward", [&]() -> absl::Status {
-      (lp.logprobs.sum() * 0).backward();
+      (out.sum() * 0).backward();
       return absl::OkStatus();
     });
   }
@@ -234,7 +243,7 @@ absl::Status SetSyncSlice(std::vector<std::pair<std::string, at::Tensor>>& slice
 }  // namespace
 
 absl::Status ModelSet::RefreshSyncSlices() {
-  if (!sharded || !whole_on_demand) return absl::OkStatus();
+  if (!zero3_sync_slices) return absl::OkStatus();
   return CatchAll("sync slices", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     return sharded->VisitFull([&](const std::string& name, const at::Tensor& full) {
@@ -244,17 +253,14 @@ absl::Status ModelSet::RefreshSyncSlices() {
 }
 
 absl::Status ModelSet::CutSyncSlices(const std::vector<std::pair<std::string, at::Tensor>>& full) {
-  if (!sharded || !whole_on_demand) return absl::OkStatus();
+  if (!zero3_sync_slices) return absl::OkStatus();
   return CatchAll("sync slices", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     // The names in the policy's order, each then refreshed in place.
     sync_slices.clear();
-    for (const auto& [name, shape] : policy_shapes) sync_slices.emplace_back(name, at::Tensor());
     for (const auto& [name, t] : full) {
+      sync_slices.emplace_back(name, at::Tensor());
       RLMESH_RETURN_IF_ERROR(SetSyncSlice(sync_slices, name, t, sharded->rank(), sharded->size()));
-    }
-    for (const auto& [name, t] : sync_slices) {
-      if (!t.defined()) return absl::InternalError(absl::StrCat("sync slices: ", name, " was not given"));
     }
     return absl::OkStatus();
   });
@@ -387,7 +393,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
   if (!tp_policy || zero1) return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
   // Replica 0's ranks gather their slices' moments (the replicas' agree).
   if (dp->rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
-  const std::vector<at::Tensor> params = tp_policy->Parameters();
+  const std::vector<at::Tensor> params = tp_policy->TrainedParameters();
   RLMESH_ASSIGN_OR_RETURN(auto m, tp_policy->GatherFullOf(UnflattenLike(dp->exp_avg(), params)));
   RLMESH_ASSIGN_OR_RETURN(auto v, tp_policy->GatherFullOf(UnflattenLike(dp->exp_avg_sq(), params)));
   return CatchAll("moments", [&]() -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
@@ -418,8 +424,8 @@ absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Te
   return CatchAll("moments", [&]() -> absl::Status {
     RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(policy_shapes, exp_avg, "policy.exp_avg"));
     RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(policy_shapes, exp_avg_sq, "policy.exp_avg_sq"));
-    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> ms, tp_policy->SliceOf(m));
-    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> vs, tp_policy->SliceOf(v));
+    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> ms, tp_policy->SliceOf(m, /*trained_only=*/true));
+    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> vs, tp_policy->SliceOf(v, /*trained_only=*/true));
     return load(FlattenAll(ms), FlattenAll(vs));
   });
 }
@@ -539,7 +545,12 @@ absl::Status BroadcastPolicy(ModelSet* models) {
   torch::NoGradGuard no_grad;
   auto named = s.policy->NamedParameters();
   s.policy_shapes.clear();
-  for (auto& [name, t] : named) s.policy_shapes.emplace_back(name, t.sizes().vec());
+  // A reward model's lm_head is out of the optimizer (plain DP's layout).
+  const bool value_head = s.policy->config().value_head;
+  for (auto& [name, t] : named) {
+    if (value_head && name == "lm_head.weight") continue;
+    s.policy_shapes.emplace_back(name, t.sizes().vec());
+  }
   if (s.group) {
     RLMESH_RETURN_IF_ERROR(dist::Collective("broadcast of the policy", [&] {
       for (auto& [name, t] : named) {
@@ -630,7 +641,7 @@ absl::Status SplitPolicyTensorParallel(const StageOptions& stage, int rank, int 
   dpo.norm_group = s.tp_group;
   dpo.norm_weights = s.tp_policy->NormWeights();
   dpo.zero1 = stage.learner.zero1;
-  RLMESH_ASSIGN_OR_RETURN(s.dp, DataParallel::Create(s.dp_group, s.tp_policy->Parameters(), dpo));
+  RLMESH_ASSIGN_OR_RETURN(s.dp, DataParallel::Create(s.dp_group, s.tp_policy->TrainedParameters(), dpo));
   return absl::OkStatus();
 }
 
@@ -765,8 +776,12 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     return DataParallel::Create(s.group, std::move(params), dpo);
   };
   s.zero1 = stage.learner.zero1;
-  s.whole_on_demand =
-      (stage.learner.tp > 1 || stage.learner.zero3) && weight_sync::ConfiguredWeightPieces(exp, world_size) > 1;
+  // A reward model is never synced to the rollout: under ZeRO-3 or TP it is
+  // gathered only for checkpoints.
+  const bool reward_model = stage.kind == StageKind::kRewardModel;
+  const bool pieces = weight_sync::ConfiguredWeightPieces(exp, world_size) > 1;
+  s.whole_on_demand = (stage.learner.tp > 1 || stage.learner.zero3) && (pieces || reward_model);
+  s.zero3_sync_slices = stage.learner.zero3 && pieces && !reward_model;
   if (stage.learner.zero3) {
     RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, &s));
   } else if (stage.learner.tp > 1) {

@@ -72,9 +72,10 @@ struct ModelSet {
   // under TP, `policy` holds the whole model on rank 0 only (SyncPolicy).
   std::unique_ptr<ExpertParallelModel> ep_policy;
   // Under ZeRO-3, TP or EP: the whole policy's parameter names and shapes, in
-  // NamedParameters() order (what plain DP's flat optimizer layout follows).
+  // NamedParameters() order (what plain DP's flat optimizer layout follows:
+  // a reward model's lm_head, out of the optimizer, is left out).
   std::vector<std::pair<std::string, std::vector<int64_t>>> policy_shapes;
-  // learner.zero: 3 with weight sync in pieces (whole_on_demand): this
+  // learner.zero: 3 with weight sync in pieces (zero3_sync_slices): this
   // rank's slice r of the group's size of every policy parameter
   // (learner::TensorParallelPiece's cut, Hugging Face names in
   // NamedParameters() order), what Trainer::PolicyPiece cuts this rank's
@@ -94,8 +95,9 @@ struct ModelSet {
                                                       const at::Tensor& pos, const at::Tensor& targets,
                                                       int64_t chunk, double temperature,
                                                       const at::Tensor& attention_mask = {});
-  // The value head's outputs [B, T], fp32.
-  at::Tensor Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos);
+  // The value head's outputs [B, T], fp32 (through the sharded or
+  // tensor-parallel policy when `m` is the policy under those layouts).
+  absl::StatusOr<at::Tensor> Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos);
 
   // The policy's optimizer, whichever layout holds it (dp or sharded), with
   // DataParallel's convention: ZeroGrad before a step's backward passes, in
@@ -125,7 +127,7 @@ struct ModelSet {
   // whole_on_demand, drops rank 0's now stale copy instead (and under
   // ZeRO-3 refreshes sync_slices). No-op otherwise.
   absl::Status SyncPolicy();
-  // ZeRO-3 with whole_on_demand: sync_slices cut from the whole policy,
+  // With zero3_sync_slices: sync_slices cut from the whole policy,
   // gathered unit by unit (every rank must call it), or from `full` (the
   // whole policy's weights, held by this rank). No-op otherwise.
   absl::Status RefreshSyncSlices();
@@ -135,8 +137,12 @@ struct ModelSet {
   // rank's slices from that rank (under ZeRO-3 from sync_slices), so
   // nobody needs the whole policy after a step, and rank 0 keeps none (0.20
   // of K=1's training state, bench/learner_layouts.md). GatherPolicy builds
-  // it when a checkpoint asks; the next step drops it.
+  // it when a checkpoint asks; the next step drops it. Also a reward model
+  // under ZeRO-3 or TP, which is never synced.
   bool whole_on_demand = false;
+  // ZeRO-3 with weight sync in pieces (not a reward model): sync_slices
+  // are kept.
+  bool zero3_sync_slices = false;
   // With whole_on_demand: rank 0's `policy` holds the current weights.
   bool whole_fresh = false;
   // Makes rank 0's `policy` the whole current policy (every rank must call

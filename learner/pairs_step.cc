@@ -73,7 +73,8 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
         // Score = the value at the last real token (eos) of prompt+response.
         at::Tensor last = at::zeros({re - ra, 1}, at::kLong);
         for (int64_t r = ra; r < re; ++r) last[r - ra][0] = row_lengths[r] - 1;
-        at::Tensor scores = s.models.Values(s.models.policy, ids, pos).gather(1, last).squeeze(1);
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor values, s.models.Values(s.models.policy, ids, pos));
+        at::Tensor scores = values.gather(1, last).squeeze(1);
         at::Tensor pair_scores = scores.view({e - a, 2});
         RLMESH_ASSIGN_OR_RETURN(out, RewardModelLoss(pair_scores.select(1, 0), pair_scores.select(1, 1)));
         out.metrics["loss"] = out.metrics["rm_loss"];

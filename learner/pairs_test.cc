@@ -313,24 +313,36 @@ TEST_CASE("K=2 DPO shards (threads, FileStore) equal K=1 on the same global batc
   CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
 }
 
-// DPO through the layouts that split the policy, against one process: 3
-// steps on 7 pairs a step, a pair per micro-batch, so that ranks with
-// different pairs run different numbers of passes (ZeRO-3 and EP must run
-// empty ones to match). lr 1e-3 as in trainer_test's TP case: AdamW's first
-// steps move near-zero-gradient weights by up to lr in the direction their
-// sign gives, which TP's summation order can flip at 1e-2.
-TEST_CASE("DPO under learner.tp, learner.zero: 3 and learner.ep equals one process; TP resumes in one process") {
+// DPO and the reward model through the layouts that split the policy,
+// against one process: 3 steps on 7 pairs a step, a pair per micro-batch,
+// so that ranks with different pairs run different numbers of passes
+// (ZeRO-3 and EP must run empty ones to match). lr 1e-3 as in trainer_test's
+// TP case: AdamW's first steps move near-zero-gradient weights by up to lr
+// in the direction their sign gives, which TP's summation order can flip at
+// 1e-2. The reward model trains with weight decay, so that a layout which
+// stepped its unused lm_head (plain DP leaves it out of the optimizer)
+// would move it.
+TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 and learner.ep equal one process; "
+          "checkpoints resume in one process") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
   ExperimentConfig e = Tiny();
-  if (GENERATE(false, true)) {
+  enum Variant { kDpo, kMoeDpo, kRewardModel };
+  const int variant = GENERATE(kDpo, kMoeDpo, kRewardModel);
+  if (variant == kMoeDpo) {
     // A tiny Qwen3-MoE (4 experts, 2 a token) for expert parallelism.
     REQUIRE(rollout::testing::WriteTinyMoeCheckpoint(dir.File("moe"), 3).ok());
     e.mutable_model()->set_init("checkpoint");
     e.mutable_model()->set_path(dir.File("moe"));
   }
-  const bool moe = e.model().init() == "checkpoint";
-  *e.add_stages() = DpoStageOf(5, 7, 1e-3, 0.1, WritePairs(dir, LowDigitPairs(40, 1)));
+  const std::string pairs = WritePairs(dir, LowDigitPairs(40, 1));
+  if (variant == kRewardModel) {
+    Stage rm = RmStage(5, 7, 1e-3, pairs);
+    rm.mutable_reward_model()->mutable_optimizer()->set_weight_decay(0.5);
+    *e.add_stages() = rm;
+  } else {
+    *e.add_stages() = DpoStageOf(5, 7, 1e-3, 0.1, pairs);
+  }
   e.mutable_learner()->set_micro_batch_tokens(12);
   Trainer single, untrained;
   REQUIRE(single.Configure(Request(e, 0, dir.File("ckpt_plain"))).ok());
@@ -356,25 +368,32 @@ TEST_CASE("DPO under learner.tp, learner.zero: 3 and learner.ep equals one proce
     }
     return MaxAbsDiff(single, ranks[0]);
   };
-  if (moe) {
+  // The checkpoint in `ckpt` resumed in one plain process: its 4th step
+  // equals the uninterrupted one's (DPO's reference is the stage's initial
+  // policy again).
+  auto resumes = [&](const std::string& ckpt) {
+    Trainer resumed;
+    auto c = resumed.Configure(Request(e, 0, ckpt));
+    REQUIRE(c.ok());
+    REQUIRE(c->step() == 3);
+    REQUIRE(resumed.TrainStep(Step(3)).ok());
+    REQUIRE(single.TrainStep(Step(3)).ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  };
+  if (variant == kMoeDpo) {
     SECTION("ep=2, and 2 groups of ep=2") {
       CHECK(layout(2, 1, 0, 2, false) <= 1e-5);
       CHECK(layout(4, 1, 0, 2, false) <= 1e-5);
     }
   } else {
-    SECTION("zero=3 over 2 ranks") { CHECK(layout(2, 1, 3, 1, false) <= 1e-5); }
+    SECTION("zero=3 over 2 ranks, its checkpoint resumed in one plain process") {
+      CHECK(layout(2, 1, 3, 1, false, dir.File("ckpt_zero3")) <= 1e-5);
+      resumes(dir.File("ckpt_zero3"));
+    }
     SECTION("tp=2 x dp=2 with sequence parallelism") { CHECK(layout(4, 2, 0, 1, true) <= 1e-5); }
     SECTION("tp=2, its checkpoint resumed in one plain process") {
       CHECK(layout(2, 2, 0, 1, false, dir.File("ckpt_tp")) <= 1e-5);
-      // The resumed stage's reference is the stage's initial policy again:
-      // its 4th step equals the uninterrupted one's.
-      Trainer resumed;
-      auto c = resumed.Configure(Request(e, 0, dir.File("ckpt_tp")));
-      REQUIRE(c.ok());
-      REQUIRE(c->step() == 3);
-      REQUIRE(resumed.TrainStep(Step(3)).ok());
-      REQUIRE(single.TrainStep(Step(3)).ok());
-      CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+      resumes(dir.File("ckpt_tp"));
     }
   }
 }

@@ -344,7 +344,10 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
             RLMESH_ASSIGN_OR_RETURN(auto tlp, micro_logprobs(s.models.teacher, a, e, T));
             Rows(teacher_logp, a, e, T).copy_(tlp.logprobs);
           }
-          if (s.models.critic) Rows(old_values, a, e, T).copy_(s.models.Values(s.models.critic, ids, pos));
+          if (s.models.critic) {
+            RLMESH_ASSIGN_OR_RETURN(at::Tensor v, s.models.Values(s.models.critic, ids, pos));
+            Rows(old_values, a, e, T).copy_(v);
+          }
         }
       }
     }
@@ -552,7 +555,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
             out.metrics["router_aux_loss"] = aux.item<double>();
           }
           if (s.models.critic) {
-            at::Tensor values = s.models.Values(s.models.critic, ids, pos);
+            RLMESH_ASSIGN_OR_RETURN(at::Tensor values, s.models.Values(s.models.critic, ids, pos));
             RLMESH_ASSIGN_OR_RETURN(LossOutput vo, ValueLoss(values, Rows(old_values, a, e, T),
                                                              Rows(returns, a, e, T), mk, rl.value_clip,
                                                              rl.loss.agg));

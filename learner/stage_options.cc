@@ -404,14 +404,9 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
   }
   o.name = stage.name().empty() ? std::string(StageKindName(o.kind)) : stage.name();
   if (o.learner.zero3) {
-    // learner/fully_sharded.h carries the policy's log-probs only. DPO's
-    // frozen reference and PPO's critic stay whole on every rank (the
-    // critic data-parallel over all the ranks).
-    if (o.kind == StageKind::kRewardModel) {
-      return absl::UnimplementedError(absl::StrCat(
-          "experiment.learner.zero: 3 is built for sft, dpo, grpo and ppo stages; ", sp,
-          " is reward_model (a policy with a value head does not run through the sharded units yet)"));
-    }
+    // learner/fully_sharded.h carries the policy's log-probs, or a reward
+    // model's values. DPO's frozen reference and PPO's critic stay whole on
+    // every rank (the critic data-parallel over all the ranks).
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError(
           "experiment.learner.zero: 3 with learner.autocast: bf16 is not built (the backward recomputes each unit "
@@ -432,15 +427,11 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
     }
   }
   if (o.learner.tp > 1) {
-    // learner/tensor_parallel.h carries log-probs only: the policy's, and
-    // the frozen reference's (split like the policy) for KL and DPO. PPO's
-    // critic stays whole on every rank, data-parallel over all the ranks
-    // (a replica's ranks train the same rows, so the mean is unchanged).
-    if (o.kind == StageKind::kRewardModel) {
-      return absl::UnimplementedError(absl::StrCat(
-          "experiment.learner.tp: ", o.learner.tp, " is built for sft, dpo, grpo and ppo stages; ", sp,
-          " is reward_model (a policy with a value head is not split over tensor-parallel ranks yet)"));
-    }
+    // learner/tensor_parallel.h carries log-probs (the policy's, and the
+    // frozen reference's, split like the policy, for KL and DPO) and a
+    // reward model's values. PPO's critic stays whole on every rank,
+    // data-parallel over all the ranks (a replica's ranks train the same
+    // rows, so the mean is unchanged).
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError("experiment.learner.tp > 1 with learner.autocast: bf16 is not built");
     }

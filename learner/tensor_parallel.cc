@@ -89,6 +89,13 @@ using GatherRows = Conjugate<AllGathered, ReduceScattered>;
 // all-gather backward.
 using ScatterRows = Conjugate<ReduceScattered, AllGathered>;
 
+// [size * N, ...] -> [N, ...]: this rank's rows.
+at::Tensor OwnRows(c10d::Backend* g, const at::Tensor& x) { return x.chunk(g->getSize())[g->getRank()]; }
+// Every rank's rows of a quantity each rank computed whole for its own rows
+// (sequence parallelism's values): all-gather forward, this rank's rows of
+// the gradient backward.
+using GatherOwnRows = Conjugate<AllGathered, OwnRows>;
+
 bool EndsWithAny(const std::string& name, std::initializer_list<const char*> suffixes) {
   for (const char* s : suffixes) {
     if (absl::EndsWith(name, s)) return true;
@@ -98,10 +105,11 @@ bool EndsWithAny(const std::string& name, std::initializer_list<const char*> suf
 
 // Replicated parameters whose gradient each rank sees only in part: Qwen3's
 // per-head q/k norms (each rank applies them to its own heads) and, under
-// sequence parallelism, every RMSNorm (each rank normalises its own rows).
+// sequence parallelism, every RMSNorm and the value head (each rank
+// normalises and scores its own rows).
 bool GradientIsPartial(const std::string& name, bool sequence_parallel) {
   if (EndsWithAny(name, {"q_norm.weight", "k_norm.weight"})) return true;
-  return sequence_parallel && absl::StrContains(name, "norm.weight");
+  return sequence_parallel && (absl::StrContains(name, "norm.weight") || name == "score.weight");
 }
 
 at::Tensor Slice(const at::Tensor& full, int dim, int rank, int size) {
@@ -174,9 +182,6 @@ absl::Status ValidateTensorParallel(const actor::ModelConfig& c, int tp) {
     return absl::UnimplementedError("model.qkv_bias (attention_bias) with an o_proj bias: a row-parallel bias "
                                     "under tensor parallelism is not built");
   }
-  if (c.value_head) {
-    return absl::UnimplementedError("model.value_head: a value head under tensor parallelism is not built");
-  }
   return absl::OkStatus();
 }
 
@@ -216,11 +221,16 @@ absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create
   return m;
 }
 
+bool TensorParallelModel::Trained(const std::string& name) const {
+  return !(config_.value_head && name == "lm_head.weight");
+}
+
 absl::StatusOr<std::vector<at::Tensor>> TensorParallelModel::SliceOf(
-    const std::vector<std::pair<std::string, at::Tensor>>& full) const {
+    const std::vector<std::pair<std::string, at::Tensor>>& full, bool trained_only) const {
   std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
   std::vector<at::Tensor> out;
   for (auto& [name, p] : shard_->NamedParameters()) {
+    if (trained_only && !Trained(name)) continue;
     auto it = by_name.find(name);
     if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": missing"));
     const int dim = TensorParallelSplitDim(name);
@@ -274,28 +284,37 @@ absl::Status TensorParallelModel::LoadSlices(const std::vector<std::pair<std::st
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::GatherFull() {
-  return GatherFullOf(Parameters());
+  return Gather(shard_->NamedParameters());
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::GatherFullOf(
     const std::vector<at::Tensor>& local) {
-  const auto named = shard_->NamedParameters();
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (auto& [name, p] : shard_->NamedParameters()) {
+    if (Trained(name)) named.emplace_back(name, p);
+  }
   if (local.size() != named.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("local: ", local.size(), " tensors for ", named.size(), " parameters"));
+        absl::StrCat("local: ", local.size(), " tensors for ", named.size(), " trained parameters"));
   }
   for (size_t i = 0; i < local.size(); ++i) {
     if (!local[i].defined() || local[i].sizes() != named[i].second.sizes()) {
       return absl::InvalidArgumentError(absl::StrCat("local[", i, "] (", named[i].first, "): expected shape ",
                                                      c10::str(named[i].second.sizes())));
     }
+    named[i].second = local[i];
   }
+  return Gather(named);
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::Gather(
+    const std::vector<std::pair<std::string, at::Tensor>>& named) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   RLMESH_RETURN_IF_ERROR(dist::Collective("tensor-parallel gather", [&] {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < named.size(); ++i) {
       const std::string& name = named[i].first;
-      const at::Tensor t = local[i].detach();
+      const at::Tensor t = named[i].second.detach();
       const int dim = TensorParallelSplitDim(name);
       if (dim < 0 || size_ == 1) {
         out.emplace_back(name, t.clone());
@@ -310,7 +329,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelMo
   return out;
 }
 
-at::Tensor TensorParallelModel::ForwardHidden(const at::Tensor& ids, const at::Tensor& positions,
+at::Tensor TensorParallelModel::ForwardStream(const at::Tensor& ids, const at::Tensor& positions,
                                               const at::Tensor& attention_mask) {
   const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
   const bool tp = size_ > 1;
@@ -353,9 +372,39 @@ at::Tensor TensorParallelModel::ForwardHidden(const at::Tensor& ids, const at::T
     h = h + leave(layer->self_attn->Full(enter(layer->input_layernorm(h)), cos, sin, mask, nullptr, nullptr));
     h = h + leave(layer->mlp(enter(layer->post_attention_layernorm(h))));
   }
-  h = backbone->norm(h);
-  // The output projection is column-parallel over the vocabulary.
-  return enter(h);
+  return backbone->norm(h);
+}
+
+at::Tensor TensorParallelModel::ForwardHidden(const at::Tensor& ids, const at::Tensor& positions,
+                                              const at::Tensor& attention_mask) {
+  at::Tensor h = ForwardStream(ids, positions, attention_mask);
+  if (size_ == 1) return h;
+  // The output projection is column-parallel over the vocabulary: its input
+  // is the replicated [B,T,H].
+  const int64_t key = GroupKey(group_.get());
+  if (!options_.sequence_parallel) return CopyToShards::apply(h, key);
+  const int64_t B = ids.size(0), T = ids.size(1), H = config_.hidden_size;
+  return GatherRows::apply(h, key).narrow(0, 0, B * T).reshape({B, T, H});
+}
+
+absl::StatusOr<at::Tensor> TensorParallelModel::Values(const at::Tensor& ids, const at::Tensor& positions,
+                                                       const at::Tensor& attention_mask) {
+  if (!config_.value_head) {
+    return absl::FailedPreconditionError("Values: the model has no value head (config.value_head=false)");
+  }
+  // The ids stand in for targets: only their shapes and range are checked.
+  RLMESH_RETURN_IF_ERROR(ValidateTokenInputs(ids, positions, ids, 1.0, config_.vocab_size));
+  try {
+    // The value head is replicated: each rank scores the stream it holds.
+    // Without sequence parallelism that is every row, and the gradient is
+    // whole on every rank; with it, each rank's own rows, gathered.
+    at::Tensor v = shard_->ValuesFromHidden(ForwardStream(ids, positions, attention_mask));
+    if (size_ == 1 || !options_.sequence_parallel) return v;
+    const int64_t B = ids.size(0), T = ids.size(1);
+    return GatherOwnRows::apply(v, GroupKey(group_.get())).narrow(0, 0, B * T).reshape({B, T});
+  } catch (const std::exception& e) {
+    return absl::AbortedError(absl::StrCat("tensor-parallel values failed: ", e.what()));
+  }
 }
 
 absl::StatusOr<actor::TokenLogProbsOutput> TensorParallelModel::TokenLogProbs(const at::Tensor& ids,
@@ -490,10 +539,18 @@ std::vector<at::Tensor> TensorParallelModel::Parameters() const {
   return out;
 }
 
+std::vector<at::Tensor> TensorParallelModel::TrainedParameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, p] : shard_->NamedParameters()) {
+    if (Trained(name)) out.push_back(p);
+  }
+  return out;
+}
+
 std::vector<double> TensorParallelModel::NormWeights() const {
   std::vector<double> out;
   for (auto& [name, p] : shard_->NamedParameters()) {
-    out.push_back(TensorParallelSplitDim(name) >= 0 ? 1.0 : 1.0 / size_);
+    if (Trained(name)) out.push_back(TensorParallelSplitDim(name) >= 0 ? 1.0 : 1.0 / size_);
   }
   return out;
 }

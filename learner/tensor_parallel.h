@@ -17,6 +17,12 @@
 // Norm weights (and Qwen3's q/k norms, which act per head) are replicated:
 // every rank holds them whole and computes the same gradient for them.
 //
+// A value-head model (config.value_head: a reward model) gives Values: the
+// scalar head is replicated and scores the replicated final hidden states
+// (under sequence parallelism each rank its own rows, gathered). Its
+// lm_head, never used, is frozen: left out of TrainedParameters, as plain
+// DP leaves it out of the optimizer.
+//
 // Sequence parallelism (options.sequence_parallel): between the blocks the
 // residual stream is split over the ranks along the tokens (each holds
 // B*T/tp of the flattened rows), so the RMSNorms and residual adds run on a
@@ -113,16 +119,17 @@ class TensorParallelModel {
   // a collective fails.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> GatherFull();
 
-  // The same for any per-parameter state shaped like Parameters() (AdamW's
-  // moments), so that a checkpoint holds it in the layout-free form and
-  // resumes under another tp: GatherFullOf gathers `local` (one tensor per
-  // parameter, in Parameters() order); SliceOf cuts this rank's slices out
-  // of full-layout tensors (INVALID_ARGUMENT naming a missing or misshapen
-  // one).
+  // The same for any per-parameter state shaped like TrainedParameters()
+  // (AdamW's moments), so that a checkpoint holds it in the layout-free form
+  // and resumes under another tp: GatherFullOf gathers `local` (one tensor
+  // per trained parameter, in TrainedParameters() order); SliceOf cuts this
+  // rank's slices out of full-layout tensors, for every parameter in
+  // Parameters() order or, `trained_only`, for the trained ones
+  // (INVALID_ARGUMENT naming a missing or misshapen one).
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> GatherFullOf(
       const std::vector<at::Tensor>& local);
-  absl::StatusOr<std::vector<at::Tensor>> SliceOf(
-      const std::vector<std::pair<std::string, at::Tensor>>& full) const;
+  absl::StatusOr<std::vector<at::Tensor>> SliceOf(const std::vector<std::pair<std::string, at::Tensor>>& full,
+                                                  bool trained_only = false) const;
 
   // Per-token log-probs of `targets` and entropies, [B,T] fp32, exactly as
   // actor::TokenLogProbs on the whole model (temperature divides the
@@ -133,6 +140,11 @@ class TensorParallelModel {
                                                            const at::Tensor& positions,
                                                            const at::Tensor& targets, double temperature = 1.0,
                                                            const at::Tensor& attention_mask = {});
+  // A value-head model's values [B,T] fp32, as actor::TransformerImpl::
+  // Values on the whole model; the same on every rank, same rules.
+  // FAILED_PRECONDITION without a value head.
+  absl::StatusOr<at::Tensor> Values(const at::Tensor& input_ids, const at::Tensor& positions,
+                                    const at::Tensor& attention_mask = {});
 
   // Generation, the ranks in lockstep (no gradient): TransformerImpl's
   // Prefill and DecodeStep with this rank's key/value heads in `cache`,
@@ -156,8 +168,11 @@ class TensorParallelModel {
   // split), in a fixed order.
   std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
   std::vector<at::Tensor> Parameters() const;
-  // DataParallelOptions::norm_weights for Parameters(): 1 for a slice,
-  // 1/tp for a replicated parameter.
+  // What an optimizer steps: Parameters() but a value-head model's lm_head.
+  std::vector<at::Tensor> TrainedParameters() const;
+  bool Trained(const std::string& hf_name) const;
+  // DataParallelOptions::norm_weights for TrainedParameters(): 1 for a
+  // slice, 1/tp for a replicated parameter.
   std::vector<double> NormWeights() const;
 
   int rank() const { return rank_; }
@@ -168,11 +183,19 @@ class TensorParallelModel {
 
  private:
   TensorParallelModel() = default;
+  // The final norm's output in the stream's layout: replicated [B,T,H], or
+  // under sequence parallelism this rank's rows of the padded [B*T, H].
+  at::Tensor ForwardStream(const at::Tensor& input_ids, const at::Tensor& positions,
+                           const at::Tensor& attention_mask);
+  // ForwardStream made the replicated input of the vocabulary-parallel head.
   at::Tensor ForwardHidden(const at::Tensor& input_ids, const at::Tensor& positions,
                            const at::Tensor& attention_mask);
   // Vocabulary-parallel embedding: this rank's rows, zeros for other ids
   // (the caller sums over the ranks).
   at::Tensor Embed(const at::Tensor& ids);
+  // `named` (this rank's tensors under parameter names) gathered whole.
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Gather(
+      const std::vector<std::pair<std::string, at::Tensor>>& named);
   // All-reduce of a row-parallel partial product, outside autograd.
   at::Tensor SumOverShards(const at::Tensor& partial);
 

@@ -51,7 +51,7 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
   o.zero1 = zero1;
   o.norm_group = tp_group;
   o.norm_weights = (*model)->NormWeights();
-  auto dp = DataParallel::Create(dp_group, (*model)->Parameters(), o);
+  auto dp = DataParallel::Create(dp_group, (*model)->TrainedParameters(), o);
   if (!dp.ok()) return dp.status();
   if (start.steps > 0) {
     auto m = (*model)->SliceOf(start.exp_avg);
@@ -80,7 +80,7 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
   // The moments as a checkpoint holds them; ZeRO-1 keeps only a flat shard
   // of them per rank (not gathered here).
   if (zero1) return r;
-  const std::vector<at::Tensor> params = (*model)->Parameters();
+  const std::vector<at::Tensor> params = (*model)->TrainedParameters();
   auto m = (*model)->GatherFullOf(UnflattenLike((*dp)->exp_avg(), params));
   auto v = (*model)->GatherFullOf(UnflattenLike((*dp)->exp_avg_sq(), params));
   if (!m.ok()) return m.status();
@@ -161,6 +161,66 @@ TEST_CASE("tp=2 with sequence parallelism equals one process (21 rows: padded to
 TEST_CASE("tp=2 x dp=2 equals one process, plain DP and ZeRO-1") {
   CheckEqualsReference("qwen3", 2, 2, false);
   CheckEqualsReference("qwen3", 2, 2, false, /*zero1=*/true);
+}
+
+// A reward model's layout: a replicated value head on the replicated (or,
+// with sequence parallelism, row-split) final hidden states; the lm_head out
+// of the optimizer, whose weight decay would move it.
+TEST_CASE("a value-head model at tp=2, with and without sequence parallelism: values and steps equal one "
+          "process's, the lm_head stays frozen") {
+  actor::ModelConfig c = SmallConfig("llama");
+  c.value_head = true;
+  const Named init = InitialWeights(c);
+  const Batch batch = MakeBatch();
+  at::Tensor first_values;
+  const Named ref = ValueReference(c, init, batch, &first_values);
+  REQUIRE(MaxAbsDiff(ref, init) > 1e-3);
+  at::Tensor lm_head;
+  for (const auto& [name, t] : init) {
+    if (name == "lm_head.weight") lm_head = t;
+  }
+  const bool sp = GENERATE(false, true);
+  CAPTURE(sp);
+  OnRanks(2, [&](int, c10::intrusive_ptr<c10d::Backend> group) -> absl::Status {
+    TensorParallelOptions tpo;
+    tpo.sequence_parallel = sp;
+    auto model = TensorParallelModel::Create(c, group, tpo);
+    if (!model.ok()) return model.status();
+    TensorParallelModel& m = **model;
+    absl::Status s = m.LoadFromFull(init);
+    if (!s.ok()) return s;
+    if (m.TrainedParameters().size() + 1 != m.Parameters().size()) {
+      return absl::InternalError("the lm_head is among the trained parameters");
+    }
+    DataParallelOptions o = Optimizer();
+    o.norm_group = group;
+    o.norm_weights = m.NormWeights();
+    auto dp = DataParallel::Create(nullptr, m.TrainedParameters(), o);
+    if (!dp.ok()) return dp.status();
+    for (int step = 0; step < kSteps; ++step) {
+      (*dp)->ZeroGrad();
+      auto v = m.Values(batch.ids, batch.pos, batch.mask);
+      if (!v.ok()) return v.status();
+      if (step == 0 && (*v - first_values).abs().max().item<double>() > 1e-5) {
+        return absl::InternalError("values off one process's");
+      }
+      ValueLoss(*v, batch.targets).backward();
+      auto stats = (*dp)->Step(1.0, kLr);
+      if (!stats.ok()) return stats.status();
+    }
+    auto full = m.GatherFull();
+    if (!full.ok()) return full.status();
+    const double d = MaxAbsDiffOrMinusOne(*full, ref);
+    if (d < 0 || d > 1e-5) return absl::InternalError(absl::StrCat("weights ", d, " off one process's"));
+    for (const auto& [name, t] : *full) {
+      if (name == "lm_head.weight" && !t.equal(lm_head)) return absl::InternalError("the lm_head moved");
+    }
+    // The moments gather over the trained parameters only.
+    auto moments = m.GatherFullOf(UnflattenLike((*dp)->exp_avg(), m.TrainedParameters()));
+    if (!moments.ok()) return moments.status();
+    if (moments->size() + 1 != full->size()) return absl::InternalError("moments gathered for the lm_head");
+    return absl::OkStatus();
+  });
 }
 
 TEST_CASE("a checkpoint gathered under one layout resumes under another") {

@@ -95,7 +95,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::PolicyP
   const ModelSet& m = s_->models;
   const TensorParallelModel* tp = m.tp_policy.get();
   // ZeRO-3 with weight sync in pieces: every rank keeps its slice.
-  const bool zero3_slices = m.sharded && m.whole_on_demand;
+  const bool zero3_slices = m.zero3_sync_slices;
   int slice = 0, slices = 1;
   if (tp != nullptr) {
     slice = tp->rank();

@@ -512,12 +512,13 @@ Stage RewardModelStage() {
 TEST_CASE("learner.zero: 3 is refused by name where it is not built") {
   ExperimentConfig e = Tiny();
   e.mutable_learner()->set_zero(3);
+  e.mutable_learner()->set_autocast("bf16");
   *e.add_stages() = RewardModelStage();
   Trainer t;
   auto r = t.Configure(Request(e));
   REQUIRE(!r.ok());
   INFO(r.status().ToString());
-  CHECK(std::string(r.status().message()).find("learner.zero: 3 is built for sft, dpo, grpo and ppo stages") !=
+  CHECK(std::string(r.status().message()).find("learner.zero: 3 with learner.autocast: bf16 is not built") !=
         std::string::npos);
   ExperimentConfig two = Tiny();
   two.mutable_learner()->set_zero(2);
@@ -697,6 +698,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
 TEST_CASE("learner.tp is refused by name where it is not built") {
   ExperimentConfig e = Tiny();
   e.mutable_learner()->set_tp(2);
+  e.mutable_learner()->set_autocast("bf16");
   *e.add_stages() = RewardModelStage();
   ConfigureRequest req = Request(e);
   req.set_world_size(2);
@@ -705,7 +707,7 @@ TEST_CASE("learner.tp is refused by name where it is not built") {
   auto r = t.Configure(req);
   REQUIRE(!r.ok());
   INFO(r.status().ToString());
-  CHECK(std::string(r.status().message()).find("learner.tp: 2 is built for sft, dpo, grpo and ppo stages") !=
+  CHECK(std::string(r.status().message()).find("learner.tp > 1 with learner.autocast: bf16 is not built") !=
         std::string::npos);
   ExperimentConfig odd = Tiny();
   odd.mutable_learner()->set_tp(2);

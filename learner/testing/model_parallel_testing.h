@@ -140,6 +140,55 @@ inline Run Reference(const actor::ModelConfig& c, const Named& init, const Batch
   return r;
 }
 
+// A value-head model's loss (a critic's or reward model's stand-in): the
+// token-mean of (value - 0.5)^2 over the scored tokens.
+inline at::Tensor ValueLoss(const at::Tensor& values, const at::Tensor& targets) {
+  auto valid = targets.ge(0).to(at::kFloat);
+  return ((values - 0.5).pow(2) * valid).sum() / valid.sum();
+}
+
+// What one process does with a value-head model `c`: kSteps steps of
+// ValueLoss from `init` with its lm_head out of the optimizer (as the
+// learner leaves a reward model's); the first step's values in
+// `first_values`.
+inline Named ValueReference(const actor::ModelConfig& c, const Named& init, const Batch& batch,
+                            at::Tensor* first_values) {
+  actor::Transformer m(c);
+  std::vector<at::Tensor> trained;
+  {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> src(init.begin(), init.end());
+    for (auto& [name, p] : m->NamedParameters()) {
+      p.copy_(src.at(name));
+      if (name != "lm_head.weight") trained.push_back(p);
+    }
+  }
+  auto dp = DataParallel::Create(nullptr, trained, Optimizer());
+  REQUIRE(dp.ok());
+  for (int step = 0; step < kSteps; ++step) {
+    (*dp)->ZeroGrad();
+    at::Tensor v = m->Values(batch.ids, batch.pos, batch.mask);
+    if (step == 0) *first_values = v.detach().clone();
+    ValueLoss(v, batch.targets).backward();
+    REQUIRE((*dp)->Step(1.0, kLr).ok());
+  }
+  return m->NamedParameters();
+}
+
+// The largest difference, or -1 when the names or shapes differ (for rank
+// threads, which must not call Catch2's REQUIRE).
+inline double MaxAbsDiffOrMinusOne(const Named& a, const Named& b) {
+  std::map<std::string, at::Tensor> bm(b.begin(), b.end());
+  if (a.size() != b.size()) return -1;
+  double worst = 0;
+  for (const auto& [name, t] : a) {
+    auto it = bm.find(name);
+    if (it == bm.end() || it->second.sizes() != t.sizes()) return -1;
+    worst = std::max(worst, (t - it->second).abs().max().item<double>());
+  }
+  return worst;
+}
+
 inline double MaxAbsDiff(const Named& a, const Named& b) {
   std::map<std::string, at::Tensor> bm(b.begin(), b.end());
   double worst = 0;
