@@ -345,7 +345,6 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
     const std::string p = absl::StrCat("stages[", i, "]");
     // A policy with a value head (a reward model) runs through the sharded
     // units and the tensor-parallel model, not the expert-parallel one yet.
-    // PPO's critic stays whole on every rank.
     c.Require(l->ep() == 1 || !st->has_reward_model(), p,
               "learner.ep > 1 is built for sft, dpo, grpo and ppo stages (a policy with a value head does not "
               "run through the expert-parallel model yet)");

@@ -127,6 +127,7 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
 absl::StatusOr<at::Tensor> ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
   if (sharded && m.get() == policy.get()) return sharded->Values(ids, pos);
   if (tp_policy && m.get() == policy.get()) return tp_policy->Values(ids, pos);
+  if (sharded_critic && m.get() == critic.get()) return sharded_critic->Values(ids, pos);
   AutocastScope ac(autocast_bf16, device_type);
   const c10::Device dev = m->LmHeadWeight().device();
   return m->Values(ids.to(dev), pos.to(dev)).to(at::kFloat).to(at::kCPU);
@@ -152,6 +153,78 @@ absl::StatusOr<DataParallelStepStats> ModelSet::StepPolicy(double local_weight, 
   if (sharded) return sharded->Step(lr);
   if (ep_policy) return ep_policy->Step(lr);
   return dp->Step(local_weight, lr);
+}
+
+absl::Status ModelSet::ZeroGradCritic(double local_weight) {
+  if (sharded_critic) {
+    sharded_critic->ZeroGrad(local_weight);
+  } else if (critic_dp) {
+    critic_dp->ZeroGrad();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DataParallelStepStats> ModelSet::StepCritic(double local_weight, double lr) {
+  if (sharded_critic) return sharded_critic->Step(lr);
+  if (critic_dp) return critic_dp->Step(local_weight, lr);
+  return absl::FailedPreconditionError("no critic");
+}
+
+int64_t ModelSet::CriticSteps() const {
+  if (sharded_critic) return sharded_critic->steps();
+  return critic_dp ? critic_dp->steps() : 0;
+}
+
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::CriticMoments() {
+  if (sharded_critic) return sharded_critic->GatherMoments();
+  if (critic_dp) return std::make_pair(critic_dp->exp_avg(), critic_dp->exp_avg_sq());
+  return std::make_pair(at::Tensor(), at::Tensor());
+}
+
+absl::Status ModelSet::LoadCriticMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
+                                         bool whole) {
+  if (sharded_critic) return sharded_critic->LoadMoments(exp_avg, exp_avg_sq, steps);
+  if (!critic_dp) return absl::OkStatus();
+  return whole ? critic_dp->LoadWholeOptimizerState(exp_avg, exp_avg_sq, steps)
+               : critic_dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+}
+
+absl::Status ModelSet::GatherCritic() {
+  if (!sharded_critic) return absl::OkStatus();
+  const bool keep = sharded_critic->rank() == 0;
+  std::map<std::string, at::Tensor> params;
+  if (keep) {
+    for (auto& [name, p] : critic->NamedParameters()) params.emplace(name, p);
+  }
+  return CatchAll("gather the critic", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    return sharded_critic->VisitFull([&](const std::string& name, const at::Tensor& t) -> absl::Status {
+      if (!keep) return absl::OkStatus();
+      auto it = params.find(name);
+      if (it == params.end()) return absl::InternalError(absl::StrCat("gather the critic: ", name, " is not in it"));
+      it->second.set_data(t.clone());
+      return absl::OkStatus();
+    });
+  });
+}
+
+void ModelSet::DropGatheredCritic() {
+  if (sharded_critic) DropParameterData(critic);
+}
+
+absl::Status ModelSet::LoadCriticWeights(const std::string& dir) {
+  actor::LoadOptions lo;
+  lo.add_value_head = true;
+  if (!sharded_critic) return actor::LoadHfWeights(dir, critic, lo);
+  return CatchAll("load critic", [&]() -> absl::Status {
+    actor::Transformer full{nullptr};
+    {
+      std::lock_guard<std::mutex> lock(InitMutex());
+      full = actor::Transformer(critic->config());
+    }
+    RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, full, lo));
+    return sharded_critic->LoadFromFull(full->NamedParameters());
+  });
 }
 
 int64_t ModelSet::PolicySteps() const {
@@ -184,23 +257,32 @@ absl::StatusOr<int64_t> ModelSet::MaxOverGroup(int64_t n) {
   return t.item<int64_t>();
 }
 
-absl::Status ModelSet::EmptyPolicyPass(bool backward) {
+absl::Status ModelSet::EmptyPolicyPass(bool backward, bool with_policy) {
   if (!AlignedPasses()) return absl::OkStatus();
   // One token whose target is masked (-1): its log-prob is 0 and carries no
   // gradient, but every unit is gathered, run and reduce-scattered (ZeRO-3),
   // every MoE layer's exchange made (EP).
   const at::Tensor zero = at::zeros({1, 1}, at::kLong);
-  at::Tensor out;
-  if (policy->config().value_head) {
-    // A reward model's passes are value passes.
-    RLMESH_ASSIGN_OR_RETURN(out, Values(policy, zero, zero));
-  } else {
-    RLMESH_ASSIGN_OR_RETURN(auto lp, LogProbs(policy, zero, zero, at::full({1, 1}, -1, at::kLong), 1, 1.0));
-    out = lp.logprobs;
+  at::Tensor out = at::zeros({}, at::kFloat);
+  if (with_policy && (sharded || ep_policy)) {
+    if (policy->config().value_head) {
+      // A reward model's passes are value passes.
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor v, Values(policy, zero, zero));
+      out = v.sum();
+    } else {
+      RLMESH_ASSIGN_OR_RETURN(auto lp, LogProbs(policy, zero, zero, at::full({1, 1}, -1, at::kLong), 1, 1.0));
+      out = lp.logprobs.sum();
+    }
   }
-  if (backward) {
+  if (sharded_critic) {
+    // After the policy, as in a real pass, with one backward over both: the
+    // units' collectives come in the same order as a real pass's.
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor v, Values(critic, zero, zero));
+    out = out + v.sum();
+  }
+  if (backward && out.requires_grad()) {
     return CatchAll("empty backward", [&]() -> absl::Status {
-      (out.sum() * 0).backward();
+      (out * 0).backward();
       return absl::OkStatus();
     });
   }
@@ -592,6 +674,35 @@ absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) 
   });
 }
 
+// learner.zero: 3 with a critic (PPO): rank 0's critic broadcast and cut
+// into this rank's shards, like the policy (its lm_head frozen); every rank
+// drops the critic's parameter data (a checkpoint gathers it on rank 0).
+absl::Status ShardCritic(const StageOptions& stage, ModelSet* models) {
+  ModelSet& s = *models;
+  FullyShardedOptions fo;
+  fo.optimizer.adamw = stage.rl.critic_optimizer.adamw;
+  fo.optimizer.grad_clip = std::max(0.0, stage.rl.critic_optimizer.grad_clip);
+  {
+    std::lock_guard<std::mutex> lock(InitMutex());
+    RLMESH_ASSIGN_OR_RETURN(s.sharded_critic, FullyShardedModel::Create(s.critic->config(), s.group, fo));
+  }
+  return CatchAll("shard the critic", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    auto named = s.critic->NamedParameters();
+    if (s.group) {
+      RLMESH_RETURN_IF_ERROR(dist::Collective("broadcast of the critic", [&] {
+        for (auto& [name, t] : named) {
+          std::vector<at::Tensor> v = {t};
+          s.group->broadcast(v)->wait();
+        }
+      }));
+    }
+    RLMESH_RETURN_IF_ERROR(s.sharded_critic->LoadFromFull(named));
+    DropParameterData(s.critic);
+    return absl::OkStatus();
+  });
+}
+
 // learner.tp > 1: the replica and tensor-parallel groups, the policy (and
 // the reference) split over the latter, and plain DP over the replicas.
 // Rank r is tensor-parallel rank r % tp of replica r / tp.
@@ -794,6 +905,15 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     RLMESH_RETURN_IF_ERROR(s.dp->BroadcastParameters());
   }
   if (s.critic) {
+    // Its lm_head is never used and stays out of the optimizer.
+    s.critic_shapes.clear();
+    for (auto& [name, t] : s.critic->NamedParameters()) {
+      if (name != "lm_head.weight") s.critic_shapes.emplace_back(name, t.sizes().vec());
+    }
+  }
+  if (s.critic && stage.learner.zero3) {
+    RLMESH_RETURN_IF_ERROR(ShardCritic(stage, &s));
+  } else if (s.critic) {
     // The critic's lm_head is never used; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.critic_dp, make_dp(s.critic, stage.rl.critic_optimizer, true));
     RLMESH_RETURN_IF_ERROR(s.critic_dp->BroadcastParameters());

@@ -48,6 +48,12 @@ struct ModelSet {
   // The policy's optimizer (plain DP or ZeRO-1); null under ZeRO-3.
   std::unique_ptr<DataParallel> dp;
   std::unique_ptr<DataParallel> critic_dp;
+  // learner.zero: 3 with a critic (PPO): the critic fully sharded over the
+  // group like the policy (its lm_head frozen), with its own optimizer
+  // (critic_dp is null); Values on `critic` goes through it. `critic` keeps
+  // its config and holds parameter data only on rank 0 while a checkpoint
+  // writes it (GatherCritic, DropGatheredCritic).
+  std::unique_ptr<FullyShardedModel> sharded_critic;
   // learner.zero: 3 — the policy fully sharded over the group, with its own
   // optimizer (dp is null). The policy's forward and backward passes go
   // through it (LogProbs). `policy` then holds the whole model's weights on
@@ -75,6 +81,9 @@ struct ModelSet {
   // NamedParameters() order (what plain DP's flat optimizer layout follows:
   // a reward model's lm_head, out of the optimizer, is left out).
   std::vector<std::pair<std::string, std::vector<int64_t>>> policy_shapes;
+  // The critic's trained parameters' names and shapes (all but its lm_head),
+  // in NamedParameters() order: its moments' flat layout.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> critic_shapes;
   // learner.zero: 3 with weight sync in pieces (zero3_sync_slices): this
   // rank's slice r of the group's size of every policy parameter
   // (learner::TensorParallelPiece's cut, Hugging Face names in
@@ -106,19 +115,39 @@ struct ModelSet {
   absl::Status ZeroGradPolicy(double local_weight);
   absl::StatusOr<DataParallelStepStats> StepPolicy(double local_weight, double lr);
   int64_t PolicySteps() const;
+  // The critic's optimizer (critic_dp or sharded_critic), with the same
+  // convention; no-ops without a critic.
+  absl::Status ZeroGradCritic(double local_weight);
+  absl::StatusOr<DataParallelStepStats> StepCritic(double local_weight, double lr);
+  int64_t CriticSteps() const;
+  // The critic's AdamW moments for a checkpoint: plain DP's flat layout
+  // (ZeRO-1: this rank's range; ZeRO-3: gathered, every rank must call it,
+  // meaningful on rank 0). Undefined without a critic.
+  absl::StatusOr<std::pair<at::Tensor, at::Tensor>> CriticMoments();
+  // Restores them; `whole`: plain DP's layout of the whole critic (ZeRO-1
+  // keeps its share), else this rank's own share as saved.
+  absl::Status LoadCriticMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
+                                 bool whole);
+  // ZeRO-3: the whole critic gathered into rank 0's `critic` unit by unit
+  // (every rank must call it), and dropped again. No-ops otherwise.
+  absl::Status GatherCritic();
+  void DropGatheredCritic();
+  // Reads the critic's weights from the Hugging Face folder `dir` (under
+  // ZeRO-3 every rank reads it whole and keeps its shards).
+  absl::Status LoadCriticWeights(const std::string& dir);
   // Sums `t` over the learner's group in place (alone: unchanged).
   absl::Status AllReduceSum(at::Tensor& t);
   // The largest `n` over the group (alone: n). ZeRO-3 runs as many policy
   // passes on every rank as the rank with the most.
   absl::StatusOr<int64_t> MaxOverGroup(int64_t n);
   // ZeRO-3 and EP: one forward (and, with `backward`, backward) pass of the
-  // policy on a one-token batch whose gradient is zero, so that a rank with
-  // fewer micro-batches makes the same collectives as the others. No-op
-  // otherwise.
-  absl::Status EmptyPolicyPass(bool backward);
-  // True when every rank must run as many policy passes as the others
+  // policy (`with_policy`) and of a sharded critic on a one-token batch
+  // whose gradient is zero, so that a rank with fewer micro-batches makes
+  // the same collectives as the others. No-op otherwise.
+  absl::Status EmptyPolicyPass(bool backward, bool with_policy = true);
+  // True when every rank must run as many passes as the others
   // (MaxOverGroup, EmptyPolicyPass): the passes hold collectives.
-  bool AlignedPasses() const { return sharded != nullptr || ep_policy != nullptr; }
+  bool AlignedPasses() const { return sharded != nullptr || ep_policy != nullptr || sharded_critic != nullptr; }
   // The module the policy's forward passes run through (routing replay and
   // router logits attach to it): ep_policy->model() under EP, else policy.
   actor::Transformer& PolicyModule() { return ep_policy ? ep_policy->model() : policy; }

@@ -312,13 +312,15 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     if (s.models.critic) old_values = at::zeros({B, T_all}, at::kFloat);
     {
       torch::NoGradGuard no_grad;
-      if (s.models.AlignedPasses() && !reuse_forward) {
-        // ZeRO-3 and EP: as many policy forwards as the rank with the most
-        // micro-batches (the collectives must match).
+      if (s.models.AlignedPasses() && (!reuse_forward || s.models.sharded_critic)) {
+        // ZeRO-3 and EP: as many policy (and sharded critic) forwards as the
+        // rank with the most micro-batches (the collectives must match).
         int64_t mine = 0;
         for (const auto& micro : minis) mine += static_cast<int64_t>(micro.size());
         RLMESH_ASSIGN_OR_RETURN(const int64_t passes, s.models.MaxOverGroup(mine));
-        for (int64_t k = mine; k < passes; ++k) RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(false));
+        for (int64_t k = mine; k < passes; ++k) {
+          RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(false, /*with_policy=*/!reuse_forward));
+        }
       }
       for (const auto& micro : minis) {
         for (auto [a, e] : micro) {
@@ -504,7 +506,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
         double mini_w = 0;
         for (auto [a, e] : micro) mini_w += weight_of(Rows(loss_mask, a, e, longest(a, e)));
         RLMESH_RETURN_IF_ERROR(s.models.ZeroGradPolicy(mini_w));
-        if (s.models.critic_dp) s.models.critic_dp->ZeroGrad();
+        RLMESH_RETURN_IF_ERROR(s.models.ZeroGradCritic(mini_w));
         if (s.models.AlignedPasses()) {
           // ZeRO-3 and EP: as many forward/backward passes as the rank with the
           // most micro-batches in this mini-batch.
@@ -582,9 +584,9 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
         if (!stats.ok()) return stats.status();
         grad_norm_sum += stats->grad_norm;
         skipped += stats->skipped ? 1 : 0;
-        if (s.models.critic_dp) {
-          const double clr = LearningRate(rl.critic_optimizer.schedule, s.models.critic_dp->steps());
-          auto cst = s.models.critic_dp->Step(mini_w, clr);
+        if (s.models.critic) {
+          const double clr = LearningRate(rl.critic_optimizer.schedule, s.models.CriticSteps());
+          auto cst = s.models.StepCritic(mini_w, clr);
           if (!cst.ok()) return cst.status();
           value_grad_norm_sum += cst->grad_norm;
         }
@@ -613,7 +615,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       }
     }
     m["grad_norm"] = opt_steps ? grad_norm_sum / opt_steps : 0.0;
-    if (s.models.critic_dp) m["value_grad_norm"] = opt_steps ? value_grad_norm_sum / opt_steps : 0.0;
+    if (s.models.critic) m["value_grad_norm"] = opt_steps ? value_grad_norm_sum / opt_steps : 0.0;
     m["lr"] = lr;
     m["optimizer_steps"] = static_cast<double>(opt_steps);
     m["skipped"] = static_cast<double>(skipped);

@@ -405,8 +405,8 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
   o.name = stage.name().empty() ? std::string(StageKindName(o.kind)) : stage.name();
   if (o.learner.zero3) {
     // learner/fully_sharded.h carries the policy's log-probs, or a reward
-    // model's values. DPO's frozen reference and PPO's critic stay whole on
-    // every rank (the critic data-parallel over all the ranks).
+    // model's values; PPO's critic is sharded like the policy. DPO's frozen
+    // reference stays whole on every rank.
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError(
           "experiment.learner.zero: 3 with learner.autocast: bf16 is not built (the backward recomputes each unit "

@@ -125,6 +125,14 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::PolicyP
 
 void* Trainer::policy_model() { return s_ ? &s_->models.policy : nullptr; }
 
+int64_t Trainer::CriticElementsHeld() const {
+  if (!s_ || !s_->models.critic) return 0;
+  if (s_->models.sharded_critic) return s_->models.sharded_critic->shard_numel();
+  int64_t n = 0;
+  for (const auto& [name, t] : s_->models.critic->NamedParameters()) n += t.numel();
+  return n;
+}
+
 absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req) {
   RLMESH_RETURN_IF_ERROR(options_.Validate());
   // Drop the previous stage first (its process group, models, memory).

@@ -177,6 +177,9 @@ class Trainer {
   // The policy model as an opaque pointer to actor::Transformer (tests
   // that generate with it include actor/transformer.h and cast).
   void* policy_model();
+  // The critic's parameter elements this rank holds (PPO; 0 otherwise): its
+  // whole size, or under ZeRO-3 its shards' (frozen lm_head included).
+  int64_t CriticElementsHeld() const;
   int64_t step() const { return step_; }
   int64_t policy_version() const { return version_; }
 

@@ -83,12 +83,16 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     // each rank writes its own share, under EP its own parameters'. Any of
     // them resumes under any layout (LoadFrom).
     RLMESH_ASSIGN_OR_RETURN(auto moments, s.models.PolicyMoments());
+    // The critic likewise (ZeRO-3: sharded like the policy, gathered into
+    // rank 0 only while this save writes it).
+    RLMESH_ASSIGN_OR_RETURN(auto critic_moments, s.models.CriticMoments());
+    RLMESH_RETURN_IF_ERROR(s.models.GatherCritic());
     if (s.rank == 0 || per_rank) {
       std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", moments.first},
                                                            {"policy.exp_avg_sq", moments.second}};
-      if (s.models.critic_dp) {
-        t.emplace_back("critic.exp_avg", s.models.critic_dp->exp_avg());
-        t.emplace_back("critic.exp_avg_sq", s.models.critic_dp->exp_avg_sq());
+      if (s.models.critic) {
+        t.emplace_back("critic.exp_avg", critic_moments.first);
+        t.emplace_back("critic.exp_avg_sq", critic_moments.second);
       }
       RLMESH_RETURN_IF_ERROR(actor::WriteSafetensors(absl::StrCat(staging, "/", opt_file), t));
     }
@@ -111,7 +115,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
         ts.loader_index = s.loader->cursor().index;
       }
       ts.optimizer_steps = s.models.PolicySteps();
-      ts.critic_optimizer_steps = s.models.critic_dp ? s.models.critic_dp->steps() : 0;
+      ts.critic_optimizer_steps = s.models.CriticSteps();
       ts.world_size = s.world;
       ts.zero1 = s.opt.learner.zero1;
       ts.tp = s.opt.learner.tp;
@@ -131,6 +135,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     }
     return barrier();
   });
+  s.models.DropGatheredCritic();
   if (!st.ok()) {
     // A save that failed part-way (a full disk, most often) leaves nothing
     // behind: a half-written staging folder would hold the space that the
@@ -207,22 +212,18 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
   const MomentsLayout saved{ts.world_size, ts.tp, ts.zero1, ts.ep};
   RLMESH_RETURN_IF_ERROR(CatchAll("load", [&]() -> absl::Status {
     RLMESH_RETURN_IF_ERROR(s.models.LoadPolicyWeights(dir, s.rank));
-    if (s.models.critic) {
-      actor::LoadOptions lo;
-      lo.add_value_head = true;
-      RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir + "/critic", s.models.critic, lo));
-    }
+    if (s.models.critic) RLMESH_RETURN_IF_ERROR(s.models.LoadCriticWeights(dir + "/critic"));
     if (own_share) {
       const std::string opt_file = absl::StrFormat("%s/optimizer-rank-%d.safetensors", dir, s.rank);
       RLMESH_ASSIGN_OR_RETURN(auto file, actor::SafetensorsFile::Open(opt_file));
       RLMESH_ASSIGN_OR_RETURN(at::Tensor m, file->Read("policy.exp_avg"));
       RLMESH_ASSIGN_OR_RETURN(at::Tensor v, file->Read("policy.exp_avg_sq"));
       RLMESH_RETURN_IF_ERROR(PrefixStatus(opt_file, s.models.LoadPolicyMoments(m, v, ts.optimizer_steps)));
-      if (s.models.critic_dp) {
+      if (s.models.critic) {
         RLMESH_ASSIGN_OR_RETURN(at::Tensor cm, file->Read("critic.exp_avg"));
         RLMESH_ASSIGN_OR_RETURN(at::Tensor cv, file->Read("critic.exp_avg_sq"));
-        RLMESH_RETURN_IF_ERROR(
-            PrefixStatus(opt_file, s.models.critic_dp->LoadOptimizerState(cm, cv, ts.critic_optimizer_steps)));
+        RLMESH_RETURN_IF_ERROR(PrefixStatus(
+            opt_file, s.models.LoadCriticMoments(cm, cv, ts.critic_optimizer_steps, /*whole=*/false)));
       }
       return absl::OkStatus();
     }
@@ -238,17 +239,19 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
     RLMESH_ASSIGN_OR_RETURN(auto pm, ReadWholeMoments(dir, saved, "policy", policy_shapes));
     RLMESH_RETURN_IF_ERROR(PrefixStatus(
         dir, s.models.LoadPolicyMoments(pm.first, pm.second, ts.optimizer_steps, /*whole=*/true)));
-    if (s.models.critic_dp) {
+    if (s.models.critic) {
       // PPO's critic is whole on every rank and data-parallel over all of
-      // them (ZeRO-1 or not) whatever split the policy had. Under EP every
-      // rank's own file holds the critic's whole moments (EP has no
-      // ZeRO-1): rank 0's file is read as the one share of one rank.
+      // them (ZeRO-1 or not) whatever split the policy had, except under
+      // ZeRO-3, where rank 0 writes its gathered moments (as plain DP's
+      // rank 0 does). Under EP every rank's own file holds the critic's
+      // whole moments (EP has no ZeRO-1): rank 0's file is read as the one
+      // share of one rank.
       const MomentsLayout critic_saved =
           ts.ep > 1 ? MomentsLayout{1, 1, true, 1} : MomentsLayout{ts.world_size, 1, ts.zero1, 1};
       RLMESH_ASSIGN_OR_RETURN(auto cm,
-                              ReadWholeMoments(dir, critic_saved, "critic", ShapesOf(s.models.critic, true)));
+                              ReadWholeMoments(dir, critic_saved, "critic", s.models.critic_shapes));
       RLMESH_RETURN_IF_ERROR(PrefixStatus(
-          dir, s.models.critic_dp->LoadWholeOptimizerState(cm.first, cm.second, ts.critic_optimizer_steps)));
+          dir, s.models.LoadCriticMoments(cm.first, cm.second, ts.critic_optimizer_steps, /*whole=*/true)));
     }
     return absl::OkStatus();
   }));
