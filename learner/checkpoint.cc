@@ -63,6 +63,7 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"zero1", s.zero1},
       {"tp", s.tp},
       {"ep", s.ep},
+      {"critic_tp", s.critic_tp},
       {"rng", "every stream derives from (seed, stage_index, step)"},
       {"files", files},
   };
@@ -97,6 +98,7 @@ absl::StatusOr<TrainerState> TrainerStateFromJson(const std::string& text) {
     s.zero1 = need("zero1").get<bool>();
     s.tp = j.contains("tp") ? j.at("tp").get<int>() : 1;
     s.ep = j.contains("ep") ? j.at("ep").get<int>() : 1;
+    s.critic_tp = j.contains("critic_tp") ? j.at("critic_tp").get<int>() : 1;
     for (const auto& [name, d] : need("files").items()) {
       s.files[name] = FileDigest{d.at("size").get<int64_t>(), d.at("sha256").get<std::string>()};
     }

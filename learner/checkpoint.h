@@ -67,6 +67,10 @@ struct TrainerState {
   // learner.ep of the run that wrote it: > 1 means one moments file per
   // rank, each its own experts'. Absent in older checkpoints (1).
   int ep = 1;
+  // The tensor-parallel size PPO's critic was split over: its moments'
+  // layout, as `tp` is the policy's. 1 = whole on every rank (also what
+  // checkpoints written before the critic was split hold).
+  int critic_tp = 1;
   // Files of the checkpoint (relative paths) with size and digest.
   std::map<std::string, FileDigest> files;
 };

@@ -128,6 +128,7 @@ absl::StatusOr<at::Tensor> ModelSet::Values(actor::Transformer& m, const at::Ten
   if (sharded && m.get() == policy.get()) return sharded->Values(ids, pos);
   if (tp_policy && m.get() == policy.get()) return tp_policy->Values(ids, pos);
   if (sharded_critic && m.get() == critic.get()) return sharded_critic->Values(ids, pos);
+  if (tp_critic && m.get() == critic.get()) return tp_critic->Values(ids, pos);
   AutocastScope ac(autocast_bf16, device_type);
   const c10::Device dev = m->LmHeadWeight().device();
   return m->Values(ids.to(dev), pos.to(dev)).to(at::kFloat).to(at::kCPU);
@@ -175,21 +176,22 @@ int64_t ModelSet::CriticSteps() const {
   return critic_dp ? critic_dp->steps() : 0;
 }
 
-absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::CriticMoments() {
-  if (sharded_critic) return sharded_critic->GatherMoments();
-  if (critic_dp) return std::make_pair(critic_dp->exp_avg(), critic_dp->exp_avg_sq());
-  return std::make_pair(at::Tensor(), at::Tensor());
-}
-
-absl::Status ModelSet::LoadCriticMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
-                                         bool whole) {
-  if (sharded_critic) return sharded_critic->LoadMoments(exp_avg, exp_avg_sq, steps);
-  if (!critic_dp) return absl::OkStatus();
-  return whole ? critic_dp->LoadWholeOptimizerState(exp_avg, exp_avg_sq, steps)
-               : critic_dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
-}
-
 absl::Status ModelSet::GatherCritic() {
+  if (tp_critic) {
+    // The replicas hold the same slices: replica 0's ranks gather them.
+    if (critic_dp->rank() != 0) return absl::OkStatus();
+    RLMESH_ASSIGN_OR_RETURN(auto full, tp_critic->GatherFull());
+    if (tp_critic->rank() != 0) return absl::OkStatus();
+    return CatchAll("gather the critic", [&]() -> absl::Status {
+      std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+      for (auto& [name, p] : critic->NamedParameters()) {
+        auto it = by_name.find(name);
+        if (it == by_name.end()) return absl::InternalError(absl::StrCat("gather the critic: ", name, " missing"));
+        p.set_data(it->second);
+      }
+      return absl::OkStatus();
+    });
+  }
   if (!sharded_critic) return absl::OkStatus();
   const bool keep = sharded_critic->rank() == 0;
   std::map<std::string, at::Tensor> params;
@@ -209,13 +211,13 @@ absl::Status ModelSet::GatherCritic() {
 }
 
 void ModelSet::DropGatheredCritic() {
-  if (sharded_critic) DropParameterData(critic);
+  if (sharded_critic || tp_critic) DropParameterData(critic);
 }
 
 absl::Status ModelSet::LoadCriticWeights(const std::string& dir) {
   actor::LoadOptions lo;
   lo.add_value_head = true;
-  if (!sharded_critic) return actor::LoadHfWeights(dir, critic, lo);
+  if (!sharded_critic && !tp_critic) return actor::LoadHfWeights(dir, critic, lo);
   return CatchAll("load critic", [&]() -> absl::Status {
     actor::Transformer full{nullptr};
     {
@@ -223,6 +225,7 @@ absl::Status ModelSet::LoadCriticWeights(const std::string& dir) {
       full = actor::Transformer(critic->config());
     }
     RLMESH_RETURN_IF_ERROR(actor::LoadHfWeights(dir, full, lo));
+    if (tp_critic) return tp_critic->LoadFromFull(full->NamedParameters());
     return sharded_critic->LoadFromFull(full->NamedParameters());
   });
 }
@@ -512,6 +515,43 @@ absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Te
   });
 }
 
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::CriticMoments() {
+  if (sharded_critic) return sharded_critic->GatherMoments();
+  if (!critic_dp) return std::make_pair(at::Tensor(), at::Tensor());
+  // Whole on every rank, or ZeRO-1 (this rank's share, tp or not).
+  if (!tp_critic || zero1) return std::make_pair(critic_dp->exp_avg(), critic_dp->exp_avg_sq());
+  // Replica 0's ranks gather their slices' moments, as the policy's.
+  if (critic_dp->rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
+  const std::vector<at::Tensor> params = tp_critic->TrainedParameters();
+  RLMESH_ASSIGN_OR_RETURN(auto m, tp_critic->GatherFullOf(UnflattenLike(critic_dp->exp_avg(), params)));
+  RLMESH_ASSIGN_OR_RETURN(auto v, tp_critic->GatherFullOf(UnflattenLike(critic_dp->exp_avg_sq(), params)));
+  return CatchAll("critic moments", [&]() -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor fm, FlattenInPolicyOrder(critic_shapes, m));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor fv, FlattenInPolicyOrder(critic_shapes, v));
+    return std::make_pair(fm, fv);
+  });
+}
+
+absl::Status ModelSet::LoadCriticMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
+                                         bool whole) {
+  if (sharded_critic) return sharded_critic->LoadMoments(exp_avg, exp_avg_sq, steps);
+  if (!critic_dp) return absl::OkStatus();
+  if (!whole) return critic_dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+  auto load = [&](const at::Tensor& m, const at::Tensor& v) {
+    return zero1 ? critic_dp->LoadWholeOptimizerState(m, v, steps) : critic_dp->LoadOptimizerState(m, v, steps);
+  };
+  // Whole on every rank: ZeRO-1 or not, critic_dp was built with the
+  // learner's setting, and LoadWholeOptimizerState keeps its share.
+  if (!tp_critic) return critic_dp->LoadWholeOptimizerState(exp_avg, exp_avg_sq, steps);
+  return CatchAll("critic moments", [&]() -> absl::Status {
+    RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(critic_shapes, exp_avg, "critic.exp_avg"));
+    RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(critic_shapes, exp_avg_sq, "critic.exp_avg_sq"));
+    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> ms, tp_critic->SliceOf(m, /*trained_only=*/true));
+    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> vs, tp_critic->SliceOf(v, /*trained_only=*/true));
+    return load(FlattenAll(ms), FlattenAll(vs));
+  });
+}
+
 absl::Status ModelSet::LoadPolicyWeights(const std::string& dir, int rank) {
   if (!PolicySplit()) return actor::LoadHfWeights(dir, policy);
   return CatchAll("load policy", [&]() -> absl::Status {
@@ -674,6 +714,20 @@ absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) 
   });
 }
 
+// Rank 0's critic weights to every rank (over the whole group).
+absl::Status BroadcastCritic(ModelSet* models) {
+  ModelSet& s = *models;
+  if (!s.group) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  auto named = s.critic->NamedParameters();
+  return dist::Collective("broadcast of the critic", [&] {
+    for (auto& [name, t] : named) {
+      std::vector<at::Tensor> v = {t};
+      s.group->broadcast(v)->wait();
+    }
+  });
+}
+
 // learner.zero: 3 with a critic (PPO): rank 0's critic broadcast and cut
 // into this rank's shards, like the policy (its lm_head frozen); every rank
 // drops the critic's parameter data (a checkpoint gathers it on rank 0).
@@ -687,20 +741,40 @@ absl::Status ShardCritic(const StageOptions& stage, ModelSet* models) {
     RLMESH_ASSIGN_OR_RETURN(s.sharded_critic, FullyShardedModel::Create(s.critic->config(), s.group, fo));
   }
   return CatchAll("shard the critic", [&]() -> absl::Status {
-    torch::NoGradGuard no_grad;
-    auto named = s.critic->NamedParameters();
-    if (s.group) {
-      RLMESH_RETURN_IF_ERROR(dist::Collective("broadcast of the critic", [&] {
-        for (auto& [name, t] : named) {
-          std::vector<at::Tensor> v = {t};
-          s.group->broadcast(v)->wait();
-        }
-      }));
-    }
-    RLMESH_RETURN_IF_ERROR(s.sharded_critic->LoadFromFull(named));
+    RLMESH_RETURN_IF_ERROR(BroadcastCritic(&s));
+    RLMESH_RETURN_IF_ERROR(s.sharded_critic->LoadFromFull(s.critic->NamedParameters()));
     DropParameterData(s.critic);
     return absl::OkStatus();
   });
+}
+
+// learner.tp > 1 with a critic (PPO): rank 0's critic broadcast and split
+// over this replica's tensor-parallel group like the policy (its lm_head
+// frozen), stepped by plain DP (or ZeRO-1) over the replicas.
+absl::Status SplitCriticTensorParallel(const StageOptions& stage, ModelSet* models) {
+  ModelSet& s = *models;
+  TensorParallelOptions to;
+  to.sequence_parallel = stage.learner.sequence_parallel;
+  {
+    std::lock_guard<std::mutex> lock(InitMutex());
+    auto made = TensorParallelModel::Create(s.critic->config(), s.tp_group, to);
+    if (!made.ok()) return PrefixStatus("experiment.learner.tp", made.status());
+    s.tp_critic = *std::move(made);
+  }
+  RLMESH_RETURN_IF_ERROR(CatchAll("split the critic", [&]() -> absl::Status {
+    RLMESH_RETURN_IF_ERROR(BroadcastCritic(&s));
+    RLMESH_RETURN_IF_ERROR(s.tp_critic->LoadFromFull(s.critic->NamedParameters()));
+    DropParameterData(s.critic);
+    return absl::OkStatus();
+  }));
+  DataParallelOptions dpo;
+  dpo.adamw = stage.rl.critic_optimizer.adamw;
+  dpo.grad_clip = std::max(0.0, stage.rl.critic_optimizer.grad_clip);
+  dpo.norm_group = s.tp_group;
+  dpo.norm_weights = s.tp_critic->NormWeights();
+  dpo.zero1 = stage.learner.zero1;
+  RLMESH_ASSIGN_OR_RETURN(s.critic_dp, DataParallel::Create(s.dp_group, s.tp_critic->TrainedParameters(), dpo));
+  return absl::OkStatus();
 }
 
 // learner.tp > 1: the replica and tensor-parallel groups, the policy (and
@@ -913,6 +987,8 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   }
   if (s.critic && stage.learner.zero3) {
     RLMESH_RETURN_IF_ERROR(ShardCritic(stage, &s));
+  } else if (s.critic && stage.learner.tp > 1) {
+    RLMESH_RETURN_IF_ERROR(SplitCriticTensorParallel(stage, &s));
   } else if (s.critic) {
     // The critic's lm_head is never used; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.critic_dp, make_dp(s.critic, stage.rl.critic_optimizer, true));

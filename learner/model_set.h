@@ -54,6 +54,10 @@ struct ModelSet {
   // its config and holds parameter data only on rank 0 while a checkpoint
   // writes it (GatherCritic, DropGatheredCritic).
   std::unique_ptr<FullyShardedModel> sharded_critic;
+  // learner.tp > 1 with a critic: the critic split like the policy over
+  // tp_group (its lm_head frozen); critic_dp steps its slices over
+  // dp_group. `critic` holds data as under ZeRO-3.
+  std::unique_ptr<TensorParallelModel> tp_critic;
   // learner.zero: 3 — the policy fully sharded over the group, with its own
   // optimizer (dp is null). The policy's forward and backward passes go
   // through it (LogProbs). `policy` then holds the whole model's weights on
@@ -121,19 +125,20 @@ struct ModelSet {
   absl::StatusOr<DataParallelStepStats> StepCritic(double local_weight, double lr);
   int64_t CriticSteps() const;
   // The critic's AdamW moments for a checkpoint: plain DP's flat layout
-  // (ZeRO-1: this rank's range; ZeRO-3: gathered, every rank must call it,
-  // meaningful on rank 0). Undefined without a critic.
+  // (ZeRO-1: this rank's range; ZeRO-3 and TP: gathered, every rank must
+  // call it, meaningful on rank 0). Undefined without a critic.
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> CriticMoments();
   // Restores them; `whole`: plain DP's layout of the whole critic (ZeRO-1
   // keeps its share), else this rank's own share as saved.
   absl::Status LoadCriticMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
                                  bool whole);
-  // ZeRO-3: the whole critic gathered into rank 0's `critic` unit by unit
-  // (every rank must call it), and dropped again. No-ops otherwise.
+  // ZeRO-3 and TP: the whole critic gathered into rank 0's `critic` (unit
+  // by unit under ZeRO-3; every rank must call it), and dropped again.
+  // No-ops otherwise.
   absl::Status GatherCritic();
   void DropGatheredCritic();
   // Reads the critic's weights from the Hugging Face folder `dir` (under
-  // ZeRO-3 every rank reads it whole and keeps its shards).
+  // ZeRO-3 and TP every rank reads it whole and keeps its part).
   absl::Status LoadCriticWeights(const std::string& dir);
   // Sums `t` over the learner's group in place (alone: unchanged).
   absl::Status AllReduceSum(at::Tensor& t);

@@ -428,10 +428,9 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
   }
   if (o.learner.tp > 1) {
     // learner/tensor_parallel.h carries log-probs (the policy's, and the
-    // frozen reference's, split like the policy, for KL and DPO) and a
-    // reward model's values. PPO's critic stays whole on every rank,
-    // data-parallel over all the ranks (a replica's ranks train the same
-    // rows, so the mean is unchanged).
+    // frozen reference's, split like the policy, for KL and DPO) and
+    // values (a reward model's, PPO's critic's, also split like the
+    // policy).
     if (o.learner.autocast_bf16) {
       return absl::UnimplementedError("experiment.learner.tp > 1 with learner.autocast: bf16 is not built");
     }

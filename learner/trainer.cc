@@ -128,6 +128,11 @@ void* Trainer::policy_model() { return s_ ? &s_->models.policy : nullptr; }
 int64_t Trainer::CriticElementsHeld() const {
   if (!s_ || !s_->models.critic) return 0;
   if (s_->models.sharded_critic) return s_->models.sharded_critic->shard_numel();
+  if (s_->models.tp_critic) {
+    int64_t n = 0;
+    for (const at::Tensor& t : s_->models.tp_critic->Parameters()) n += t.numel();
+    return n;
+  }
   int64_t n = 0;
   for (const auto& [name, t] : s_->models.critic->NamedParameters()) n += t.numel();
   return n;

@@ -178,7 +178,8 @@ class Trainer {
   // that generate with it include actor/transformer.h and cast).
   void* policy_model();
   // The critic's parameter elements this rank holds (PPO; 0 otherwise): its
-  // whole size, or under ZeRO-3 its shards' (frozen lm_head included).
+  // whole size, or under ZeRO-3 its shards' and under TP its slices'
+  // (frozen lm_head included).
   int64_t CriticElementsHeld() const;
   int64_t step() const { return step_; }
   int64_t policy_version() const { return version_; }

@@ -120,6 +120,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
       ts.zero1 = s.opt.learner.zero1;
       ts.tp = s.opt.learner.tp;
       ts.ep = s.opt.learner.ep;
+      ts.critic_tp = s.models.tp_critic ? s.opt.learner.tp : 1;
       for (fs::recursive_directory_iterator it(staging), end; it != end; ++it) {
         if (!it->is_regular_file()) continue;
         const std::string rel = fs::relative(it->path(), staging).string();
@@ -240,14 +241,13 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
     RLMESH_RETURN_IF_ERROR(PrefixStatus(
         dir, s.models.LoadPolicyMoments(pm.first, pm.second, ts.optimizer_steps, /*whole=*/true)));
     if (s.models.critic) {
-      // PPO's critic is whole on every rank and data-parallel over all of
-      // them (ZeRO-1 or not) whatever split the policy had, except under
-      // ZeRO-3, where rank 0 writes its gathered moments (as plain DP's
-      // rank 0 does). Under EP every rank's own file holds the critic's
-      // whole moments (EP has no ZeRO-1): rank 0's file is read as the one
-      // share of one rank.
+      // PPO's critic is split as the policy is under TP (critic_tp) and
+      // ZeRO-3 (rank 0 writes its gathered moments, as plain DP's rank 0
+      // does), and under EP whole on every rank, each rank's own file
+      // holding its whole moments (EP has no ZeRO-1): rank 0's file is
+      // read as the one share of one rank.
       const MomentsLayout critic_saved =
-          ts.ep > 1 ? MomentsLayout{1, 1, true, 1} : MomentsLayout{ts.world_size, 1, ts.zero1, 1};
+          ts.ep > 1 ? MomentsLayout{1, 1, true, 1} : MomentsLayout{ts.world_size, ts.critic_tp, ts.zero1, 1};
       RLMESH_ASSIGN_OR_RETURN(auto cm,
                               ReadWholeMoments(dir, critic_saved, "critic", s.models.critic_shapes));
       RLMESH_RETURN_IF_ERROR(PrefixStatus(

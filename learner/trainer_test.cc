@@ -839,11 +839,10 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     t.mutable_learner()->set_sequence_parallel(true);
     CHECK(ShardedRlDiff(t, groups, dir.File("store_tp2dp2"), &plain, 4) <= 1e-5);
   }
-  // The critic is sharded like the policy under ZeRO-3 and stays whole on
-  // every rank, data-parallel over all of them, under TP: its weights (read
-  // from the checkpoints) must equal one process's as the policy's do, and
-  // a checkpoint of each layout must resume in one plain process with the
-  // critic's moments in place.
+  // The critic is split like the policy under ZeRO-3 and TP: its weights
+  // (read from the checkpoints) must equal one process's as the policy's
+  // do, and a checkpoint of each layout must resume in one plain process
+  // with the critic's moments in place.
   SECTION("PPO under learner.zero: 3, learner.tp: 2 and tp=2 x dp=2 with ZeRO-1: policy and critic equal one "
           "process's; each checkpoint resumes in one process") {
     ExperimentConfig p = e;
@@ -894,15 +893,17 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
         INFO("rank " << r << ": " << results[r].ToString());
         REQUIRE(results[r].ok());
       }
-      // ZeRO-3 shards the critic too: each rank holds half of it (and a
-      // padding element per unit at most); TP keeps it whole on each rank.
+      // The critic is split like the policy: under ZeRO-3 each rank holds
+      // half of it (and a padding element per unit at most), under tp=2
+      // half of each split weight and the whole (small) norms.
       const int64_t whole = single.CriticElementsHeld();
       REQUIRE(whole > 0);
       for (int r = 0; r < l.world; ++r) {
+        const int64_t held = ranks[r].CriticElementsHeld();
         if (l.zero == 3) {
-          CHECK(2 * ranks[r].CriticElementsHeld() <= whole + 16);
+          CHECK(2 * held <= whole + 16);
         } else {
-          CHECK(ranks[r].CriticElementsHeld() == whole);
+          CHECK(2 * held <= whole + whole / 20);
         }
       }
       Trainer after_two;
