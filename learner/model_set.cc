@@ -468,6 +468,42 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SplitInPolicyOrd
   return out;
 }
 
+using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+// A tensor-parallel model's AdamW moments (`dp` steps its trained slices)
+// gathered into plain DP's flat layout of the whole model (`shapes`).
+// Replica 0's ranks gather (collectives over the model's group); the other
+// replicas, whose moments agree, return undefined tensors.
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> GatherTensorParallelMoments(TensorParallelModel& model,
+                                                                              const DataParallel& dp,
+                                                                              const Shapes& shapes) {
+  if (dp.rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
+  const std::vector<at::Tensor> params = model.TrainedParameters();
+  RLMESH_ASSIGN_OR_RETURN(auto m, model.GatherFullOf(UnflattenLike(dp.exp_avg(), params)));
+  RLMESH_ASSIGN_OR_RETURN(auto v, model.GatherFullOf(UnflattenLike(dp.exp_avg_sq(), params)));
+  return CatchAll("moments", [&]() -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor fm, FlattenInPolicyOrder(shapes, m));
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor fv, FlattenInPolicyOrder(shapes, v));
+    return std::make_pair(fm, fv);
+  });
+}
+
+// The inverse: this rank's slices cut from the whole model's moments in
+// plain DP's layout and loaded into `dp` (ZeRO-1 keeps its share).
+// `what` names the tensors ("policy", "critic").
+absl::Status LoadTensorParallelMoments(const TensorParallelModel& model, DataParallel& dp, bool zero1,
+                                       const Shapes& shapes, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                       int64_t steps, const std::string& what) {
+  return CatchAll("moments", [&]() -> absl::Status {
+    RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(shapes, exp_avg, (what + ".exp_avg").c_str()));
+    RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(shapes, exp_avg_sq, (what + ".exp_avg_sq").c_str()));
+    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> ms, model.SliceOf(m, /*trained_only=*/true));
+    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> vs, model.SliceOf(v, /*trained_only=*/true));
+    return zero1 ? dp.LoadWholeOptimizerState(FlattenAll(ms), FlattenAll(vs), steps)
+                 : dp.LoadOptimizerState(FlattenAll(ms), FlattenAll(vs), steps);
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
@@ -476,16 +512,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
   if (ep_policy) return std::make_pair(ep_policy->exp_avg(), ep_policy->exp_avg_sq());
   // Plain DP, and ZeRO-1 (each rank its share, tp or not: a per-rank file).
   if (!tp_policy || zero1) return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
-  // Replica 0's ranks gather their slices' moments (the replicas' agree).
-  if (dp->rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
-  const std::vector<at::Tensor> params = tp_policy->TrainedParameters();
-  RLMESH_ASSIGN_OR_RETURN(auto m, tp_policy->GatherFullOf(UnflattenLike(dp->exp_avg(), params)));
-  RLMESH_ASSIGN_OR_RETURN(auto v, tp_policy->GatherFullOf(UnflattenLike(dp->exp_avg_sq(), params)));
-  return CatchAll("moments", [&]() -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor fm, FlattenInPolicyOrder(policy_shapes, m));
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor fv, FlattenInPolicyOrder(policy_shapes, v));
-    return std::make_pair(fm, fv);
-  });
+  return GatherTensorParallelMoments(*tp_policy, *dp, policy_shapes);
 }
 
 absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
@@ -502,17 +529,11 @@ absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Te
   // ZeRO-1 from its own share (a per-rank file of the same layout).
   if (zero1 && !whole) return dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
   // dp's every element: ZeRO-1 keeps its share of them.
-  auto load = [&](const at::Tensor& m, const at::Tensor& v) {
-    return zero1 ? dp->LoadWholeOptimizerState(m, v, steps) : dp->LoadOptimizerState(m, v, steps);
-  };
-  if (!tp_policy) return load(exp_avg, exp_avg_sq);
-  return CatchAll("moments", [&]() -> absl::Status {
-    RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(policy_shapes, exp_avg, "policy.exp_avg"));
-    RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(policy_shapes, exp_avg_sq, "policy.exp_avg_sq"));
-    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> ms, tp_policy->SliceOf(m, /*trained_only=*/true));
-    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> vs, tp_policy->SliceOf(v, /*trained_only=*/true));
-    return load(FlattenAll(ms), FlattenAll(vs));
-  });
+  if (!tp_policy) {
+    return zero1 ? dp->LoadWholeOptimizerState(exp_avg, exp_avg_sq, steps)
+                 : dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
+  }
+  return LoadTensorParallelMoments(*tp_policy, *dp, zero1, policy_shapes, exp_avg, exp_avg_sq, steps, "policy");
 }
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::CriticMoments() {
@@ -520,16 +541,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::CriticMoments() {
   if (!critic_dp) return std::make_pair(at::Tensor(), at::Tensor());
   // Whole on every rank, or ZeRO-1 (this rank's share, tp or not).
   if (!tp_critic || zero1) return std::make_pair(critic_dp->exp_avg(), critic_dp->exp_avg_sq());
-  // Replica 0's ranks gather their slices' moments, as the policy's.
-  if (critic_dp->rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
-  const std::vector<at::Tensor> params = tp_critic->TrainedParameters();
-  RLMESH_ASSIGN_OR_RETURN(auto m, tp_critic->GatherFullOf(UnflattenLike(critic_dp->exp_avg(), params)));
-  RLMESH_ASSIGN_OR_RETURN(auto v, tp_critic->GatherFullOf(UnflattenLike(critic_dp->exp_avg_sq(), params)));
-  return CatchAll("critic moments", [&]() -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor fm, FlattenInPolicyOrder(critic_shapes, m));
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor fv, FlattenInPolicyOrder(critic_shapes, v));
-    return std::make_pair(fm, fv);
-  });
+  return GatherTensorParallelMoments(*tp_critic, *critic_dp, critic_shapes);
 }
 
 absl::Status ModelSet::LoadCriticMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
@@ -537,19 +549,11 @@ absl::Status ModelSet::LoadCriticMoments(const at::Tensor& exp_avg, const at::Te
   if (sharded_critic) return sharded_critic->LoadMoments(exp_avg, exp_avg_sq, steps);
   if (!critic_dp) return absl::OkStatus();
   if (!whole) return critic_dp->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
-  auto load = [&](const at::Tensor& m, const at::Tensor& v) {
-    return zero1 ? critic_dp->LoadWholeOptimizerState(m, v, steps) : critic_dp->LoadOptimizerState(m, v, steps);
-  };
   // Whole on every rank: ZeRO-1 or not, critic_dp was built with the
   // learner's setting, and LoadWholeOptimizerState keeps its share.
   if (!tp_critic) return critic_dp->LoadWholeOptimizerState(exp_avg, exp_avg_sq, steps);
-  return CatchAll("critic moments", [&]() -> absl::Status {
-    RLMESH_ASSIGN_OR_RETURN(auto m, SplitInPolicyOrder(critic_shapes, exp_avg, "critic.exp_avg"));
-    RLMESH_ASSIGN_OR_RETURN(auto v, SplitInPolicyOrder(critic_shapes, exp_avg_sq, "critic.exp_avg_sq"));
-    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> ms, tp_critic->SliceOf(m, /*trained_only=*/true));
-    RLMESH_ASSIGN_OR_RETURN(std::vector<at::Tensor> vs, tp_critic->SliceOf(v, /*trained_only=*/true));
-    return load(FlattenAll(ms), FlattenAll(vs));
-  });
+  return LoadTensorParallelMoments(*tp_critic, *critic_dp, zero1, critic_shapes, exp_avg, exp_avg_sq, steps,
+                                   "critic");
 }
 
 absl::Status ModelSet::LoadPolicyWeights(const std::string& dir, int rank) {
