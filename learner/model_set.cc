@@ -718,6 +718,19 @@ absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) 
   });
 }
 
+// Plain DP (or ZeRO-1) over the replicas (dp_group) for a tensor-parallel
+// model's trained slices, the gradient norm summed over tp_group.
+absl::StatusOr<std::unique_ptr<DataParallel>> ReplicaOptimizer(const ModelSet& s, const TensorParallelModel& model,
+                                                               const OptimizerOptions& o, bool zero1) {
+  DataParallelOptions dpo;
+  dpo.adamw = o.adamw;
+  dpo.grad_clip = std::max(0.0, o.grad_clip);
+  dpo.norm_group = s.tp_group;
+  dpo.norm_weights = model.NormWeights();
+  dpo.zero1 = zero1;
+  return DataParallel::Create(s.dp_group, model.TrainedParameters(), dpo);
+}
+
 // Rank 0's critic weights to every rank (over the whole group).
 absl::Status BroadcastCritic(ModelSet* models) {
   ModelSet& s = *models;
@@ -771,13 +784,8 @@ absl::Status SplitCriticTensorParallel(const StageOptions& stage, ModelSet* mode
     DropParameterData(s.critic);
     return absl::OkStatus();
   }));
-  DataParallelOptions dpo;
-  dpo.adamw = stage.rl.critic_optimizer.adamw;
-  dpo.grad_clip = std::max(0.0, stage.rl.critic_optimizer.grad_clip);
-  dpo.norm_group = s.tp_group;
-  dpo.norm_weights = s.tp_critic->NormWeights();
-  dpo.zero1 = stage.learner.zero1;
-  RLMESH_ASSIGN_OR_RETURN(s.critic_dp, DataParallel::Create(s.dp_group, s.tp_critic->TrainedParameters(), dpo));
+  RLMESH_ASSIGN_OR_RETURN(s.critic_dp,
+                          ReplicaOptimizer(s, *s.tp_critic, stage.rl.critic_optimizer, stage.learner.zero1));
   return absl::OkStatus();
 }
 
@@ -824,13 +832,7 @@ absl::Status SplitPolicyTensorParallel(const StageOptions& stage, int rank, int 
     if (rank != 0 || s.whole_on_demand) DropParameterData(s.policy);
     return absl::OkStatus();
   }));
-  DataParallelOptions dpo;
-  dpo.adamw = stage.optimizer().adamw;
-  dpo.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
-  dpo.norm_group = s.tp_group;
-  dpo.norm_weights = s.tp_policy->NormWeights();
-  dpo.zero1 = stage.learner.zero1;
-  RLMESH_ASSIGN_OR_RETURN(s.dp, DataParallel::Create(s.dp_group, s.tp_policy->TrainedParameters(), dpo));
+  RLMESH_ASSIGN_OR_RETURN(s.dp, ReplicaOptimizer(s, *s.tp_policy, stage.optimizer(), stage.learner.zero1));
   return absl::OkStatus();
 }
 
