@@ -174,33 +174,20 @@ absl::StatusOr<Transformer> LoadHfModel(const std::string& dir, const LoadOption
   }
 }
 
-absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveOptions& options) {
-  RLMESH_RETURN_IF_ERROR(options.Validate());
-  const c10::ScalarType dtype = *ParseDtype(options.dtype);
+namespace {
+
+const char* HfDtypeName(c10::ScalarType dtype) {
+  return dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
+}
+
+// Everything of a saved folder but the weights: config.json,
+// generation_config.json and the tokenizer's files, into `dir` (created).
+absl::Status WriteHfModelFiles(const ModelConfig& cfg, c10::ScalarType dtype, const std::string& dir,
+                               const SaveOptions& options) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", dir, ": ", ec.message()));
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
-  int64_t shard_bytes = 0, total = 0;
-  try {
-    for (auto& [name, p] : model->NamedParameters()) {
-      at::Tensor t = p.detach().to(at::kCPU, dtype).contiguous();
-      int64_t bytes = t.numel() * t.element_size();
-      if (options.max_shard_bytes > 0 && shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
-        shards.emplace_back();
-        shard_bytes = 0;
-      }
-      shards.back().emplace_back(name, t);
-      shard_bytes += bytes;
-      total += bytes;
-    }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("SaveHfModel ", dir, ": ", e.what_without_backtrace()));
-  }
-  static const char* kNames[] = {"float32", "bfloat16", "float16"};
-  const char* hf_dtype = dtype == at::kFloat ? kNames[0] : dtype == at::kBFloat16 ? kNames[1] : kNames[2];
-  const ModelConfig& cfg = model->config();
-  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", cfg.ToHfConfigJson(hf_dtype)));
+  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", cfg.ToHfConfigJson(HfDtypeName(dtype))));
   // generate() reads its special ids from here, not from config.json.
   json gen = {{"_from_model_config", true}};
   for (auto [key, id] : {std::pair<const char*, int64_t>{"bos_token_id", cfg.bos_token_id},
@@ -214,11 +201,60 @@ absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveO
       RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + file, text));
     }
   }
-  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  return absl::OkStatus();
+}
+
+const std::map<std::string, std::string>& SafetensorsMetadata() {
+  static const auto* meta = new std::map<std::string, std::string>{{"format", "pt"}};
+  return *meta;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> OpenHfModelWriter(
+    const ModelConfig& config, const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+    const std::string& dir, const SaveOptions& options) {
+  RLMESH_RETURN_IF_ERROR(options.Validate());
+  if (options.max_shard_bytes != 0) {
+    return absl::InvalidArgumentError("max_shard_bytes: a model written as it streams is one file (0)");
+  }
+  const c10::ScalarType dtype = *ParseDtype(options.dtype);
+  RLMESH_RETURN_IF_ERROR(WriteHfModelFiles(config, dtype, dir, options));
+  std::error_code ec;
+  fs::remove(dir + "/" + kIndex, ec);
+  std::vector<SafetensorsSpec> specs;
+  for (const auto& [name, shape] : shapes) specs.push_back({name, dtype, shape});
+  return SafetensorsWriter::Open(dir + "/" + kSingle, std::move(specs), SafetensorsMetadata());
+}
+
+absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveOptions& options) {
+  RLMESH_RETURN_IF_ERROR(options.Validate());
+  const auto named = model->NamedParameters();
   if (options.max_shard_bytes == 0) {
-    RLMESH_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + kSingle, shards[0], meta));
-    fs::remove(dir + "/" + kIndex, ec);
-    return absl::OkStatus();
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    for (const auto& [name, p] : named) shapes.emplace_back(name, p.sizes().vec());
+    RLMESH_ASSIGN_OR_RETURN(auto writer, OpenHfModelWriter(model->config(), shapes, dir, options));
+    for (const auto& [name, p] : named) RLMESH_RETURN_IF_ERROR(writer->AppendTensor(name, p));
+    return writer->Commit();
+  }
+  const c10::ScalarType dtype = *ParseDtype(options.dtype);
+  RLMESH_RETURN_IF_ERROR(WriteHfModelFiles(model->config(), dtype, dir, options));
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
+  int64_t shard_bytes = 0, total = 0;
+  try {
+    for (const auto& [name, p] : named) {
+      at::Tensor t = p.detach().to(at::kCPU, dtype).contiguous();
+      int64_t bytes = t.numel() * t.element_size();
+      if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
+        shards.emplace_back();
+        shard_bytes = 0;
+      }
+      shards.back().emplace_back(name, t);
+      shard_bytes += bytes;
+      total += bytes;
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("SaveHfModel ", dir, ": ", e.what_without_backtrace()));
   }
   json index;
   index["metadata"] = {{"total_size", total}};
@@ -226,10 +262,11 @@ absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveO
   const int n = static_cast<int>(shards.size());
   for (int i = 0; i < n; ++i) {
     std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
-    RLMESH_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + file, shards[i], meta));
+    RLMESH_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + file, shards[i], SafetensorsMetadata()));
     for (const auto& [name, t] : shards[i]) index["weight_map"][name] = file;
   }
   RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kIndex, index.dump(2) + "\n"));
+  std::error_code ec;
   fs::remove(dir + "/" + kSingle, ec);
   return absl::OkStatus();
 }

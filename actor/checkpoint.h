@@ -8,10 +8,14 @@
 // public Llama/Qwen2/Qwen3 folder opens here.
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "actor/safetensors.h"
 #include "actor/tokenizer.h"
 #include "actor/transformer.h"
 
@@ -61,5 +65,16 @@ absl::Status LoadHfWeights(const std::string& dir, Transformer& model, const Loa
 // and safetensors (each file atomically) into `dir`, creating it. Stale files of the other layout (single vs. sharded) are
 // removed so the folder has one meaning.
 absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveOptions& options = {});
+
+// SaveHfModel for weights that arrive one part at a time (a model gathered
+// unit by unit, learner/fully_sharded.h): writes the folder's other files,
+// then returns the writer of its model.safetensors, laid out from `shapes`
+// (Hugging Face names, in the order the caller will append them; stored as
+// options.dtype). The caller appends every tensor and commits; the folder
+// is then what SaveHfModel writes for the same weights. INVALID_ARGUMENT
+// for options.max_shard_bytes != 0 (one file only).
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> OpenHfModelWriter(
+    const ModelConfig& config, const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+    const std::string& dir, const SaveOptions& options = {});
 
 }  // namespace rlmesh::actor

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <torch/torch.h>
@@ -308,6 +309,67 @@ TEST_CASE("safetensors errors name the tensor or the byte offset") {
   len[0] = static_cast<char>(hdr.size());
   WriteAll(bad, len + hdr + std::string(1, '\0'));
   CHECK(Contains(SafetensorsFile::Open(bad).status(), "Q4"));
+}
+
+TEST_CASE("A streamed safetensors file equals the one written at once; its misuse is refused by name") {
+  testing::TempDir dir;
+  const auto alpha = torch::arange(6, torch::kFloat32).view({2, 3});
+  const auto beta = torch::linspace(-1, 1, 5, torch::kFloat32);
+  const auto gamma = torch::arange(4, torch::kFloat32);
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  const std::string whole = dir.File("whole.safetensors");
+  // beta stored as bf16: the writer converts what it is given.
+  REQUIRE(WriteSafetensors(whole, {{"alpha", alpha}, {"beta", beta.to(torch::kBFloat16)}, {"gamma", gamma}}, meta)
+              .ok());
+  const std::vector<SafetensorsSpec> specs = {{"alpha", torch::kFloat32, {2, 3}},
+                                              {"beta", torch::kBFloat16, {5}},
+                                              {"gamma", torch::kFloat32, {4}}};
+  const std::string streamed = dir.File("streamed.safetensors");
+  {
+    auto w = SafetensorsWriter::Open(streamed, specs, meta);
+    REQUIRE(w.ok());
+    REQUIRE((*w)->AppendTensor("alpha", alpha).ok());
+    // Parts of any size, across tensor boundaries: beta's 5 and gamma's 4.
+    REQUIRE((*w)->AppendPart(beta.narrow(0, 0, 2)).ok());
+    REQUIRE((*w)->AppendPart(torch::cat({beta.narrow(0, 2, 3), gamma.narrow(0, 0, 1)})).ok());
+    CHECK(!std::filesystem::exists(streamed));  // nothing before Commit
+    REQUIRE((*w)->AppendPart(gamma.narrow(0, 1, 3)).ok());
+    REQUIRE((*w)->Commit().ok());
+  }
+  CHECK(ReadAll(streamed) == ReadAll(whole));
+
+  const std::string bad = dir.File("bad.safetensors");
+  auto open = [&] {
+    auto w = SafetensorsWriter::Open(bad, specs, meta);
+    REQUIRE(w.ok());
+    return std::move(*w);
+  };
+  {
+    auto w = open();
+    auto s = w->AppendTensor("beta", beta);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(s, "\"beta\" out of order; the next is \"alpha\""));
+    CHECK(!w->Commit().ok());  // an error finishes the writer
+  }
+  {
+    auto w = open();
+    CHECK(Contains(w->AppendTensor("alpha", torch::zeros({3, 2})), "expected shape [2, 3], got [3, 2]"));
+  }
+  {
+    auto w = open();
+    REQUIRE(w->AppendTensor("alpha", alpha).ok());
+    auto s = w->Commit();
+    CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(Contains(s, "\"beta\" has 0 of its 5 elements"));
+  }
+  {
+    auto w = open();
+    CHECK(Contains(w->AppendPart(torch::zeros({16})), "1 elements past the last tensor"));
+  }
+  CHECK(!std::filesystem::exists(bad));  // no partial file from any of them
+  CHECK(Contains(SafetensorsWriter::Open(bad, {{"a", torch::kFloat32, {1}}, {"a", torch::kFloat32, {1}}}).status(),
+                 "\"a\" appears twice"));
+  CHECK(Contains(SafetensorsWriter::Open(bad, {{"__metadata__", torch::kFloat32, {1}}}).status(), "reserved"));
 }
 
 TEST_CASE("Folder errors: missing tensor and shape mismatch are named") {

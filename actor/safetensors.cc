@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace rlmesh::actor {
@@ -187,42 +188,140 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
   return WriteFileAtomically(path, contents);
 }
 
-absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+struct SafetensorsWriter::State {
+  explicit State(const std::string& path) : file(path) {}
+  AtomicFileWriter file;
+  std::vector<SafetensorsSpec> specs;
+  std::vector<int64_t> numel;
+  std::map<std::string, size_t> index;
+  size_t current = 0;       // the tensor being written
+  int64_t written = 0;      // its elements written so far
+  absl::Status finished;    // set by an error: the writer is done
+  bool committed = false;
+};
+
+SafetensorsWriter::SafetensorsWriter(std::unique_ptr<State> state) : state_(std::move(state)) {}
+SafetensorsWriter::~SafetensorsWriter() = default;  // AtomicFileWriter drops an uncommitted temp file
+
+const std::string& SafetensorsWriter::path() const { return state_->file.path(); }
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Open(
+    const std::string& path, std::vector<SafetensorsSpec> specs, const std::map<std::string, std::string>& metadata) {
+  auto state = std::make_unique<State>(path);
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> cpu;
-  cpu.reserve(tensors.size());
   uint64_t offset = 0;
-  try {
-    for (const auto& [name, t] : tensors) {
-      if (name.empty() || name == "__metadata__") return absl::InvalidArgumentError(absl::StrCat("tensor name \"", name, "\" is reserved"));
-      if (header.contains(name)) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" appears twice"));
-      if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" is undefined"));
-      auto dtype = SafetensorsDtypeName(t.scalar_type());
-      if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\": ", dtype.status().message()));
-      at::Tensor c = t.detach().to(at::kCPU).contiguous();
-      uint64_t bytes = static_cast<uint64_t>(c.numel()) * c.element_size();
-      header[name] = {{"dtype", *dtype}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
-      offset += bytes;
-      cpu.push_back(std::move(c));
+  for (const SafetensorsSpec& spec : specs) {
+    const std::string& name = spec.name;
+    if (name.empty() || name == "__metadata__") {
+      return absl::InvalidArgumentError(absl::StrCat("tensor name \"", name, "\" is reserved"));
     }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("WriteSafetensors ", path, ": ", e.what_without_backtrace()));
+    if (header.contains(name)) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" appears twice"));
+    auto dtype = SafetensorsDtypeName(spec.dtype);
+    if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\": ", dtype.status().message()));
+    int64_t n = 1;
+    for (int64_t d : spec.shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\": negative dimension ", d));
+      n *= d;
+    }
+    const uint64_t bytes = static_cast<uint64_t>(n) * ElementSize(spec.dtype);
+    header[name] = {{"dtype", *dtype}, {"shape", spec.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    state->index[name] = state->numel.size();
+    state->numel.push_back(n);
   }
+  state->specs = std::move(specs);
   std::string h = header.dump();
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');  // data section 8-byte aligned
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff);
-  AtomicFileWriter w(path);
-  absl::Status s = w.Open();
-  if (s.ok()) s = w.Append(len, 8);
-  if (s.ok()) s = w.Append(h.data(), h.size());
-  for (size_t i = 0; s.ok() && i < cpu.size(); ++i) {
-    s = w.Append(cpu[i].data_ptr(), static_cast<size_t>(cpu[i].numel()) * cpu[i].element_size());
-  }
-  if (s.ok()) s = w.Commit();
+  RLMESH_RETURN_IF_ERROR(state->file.Open());
+  RLMESH_RETURN_IF_ERROR(state->file.Append(len, 8));
+  RLMESH_RETURN_IF_ERROR(state->file.Append(h.data(), h.size()));
+  // Zero-sized tensors at the front are complete already.
+  while (state->current < state->numel.size() && state->numel[state->current] == 0) ++state->current;
+  return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(std::move(state)));
+}
+
+absl::Status SafetensorsWriter::Fail(absl::Status s) {
+  if (state_->finished.ok()) state_->finished = s;
   return s;
+}
+
+absl::Status SafetensorsWriter::AppendTensor(const std::string& name, const at::Tensor& t) {
+  State& st = *state_;
+  if (!st.finished.ok() || st.committed) return absl::FailedPreconditionError("SafetensorsWriter: finished");
+  auto it = st.index.find(name);
+  // A zero-sized tensor has no bytes: the cursor passes it by itself.
+  const bool empty = it != st.index.end() && st.numel[it->second] == 0;
+  if (it == st.index.end() || (!empty && (it->second != st.current || st.written != 0))) {
+    const std::string expected = st.current < st.specs.size() ? st.specs[st.current].name : "(none: all written)";
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(path(), ": tensor \"", name, "\" out of order; the next is \"", expected, "\"")));
+  }
+  const SafetensorsSpec& spec = st.specs[it->second];
+  if (!t.defined() || t.sizes().vec() != spec.shape) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(path(), ": tensor \"", name, "\": expected shape ", c10::str(at::IntArrayRef(spec.shape)),
+                     ", got ", t.defined() ? c10::str(t.sizes()) : "none")));
+  }
+  if (empty) return absl::OkStatus();
+  return AppendPart(t);
+}
+
+absl::Status SafetensorsWriter::AppendPart(const at::Tensor& t) {
+  State& st = *state_;
+  if (!st.finished.ok() || st.committed) return absl::FailedPreconditionError("SafetensorsWriter: finished");
+  if (!t.defined()) return Fail(absl::InvalidArgumentError(absl::StrCat(path(), ": undefined part")));
+  try {
+    at::Tensor flat = t.detach().reshape({-1});
+    int64_t at_elem = 0;
+    while (at_elem < flat.numel()) {
+      if (st.current >= st.specs.size()) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat(path(), ": ", flat.numel() - at_elem, " elements past the last tensor")));
+      }
+      const int64_t n = std::min(flat.numel() - at_elem, st.numel[st.current] - st.written);
+      at::Tensor piece =
+          flat.narrow(0, at_elem, n).to(at::TensorOptions().device(at::kCPU).dtype(st.specs[st.current].dtype))
+              .contiguous();
+      absl::Status s = st.file.Append(piece.data_ptr(), static_cast<size_t>(n) * piece.element_size());
+      if (!s.ok()) return Fail(s);
+      at_elem += n;
+      st.written += n;
+      while (st.current < st.specs.size() && st.written == st.numel[st.current]) {
+        ++st.current;
+        st.written = 0;
+      }
+    }
+  } catch (const c10::Error& e) {
+    return Fail(absl::InternalError(absl::StrCat(path(), ": ", e.what_without_backtrace())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Commit() {
+  State& st = *state_;
+  if (!st.finished.ok() || st.committed) return absl::FailedPreconditionError("SafetensorsWriter: finished");
+  if (st.current < st.specs.size()) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(path(), ": tensor \"", st.specs[st.current].name,
+                                                           "\" has ", st.written, " of its ",
+                                                           st.numel[st.current], " elements")));
+  }
+  st.committed = true;
+  return st.file.Commit();
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsSpec> specs;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" is undefined"));
+    specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  }
+  RLMESH_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Open(path, std::move(specs), metadata));
+  for (const auto& [name, t] : tensors) RLMESH_RETURN_IF_ERROR(writer->AppendTensor(name, t));
+  return writer->Commit();
 }
 
 }  // namespace rlmesh::actor

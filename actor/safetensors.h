@@ -61,8 +61,60 @@ class SafetensorsFile {
 // Writes tensors (any device/layout; stored in their own dtype, which must be
 // one safetensors names) atomically, as common/atomic_file.h does (temp file
 // in the same folder, fsync, rename, fsync the folder). Names must be unique.
+// SafetensorsWriter below, with every tensor at hand.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
+
+// A tensor a SafetensorsWriter will write: its name, stored dtype and shape.
+struct SafetensorsSpec {
+  std::string name;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape;  // empty = scalar
+};
+
+// A safetensors file written as its tensors arrive, so that a caller never
+// holds more than the part it appends: a checkpoint streamed from a model
+// gathered one unit at a time (learner/fully_sharded.h) holds one unit. The
+// header is written first, from the specs; the data then comes in the specs'
+// order, each tensor whole (AppendTensor) or in consecutive flat parts
+// (AppendPart), converted to the spec's dtype. The file appears atomically
+// at Commit, as WriteSafetensors's (and is byte-identical to what
+// WriteSafetensors writes for the same tensors); an error or a destruction
+// before Commit leaves nothing at `path`.
+//
+// Not thread-safe.
+class SafetensorsWriter {
+ public:
+  // INVALID_ARGUMENT naming a reserved, repeated or misshapen tensor or a
+  // dtype safetensors has no name for; INTERNAL when the file cannot be
+  // created.
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Open(
+      const std::string& path, std::vector<SafetensorsSpec> specs,
+      const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next tensor whole: INVALID_ARGUMENT unless it is `name`, nothing of
+  // it was appended yet and `t` has its shape.
+  absl::Status AppendTensor(const std::string& name, const at::Tensor& t);
+  // The next t.numel() elements (row-major) of the tensors, in spec order; a
+  // part may end one tensor and begin the next. INVALID_ARGUMENT when it runs
+  // past the last tensor.
+  absl::Status AppendPart(const at::Tensor& t);
+  // FAILED_PRECONDITION naming the first tensor not written whole; else the
+  // file is made durable and renamed into place. Any error, here or in an
+  // append, finishes the writer (later calls fail; no file appears).
+  absl::Status Commit();
+
+  const std::string& path() const;
+
+ private:
+  struct State;
+  explicit SafetensorsWriter(std::unique_ptr<State> state);
+  absl::Status Fail(absl::Status s);
+  std::unique_ptr<State> state_;
+};
 
 // rlmesh::WriteFileAtomically (common/atomic_file.h) under its old name, for
 // actor/checkpoint.cc; new code calls that directly.
