@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "catch2/catch.hpp"
+#include "common/status_macros.h"
 #include "common/testing/test_util.h"
 #include "common/testing/tmpfs.h"
 #include "learner/checkpoint.h"
@@ -125,6 +127,58 @@ TEST_CASE("a checkpoint on a full disk fails by name, leaves nothing half-writte
   auto c = resumed.Configure(Request(ckpt));
   REQUIRE(c.ok());
   CHECK(c->step() == 3);
+}
+
+TEST_CASE("under ZeRO-3 over two ranks a full disk fails both at once, and the next save succeeds") {
+  rlmesh::testing::TempDir dir;
+  const std::string mnt = dir.File("mnt");
+  fs::create_directories(mnt);
+  const std::string why = rlmesh::testing::MountPrivateTmpfs(mnt, "8m");
+  if (!why.empty()) {
+    if (rlmesh::testing::SkipDiskFullTest("checkpoint_disk_full_test", why)) return;
+    FAIL("cannot make the small filesystem this test needs (" << why
+                                                              << "); run as root, or set RLMESH_DISK_FULL_TEST=skip");
+  }
+  const std::string ckpt = mnt + "/ckpt";
+  ConfigureRequest base = Request(ckpt);
+  base.mutable_experiment()->mutable_learner()->set_zero(3);
+  // Rank 0 writes every file while both gather the units (streamed): with
+  // the disk full it fails mid-file, and rank 1, which wrote nothing, must
+  // neither succeed nor wait for a barrier rank 0 never reaches.
+  const std::string filler = mnt + "/filler";
+  absl::Status full[2];
+  std::string kept;
+  Trainer ranks[2];
+  auto results = testing::TrainShards(
+      ranks, 2, base, dir.File("store"), 1, Step,
+      [&](int rank, Trainer& t) -> absl::Status {
+        auto first = t.Save();
+        if (!first.ok()) return first.status();
+        if (rank == 0) {
+          kept = first->path();
+          uintmax_t bytes = 0;
+          for (const auto& e : fs::recursive_directory_iterator(kept)) bytes += e.is_regular_file() ? e.file_size() : 0;
+          Fill(filler, bytes / 3);
+        }
+        RLMESH_RETURN_IF_ERROR(t.TrainStep(Step(1)).status());
+        // Rank 1 waits in the save's first agreement until rank 0 is there.
+        full[rank] = t.Save().status();
+        if (rank == 0) fs::remove(filler);
+        RLMESH_RETURN_IF_ERROR(t.TrainStep(Step(2)).status());
+        return t.Save().status();
+      },
+      /*gather=*/false);
+  INFO(results[0].ToString() << " / " << results[1].ToString());
+  CHECK(results[0].ok());
+  CHECK(results[1].ok());
+  INFO(full[0].ToString() << " / " << full[1].ToString());
+  CHECK(full[0].code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(full[0].message(), "No space left"));
+  CHECK(full[1].code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(full[1].message(), "another learner rank failed"));
+  CHECK(Names(ckpt) == std::set<std::string>{CheckpointName(1), CheckpointName(3)});
+  CHECK(VerifyCheckpoint(kept).ok());
+  CHECK(VerifyCheckpoint(ckpt + "/" + CheckpointName(3)).ok());
 }
 
 }  // namespace

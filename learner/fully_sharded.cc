@@ -449,19 +449,44 @@ absl::Status FullyShardedModel::LoadOptimizerState(const at::Tensor& exp_avg, co
 }
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> FullyShardedModel::GatherMoments() {
-  std::pair<at::Tensor, at::Tensor> out;
-  for (auto [flat, into] : {std::pair<const at::Tensor*, at::Tensor*>{&optimizer_->exp_avg(), &out.first},
-                            {&optimizer_->exp_avg_sq(), &out.second}}) {
+  std::vector<at::Tensor> parts[2];
+  RLMESH_RETURN_IF_ERROR(VisitMoments([&](int k, const std::string&, const at::Tensor& full) {
+    parts[k].push_back(full.reshape({-1}).clone());
+    return absl::OkStatus();
+  }));
+  return std::make_pair(at::cat(parts[0]), at::cat(parts[1]));
+}
+
+absl::Status FullyShardedModel::VisitMoments(
+    const std::function<absl::Status(int, const std::string&, const at::Tensor&)>& visit) {
+  absl::Status first;
+  for (int k = 0; k < 2; ++k) {
+    const at::Tensor& flat = k == 0 ? optimizer_->exp_avg() : optimizer_->exp_avg_sq();
     std::vector<at::Tensor> per_shard;
     int64_t offset = 0;
     for (const auto& unit : units_) {
-      per_shard.push_back(flat->narrow(0, offset, unit->shard.numel()));
+      per_shard.push_back(flat.narrow(0, offset, unit->shard.numel()));
       offset += unit->shard.numel();
     }
-    RLMESH_ASSIGN_OR_RETURN(Named full, GatherFullOf(per_shard));
-    std::vector<at::Tensor> parts;
-    for (const auto& [name, t] : full) parts.push_back(t.reshape({-1}));
-    *into = at::cat(parts);
+    // Both moments are gathered whatever a visit returns (every rank makes
+    // the same collectives); the first error is returned.
+    absl::Status s = VisitGathered(per_shard, /*with_frozen=*/false,
+                                   [&](const std::string& name, const at::Tensor& full) {
+                                     return first.ok() ? visit(k, name, full) : absl::OkStatus();
+                                   });
+    if (absl::IsAborted(s)) return s;
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> FullyShardedModel::FullShapes() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& unit : units_) {
+    for (size_t i = 0; i < unit->names.size(); ++i) out.emplace_back(unit->names[i], unit->shapes[i]);
+  }
+  if (frozen_) {
+    for (size_t i = 0; i < frozen_->names.size(); ++i) out.emplace_back(frozen_->names[i], frozen_->shapes[i]);
   }
   return out;
 }

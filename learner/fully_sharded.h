@@ -165,6 +165,13 @@ class FullyShardedModel {
   // written from them resumes under either layout and any dp. Every rank
   // must call it; ABORTED when a collective fails.
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> GatherMoments();
+  // The same moments one unit at a time, so that no rank holds more than
+  // one gathered unit (a checkpoint streams them to its file): exp_avg's
+  // (k = 0), then exp_avg_sq's (k = 1), each parameter in that flat order,
+  // as views valid only during the call. Every rank must call it. ABORTED
+  // when a collective fails; otherwise the first error `visit` returns
+  // (after which it is not called again, but the gathers go on).
+  absl::Status VisitMoments(const std::function<absl::Status(int k, const std::string&, const at::Tensor&)>& visit);
   // Sets this rank's part of the moments from the whole model's, in the
   // same layout. INVALID_ARGUMENT when the sizes are not full_numel().
   absl::Status LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
@@ -172,6 +179,8 @@ class FullyShardedModel {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const actor::ModelConfig& config() const { return config_; }
+  // The whole model's parameter names and shapes in VisitFull's order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> FullShapes() const;
   // Elements the optimizer trains in the whole model (a frozen lm_head
   // aside), and in this rank's shards (with padding; frozen ones included).
   int64_t full_numel() const;

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,84 @@ ParameterShapes ShapesOf(actor::Transformer& m, bool skip_lm_head) {
   return out;
 }
 
+// ZeRO-3: `model`'s weights written into the Hugging Face folder `dir` as
+// they are gathered, unit by unit (every rank gathers; `writes` on rank 0).
+absl::Status StreamWeights(FullyShardedModel& model, const std::string& dir, const actor::SaveOptions& so,
+                           bool writes) {
+  std::unique_ptr<actor::SafetensorsWriter> w;
+  absl::Status open;
+  if (writes) {
+    auto o = actor::OpenHfModelWriter(model.config(), model.FullShapes(), dir, so);
+    if (o.ok()) {
+      w = std::move(*o);
+    } else {
+      open = o.status();  // the gathers still run: the other ranks make them
+    }
+  }
+  absl::Status st = model.VisitFull([&](const std::string& name, const at::Tensor& t) {
+    return w ? w->AppendTensor(name, t) : absl::OkStatus();
+  });
+  RLMESH_RETURN_IF_ERROR(open);
+  RLMESH_RETURN_IF_ERROR(st);
+  return w ? w->Commit() : absl::OkStatus();
+}
+
+// ZeRO-3's checkpoint as it is gathered: no rank holds more than one
+// gathered unit beside its shards, where gathering the policy's moments
+// whole took two policies' worth on every rank (and the whole weights one
+// more on rank 0 with weight sync in pieces). The files are the ones the
+// whole tensors make: the moments in plain DP's flat layout (policy, then a
+// sharded critic's) in `opt_path`, the weights in `staging` and
+// `staging`/critic. Rank 0 already holding the whole, current policy (weight
+// sync from one process) writes it from there.
+absl::Status StreamSharded(ModelSet& m, const std::string& staging, const std::string& opt_path,
+                           const actor::SaveOptions& so, bool writes) {
+  std::vector<FullyShardedModel*> models = {m.sharded.get()};
+  if (m.critic) {
+    if (!m.sharded_critic) return absl::InternalError("ZeRO-3 checkpoint: the critic is not sharded");
+    models.push_back(m.sharded_critic.get());
+  }
+  std::unique_ptr<actor::SafetensorsWriter> w;
+  absl::Status open;
+  if (writes) {
+    std::vector<actor::SafetensorsSpec> specs;
+    for (size_t i = 0; i < models.size(); ++i) {
+      for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+        specs.push_back({absl::StrCat(i == 0 ? "policy." : "critic.", moment), at::kFloat, {models[i]->full_numel()}});
+      }
+    }
+    auto o = actor::SafetensorsWriter::Open(opt_path, std::move(specs));
+    if (o.ok()) {
+      w = std::move(*o);
+    } else {
+      open = o.status();
+    }
+  }
+  // Every rank makes every gather whatever failed on rank 0 (the others
+  // wait in them); the first error is returned at the end.
+  absl::Status first = open;
+  auto keep = [&first](absl::Status s) {
+    if (first.ok()) first = std::move(s);
+  };
+  for (FullyShardedModel* model : models) {
+    absl::Status one = model->VisitMoments([&](int, const std::string&, const at::Tensor& t) {
+      return w && first.ok() ? w->AppendPart(t) : absl::OkStatus();
+    });
+    if (absl::IsAborted(one)) return one;
+    keep(one);
+  }
+  if (w && first.ok()) keep(w->Commit());
+  if (m.whole_on_demand && !m.whole_fresh) {
+    absl::Status one = StreamWeights(*m.sharded, staging, so, writes && first.ok());
+    if (absl::IsAborted(one)) return one;
+    keep(one);
+  } else if (writes && first.ok()) {
+    keep(actor::SaveHfModel(m.policy, staging, so));
+  }
+  if (m.sharded_critic) keep(StreamWeights(*m.sharded_critic, staging + "/critic", so, writes && first.ok()));
+  return first;
+}
+
 }  // namespace
 
 absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
@@ -55,86 +134,104 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
   const fs::path fp(final_dir);
   const std::string parent = fp.parent_path().empty() ? "." : fp.parent_path().string();
   const std::string staging = absl::StrCat(parent, "/.tmp-", fp.filename().string());
-  auto barrier = [&]() -> absl::Status {
-    if (!s.models.group) return absl::OkStatus();
-    return CatchAll("barrier", [&]() -> absl::Status {
-      s.models.group->barrier()->wait();
-      return absl::OkStatus();
-    });
+  // Every rank's outcome of a phase, agreed over the group: when one rank
+  // failed (rank 0 on a full disk, most often) every rank returns an error
+  // with its code at once, rather than waiting in a barrier the failed rank
+  // never reaches. It is also the barrier between the phases.
+  auto agree = [&](const absl::Status& mine) -> absl::Status {
+    if (!s.models.group) return mine;
+    RLMESH_ASSIGN_OR_RETURN(const int64_t code, s.models.MaxOverGroup(static_cast<int64_t>(mine.code())));
+    if (!mine.ok() || code == 0) return mine;
+    return absl::Status(static_cast<absl::StatusCode>(code), "another learner rank failed its part of the save");
   };
   // ZeRO-1 and EP: each rank writes its own moments; else rank 0 all of them.
   const bool per_rank = s.opt.learner.zero1 || s.opt.learner.ep > 1;
   const std::string opt_file =
       per_rank ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors";
 
+  // Every rank's part of the files: the weights and moments it writes, and
+  // the gathers it takes part in.
+  auto write_parts = [&]() -> absl::Status {
+    const actor::SaveOptions so{.tokenizer = s.tokenizer.get()};
+    const std::string opt_path = absl::StrCat(staging, "/", opt_file);
+    if (s.models.sharded) {
+      // ZeRO-3: written as gathered, one unit at a time (StreamSharded).
+      RLMESH_RETURN_IF_ERROR(StreamSharded(s.models, staging, opt_path, so, s.rank == 0));
+    } else {
+      // Under TP with weight sync in pieces, rank 0 holds the whole policy
+      // only from here until the next step.
+      RLMESH_RETURN_IF_ERROR(s.models.GatherPolicy());
+      // TP gathers its moments into plain DP's layout (every rank takes
+      // part; rank 0 writes them). Under ZeRO-1 (with TP or not) each rank
+      // writes its own share, under EP its own parameters'. Any of them
+      // resumes under any layout (LoadFrom).
+      RLMESH_ASSIGN_OR_RETURN(auto moments, s.models.PolicyMoments());
+      // The critic likewise (TP: gathered into rank 0 only while this save
+      // writes it).
+      RLMESH_ASSIGN_OR_RETURN(auto critic_moments, s.models.CriticMoments());
+      RLMESH_RETURN_IF_ERROR(s.models.GatherCritic());
+      if (s.rank == 0 || per_rank) {
+        std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", moments.first},
+                                                             {"policy.exp_avg_sq", moments.second}};
+        if (s.models.critic) {
+          t.emplace_back("critic.exp_avg", critic_moments.first);
+          t.emplace_back("critic.exp_avg_sq", critic_moments.second);
+        }
+        RLMESH_RETURN_IF_ERROR(actor::WriteSafetensors(opt_path, t));
+      }
+      if (s.rank == 0) {
+        RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.models.policy, staging, so));
+        if (s.models.critic) RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.models.critic, staging + "/critic", so));
+      }
+    }
+    return absl::OkStatus();
+  };
+  // Rank 0, once every part is written: trainer_state.json with the files'
+  // digests, the commit and the pruning of old checkpoints.
+  auto finish = [&]() -> absl::Status {
+    TrainerState ts;
+    ts.experiment = s.request.experiment().name();
+    ts.stage_index = s.request.stage_index();
+    ts.stage_kind = std::string(StageKindName(s.opt.kind));
+    ts.step = step_;
+    ts.policy_version = version_;
+    ts.seed = s.request.experiment().seed();
+    if (s.loader) {
+      ts.loader_epoch = s.loader->cursor().epoch;
+      ts.loader_index = s.loader->cursor().index;
+    }
+    ts.optimizer_steps = s.models.PolicySteps();
+    ts.critic_optimizer_steps = s.models.CriticSteps();
+    ts.world_size = s.world;
+    ts.zero1 = s.opt.learner.zero1;
+    ts.tp = s.opt.learner.tp;
+    ts.ep = s.opt.learner.ep;
+    ts.critic_tp = s.models.tp_critic ? s.opt.learner.tp : 1;
+    for (fs::recursive_directory_iterator it(staging), end; it != end; ++it) {
+      if (!it->is_regular_file()) continue;
+      const std::string rel = fs::relative(it->path(), staging).string();
+      RLMESH_ASSIGN_OR_RETURN(ts.files[rel], DigestFile(it->path().string()));
+    }
+    RLMESH_RETURN_IF_ERROR(
+        WriteFileAtomically(staging + "/trainer_state.json", TrainerStateToJson(ts)));
+    RLMESH_RETURN_IF_ERROR(CommitCheckpoint(staging, final_dir));
+    if (path.empty()) {
+      const int keep = s.opt.learner.checkpoint_keep;
+      RLMESH_RETURN_IF_ERROR(PruneCheckpoints(s.request.checkpoint_dir(), keep));
+    }
+    return absl::OkStatus();
+  };
   absl::Status st = CatchAll("save", [&]() -> absl::Status {
-    std::error_code ec;
+    absl::Status made;
     if (s.rank == 0) {
+      std::error_code ec;
       fs::remove_all(staging, ec);
       fs::create_directories(staging, ec);
-      if (ec) return absl::InternalError(absl::StrCat("create ", staging, ": ", ec.message()));
+      if (ec) made = absl::InternalError(absl::StrCat("create ", staging, ": ", ec.message()));
     }
-    RLMESH_RETURN_IF_ERROR(barrier());
-    // Under TP or ZeRO-3 with weight sync in pieces, rank 0 holds the whole
-    // policy only from here until the next step.
-    RLMESH_RETURN_IF_ERROR(s.models.GatherPolicy());
-    // ZeRO-3 and TP gather their moments into plain DP's layout (every
-    // rank takes part; rank 0 writes them). Under ZeRO-1 (with TP or not)
-    // each rank writes its own share, under EP its own parameters'. Any of
-    // them resumes under any layout (LoadFrom).
-    RLMESH_ASSIGN_OR_RETURN(auto moments, s.models.PolicyMoments());
-    // The critic likewise (ZeRO-3: sharded like the policy, gathered into
-    // rank 0 only while this save writes it).
-    RLMESH_ASSIGN_OR_RETURN(auto critic_moments, s.models.CriticMoments());
-    RLMESH_RETURN_IF_ERROR(s.models.GatherCritic());
-    if (s.rank == 0 || per_rank) {
-      std::vector<std::pair<std::string, at::Tensor>> t = {{"policy.exp_avg", moments.first},
-                                                           {"policy.exp_avg_sq", moments.second}};
-      if (s.models.critic) {
-        t.emplace_back("critic.exp_avg", critic_moments.first);
-        t.emplace_back("critic.exp_avg_sq", critic_moments.second);
-      }
-      RLMESH_RETURN_IF_ERROR(actor::WriteSafetensors(absl::StrCat(staging, "/", opt_file), t));
-    }
-    if (s.rank == 0) {
-      const actor::SaveOptions so{.tokenizer = s.tokenizer.get()};
-      RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.models.policy, staging, so));
-      if (s.models.critic) RLMESH_RETURN_IF_ERROR(actor::SaveHfModel(s.models.critic, staging + "/critic", so));
-    }
-    RLMESH_RETURN_IF_ERROR(barrier());
-    if (s.rank == 0) {
-      TrainerState ts;
-      ts.experiment = s.request.experiment().name();
-      ts.stage_index = s.request.stage_index();
-      ts.stage_kind = std::string(StageKindName(s.opt.kind));
-      ts.step = step_;
-      ts.policy_version = version_;
-      ts.seed = s.request.experiment().seed();
-      if (s.loader) {
-        ts.loader_epoch = s.loader->cursor().epoch;
-        ts.loader_index = s.loader->cursor().index;
-      }
-      ts.optimizer_steps = s.models.PolicySteps();
-      ts.critic_optimizer_steps = s.models.CriticSteps();
-      ts.world_size = s.world;
-      ts.zero1 = s.opt.learner.zero1;
-      ts.tp = s.opt.learner.tp;
-      ts.ep = s.opt.learner.ep;
-      ts.critic_tp = s.models.tp_critic ? s.opt.learner.tp : 1;
-      for (fs::recursive_directory_iterator it(staging), end; it != end; ++it) {
-        if (!it->is_regular_file()) continue;
-        const std::string rel = fs::relative(it->path(), staging).string();
-        RLMESH_ASSIGN_OR_RETURN(ts.files[rel], DigestFile(it->path().string()));
-      }
-      RLMESH_RETURN_IF_ERROR(
-          WriteFileAtomically(staging + "/trainer_state.json", TrainerStateToJson(ts)));
-      RLMESH_RETURN_IF_ERROR(CommitCheckpoint(staging, final_dir));
-      if (path.empty()) {
-        const int keep = s.opt.learner.checkpoint_keep;
-        RLMESH_RETURN_IF_ERROR(PruneCheckpoints(s.request.checkpoint_dir(), keep));
-      }
-    }
-    return barrier();
+    RLMESH_RETURN_IF_ERROR(agree(made));
+    RLMESH_RETURN_IF_ERROR(agree(CatchAll("write", write_parts)));
+    return agree(s.rank == 0 ? CatchAll("commit", finish) : absl::OkStatus());
   });
   s.models.DropGatheredCritic();
   if (!st.ok()) {
