@@ -236,7 +236,7 @@ absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
       unit.numel += p.numel();
     }
     // The units' parameters, in unit order, are the model's NamedParameters
-    // in order, a frozen lm_head aside (GatherMoments' flat layout relies on
+    // in order, a frozen lm_head aside (VisitMoments' flat layout relies on
     // it: plain DP's, which leaves that lm_head out of the optimizer too).
     {
       size_t k = 0;
@@ -446,15 +446,6 @@ std::vector<at::Tensor> FullyShardedModel::Shards() const {
 absl::Status FullyShardedModel::LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
                                                    int64_t steps) {
   return optimizer_->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
-}
-
-absl::StatusOr<std::pair<at::Tensor, at::Tensor>> FullyShardedModel::GatherMoments() {
-  std::vector<at::Tensor> parts[2];
-  RLMESH_RETURN_IF_ERROR(VisitMoments([&](int k, const std::string&, const at::Tensor& full) {
-    parts[k].push_back(full.reshape({-1}).clone());
-    return absl::OkStatus();
-  }));
-  return std::make_pair(at::cat(parts[0]), at::cat(parts[1]));
 }
 
 absl::Status FullyShardedModel::VisitMoments(

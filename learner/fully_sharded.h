@@ -160,17 +160,15 @@ class FullyShardedModel {
   const at::Tensor& exp_avg_sq() const { return optimizer_->exp_avg_sq(); }
   int64_t steps() const { return optimizer_->steps(); }
   absl::Status LoadOptimizerState(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
-  // AdamW's moments over the whole model, flat, in the order of the model's
-  // NamedParameters: DataParallel's layout without ZeRO-1, so a checkpoint
-  // written from them resumes under either layout and any dp. Every rank
-  // must call it; ABORTED when a collective fails.
-  absl::StatusOr<std::pair<at::Tensor, at::Tensor>> GatherMoments();
-  // The same moments one unit at a time, so that no rank holds more than
-  // one gathered unit (a checkpoint streams them to its file): exp_avg's
-  // (k = 0), then exp_avg_sq's (k = 1), each parameter in that flat order,
-  // as views valid only during the call. Every rank must call it. ABORTED
-  // when a collective fails; otherwise the first error `visit` returns
-  // (after which it is not called again, but the gathers go on).
+  // AdamW's moments over the whole model, gathered one unit at a time so
+  // that no rank holds more than one gathered unit (a checkpoint streams
+  // them to its file): exp_avg's (k = 0), then exp_avg_sq's (k = 1), each
+  // parameter in turn, as views valid only during the call. Laid end to end
+  // they are DataParallel's flat layout without ZeRO-1 (the model's
+  // NamedParameters order), so a checkpoint written from them resumes under
+  // either layout and any dp. Every rank must call it. ABORTED when a
+  // collective fails; otherwise the first error `visit` returns (after which
+  // it is not called again, but the gathers go on).
   absl::Status VisitMoments(const std::function<absl::Status(int k, const std::string&, const at::Tensor&)>& visit);
   // Sets this rank's part of the moments from the whole model's, in the
   // same layout. INVALID_ARGUMENT when the sizes are not full_numel().

@@ -470,26 +470,9 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SplitInPolicyOrd
 
 using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-// A tensor-parallel model's AdamW moments (`dp` steps its trained slices)
-// gathered into plain DP's flat layout of the whole model (`shapes`).
-// Replica 0's ranks gather (collectives over the model's group); the other
-// replicas, whose moments agree, return undefined tensors.
-absl::StatusOr<std::pair<at::Tensor, at::Tensor>> GatherTensorParallelMoments(TensorParallelModel& model,
-                                                                              const DataParallel& dp,
-                                                                              const Shapes& shapes) {
-  if (dp.rank() != 0) return std::make_pair(at::Tensor(), at::Tensor());
-  const std::vector<at::Tensor> params = model.TrainedParameters();
-  RLMESH_ASSIGN_OR_RETURN(auto m, model.GatherFullOf(UnflattenLike(dp.exp_avg(), params)));
-  RLMESH_ASSIGN_OR_RETURN(auto v, model.GatherFullOf(UnflattenLike(dp.exp_avg_sq(), params)));
-  return CatchAll("moments", [&]() -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor fm, FlattenInPolicyOrder(shapes, m));
-    RLMESH_ASSIGN_OR_RETURN(at::Tensor fv, FlattenInPolicyOrder(shapes, v));
-    return std::make_pair(fm, fv);
-  });
-}
-
-// The inverse: this rank's slices cut from the whole model's moments in
-// plain DP's layout and loaded into `dp` (ZeRO-1 keeps its share).
+// A tensor-parallel model's slices (`dp` steps them) of the whole model's
+// moments in plain DP's layout (`shapes`), loaded into `dp` (ZeRO-1 keeps
+// its share).
 // `what` names the tensors ("policy", "critic").
 absl::Status LoadTensorParallelMoments(const TensorParallelModel& model, DataParallel& dp, bool zero1,
                                        const Shapes& shapes, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
@@ -507,12 +490,13 @@ absl::Status LoadTensorParallelMoments(const TensorParallelModel& model, DataPar
 }  // namespace
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
-  if (sharded) return sharded->GatherMoments();
+  if (sharded || (tp_policy && !zero1)) {
+    return absl::FailedPreconditionError("PolicyMoments: ZeRO-3's and TP's moments are gathered as a save writes them");
+  }
   // EP: each rank its own parameters' (a per-rank file).
   if (ep_policy) return std::make_pair(ep_policy->exp_avg(), ep_policy->exp_avg_sq());
   // Plain DP, and ZeRO-1 (each rank its share, tp or not: a per-rank file).
-  if (!tp_policy || zero1) return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
-  return GatherTensorParallelMoments(*tp_policy, *dp, policy_shapes);
+  return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
 }
 
 absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
@@ -537,11 +521,12 @@ absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Te
 }
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::CriticMoments() {
-  if (sharded_critic) return sharded_critic->GatherMoments();
+  if (sharded_critic || (tp_critic && !zero1)) {
+    return absl::FailedPreconditionError("CriticMoments: ZeRO-3's and TP's moments are gathered as a save writes them");
+  }
   if (!critic_dp) return std::make_pair(at::Tensor(), at::Tensor());
   // Whole on every rank, or ZeRO-1 (this rank's share, tp or not).
-  if (!tp_critic || zero1) return std::make_pair(critic_dp->exp_avg(), critic_dp->exp_avg_sq());
-  return GatherTensorParallelMoments(*tp_critic, *critic_dp, critic_shapes);
+  return std::make_pair(critic_dp->exp_avg(), critic_dp->exp_avg_sq());
 }
 
 absl::Status ModelSet::LoadCriticMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,

@@ -125,8 +125,9 @@ struct ModelSet {
   absl::StatusOr<DataParallelStepStats> StepCritic(double local_weight, double lr);
   int64_t CriticSteps() const;
   // The critic's AdamW moments for a checkpoint: plain DP's flat layout
-  // (ZeRO-1: this rank's range; ZeRO-3 and TP: gathered, every rank must
-  // call it, meaningful on rank 0). Undefined without a critic.
+  // (ZeRO-1: this rank's range). Undefined without a critic;
+  // FAILED_PRECONDITION under ZeRO-3 and TP without ZeRO-1, whose moments a
+  // save gathers as it writes them (learner/trainer_checkpoint.cc).
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> CriticMoments();
   // Restores them; `whole`: plain DP's layout of the whole critic (ZeRO-1
   // keeps its share), else this rank's own share as saved.
@@ -190,8 +191,8 @@ struct ModelSet {
   // EP).
   bool PolicySplit() const { return sharded != nullptr || tp_policy != nullptr || ep_policy != nullptr; }
   // The policy's AdamW moments for a checkpoint: plain DP's flat layout
-  // (ZeRO-1: this rank's flat range). Under ZeRO-3 and TP every rank must
-  // call it; the result is meaningful on rank 0 only.
+  // (ZeRO-1: this rank's flat range; EP: this rank's parameters').
+  // FAILED_PRECONDITION under ZeRO-3 and TP without ZeRO-1, as CriticMoments.
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PolicyMoments();
   // Restores them from that layout, with the optimizer's step count. With
   // `whole`, they are plain DP's flat layout of the whole policy under every

@@ -289,6 +289,32 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelMo
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::GatherFullOf(
     const std::vector<at::Tensor>& local) {
+  RLMESH_ASSIGN_OR_RETURN(auto named, TrainedNamed(local));
+  return Gather(named);
+}
+
+absl::Status TensorParallelModel::VisitFull(const Visit& visit) {
+  return VisitGathered(shard_->NamedParameters(), visit);
+}
+
+absl::Status TensorParallelModel::VisitFullOf(const std::vector<at::Tensor>& local, const Visit& visit) {
+  RLMESH_ASSIGN_OR_RETURN(auto named, TrainedNamed(local));
+  return VisitGathered(named, visit);
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> TensorParallelModel::FullShapes() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& [name, p] : shard_->NamedParameters()) {
+    std::vector<int64_t> shape = p.sizes().vec();
+    const int dim = TensorParallelSplitDim(name);
+    if (dim >= 0) shape[dim] *= size_;
+    out.emplace_back(name, std::move(shape));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::TrainedNamed(
+    const std::vector<at::Tensor>& local) const {
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (auto& [name, p] : shard_->NamedParameters()) {
     if (Trained(name)) named.emplace_back(name, p);
@@ -304,29 +330,41 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelMo
     }
     named[i].second = local[i];
   }
-  return Gather(named);
+  return named;
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TensorParallelModel::Gather(
     const std::vector<std::pair<std::string, at::Tensor>>& named) {
   std::vector<std::pair<std::string, at::Tensor>> out;
+  RLMESH_RETURN_IF_ERROR(VisitGathered(named, [&](const std::string& name, const at::Tensor& full) {
+    out.emplace_back(name, full.clone());
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::Status TensorParallelModel::VisitGathered(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                                const Visit& visit) {
+  absl::Status first;
   RLMESH_RETURN_IF_ERROR(dist::Collective("tensor-parallel gather", [&] {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < named.size(); ++i) {
       const std::string& name = named[i].first;
       const at::Tensor t = named[i].second.detach();
       const int dim = TensorParallelSplitDim(name);
-      if (dim < 0 || size_ == 1) {
-        out.emplace_back(name, t.clone());
-        continue;
+      at::Tensor full = t;
+      if (dim >= 0 && size_ > 1) {
+        // Slices stacked along a new leading dim, then laid side by side
+        // along the split dim.
+        at::Tensor stacked = AllGathered(group_.get(), t.unsqueeze(0));
+        full = at::cat(stacked.unbind(0), dim);
       }
-      // Slices stacked along a new leading dim, then laid side by side
-      // along the split dim.
-      at::Tensor stacked = AllGathered(group_.get(), t.unsqueeze(0));
-      out.emplace_back(name, at::cat(stacked.unbind(0), dim));
+      // Every rank gathers every parameter whatever a visit returned (the
+      // others wait in the gathers); the first error is kept.
+      if (first.ok()) first = visit(name, full);
     }
   }));
-  return out;
+  return first;
 }
 
 at::Tensor TensorParallelModel::ForwardStream(const at::Tensor& ids, const at::Tensor& positions,

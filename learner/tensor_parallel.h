@@ -47,6 +47,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -130,6 +131,17 @@ class TensorParallelModel {
       const std::vector<at::Tensor>& local);
   absl::StatusOr<std::vector<at::Tensor>> SliceOf(const std::vector<std::pair<std::string, at::Tensor>>& full,
                                                   bool trained_only = false) const;
+  // GatherFull and GatherFullOf one parameter at a time, so that no rank
+  // holds more than one gathered parameter (a checkpoint streams them to
+  // its file): `visit(name, full)` sees each whole parameter in their order,
+  // valid only during the call. Every rank must call it. ABORTED when a
+  // collective fails; otherwise the first error `visit` returns (after
+  // which it is not called again, but the gathers go on).
+  using Visit = std::function<absl::Status(const std::string&, const at::Tensor&)>;
+  absl::Status VisitFull(const Visit& visit);
+  absl::Status VisitFullOf(const std::vector<at::Tensor>& local, const Visit& visit);
+  // The whole model's parameter names and shapes in GatherFull's order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> FullShapes() const;
 
   // Per-token log-probs of `targets` and entropies, [B,T] fp32, exactly as
   // actor::TokenLogProbs on the whole model (temperature divides the
@@ -193,9 +205,15 @@ class TensorParallelModel {
   // Vocabulary-parallel embedding: this rank's rows, zeros for other ids
   // (the caller sums over the ranks).
   at::Tensor Embed(const at::Tensor& ids);
-  // `named` (this rank's tensors under parameter names) gathered whole.
+  // `named` (this rank's tensors under parameter names) gathered whole:
+  // all of them, or each passed to `visit` in turn.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Gather(
       const std::vector<std::pair<std::string, at::Tensor>>& named);
+  absl::Status VisitGathered(const std::vector<std::pair<std::string, at::Tensor>>& named, const Visit& visit);
+  // `local` (one tensor per trained parameter) under the trained
+  // parameters' names; INVALID_ARGUMENT naming a misshapen one.
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> TrainedNamed(
+      const std::vector<at::Tensor>& local) const;
   // All-reduce of a row-parallel partial product, outside autograd.
   at::Tensor SumOverShards(const at::Tensor& partial);
 

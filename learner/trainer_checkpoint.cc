@@ -4,7 +4,9 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,21 +41,70 @@ ParameterShapes ShapesOf(actor::Transformer& m, bool skip_lm_head) {
   return out;
 }
 
-// ZeRO-3: `model`'s weights written into the Hugging Face folder `dir` as
-// they are gathered, unit by unit (every rank gathers; `writes` on rank 0).
-absl::Status StreamWeights(FullyShardedModel& model, const std::string& dir, const actor::SaveOptions& so,
+using Visit = std::function<absl::Status(const std::string&, const at::Tensor&)>;
+using MomentVisit = std::function<absl::Status(int, const std::string&, const at::Tensor&)>;
+
+// A split model's checkpoint tensors, gathered one piece at a time (a unit
+// under ZeRO-3, a parameter under TP), so that no rank holds them whole.
+struct Streamed {
+  actor::ModelConfig config;
+  // The weights' names and whole shapes, in the order `weights` visits them.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  // Elements of each AdamW moment in plain DP's flat layout.
+  int64_t moments_numel = 0;
+  std::function<absl::Status(const Visit&)> weights;
+  // exp_avg's (k = 0), then exp_avg_sq's (k = 1), each in that flat order.
+  std::function<absl::Status(const MomentVisit&)> moments;
+};
+
+Streamed FromSharded(FullyShardedModel& model) {
+  return {model.config(), model.FullShapes(), model.full_numel(),
+          [&model](const Visit& v) { return model.VisitFull(v); },
+          [&model](const MomentVisit& v) { return model.VisitMoments(v); }};
+}
+
+// TP without ZeRO-1: `dp` holds the moments of this rank's trained slices;
+// `trained` is plain DP's flat layout of the whole model.
+Streamed FromTensorParallel(TensorParallelModel& model, const DataParallel& dp, const ParameterShapes& trained) {
+  int64_t numel = 0;
+  for (const auto& [name, shape] : trained) numel += c10::multiply_integers(shape);
+  auto moments = [&model, &dp, &trained](const MomentVisit& visit) -> absl::Status {
+    absl::Status first;
+    for (int k = 0; k < 2; ++k) {
+      const auto local = UnflattenLike(k == 0 ? dp.exp_avg() : dp.exp_avg_sq(), model.TrainedParameters());
+      size_t i = 0;
+      absl::Status s = model.VisitFullOf(local, [&](const std::string& name, const at::Tensor& full) -> absl::Status {
+        if (!first.ok()) return absl::OkStatus();
+        if (i >= trained.size() || trained[i].first != name) {
+          return absl::InternalError(absl::StrCat("moments: ", name, " is out of the flat layout's order"));
+        }
+        ++i;
+        return visit(k, name, full);
+      });
+      if (absl::IsAborted(s)) return s;
+      if (first.ok()) first = s;
+    }
+    return first;
+  };
+  return {model.config(), model.FullShapes(), numel, [&model](const Visit& v) { return model.VisitFull(v); },
+          moments};
+}
+
+// The weights of `model` written into the Hugging Face folder `dir` as they
+// are gathered (every rank taking part gathers; `writes` on rank 0).
+absl::Status StreamWeights(const Streamed& model, const std::string& dir, const actor::SaveOptions& so,
                            bool writes) {
   std::unique_ptr<actor::SafetensorsWriter> w;
   absl::Status open;
   if (writes) {
-    auto o = actor::OpenHfModelWriter(model.config(), model.FullShapes(), dir, so);
+    auto o = actor::OpenHfModelWriter(model.config, model.shapes, dir, so);
     if (o.ok()) {
       w = std::move(*o);
     } else {
       open = o.status();  // the gathers still run: the other ranks make them
     }
   }
-  absl::Status st = model.VisitFull([&](const std::string& name, const at::Tensor& t) {
+  absl::Status st = model.weights([&](const std::string& name, const at::Tensor& t) {
     return w ? w->AppendTensor(name, t) : absl::OkStatus();
   });
   RLMESH_RETURN_IF_ERROR(open);
@@ -61,28 +112,28 @@ absl::Status StreamWeights(FullyShardedModel& model, const std::string& dir, con
   return w ? w->Commit() : absl::OkStatus();
 }
 
-// ZeRO-3's checkpoint as it is gathered: no rank holds more than one
-// gathered unit beside its shards, where gathering the policy's moments
-// whole took two policies' worth on every rank (and the whole weights one
-// more on rank 0 with weight sync in pieces). The files are the ones the
-// whole tensors make: the moments in plain DP's flat layout (policy, then a
-// sharded critic's) in `opt_path`, the weights in `staging` and
+// A split policy's checkpoint (and a split critic's) as it is gathered:
+// ZeRO-3's and TP's gathers of the whole moments took two policies' worth
+// on every rank taking part, and with weight sync in pieces the whole
+// weights one more on rank 0 (bench/checkpoint_memory.md). The files are the
+// ones the whole tensors make: the moments in plain DP's flat layout
+// (policy, then critic) in `opt_path`, the weights in `staging` and
 // `staging`/critic. Rank 0 already holding the whole, current policy (weight
-// sync from one process) writes it from there.
-absl::Status StreamSharded(ModelSet& m, const std::string& staging, const std::string& opt_path,
-                           const actor::SaveOptions& so, bool writes) {
-  std::vector<FullyShardedModel*> models = {m.sharded.get()};
-  if (m.critic) {
-    if (!m.sharded_critic) return absl::InternalError("ZeRO-3 checkpoint: the critic is not sharded");
-    models.push_back(m.sharded_critic.get());
-  }
+// sync from one process) writes it from there. Every rank calls it;
+// `takes_part`: this rank gathers (all under ZeRO-3; replica 0's under TP);
+// `writes`: rank 0.
+absl::Status StreamSplit(ModelSet& m, const Streamed& policy, const Streamed* critic, const std::string& staging,
+                         const std::string& opt_path, const actor::SaveOptions& so, bool takes_part, bool writes) {
+  if (!takes_part) return absl::OkStatus();
+  std::vector<const Streamed*> models = {&policy};
+  if (critic != nullptr) models.push_back(critic);
   std::unique_ptr<actor::SafetensorsWriter> w;
   absl::Status open;
   if (writes) {
     std::vector<actor::SafetensorsSpec> specs;
     for (size_t i = 0; i < models.size(); ++i) {
       for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
-        specs.push_back({absl::StrCat(i == 0 ? "policy." : "critic.", moment), at::kFloat, {models[i]->full_numel()}});
+        specs.push_back({absl::StrCat(i == 0 ? "policy." : "critic.", moment), at::kFloat, {models[i]->moments_numel}});
       }
     }
     auto o = actor::SafetensorsWriter::Open(opt_path, std::move(specs));
@@ -98,8 +149,8 @@ absl::Status StreamSharded(ModelSet& m, const std::string& staging, const std::s
   auto keep = [&first](absl::Status s) {
     if (first.ok()) first = std::move(s);
   };
-  for (FullyShardedModel* model : models) {
-    absl::Status one = model->VisitMoments([&](int, const std::string&, const at::Tensor& t) {
+  for (const Streamed* model : models) {
+    absl::Status one = model->moments([&](int, const std::string&, const at::Tensor& t) {
       return w && first.ok() ? w->AppendPart(t) : absl::OkStatus();
     });
     if (absl::IsAborted(one)) return one;
@@ -107,13 +158,13 @@ absl::Status StreamSharded(ModelSet& m, const std::string& staging, const std::s
   }
   if (w && first.ok()) keep(w->Commit());
   if (m.whole_on_demand && !m.whole_fresh) {
-    absl::Status one = StreamWeights(*m.sharded, staging, so, writes && first.ok());
+    absl::Status one = StreamWeights(policy, staging, so, writes && first.ok());
     if (absl::IsAborted(one)) return one;
     keep(one);
   } else if (writes && first.ok()) {
     keep(actor::SaveHfModel(m.policy, staging, so));
   }
-  if (m.sharded_critic) keep(StreamWeights(*m.sharded_critic, staging + "/critic", so, writes && first.ok()));
+  if (critic != nullptr) keep(StreamWeights(*critic, staging + "/critic", so, writes && first.ok()));
   return first;
 }
 
@@ -154,20 +205,33 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
   auto write_parts = [&]() -> absl::Status {
     const actor::SaveOptions so{.tokenizer = s.tokenizer.get()};
     const std::string opt_path = absl::StrCat(staging, "/", opt_file);
-    if (s.models.sharded) {
-      // ZeRO-3: written as gathered, one unit at a time (StreamSharded).
-      RLMESH_RETURN_IF_ERROR(StreamSharded(s.models, staging, opt_path, so, s.rank == 0));
+    ModelSet& ms = s.models;
+    if (ms.sharded) {
+      // ZeRO-3: written as gathered, one unit at a time.
+      if (ms.critic && !ms.sharded_critic) return absl::InternalError("ZeRO-3 checkpoint: the critic is not sharded");
+      const Streamed policy = FromSharded(*ms.sharded);
+      std::optional<Streamed> critic;
+      if (ms.sharded_critic) critic = FromSharded(*ms.sharded_critic);
+      RLMESH_RETURN_IF_ERROR(StreamSplit(ms, policy, critic ? &*critic : nullptr, staging, opt_path, so,
+                                         /*takes_part=*/true, s.rank == 0));
+    } else if (ms.tp_policy && !ms.zero1) {
+      // TP: written as gathered, one parameter at a time, by replica 0.
+      if (ms.critic && !ms.tp_critic) return absl::InternalError("TP checkpoint: the critic is not split");
+      const Streamed policy = FromTensorParallel(*ms.tp_policy, *ms.dp, ms.policy_shapes);
+      std::optional<Streamed> critic;
+      if (ms.tp_critic) critic = FromTensorParallel(*ms.tp_critic, *ms.critic_dp, ms.critic_shapes);
+      RLMESH_RETURN_IF_ERROR(StreamSplit(ms, policy, critic ? &*critic : nullptr, staging, opt_path, so,
+                                         /*takes_part=*/ms.dp->rank() == 0, s.rank == 0));
     } else {
-      // Under TP with weight sync in pieces, rank 0 holds the whole policy
-      // only from here until the next step.
+      // Under TP with ZeRO-1 and weight sync in pieces, rank 0 holds the
+      // whole policy only from here until the next step.
       RLMESH_RETURN_IF_ERROR(s.models.GatherPolicy());
-      // TP gathers its moments into plain DP's layout (every rank takes
-      // part; rank 0 writes them). Under ZeRO-1 (with TP or not) each rank
-      // writes its own share, under EP its own parameters'. Any of them
-      // resumes under any layout (LoadFrom).
+      // Under ZeRO-1 (with TP or not) each rank writes its own share of the
+      // moments, under EP its own parameters'. Any of them resumes under
+      // any layout (LoadFrom).
       RLMESH_ASSIGN_OR_RETURN(auto moments, s.models.PolicyMoments());
-      // The critic likewise (TP: gathered into rank 0 only while this save
-      // writes it).
+      // The critic likewise (TP with ZeRO-1: gathered into rank 0 only
+      // while this save writes it).
       RLMESH_ASSIGN_OR_RETURN(auto critic_moments, s.models.CriticMoments());
       RLMESH_RETURN_IF_ERROR(s.models.GatherCritic());
       if (s.rank == 0 || per_rank) {

@@ -877,8 +877,10 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       int world, tp, zero;
       bool sp;
     };
+    // tp2dp2: replica 0 gathers and writes the checkpoint, replica 1 only
+    // agrees.
     for (const Layout& l : {Layout{"zero3", 2, 1, 3, false}, Layout{"tp2", 2, 2, 0, false},
-                            Layout{"tp2dp2_zero1", 4, 2, 1, true}}) {
+                            Layout{"tp2dp2", 4, 2, 0, false}, Layout{"tp2dp2_zero1", 4, 2, 1, true}}) {
       INFO(l.name);
       ExperimentConfig q = p;
       q.mutable_learner()->set_tp(l.tp);
