@@ -70,6 +70,9 @@ ABSL_FLAG(int, ep, 1, "learner.ep (a MoE --model_dir; equal to --world when > 1)
 ABSL_FLAG(bool, whole_model, false,
           "weight_sync.whole_model: under --tp > 1 or --zero 3, rank 0 keeps the whole policy after every step "
           "(else it is gathered only for checkpoints).");
+ABSL_FLAG(std::string, save, "",
+          "After the steps, Save a checkpoint to this path (every rank the same) and report the save's time "
+          "and its own peak resident set.");
 ABSL_FLAG(bool, grad_norms, false,
           "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
           "parameter gradients, for comparing against the eager side.");
@@ -115,6 +118,16 @@ GroupList SyntheticGroups(int groups, int group_size, int prompt_len, int max_re
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Memory freed so far goes back to the system: glibc's with malloc_trim,
+// TCMalloc's (the learner's malloc, looked up so that the glibc build links
+// too) with its own release.
+void ReleaseFreeMemory() {
+  malloc_trim(0);
+  if (auto release = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
+    release();
+  }
 }
 
 int Run() {
@@ -173,13 +186,8 @@ int Run() {
     return 1;
   }
   // Memory the trainer freed while configuring (the broadcast's whole
-  // policy on the ranks that drop it) goes back to the system first:
-  // glibc's with malloc_trim, TCMalloc's (the learner's malloc, looked up
-  // so that the glibc build links too) with its own release.
-  malloc_trim(0);
-  if (auto release = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
-    release();
-  }
+  // policy on the ranks that drop it) goes back to the system first.
+  ReleaseFreeMemory();
   const double rss_configured = bench::RssBytes();
   // From the config: under ZeRO-3, EP and TP only rank 0's policy holds data
   // (under TP with weight sync in pieces, none does between checkpoints).
@@ -227,6 +235,24 @@ int Run() {
   std::printf("{\"memory\": {\"rss_before\": %.0f, \"rss_configured\": %.0f, \"peak_rss\": %.0f, "
               "\"params\": %lld}}\n",
               rss_before, rss_configured, bench::PeakRssBytes(), static_cast<long long>(params));
+  if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty()) {
+    // The save's own peak: from the resident set just before it (what the
+    // steps left behind given back first).
+    ReleaseFreeMemory();
+    if (!bench::ResetPeakRss()) {
+      std::fprintf(stderr, "--save: cannot reset the peak resident set (/proc/self/clear_refs)\n");
+      return 1;
+    }
+    const double rss_before_save = bench::RssBytes();
+    const double t0 = Now();
+    auto saved = trainer.Save(save);
+    if (!saved.ok()) {
+      std::fprintf(stderr, "save: %s\n", saved.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("{\"save\": {\"seconds\": %.6f, \"rss_before\": %.0f, \"peak_rss\": %.0f}}\n", Now() - t0,
+                rss_before_save, bench::PeakRssBytes());
+  }
   return 0;
 }
 

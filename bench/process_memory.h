@@ -33,4 +33,14 @@ inline double PeakRssBytes() {
   return 0.0;
 }
 
+// Resets PeakRssBytes() to the resident set now (Linux's clear_refs "5"), so
+// that a phase's own peak can be read after it. False when the kernel
+// refuses.
+inline bool ResetPeakRss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
 }  // namespace rlmesh::bench
