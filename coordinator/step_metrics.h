@@ -10,12 +10,17 @@
 // count: the ranks of one tensor-parallel replica train the same rows and
 // report the same values, so the merge reads ranks 0, tp, 2*tp, ...
 //
-// - means (any key not named below): averaged over the replicas, unweighted,
-//   as TRL and verl reduce theirs. Exact when the replicas' shares weigh
-//   the same (equal rows or pairs, the usual split); otherwise a mean of
-//   means;
+// - means (any key not named below): averaged over the replicas, weighted
+//   by each replica's `mean_weight`, the weight its means are over (the
+//   loss units of the step: SFT's target tokens, DPO's and the reward
+//   model's pairs, RL's loss-mask weight over its micro-batches and
+//   epochs). The loss and every other metric the learner averages over its
+//   micro-batches then equal one process's on the whole batch (up to
+//   summation order), and a replica that trained nothing (weight 0) does
+//   not pull them toward its zeros. Without a mean_weight from every
+//   replica: unweighted, a mean of means;
 // - counts and throughput (tokens, groups, pairs, rows, loss_tokens,
-//   tokens_per_second): summed;
+//   tokens_per_second, mean_weight): summed;
 // - `*_max`, and the learner's `seconds_*` (a synchronous step lasts as long
 //   as its slowest rank): the largest; `*_min`: the smallest;
 // - whole-batch values (grad_norm, value_grad_norm, lr, skipped,

@@ -1,4 +1,5 @@
-// MergeStepMetrics: means over the data-parallel replicas, counts summed,
+// MergeStepMetrics: means over the data-parallel replicas (weighted by their
+// mean_weight), counts summed,
 // extremes and timings kept, whole-batch values from rank 0, tensor-parallel
 // ranks of one replica counted once.
 #include "coordinator/step_metrics.h"
@@ -61,6 +62,27 @@ TEST_CASE("a key some replicas lack is merged over those that have it; one rank 
   const StepMetrics alone = Of({{"loss", 1.5}, {"tokens", 7}});
   CHECK(AsMap(MergeStepMetrics({alone}, 1)) == AsMap(alone));
   CHECK(AsMap(MergeStepMetrics({alone}, 0)) == AsMap(alone));
+}
+
+TEST_CASE("means are weighted by each replica's mean_weight; a replica of weight 0 drops out") {
+  // One process over both replicas' loss units: (1 * 1 + 3 * 5) / 4 = 4.
+  const auto merged = MergeStepMetrics({Of({{"loss", 1.0}, {"entropy", 2.0}, {"mean_weight", 1}, {"tokens", 7}}),
+                                        Of({{"loss", 5.0}, {"entropy", 6.0}, {"mean_weight", 3}, {"tokens", 9}}),
+                                        Of({{"loss", 0.0}, {"entropy", 0.0}, {"mean_weight", 0}, {"tokens", 0}})},
+                                       1)
+                          .values();
+  CHECK(merged.at("loss") == 4.0);
+  CHECK(merged.at("entropy") == 5.0);
+  CHECK(merged.at("mean_weight") == 4);
+  CHECK(merged.at("tokens") == 16);
+  // A replica without mean_weight (an older learner): unweighted, as before.
+  const auto mixed = MergeStepMetrics({Of({{"loss", 1.0}, {"mean_weight", 1}}), Of({{"loss", 5.0}})}, 1).values();
+  CHECK(mixed.at("loss") == 3.0);
+  // Every replica of weight 0: unweighted.
+  const auto none =
+      MergeStepMetrics({Of({{"loss", 1.0}, {"mean_weight", 0}}), Of({{"loss", 5.0}, {"mean_weight", 0}})}, 1)
+          .values();
+  CHECK(none.at("loss") == 3.0);
 }
 
 }  // namespace

@@ -144,6 +144,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainPairs() {
   m["grad_norm"] = stats->grad_norm;
   m["lr"] = lr;
   m["skipped"] = stats->skipped ? 1.0 : 0.0;
+  m["mean_weight"] = local_pairs;  // PairPass's means are over these pairs
   m["seconds_allreduce"] = stats->reduce_seconds + stats->gather_seconds;
   m["seconds_forward_backward"] = fb_seconds;
   m["seconds_optimizer"] = Since(t1);

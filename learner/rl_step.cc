@@ -497,6 +497,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     };
 
     MetricMeans means;
+    double mean_weight = 0;  // the weight `means` are over
     double grad_norm_sum = 0, value_grad_norm_sum = 0, lr = 0;
     int64_t opt_steps = 0, skipped = 0;
     fb_seconds += Since(t0);
@@ -569,6 +570,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
           }
           total.backward();
           means.Add(out.metrics, w);
+          mean_weight += w;
         }
         fb_seconds += Since(t1);
         const auto t2 = Clock::now();
@@ -617,6 +619,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     m["grad_norm"] = opt_steps ? grad_norm_sum / opt_steps : 0.0;
     if (s.models.critic) m["value_grad_norm"] = opt_steps ? value_grad_norm_sum / opt_steps : 0.0;
     m["lr"] = lr;
+    m["mean_weight"] = mean_weight;
     m["optimizer_steps"] = static_cast<double>(opt_steps);
     m["skipped"] = static_cast<double>(skipped);
     // ZeRO-3: rank 0's full weights for weight sync and checkpoints.

@@ -134,6 +134,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
     m["tokens"] = static_cast<double>(b.tokens);
     m["rows"] = static_cast<double>(lengths.size());
     m["loss_tokens"] = local_tokens;
+    m["mean_weight"] = local_tokens;  // the means above are over these tokens
     m["seconds_allreduce"] = stats.reduce_seconds + stats.gather_seconds;
     return absl::OkStatus();
   });

@@ -758,6 +758,65 @@ double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const s
   return MaxAbsDiff(single, ranks[0]);
 }
 
+// One step of `e` from `req` in one process and over `world` data-parallel
+// ranks: for each of `keys`, what the coordinator's merge
+// (coordinator/step_metrics.h) makes of the ranks' values, weighted by their
+// mean_weight and unweighted, against the one process's value.
+struct MergedMetric {
+  double single = 0, weighted = 0, unweighted = 0, weight_sum = 0, single_weight = 0;
+};
+std::map<std::string, MergedMetric> MergeOfRanks(const ExperimentConfig& e, const TrainStepRequest& req,
+                                                 const std::string& store, const std::vector<std::string>& keys,
+                                                 int world = 2) {
+  Trainer single;
+  REQUIRE(single.Configure(Request(e)).ok());
+  auto one = single.TrainStep(req);
+  REQUIRE(one.ok());
+  Trainer ranks[4];
+  REQUIRE(world <= 4);
+  std::vector<std::map<std::string, double>> metrics(world);
+  auto results = testing::TrainShards(
+      ranks, world, Request(e), store, 0, [&](int) { return req; },
+      [&](int rank, Trainer& t) -> absl::Status {
+        auto r = t.TrainStep(req);
+        if (!r.ok()) return r.status();
+        metrics[rank] = {r->metrics().values().begin(), r->metrics().values().end()};
+        return absl::OkStatus();
+      },
+      /*gather=*/false);
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << ": " << results[r].ToString());
+    REQUIRE(results[r].ok());
+  }
+  std::map<std::string, MergedMetric> out;
+  for (const std::string& key : keys) {
+    MergedMetric& m = out[key];
+    m.single = one->metrics().values().at(key);
+    m.single_weight = one->metrics().values().at("mean_weight");
+    double num = 0;
+    for (int r = 0; r < world; ++r) {
+      const double w = metrics[r].at("mean_weight");
+      num += w * metrics[r].at(key);
+      m.weight_sum += w;
+      m.unweighted += metrics[r].at(key) / world;
+    }
+    m.weighted = num / m.weight_sum;
+  }
+  return out;
+}
+
+TEST_CASE("SFT over two ranks: the ranks' loss, weighted by their mean_weight (target tokens), is one process's") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(5, 7, 1e-2);
+  const MergedMetric m = MergeOfRanks(e, SftStep(0), dir.File("store"), {"loss"}).at("loss");
+  CHECK(m.weight_sum == m.single_weight);
+  CHECK(std::abs(m.weighted - m.single) <= 1e-6);
+  INFO("unweighted " << m.unweighted << ", one process " << m.single);
+  CHECK(std::abs(m.unweighted - m.single) > 1e-4);
+}
+
 TEST_CASE("RankSlice: mini-batch m holds the same groups whatever the number of replicas") {
   auto ids = [](int G, int rank, int world, int mini_batches) {
     std::vector<TrajectoryGroup> all(G);
@@ -801,6 +860,34 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       // Every group's rewards vary too (GRPO's advantages are per group).
       return shard_offset + static_cast<double>(i++ % 2) + static_cast<double>(toks.size() % 3);
     });
+  }
+  SECTION("the ranks' loss metrics, weighted by their mean_weight, are one process's") {
+    ExperimentConfig g = e;
+    *g.add_stages() = GrpoStageOf(2, kLr);
+    g.mutable_learner()->set_micro_batch_tokens(40);
+    // The second rank's groups (RankSlice: the last two) leave their last
+    // two response tokens out of the loss, so the ranks' shares of the
+    // batch's loss tokens differ.
+    TrainStepRequest req;
+    *req.mutable_groups() = groups;
+    REQUIRE(req.groups().groups_size() == 4);
+    for (int g = 2; g < 4; ++g) {
+      for (auto& t : *req.mutable_groups()->mutable_groups(g)->mutable_samples()) {
+        const int n = t.response_token_ids_size();
+        REQUIRE(n > 2);
+        t.clear_loss_mask();
+        for (int i = 0; i < n; ++i) t.add_loss_mask(i < n - 2 ? 1 : 0);
+      }
+    }
+    req.set_step(0);
+    for (const auto& [key, m] : MergeOfRanks(g, req, dir.File("store_metrics"), {"loss", "entropy"})) {
+      INFO(key);
+      CHECK(m.weight_sum == m.single_weight);
+      CHECK(std::abs(m.weighted - m.single) <= 1e-6);
+      // The ranks' shares weigh differently here, so the unweighted mean
+      // of means is off (the loss of an on-policy first step is ~0 on both).
+      if (key == "entropy") CHECK(std::abs(m.unweighted - m.single) > 1e-5);
+    }
   }
   SECTION("REINFORCE++") {
     ExperimentConfig r = e;
