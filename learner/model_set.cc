@@ -426,29 +426,8 @@ absl::Status ModelSet::GatherIntoRank0() {
 
 namespace {
 
-// The whole policy's parameters as one flat vector in `shapes`' order (plain
-// DP's optimizer layout), from named full-size tensors.
-absl::StatusOr<at::Tensor> FlattenInPolicyOrder(
-    const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
-    const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  std::map<std::string, at::Tensor> by_name(named.begin(), named.end());
-  if (by_name.size() != shapes.size()) {
-    return absl::InternalError(absl::StrCat("moments: ", by_name.size(), " tensors gathered for ", shapes.size(),
-                                            " policy parameters"));
-  }
-  std::vector<at::Tensor> parts;
-  for (const auto& [name, shape] : shapes) {
-    auto it = by_name.find(name);
-    if (it == by_name.end() || it->second.sizes() != at::IntArrayRef(shape)) {
-      return absl::InternalError(absl::StrCat("moments: ", name, " missing or misshapen"));
-    }
-    parts.push_back(it->second.reshape({-1}));
-  }
-  return at::cat(parts);
-}
-
-// The inverse: named full-size views into `flat`. INVALID_ARGUMENT when its
-// size is not the policy's.
+// Named full-size views into `flat`, plain DP's flat optimizer layout over
+// `shapes`. INVALID_ARGUMENT when its size is not the policy's.
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SplitInPolicyOrder(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes, const at::Tensor& flat,
     const char* what) {
