@@ -68,16 +68,24 @@ void Fill(const std::string& path, size_t leave) {
   fs::resize_file(path, written > leave ? written - leave : 0);
 }
 
-TEST_CASE("a checkpoint on a full disk fails by name, leaves nothing half-written and succeeds once space returns") {
-  rlmesh::testing::TempDir dir;
+// An 8 MB tmpfs at `dir`/mnt, in this process's own mount namespace. Where
+// it cannot be made the test fails, or with RLMESH_DISK_FULL_TEST=skip this
+// returns "" and the test returns.
+std::string SmallFilesystem(const rlmesh::testing::TempDir& dir) {
   const std::string mnt = dir.File("mnt");
   fs::create_directories(mnt);
   const std::string why = rlmesh::testing::MountPrivateTmpfs(mnt, "8m");
-  if (!why.empty()) {
-    if (rlmesh::testing::SkipDiskFullTest("checkpoint_disk_full_test", why)) return;
-    FAIL("cannot make the small filesystem this test needs (" << why
-                                                              << "); run as root, or set RLMESH_DISK_FULL_TEST=skip");
-  }
+  if (why.empty()) return mnt;
+  if (rlmesh::testing::SkipDiskFullTest("checkpoint_disk_full_test", why)) return "";
+  FAIL("cannot make the small filesystem this test needs (" << why
+                                                            << "); run as root, or set RLMESH_DISK_FULL_TEST=skip");
+  return "";
+}
+
+TEST_CASE("a checkpoint on a full disk fails by name, leaves nothing half-written and succeeds once space returns") {
+  rlmesh::testing::TempDir dir;
+  const std::string mnt = SmallFilesystem(dir);
+  if (mnt.empty()) return;  // skipped (RLMESH_DISK_FULL_TEST=skip)
   const std::string ckpt = mnt + "/ckpt";
   Trainer t;
   REQUIRE(t.Configure(Request(ckpt)).ok());
@@ -131,14 +139,8 @@ TEST_CASE("a checkpoint on a full disk fails by name, leaves nothing half-writte
 
 TEST_CASE("under ZeRO-3 over two ranks a full disk fails both at once, and the next save succeeds") {
   rlmesh::testing::TempDir dir;
-  const std::string mnt = dir.File("mnt");
-  fs::create_directories(mnt);
-  const std::string why = rlmesh::testing::MountPrivateTmpfs(mnt, "8m");
-  if (!why.empty()) {
-    if (rlmesh::testing::SkipDiskFullTest("checkpoint_disk_full_test", why)) return;
-    FAIL("cannot make the small filesystem this test needs (" << why
-                                                              << "); run as root, or set RLMESH_DISK_FULL_TEST=skip");
-  }
+  const std::string mnt = SmallFilesystem(dir);
+  if (mnt.empty()) return;  // skipped (RLMESH_DISK_FULL_TEST=skip)
   const std::string ckpt = mnt + "/ckpt";
   ConfigureRequest base = Request(ckpt);
   base.mutable_experiment()->mutable_learner()->set_zero(3);
