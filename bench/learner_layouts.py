@@ -58,10 +58,11 @@ MOE_LAYOUTS = [("K=1", 1, 1, False, 0, 1, False), ("dp=2", 2, 1, False, 0, 1, Fa
                ("ep=2", 2, 1, False, 0, 2, False)]
 
 
-def run_layout(layout, model_dir, cores, steps, workdir, serial, shape, binary=BIN, save=""):
-    """One run of `layout`, a process per rank; per rank: state/peak MiB, step
-    s, first loss, and with `save` (a checkpoint path) the save's seconds and
-    its own peak over the resident set before it, MiB."""
+def run_layout(layout, model_dir, cores, steps, workdir, serial, shape, binary=BIN, save="", extra=()):
+    """One run of `layout`, a process per rank (`extra`: more flags for each);
+    per rank: state/peak MiB, step s, first loss, the critic's elements held,
+    and with `save` (a checkpoint path) the save's seconds and its own peak
+    over the resident set before it, MiB."""
     name, world, tp, sp, zero, ep, whole = layout
     store = os.path.join(workdir, f"store-{serial}")
     procs = []
@@ -70,7 +71,7 @@ def run_layout(layout, model_dir, cores, steps, workdir, serial, shape, binary=B
                 f"--steps={steps}", f"--groups={shape['batch'] // 2}", "--group_size=2", "--prompt_len=32",
                 f"--response_len={shape['seq'] - 32}", f"--world={world}", f"--rank={rank}", f"--store={store}",
                 f"--tp={tp}", f"--sequence_parallel={'true' if sp else 'false'}", f"--zero={zero}", f"--ep={ep}",
-                f"--whole_model={'true' if whole else 'false'}", f"--save={save}"]
+                f"--whole_model={'true' if whole else 'false'}", f"--save={save}", *extra]
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     ranks = []
     for rank, p in enumerate(procs):
@@ -83,7 +84,7 @@ def run_layout(layout, model_dir, cores, steps, workdir, serial, shape, binary=B
         loss = [l["loss"] for l in lines if "loss" in l]
         ranks.append(dict(state=(mem["rss_configured"] - mem["rss_before"]) / 2**20,
                           peak=(mem["peak_rss"] - mem["rss_before"]) / 2**20, step=statistics.median(secs),
-                          loss=loss[0], params=mem["params"]))
+                          loss=loss[0], params=mem["params"], critic_held=mem.get("critic_held", 0)))
         saves = [l["save"] for l in lines if "save" in l]
         if save:
             ranks[-1].update(save_seconds=saves[0]["seconds"],

@@ -70,6 +70,7 @@ ABSL_FLAG(int, ep, 1, "learner.ep (a MoE --model_dir; equal to --world when > 1)
 ABSL_FLAG(bool, whole_model, false,
           "weight_sync.whole_model: under --tp > 1 or --zero 3, rank 0 keeps the whole policy after every step "
           "(else it is gathered only for checkpoints).");
+ABSL_FLAG(std::string, stage, "grpo", "The RL stage: grpo, or ppo (with a critic, the policy plus a value head).");
 ABSL_FLAG(std::string, save, "",
           "After the steps, Save a checkpoint to this path (every rank the same) and report the save's time "
           "and its own peak resident set.");
@@ -146,7 +147,13 @@ int Run() {
   e.mutable_model()->set_init("checkpoint");
   e.mutable_model()->set_path(dir);
   e.mutable_model()->set_tokenizer(absl::GetFlag(FLAGS_tokenizer));
-  auto* rl = e.add_stages()->mutable_grpo()->mutable_rl();
+  const std::string stage = absl::GetFlag(FLAGS_stage);
+  if (stage != "grpo" && stage != "ppo") {
+    std::fprintf(stderr, "--stage: grpo or ppo, not '%s'\n", stage.c_str());
+    return 2;
+  }
+  Stage* st = e.add_stages();
+  auto* rl = stage == "ppo" ? st->mutable_ppo()->mutable_rl() : st->mutable_grpo()->mutable_rl();
   rl->set_steps(warmup + steps);
   rl->mutable_optimizer()->set_lr(absl::GetFlag(FLAGS_lr));
   // Everything else at its default: token-mean, clip 0.2, no KL, no
@@ -233,8 +240,9 @@ int Run() {
   // Memory: the resident set before the trainer existed, once it was
   // configured (weights, optimizer state), and the peak over the steps.
   std::printf("{\"memory\": {\"rss_before\": %.0f, \"rss_configured\": %.0f, \"peak_rss\": %.0f, "
-              "\"params\": %lld}}\n",
-              rss_before, rss_configured, bench::PeakRssBytes(), static_cast<long long>(params));
+              "\"params\": %lld, \"critic_held\": %lld}}\n",
+              rss_before, rss_configured, bench::PeakRssBytes(), static_cast<long long>(params),
+              static_cast<long long>(trainer.CriticElementsHeld()));
   if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty()) {
     // The save's own peak: from the resident set just before it (what the
     // steps left behind given back first).
