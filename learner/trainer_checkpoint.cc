@@ -90,20 +90,26 @@ Streamed FromTensorParallel(TensorParallelModel& model, const DataParallel& dp, 
           moments};
 }
 
+// `open()` on the rank that writes (null elsewhere). Its error goes to
+// *error, not back to the caller: the gathers still run, since the other
+// ranks make them.
+std::unique_ptr<actor::SafetensorsWriter> OpenOnWriter(
+    bool writes, const std::function<absl::StatusOr<std::unique_ptr<actor::SafetensorsWriter>>()>& open,
+    absl::Status* error) {
+  if (!writes) return nullptr;
+  auto o = open();
+  if (o.ok()) return std::move(*o);
+  *error = o.status();
+  return nullptr;
+}
+
 // The weights of `model` written into the Hugging Face folder `dir` as they
 // are gathered (every rank taking part gathers; `writes` on rank 0).
 absl::Status StreamWeights(const Streamed& model, const std::string& dir, const actor::SaveOptions& so,
                            bool writes) {
-  std::unique_ptr<actor::SafetensorsWriter> w;
   absl::Status open;
-  if (writes) {
-    auto o = actor::OpenHfModelWriter(model.config, model.shapes, dir, so);
-    if (o.ok()) {
-      w = std::move(*o);
-    } else {
-      open = o.status();  // the gathers still run: the other ranks make them
-    }
-  }
+  std::unique_ptr<actor::SafetensorsWriter> w =
+      OpenOnWriter(writes, [&] { return actor::OpenHfModelWriter(model.config, model.shapes, dir, so); }, &open);
   absl::Status st = model.weights([&](const std::string& name, const at::Tensor& t) {
     return w ? w->AppendTensor(name, t) : absl::OkStatus();
   });
@@ -127,22 +133,15 @@ absl::Status StreamSplit(ModelSet& m, const Streamed& policy, const Streamed* cr
   if (!takes_part) return absl::OkStatus();
   std::vector<const Streamed*> models = {&policy};
   if (critic != nullptr) models.push_back(critic);
-  std::unique_ptr<actor::SafetensorsWriter> w;
-  absl::Status open;
-  if (writes) {
-    std::vector<actor::SafetensorsSpec> specs;
-    for (size_t i = 0; i < models.size(); ++i) {
-      for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
-        specs.push_back({absl::StrCat(i == 0 ? "policy." : "critic.", moment), at::kFloat, {models[i]->moments_numel}});
-      }
-    }
-    auto o = actor::SafetensorsWriter::Open(opt_path, std::move(specs));
-    if (o.ok()) {
-      w = std::move(*o);
-    } else {
-      open = o.status();
+  std::vector<actor::SafetensorsSpec> specs;
+  for (size_t i = 0; i < models.size(); ++i) {
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      specs.push_back({absl::StrCat(i == 0 ? "policy." : "critic.", moment), at::kFloat, {models[i]->moments_numel}});
     }
   }
+  absl::Status open;
+  std::unique_ptr<actor::SafetensorsWriter> w =
+      OpenOnWriter(writes, [&] { return actor::SafetensorsWriter::Open(opt_path, std::move(specs)); }, &open);
   // Every rank makes every gather whatever failed on rank 0 (the others
   // wait in them); the first error is returned at the end.
   absl::Status first = open;
