@@ -30,7 +30,6 @@ import sys
 import tempfile
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import learner_layouts  # noqa: E402  (its layouts and its launcher)
@@ -55,11 +54,7 @@ def main():
     sliced, replicated = param_counts(SHAPE)
     P = sliced + replicated
     U = SHAPE["vocab"] * SHAPE["hidden"] + SHAPE["hidden"]  # the head unit: lm_head and the final norm
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["intermediate"],
-        num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
-        num_key_value_heads=SHAPE["kv_heads"], max_position_embeddings=256, tie_word_embeddings=False,
-        rms_norm_eps=1e-6))
+    model = learner_layouts.dense_model()
     sides = [("this tree", args.bin), ("baseline", args.baseline_bin)]
     results = {(l[0], side): [] for l in LAYOUTS for side, _ in sides}
     with tempfile.TemporaryDirectory() as d:

@@ -28,7 +28,6 @@ import sys
 import tempfile
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import learner_layouts  # noqa: E402  (its layouts and its launcher)
@@ -62,11 +61,7 @@ def main():
         sys.exit("build first: bazel build //bench:learner_step_bench")
     torch.manual_seed(0)
     sliced, replicated = param_counts(SHAPE)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["intermediate"],
-        num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
-        num_key_value_heads=SHAPE["kv_heads"], max_position_embeddings=256, tie_word_embeddings=False,
-        rms_norm_eps=1e-6))
+    model = learner_layouts.dense_model()
     stages = ["grpo", "ppo"]
     results = {(l[0], st): [] for l in LAYOUTS for st in stages}
     with tempfile.TemporaryDirectory() as d:

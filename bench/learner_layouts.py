@@ -58,6 +58,16 @@ MOE_LAYOUTS = [("K=1", 1, 1, False, 0, 1, False), ("dp=2", 2, 1, False, 0, 1, Fa
                ("ep=2", 2, 1, False, 0, 2, False)]
 
 
+def dense_model():
+    """bench/tensor_parallel.py's random Llama (SHAPE), as transformers
+    initialises it under the caller's torch seed."""
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["intermediate"],
+        num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
+        num_key_value_heads=SHAPE["kv_heads"], max_position_embeddings=256, tie_word_embeddings=False,
+        rms_norm_eps=1e-6))
+
+
 def run_layout(layout, model_dir, cores, steps, workdir, serial, shape, binary=BIN, save="", extra=()):
     """One run of `layout`, a process per rank (`extra`: more flags for each);
     per rank: state/peak MiB, step s, first loss, the critic's elements held,
@@ -119,11 +129,7 @@ def main():
         shape, layouts = SHAPE, LAYOUTS
         sliced, replicated = param_counts(SHAPE)
         P = sliced + replicated
-        model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["intermediate"],
-            num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
-            num_key_value_heads=SHAPE["kv_heads"], max_position_embeddings=256, tie_word_embeddings=False,
-            rms_norm_eps=1e-6))
+        model = dense_model()
     if args.layouts:
         wanted = set(args.layouts.split(",")) | {"K=1"}
         unknown = wanted - {l[0] for l in layouts}
