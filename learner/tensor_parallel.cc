@@ -103,21 +103,81 @@ bool EndsWithAny(const std::string& name, std::initializer_list<const char*> suf
   return false;
 }
 
-// Replicated parameters whose gradient each rank sees only in part: Qwen3's
-// per-head q/k norms (each rank applies them to its own heads) and, under
-// sequence parallelism, every RMSNorm and the value head (each rank
-// normalises and scores its own rows).
-bool GradientIsPartial(const std::string& name, bool sequence_parallel) {
-  if (EndsWithAny(name, {"q_norm.weight", "k_norm.weight"})) return true;
-  return sequence_parallel && (absl::StrContains(name, "norm.weight") || name == "score.weight");
-}
-
 at::Tensor Slice(const at::Tensor& full, int dim, int rank, int size) {
   const int64_t n = full.size(dim) / size;
   return full.narrow(dim, rank * n, n);
 }
 
 }  // namespace
+
+// Qwen3's q/k norms: each rank applies them to its own heads; under sequence
+// parallelism each rank normalises and scores its own rows.
+bool TensorParallelGradientIsPartial(const std::string& name, bool sequence_parallel) {
+  if (EndsWithAny(name, {"q_norm.weight", "k_norm.weight"})) return true;
+  return sequence_parallel && (absl::StrContains(name, "norm.weight") || name == "score.weight");
+}
+
+actor::ModelConfig TensorParallelShardConfig(const actor::ModelConfig& config, int tp) {
+  actor::ModelConfig s = config;
+  s.head_dim = config.HeadDim();
+  s.num_heads /= tp;
+  s.num_kv_heads /= tp;
+  s.intermediate_size /= tp;
+  s.vocab_size /= tp;
+  return s;
+}
+
+at::Tensor CopyToTensorParallel(const at::Tensor& x, c10d::Backend* group) {
+  return group != nullptr && group->getSize() > 1 ? CopyToShards::apply(x, GroupKey(group)) : x;
+}
+
+at::Tensor ReduceFromTensorParallel(const at::Tensor& x, c10d::Backend* group) {
+  return group != nullptr && group->getSize() > 1 ? ReduceFromShards::apply(x, GroupKey(group)) : x;
+}
+
+at::Tensor VocabParallelLookup(actor::TransformerImpl& shard, const at::Tensor& ids, int rank) {
+  auto& embed = shard.model->embed_tokens;
+  const int64_t v_local = embed->weight.size(0), v_begin = rank * v_local;
+  auto in_range = ids.ge(v_begin).logical_and(ids.lt(v_begin + v_local));
+  auto local_ids = at::where(in_range, ids - v_begin, at::zeros_like(ids));
+  return embed(local_ids) * in_range.unsqueeze(-1).to(embed->weight.dtype());
+}
+
+at::Tensor TensorParallelLayer(actor::DecoderLayerImpl& layer, const at::Tensor& h, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& mask, c10d::Backend* group) {
+  auto attn = layer.self_attn->Full(CopyToTensorParallel(layer.input_layernorm(h), group), cos, sin, mask, nullptr,
+                                    nullptr);
+  at::Tensor out = h + ReduceFromTensorParallel(attn, group);
+  return out + ReduceFromTensorParallel(layer.mlp(CopyToTensorParallel(layer.post_attention_layernorm(out), group)),
+                                        group);
+}
+
+actor::TokenLogProbsOutput VocabParallelLogProbs(const at::Tensor& hidden, const at::Tensor& lm_head,
+                                                 const at::Tensor& targets, double temperature,
+                                                 c10d::Backend* group) {
+  const bool tp = group != nullptr && group->getSize() > 1;
+  // This rank's slice of the scaled logits, fp32 [B,T,V/tp].
+  at::Tensor z = at::matmul(hidden, lm_head.t()).to(at::kFloat) * (1.0 / temperature);
+  // The max only shifts the exponentials: a constant for the gradient.
+  at::Tensor m = std::get<0>(z.detach().max(-1, /*keepdim=*/true));
+  if (tp) m = AllReduced(group, m, c10d::ReduceOp::MAX);
+  at::Tensor e = (z - m).exp();
+  at::Tensor sum_e = e.sum(-1, /*keepdim=*/true);
+  at::Tensor sum_ez = (e * z).sum(-1, /*keepdim=*/true);
+  const int64_t v_local = lm_head.size(0), v_begin = (tp ? group->getRank() : 0) * v_local;
+  auto mine = targets.ge(v_begin).logical_and(targets.lt(v_begin + v_local));
+  auto local_t = at::where(mine, targets - v_begin, at::zeros_like(targets));
+  at::Tensor picked = z.gather(-1, local_t.unsqueeze(-1)) * mine.unsqueeze(-1).to(at::kFloat);
+  sum_e = ReduceFromTensorParallel(sum_e, group);
+  sum_ez = ReduceFromTensorParallel(sum_ez, group);
+  picked = ReduceFromTensorParallel(picked, group);
+  at::Tensor log_z = m + sum_e.log();
+  at::Tensor lp = (picked - log_z).squeeze(-1);
+  lp = at::where(targets.ge(0), lp, at::zeros_like(lp));
+  // H = log Z - E_p[z].
+  at::Tensor entropy = (log_z - sum_ez / sum_e).squeeze(-1);
+  return {lp, entropy};
+}
 
 int TensorParallelSplitDim(const std::string& name) {
   if (EndsWithAny(name, {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
@@ -196,20 +256,14 @@ absl::StatusOr<std::unique_ptr<TensorParallelModel>> TensorParallelModel::Create
   m->group_ = group;
   m->size_ = size;
   m->rank_ = group ? group->getRank() : 0;
-  actor::ModelConfig s = config;
-  s.head_dim = config.HeadDim();
-  s.num_heads /= size;
-  s.num_kv_heads /= size;
-  s.intermediate_size /= size;
-  s.vocab_size /= size;
-  m->shard_config_ = s;
+  m->shard_config_ = TensorParallelShardConfig(config, size);
   try {
-    m->shard_ = actor::Transformer(s);
+    m->shard_ = actor::Transformer(m->shard_config_);
     m->rope_ = actor::ComputeRope(config);
     if (size > 1) {
       const int64_t key = GroupKey(group.get());
       for (auto& [name, p] : m->shard_->NamedParameters()) {
-        if (!GradientIsPartial(name, options.sequence_parallel)) continue;
+        if (!TensorParallelGradientIsPartial(name, options.sequence_parallel)) continue;
         p.register_hook([key](const at::Tensor& g) {
           return AllReduced(reinterpret_cast<c10d::Backend*>(key), g);
         });
@@ -452,32 +506,8 @@ absl::StatusOr<actor::TokenLogProbsOutput> TensorParallelModel::TokenLogProbs(co
                                                                              const at::Tensor& attention_mask) {
   RLMESH_RETURN_IF_ERROR(ValidateTokenInputs(ids, positions, targets, temperature, config_.vocab_size));
   try {
-    const bool tp = size_ > 1;
-    const int64_t key = GroupKey(group_.get());
-    at::Tensor hidden = ForwardHidden(ids, positions, attention_mask);
-    // This rank's slice of the scaled logits, fp32 [B,T,V/tp].
-    at::Tensor z = at::matmul(hidden, shard_->LmHeadWeight().t()).to(at::kFloat) * (1.0 / temperature);
-    // The max only shifts the exponentials: a constant for the gradient.
-    at::Tensor m = std::get<0>(z.detach().max(-1, /*keepdim=*/true));
-    if (tp) m = AllReduced(group_.get(), m, c10d::ReduceOp::MAX);
-    at::Tensor e = (z - m).exp();
-    at::Tensor sum_e = e.sum(-1, /*keepdim=*/true);
-    at::Tensor sum_ez = (e * z).sum(-1, /*keepdim=*/true);
-    const int64_t v_local = shard_config_.vocab_size, v_begin = rank_ * v_local;
-    auto mine = targets.ge(v_begin).logical_and(targets.lt(v_begin + v_local));
-    auto local_t = at::where(mine, targets - v_begin, at::zeros_like(targets));
-    at::Tensor picked = z.gather(-1, local_t.unsqueeze(-1)) * mine.unsqueeze(-1).to(at::kFloat);
-    if (tp) {
-      sum_e = ReduceFromShards::apply(sum_e, key);
-      sum_ez = ReduceFromShards::apply(sum_ez, key);
-      picked = ReduceFromShards::apply(picked, key);
-    }
-    at::Tensor log_z = m + sum_e.log();
-    at::Tensor lp = (picked - log_z).squeeze(-1);
-    lp = at::where(targets.ge(0), lp, at::zeros_like(lp));
-    // H = log Z - E_p[z].
-    at::Tensor entropy = (log_z - sum_ez / sum_e).squeeze(-1);
-    return actor::TokenLogProbsOutput{lp, entropy};
+    return VocabParallelLogProbs(ForwardHidden(ids, positions, attention_mask), shard_->LmHeadWeight(), targets,
+                                 temperature, group_.get());
   } catch (const std::exception& e) {
     return absl::AbortedError(absl::StrCat("tensor-parallel log-probs failed: ", e.what()));
   }
@@ -555,13 +585,7 @@ at::Tensor TensorParallelModel::Logits(const at::Tensor& hidden) {
   return AllGathered(group_.get(), z).view({size_, n, v_local}).transpose(0, 1).reshape({n, size_ * v_local});
 }
 
-at::Tensor TensorParallelModel::Embed(const at::Tensor& ids) {
-  auto* backbone = shard_->model.get();
-  const int64_t v_local = shard_config_.vocab_size, v_begin = rank_ * v_local;
-  auto in_range = ids.ge(v_begin).logical_and(ids.lt(v_begin + v_local));
-  auto local_ids = at::where(in_range, ids - v_begin, at::zeros_like(ids));
-  return backbone->embed_tokens(local_ids) * in_range.unsqueeze(-1).to(backbone->embed_tokens->weight.dtype());
-}
+at::Tensor TensorParallelModel::Embed(const at::Tensor& ids) { return VocabParallelLookup(*shard_, ids, rank_); }
 
 at::Tensor TensorParallelModel::SumOverShards(const at::Tensor& partial) {
   return size_ > 1 ? AllReduced(group_.get(), partial) : partial;

@@ -89,6 +89,39 @@ absl::StatusOr<at::Tensor> TensorParallelPiece(const std::string& name, const at
 // REQUIRES: !pieces.empty().
 at::Tensor JoinTensorParallelPieces(const std::string& name, const std::vector<at::Tensor>& pieces);
 
+// The pieces of the tensor-parallel forward pass, for a caller that holds a
+// shard's module itself: learner/fully_sharded.h binds one's parameters a
+// unit at a time when ZeRO-3 shards each tensor-parallel rank's slices over
+// the replicas. `group` is the tensor-parallel group; null (one rank) makes
+// each of them the whole model's plain computation. No sequence parallelism.
+//
+// The shard's shape: heads, KV heads, intermediate size and vocabulary
+// divided by tp, the head dimension kept. REQUIRES: ValidateTensorParallel.
+actor::ModelConfig TensorParallelShardConfig(const actor::ModelConfig& config, int tp);
+// Megatron's "f" (identity forward, gradient summed over the group: entering
+// a column-parallel region) and "g" (sum over the group forward, identity
+// backward: leaving a row-parallel one).
+at::Tensor CopyToTensorParallel(const at::Tensor& x, c10d::Backend* group);
+at::Tensor ReduceFromTensorParallel(const at::Tensor& x, c10d::Backend* group);
+// Rank `rank`'s part of the vocabulary-parallel embedding of `ids` from the
+// shard's rows of embed_tokens: its rows' vectors, zeros for other ids.
+// Summed over the ranks it is the whole embedding.
+at::Tensor VocabParallelLookup(actor::TransformerImpl& shard, const at::Tensor& ids, int rank);
+// One decoder layer of a shard on the replicated residual stream [B,T,H].
+at::Tensor TensorParallelLayer(actor::DecoderLayerImpl& layer, const at::Tensor& h, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& mask, c10d::Backend* group);
+// Per-token log-probs of `targets` and entropies, [B,T] fp32, from the
+// final norm's replicated output `hidden` (already entered with
+// CopyToTensorParallel) and the shard's rows of the output projection: a
+// vocabulary-parallel log-softmax (max, sum of exponentials and target
+// logit reduced over the group), so no rank holds the [B,T,V] logits.
+actor::TokenLogProbsOutput VocabParallelLogProbs(const at::Tensor& hidden, const at::Tensor& lm_head,
+                                                 const at::Tensor& targets, double temperature, c10d::Backend* group);
+// A replicated parameter whose gradient each rank sees only in part, to be
+// summed over the group: Qwen3's per-head q/k norms and, under sequence
+// parallelism, every RMSNorm and the value head.
+bool TensorParallelGradientIsPartial(const std::string& hf_name, bool sequence_parallel);
+
 struct TensorParallelOptions {
   // Split the residual stream along the tokens between blocks. Default off.
   bool sequence_parallel = false;
