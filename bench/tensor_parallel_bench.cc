@@ -220,7 +220,7 @@ int Main() {
     if (absl::Status s = LoadSeededWeights(c, **model); !s.ok()) return Fail(s);
     DataParallelOptions o;
     o.grad_clip = 1.0;
-    o.norm_group = group;
+    o.norm_groups = {group};
     o.norm_weights = (*model)->NormWeights();
     auto dp = DataParallel::Create(nullptr, (*model)->Parameters(), o);
     if (!dp.ok()) return Fail(dp.status());

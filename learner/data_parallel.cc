@@ -69,6 +69,22 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
     return absl::InvalidArgumentError(absl::StrCat("norm_weights: ", options.norm_weights.size(),
                                                    " weights for ", params.size(), " parameters"));
   }
+  if (!options.norm_ranges.empty()) {
+    if (options.norm_ranges.size() != params.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("norm_ranges: ", options.norm_ranges.size(), " lists for ",
+                                                     params.size(), " parameters"));
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      for (const auto& r : options.norm_ranges[i]) {
+        if (r.begin < 0 || r.end < r.begin || r.end > params[i].numel() || !(r.weight >= 0) ||
+            !std::isfinite(r.weight)) {
+          return absl::InvalidArgumentError(absl::StrCat("norm_ranges[", i, "]: [", r.begin, ", ", r.end,
+                                                         ") weight ", r.weight, " is not a range of its ",
+                                                         params[i].numel(), " elements with a finite weight >= 0"));
+        }
+      }
+    }
+  }
   std::unique_ptr<DataParallel> dp(new DataParallel());
   dp->group_ = group;
   dp->options_ = options;
@@ -154,17 +170,30 @@ absl::StatusOr<double> DataParallel::WeightedSquaredNorm(const at::Tensor& grads
     const int64_t lo = std::max(begin, offsets_[i]);
     const int64_t hi = std::min(end, offsets_[i] + params_[i].numel());
     if (lo >= hi) continue;
-    RLMESH_ASSIGN_OR_RETURN(const double n, GlobalNorm({grads.narrow(0, lo - begin, hi - lo)}));
-    sq += (options_.norm_weights.empty() ? 1.0 : options_.norm_weights[i]) * n * n;
+    const at::Tensor part = grads.narrow(0, lo - begin, hi - lo);
+    const double w = options_.norm_weights.empty() ? 1.0 : options_.norm_weights[i];
+    RLMESH_ASSIGN_OR_RETURN(const double n, GlobalNorm({part}));
+    sq += w * n * n;
+    if (options_.norm_ranges.empty()) continue;
+    // Elements of a range weigh r.weight instead of w.
+    for (const auto& r : options_.norm_ranges[i]) {
+      const int64_t rlo = std::max(lo, offsets_[i] + r.begin), rhi = std::min(hi, offsets_[i] + r.end);
+      if (rlo >= rhi) continue;
+      RLMESH_ASSIGN_OR_RETURN(const double m, GlobalNorm({grads.narrow(0, rlo - begin, rhi - rlo)}));
+      sq += (r.weight - w) * m * m;
+    }
   }
   return sq;
 }
 
 void DataParallel::SumOverModelShards(double& sq) const {
-  if (!options_.norm_group) return;
+  if (options_.norm_groups.empty()) return;
   at::Tensor t = at::full({1}, sq, at::TensorOptions().dtype(at::kDouble));
-  std::vector<at::Tensor> v = {t};
-  Wait(options_.norm_group->allreduce(v));
+  for (const auto& g : options_.norm_groups) {
+    if (!g) continue;
+    std::vector<at::Tensor> v = {t};
+    Wait(g->allreduce(v));
+  }
   sq = t.item<double>();
 }
 
@@ -239,7 +268,7 @@ absl::StatusOr<DataParallelStepStats> DataParallel::StepReplicated(double local_
   stats.reduce_seconds = SecondsSince(t0);
 
   absl::Time t1 = absl::Now();
-  if (options_.norm_group || !options_.norm_weights.empty()) {
+  if (!options_.norm_groups.empty() || !options_.norm_weights.empty() || !options_.norm_ranges.empty()) {
     RLMESH_ASSIGN_OR_RETURN(double sq, WeightedSquaredNorm(grads, 0));
     RLMESH_RETURN_IF_ERROR(Collective("gradient norm over model shards", [&] { SumOverModelShards(sq); }));
     stats.grad_norm = std::sqrt(sq);

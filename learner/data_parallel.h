@@ -62,16 +62,28 @@ struct DataParallelOptions {
   // Clip the global norm of the averaged gradient to this; 0 = no clipping.
   // Default 0.
   double grad_clip = 0.0;
-  // Model parallelism (learner/tensor_parallel.h): when the parameters are
-  // this rank's slices of a model split over `norm_group`, the gradient norm
-  // (reported, clipped to) is the whole model's: each rank's squared norm,
-  // parameter i weighted by norm_weights[i], is summed over `norm_group`.
-  // A parameter every model-parallel rank holds whole (a norm's weight) gets
-  // weight 1/size so that it counts once; a slice gets 1. Null = the
-  // parameters are the whole model. Default null.
-  c10::intrusive_ptr<c10d::Backend> norm_group;
+  // Model parallelism (learner/tensor_parallel.h, learner/fully_sharded.h):
+  // when the parameters are this rank's part of a model split over
+  // `norm_groups`, the gradient norm (reported, clipped to) is the whole
+  // model's: each rank's squared norm, parameter i weighted by
+  // norm_weights[i], is summed over each group in turn (the groups' ranks
+  // together span the split). A parameter every model-parallel rank holds
+  // whole (a norm's weight) gets weight 1/size so that it counts once; a
+  // slice gets 1. Empty = the parameters are the whole model. Default empty.
+  std::vector<c10::intrusive_ptr<c10d::Backend>> norm_groups;
   // One weight per parameter (empty = all 1). Default empty.
   std::vector<double> norm_weights;
+  // Ranges of a parameter's flat elements that weigh otherwise: for
+  // parameter i, every {begin, end, weight} in norm_ranges[i] gives
+  // elements [begin, end) that weight instead of norm_weights[i] (a flat
+  // ZeRO-3 shard that mixes slices and replicated norms). Empty, or one
+  // list per parameter (ranges disjoint). Default empty.
+  struct NormRange {
+    int64_t begin = 0;
+    int64_t end = 0;
+    double weight = 1.0;
+  };
+  std::vector<std::vector<NormRange>> norm_ranges;
 
   absl::Status Validate() const;
 };
@@ -149,9 +161,10 @@ class DataParallel {
   // All-reduce (SUM) of flat[0, n) in buckets; waits for all of them.
   void AllReduceBuckets(at::Tensor& flat, int64_t n);
   // Squared L2 norm of `grads`, the flat elements [begin, begin + numel)
-  // of the parameters, each parameter's part weighted by norm_weights.
+  // of the parameters, each parameter's part weighted by norm_weights and
+  // norm_ranges.
   absl::StatusOr<double> WeightedSquaredNorm(const at::Tensor& grads, int64_t begin) const;
-  // Sums `sq` over options_.norm_group (a no-op without one).
+  // Sums `sq` over options_.norm_groups (a no-op without any).
   void SumOverModelShards(double& sq) const;
   absl::StatusOr<DataParallelStepStats> StepReplicated(double local_weight, double lr);
   absl::StatusOr<DataParallelStepStats> StepZero1(double local_weight, double lr);

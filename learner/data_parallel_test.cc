@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <fstream>
 #include <future>
 #include <string>
@@ -227,6 +228,33 @@ TEST_CASE("bad input is INVALID_ARGUMENT, not a crash") {
   CHECK((*dp)->steps() == 0);
   CHECK((*dp)->LoadOptimizerState(at::zeros({3}), at::zeros({3}), 1).code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("norm weights and ranges: the reported norm weighs each element as asked; bad ranges are refused") {
+  // Two parameters with known gradients: [1, 2, 2] and [4, 4].
+  auto make = [](const DataParallelOptions& o) {
+    std::vector<at::Tensor> params = {at::zeros({3}), at::zeros({2})};
+    auto dp = DataParallel::Create(nullptr, params, o);
+    params[0].mutable_grad() = at::tensor({1.0f, 2.0f, 2.0f});
+    params[1].mutable_grad() = at::tensor({4.0f, 4.0f});
+    return dp;
+  };
+  DataParallelOptions o;
+  o.norm_weights = {1.0, 0.5};
+  o.norm_ranges = {{{1, 3, 0.25}}, {}};  // elements 1 and 2 of the first weigh 1/4
+  auto dp = make(o);
+  REQUIRE(dp.ok());
+  auto stats = (*dp)->Step(1.0, 1e-3);
+  REQUIRE(stats.ok());
+  // 1 + 0.25 * (4 + 4) + 0.5 * (16 + 16) = 19.
+  CHECK(stats->grad_norm == Approx(std::sqrt(19.0)).epsilon(1e-6));
+  for (const auto& bad : std::vector<std::vector<std::vector<DataParallelOptions::NormRange>>>{
+           {{{0, 4, 0.5}}, {}}, {{{2, 1, 0.5}}, {}}, {{{0, 1, -1.0}}, {}}, {{}}}) {
+    o.norm_ranges = bad;
+    auto refused = make(o);
+    CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(refused.status().message().find("norm_ranges") != std::string::npos);
+  }
 }
 
 TEST_CASE("a non-finite gradient skips the step and changes nothing") {

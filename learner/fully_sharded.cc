@@ -15,6 +15,7 @@
 #include "actor/attention_inputs.h"
 #include "common/status_macros.h"
 #include "dist/collective.h"
+#include "learner/tensor_parallel.h"
 #include "learner/token_inputs.h"
 
 namespace rlmesh::learner {
@@ -27,7 +28,10 @@ struct FullyShardedModel::Unit {
   bool tied = false;
   std::vector<std::string> names;
   std::vector<at::Tensor> params;  // the module's; empty while unbound
-  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::vector<int64_t>> shapes;       // this rank's slices'
+  std::vector<std::vector<int64_t>> full_shapes;  // the whole parameters'
+  // Under tensor parallelism: the gradient is summed over its group first.
+  std::vector<bool> partial;
   std::vector<int64_t> offsets;
   int64_t numel = 0;
   int64_t padded = 0;  // numel rounded up to a multiple of the group size
@@ -181,18 +185,26 @@ absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
     const actor::ModelConfig& config, c10::intrusive_ptr<c10d::Backend> group, const FullyShardedOptions& options) {
   RLMESH_RETURN_IF_ERROR(ValidateFullySharded(config));
   if (options.logprob_chunk <= 0) return absl::InvalidArgumentError("logprob_chunk: must be > 0");
-  if (options.optimizer.zero1 || options.optimizer.norm_group || !options.optimizer.norm_weights.empty()) {
+  if (options.optimizer.zero1 || !options.optimizer.norm_groups.empty() || !options.optimizer.norm_weights.empty() ||
+      !options.optimizer.norm_ranges.empty()) {
     return absl::InvalidArgumentError(
-        "optimizer: zero1, norm_group and norm_weights do not apply to fully sharded parameters");
+        "optimizer: zero1, norm_groups and norm weights do not apply to fully sharded parameters");
   }
+  const int tp = options.tensor_parallel ? options.tensor_parallel->getSize() : 1;
+  if (tp > 1) RLMESH_RETURN_IF_ERROR(ValidateTensorParallel(config, tp));
   std::unique_ptr<FullyShardedModel> m(new FullyShardedModel());
   m->config_ = config;
   m->options_ = options;
   m->group_ = group;
   m->size_ = group ? group->getSize() : 1;
   m->rank_ = group ? group->getRank() : 0;
+  if (tp > 1) {
+    m->tp_group_ = options.tensor_parallel;
+    m->tp_size_ = tp;
+    m->tp_rank_ = options.tensor_parallel->getRank();
+  }
   try {
-    m->model_ = actor::Transformer(config);
+    m->model_ = actor::Transformer(tp > 1 ? TensorParallelShardConfig(config, tp) : config);
     m->rope_ = actor::ComputeRope(config);
     // Units in execution order, parameters by Hugging Face name.
     const auto named = m->model_->NamedParameters();
@@ -217,23 +229,21 @@ absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
     if (freeze_lm_head) m->frozen_ = std::make_unique<Unit>();
     auto frozen = [&](const std::string& name) { return freeze_lm_head && name == "lm_head.weight"; };
     for (const auto& [name, p] : named) {
-      if (frozen(name)) {
-        Unit& unit = *m->frozen_;
-        unit.names.push_back(name);
-        unit.params.push_back(p);
-        unit.shapes.push_back(p.sizes().vec());
-        unit.offsets.push_back(0);
-        unit.numel = p.numel();
-        continue;
+      Unit* unit = frozen(name) ? m->frozen_.get() : nullptr;
+      if (unit == nullptr) {
+        auto [kind, layer] = unit_of(name);
+        unit = m->units_[kind == Unit::kEmbedding ? 0 : kind == Unit::kLayer ? layer + 1 : m->units_.size() - 1].get();
       }
-      auto [kind, layer] = unit_of(name);
-      const size_t u = kind == Unit::kEmbedding ? 0 : kind == Unit::kLayer ? layer + 1 : m->units_.size() - 1;
-      Unit& unit = *m->units_[u];
-      unit.names.push_back(name);
-      unit.params.push_back(p);
-      unit.shapes.push_back(p.sizes().vec());
-      unit.offsets.push_back(unit.numel);
-      unit.numel += p.numel();
+      std::vector<int64_t> full_shape = p.sizes().vec();
+      const int dim = TensorParallelSplitDim(name);
+      if (tp > 1 && dim >= 0) full_shape[dim] *= tp;
+      unit->names.push_back(name);
+      unit->params.push_back(p);
+      unit->shapes.push_back(p.sizes().vec());
+      unit->full_shapes.push_back(std::move(full_shape));
+      unit->partial.push_back(tp > 1 && TensorParallelGradientIsPartial(name, /*sequence_parallel=*/false));
+      unit->offsets.push_back(unit->numel);
+      unit->numel += p.numel();
     }
     // The units' parameters, in unit order, are the model's NamedParameters
     // in order, a frozen lm_head aside (VisitMoments' flat layout relies on
@@ -272,7 +282,24 @@ absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
     return absl::InternalError(absl::StrCat("fully sharded model: ", e.what_without_backtrace()));
   }
   DataParallelOptions o = options.optimizer;
-  o.norm_group = group;  // each rank's shards are its own part of the norm
+  // Each rank's shards are its own part of the norm; under tensor
+  // parallelism a replicated parameter's elements, held by every
+  // tensor-parallel rank, count 1/tp each.
+  o.norm_groups = {group, m->tp_group_};
+  if (tp > 1) {
+    for (const auto& unit : m->units_) {
+      // The replicated parameters' elements that fall in this rank's shard.
+      const int64_t len = unit->padded / m->size_, first = m->rank_ * len;
+      std::vector<DataParallelOptions::NormRange> ranges;
+      for (size_t i = 0; i < unit->names.size(); ++i) {
+        if (TensorParallelSplitDim(unit->names[i]) >= 0) continue;
+        const int64_t lo = std::max(unit->offsets[i], first);
+        const int64_t hi = std::min(unit->offsets[i] + c10::multiply_integers(unit->shapes[i]), first + len);
+        if (lo < hi) ranges.push_back({lo - first, hi - first, 1.0 / tp});
+      }
+      o.norm_ranges.push_back(std::move(ranges));
+    }
+  }
   RLMESH_ASSIGN_OR_RETURN(m->optimizer_, DataParallel::Create(nullptr, m->Shards(), o));
   return m;
 }
@@ -319,7 +346,14 @@ at::Tensor FullyShardedModel::ReduceScatterGrads(size_t u, const std::vector<at:
   const Unit& unit = *units_[u];
   at::Tensor flat = at::zeros({unit.padded}, at::kFloat);
   for (size_t i = 0; i < grads.size(); ++i) {
-    if (grads[i].defined()) flat.narrow(0, unit.offsets[i], grads[i].numel()).copy_(grads[i].reshape({-1}));
+    if (!grads[i].defined()) continue;
+    at::Tensor part = flat.narrow(0, unit.offsets[i], grads[i].numel());
+    part.copy_(grads[i].reshape({-1}));
+    // Each tensor-parallel rank saw only its heads' share of this gradient.
+    if (unit.partial[i]) {
+      std::vector<at::Tensor> v = {part};
+      tp_group_->allreduce(v)->wait();
+    }
   }
   // DataParallel's convention: local-mean gradients times the local weight,
   // summed over the ranks; Step divides by the global weight.
@@ -335,9 +369,11 @@ std::vector<at::Tensor> FullyShardedModel::Compute(size_t u, const std::vector<a
   auto* backbone = model_->model.get();
   switch (unit.kind) {
     case Unit::kEmbedding:
+      if (tp_group_) return {ReduceFromTensorParallel(VocabParallelLookup(*model_, in[0], tp_rank_), tp_group_.get())};
       return {backbone->embed_tokens(in[0])};
     case Unit::kLayer: {
       auto* layer = (*backbone->layers)[unit.layer]->as<actor::DecoderLayerImpl>();
+      if (tp_group_) return {TensorParallelLayer(*layer, in[0], in[1], in[2], in[3], tp_group_.get())};
       at::Tensor h = in[0];
       h = h + layer->self_attn->Full(layer->input_layernorm(h), in[1], in[2], in[3], nullptr, nullptr);
       h = h + layer->Ffn(layer->post_attention_layernorm(h), nullptr);
@@ -345,6 +381,12 @@ std::vector<at::Tensor> FullyShardedModel::Compute(size_t u, const std::vector<a
     }
     case Unit::kHead: {
       if (head_values_) return {model_->ValuesFromHidden(backbone->norm(in[0]))};
+      if (tp_group_) {
+        // Vocabulary-parallel: this rank's [B,T,V/tp] logits, never the whole.
+        auto out = VocabParallelLogProbs(CopyToTensorParallel(backbone->norm(in[0]), tp_group_.get()),
+                                         model_->LmHeadWeight(), in[1], temperature_, tp_group_.get());
+        return {out.logprobs, out.entropy};
+      }
       auto out = actor::TokenLogProbsFromHidden(backbone->norm(in[0]), model_->LmHeadWeight(), in[1],
                                                 logprob_chunk_, temperature_);
       TORCH_CHECK(out.ok(), out.status().ToString());
@@ -474,10 +516,10 @@ absl::Status FullyShardedModel::VisitMoments(
 std::vector<std::pair<std::string, std::vector<int64_t>>> FullyShardedModel::FullShapes() const {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& unit : units_) {
-    for (size_t i = 0; i < unit->names.size(); ++i) out.emplace_back(unit->names[i], unit->shapes[i]);
+    for (size_t i = 0; i < unit->names.size(); ++i) out.emplace_back(unit->names[i], unit->full_shapes[i]);
   }
   if (frozen_) {
-    for (size_t i = 0; i < frozen_->names.size(); ++i) out.emplace_back(frozen_->names[i], frozen_->shapes[i]);
+    for (size_t i = 0; i < frozen_->names.size(); ++i) out.emplace_back(frozen_->names[i], frozen_->full_shapes[i]);
   }
   return out;
 }
@@ -496,8 +538,8 @@ absl::Status FullyShardedModel::LoadMoments(const at::Tensor& exp_avg, const at:
     int64_t offset = 0;
     for (const auto& unit : units_) {
       for (size_t i = 0; i < unit->names.size(); ++i) {
-        const int64_t n = c10::multiply_integers(unit->shapes[i]);
-        named.emplace_back(unit->names[i], full[k]->narrow(0, offset, n).view(unit->shapes[i]));
+        const int64_t n = c10::multiply_integers(unit->full_shapes[i]);
+        named.emplace_back(unit->names[i], full[k]->narrow(0, offset, n).view(unit->full_shapes[i]));
         offset += n;
       }
     }
@@ -508,8 +550,30 @@ absl::Status FullyShardedModel::LoadMoments(const at::Tensor& exp_avg, const at:
 
 int64_t FullyShardedModel::full_numel() const {
   int64_t n = 0;
-  for (const auto& unit : units_) n += unit->numel;
+  for (const auto& unit : units_) {
+    for (const auto& shape : unit->full_shapes) n += c10::multiply_integers(shape);
+  }
   return n;
+}
+
+at::Tensor FullyShardedModel::LocalOf(const std::string& name, const at::Tensor& full) const {
+  const int dim = TensorParallelSplitDim(name);
+  if (!tp_group_ || dim < 0) return full;
+  const int64_t n = full.size(dim) / tp_size_;
+  return full.narrow(dim, tp_rank_ * n, n);
+}
+
+at::Tensor FullyShardedModel::WholeOf(const std::string& name, const at::Tensor& local) {
+  const int dim = TensorParallelSplitDim(name);
+  if (!tp_group_ || dim < 0) return local;
+  // Slices stacked along a new leading dimension, then laid side by side
+  // along the split one.
+  at::Tensor in = local.unsqueeze(0).contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] = tp_size_;
+  at::Tensor stacked = at::empty(shape, in.options());
+  tp_group_->_allgather_base(stacked, in)->wait();
+  return at::cat(stacked.unbind(0), dim);
 }
 
 int64_t FullyShardedModel::shard_numel() const {
@@ -524,12 +588,13 @@ absl::StatusOr<at::Tensor> FullyShardedModel::SliceUnit(const Unit& unit,
   for (size_t i = 0; i < unit.names.size(); ++i) {
     auto it = by_name.find(unit.names[i]);
     if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("parameter ", unit.names[i], ": missing"));
-    if (!it->second.defined() || it->second.sizes().vec() != unit.shapes[i]) {
+    if (!it->second.defined() || it->second.sizes().vec() != unit.full_shapes[i]) {
       return absl::InvalidArgumentError(absl::StrCat("parameter ", unit.names[i], ": expected shape ",
-                                                     c10::str(at::IntArrayRef(unit.shapes[i])), ", got ",
+                                                     c10::str(at::IntArrayRef(unit.full_shapes[i])), ", got ",
                                                      it->second.defined() ? c10::str(it->second.sizes()) : "none"));
     }
-    flat.narrow(0, unit.offsets[i], it->second.numel()).copy_(it->second.detach().reshape({-1}));
+    const at::Tensor local = LocalOf(unit.names[i], it->second.detach());
+    flat.narrow(0, unit.offsets[i], local.numel()).copy_(local.reshape({-1}));
   }
   const int64_t len = unit.padded / size_;
   return flat.narrow(0, rank_ * len, len).clone();
@@ -609,12 +674,16 @@ absl::Status FullyShardedModel::VisitGathered(
       RLMESH_RETURN_IF_ERROR(
           dist::Collective("fully sharded gather", [&] { group_->_allgather_base(full, mine)->wait(); }));
     }
-    // Every rank visits every unit (a failed visit on one rank must not
-    // leave the others waiting in the next unit's gather): the first error
-    // is kept and returned after the last unit.
-    for (size_t i = 0; i < unit->names.size() && first.ok(); ++i) {
+    // Every rank makes every gather (a failed visit on one rank must not
+    // leave the others waiting in the next one): the first error is kept
+    // and returned after the last unit.
+    for (size_t i = 0; i < unit->names.size(); ++i) {
       const int64_t n = c10::multiply_integers(unit->shapes[i]);
-      first = visit(unit->names[i], full.narrow(0, unit->offsets[i], n).view(unit->shapes[i]));
+      at::Tensor whole = full.narrow(0, unit->offsets[i], n).view(unit->shapes[i]);
+      if (tp_group_) {
+        RLMESH_RETURN_IF_ERROR(dist::Collective("tensor-parallel gather", [&] { whole = WholeOf(unit->names[i], whole); }));
+      }
+      if (first.ok()) first = visit(unit->names[i], whole);
     }
   }
   return first;

@@ -39,6 +39,19 @@
 // but frozen, out of the optimizer and its moments, as plain DP leaves it
 // out (learner/model_set.cc); the gathers still return it.
 //
+// With tensor parallelism inside each replica (options.tensor_parallel,
+// learner/tensor_parallel.h), ZeRO-3 shards each tensor-parallel rank's
+// slices: a unit's flat vector holds this rank's slices of its parameters
+// (column-, row- and vocabulary-parallel as TensorParallelModel cuts them,
+// norms whole), and `group` is the replicas that hold the same slices, so a
+// rank keeps 1/(dp*tp) of every split parameter. The units compute as
+// TensorParallelModel's blocks do (a unit's collectives over the
+// tensor-parallel group run inside its forward and recomputed backward),
+// the ranks of one tensor-parallel group pass the same rows, the gradient
+// norm sums over both groups with a replicated parameter counted once, and
+// the gathers return the whole model. No sequence parallelism; the
+// log-probs are vocabulary-parallel rather than chunked.
+//
 // Limits: the model is built whole once in Create (to initialise and then
 // shard it), so creation needs the whole model's fp32 weights in memory for a
 // moment; MoE architectures (the router's auxiliary loss and routing replay
@@ -85,6 +98,9 @@ struct FullyShardedOptions {
   // AdamW and gradient clipping (the rest of DataParallelOptions, buckets
   // and ZeRO-1, does not apply to shards and must stay at its default).
   DataParallelOptions optimizer;
+  // The tensor-parallel group this rank's slices belong to (see above); null
+  // or of size 1 for none. Default null.
+  c10::intrusive_ptr<c10d::Backend> tensor_parallel;
 };
 
 // OK when `config` can be fully sharded; UNIMPLEMENTED naming the field
@@ -174,8 +190,14 @@ class FullyShardedModel {
   // same layout. INVALID_ARGUMENT when the sizes are not full_numel().
   absl::Status LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
 
+  // This rank in `group` (its replica) and the group's size.
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Over both groups: replica-major, the tensor-parallel rank innermost
+  // (the learner's rank layout). Without tensor parallelism rank() and
+  // size().
+  int world_rank() const { return rank_ * tp_size_ + tp_rank_; }
+  int world_size() const { return size_ * tp_size_; }
   const actor::ModelConfig& config() const { return config_; }
   // The whole model's parameter names and shapes in VisitFull's order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> FullShapes() const;
@@ -202,6 +224,14 @@ class FullyShardedModel {
   // The embedding and decoder-layer units: the hidden states entering the
   // head unit.
   at::Tensor Layers(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& attention_mask);
+  // This rank's slice of the whole parameter `full` (itself without tensor
+  // parallelism or for a replicated parameter).
+  at::Tensor LocalOf(const std::string& name, const at::Tensor& full) const;
+  // The whole parameter from every tensor-parallel rank's `local` slice
+  // (every rank of the group must call it; `local` itself without tensor
+  // parallelism or for a replicated parameter). Throws when the gather
+  // fails.
+  at::Tensor WholeOf(const std::string& name, const at::Tensor& local);
   // `unit`'s shard cut from full-layout tensors by name.
   absl::StatusOr<at::Tensor> SliceUnit(const Unit& unit, const std::map<std::string, at::Tensor>& by_name) const;
   // GatherFullOf and VisitFull: `shards` (Shards() shapes) gathered unit by
@@ -215,7 +245,12 @@ class FullyShardedModel {
   c10::intrusive_ptr<c10d::Backend> group_;
   int rank_ = 0;
   int size_ = 1;
-  // The module tree; its parameters are empty except while a unit is bound.
+  // options.tensor_parallel when of size > 1, else null.
+  c10::intrusive_ptr<c10d::Backend> tp_group_;
+  int tp_rank_ = 0;
+  int tp_size_ = 1;
+  // The module tree (the tensor-parallel shard's shape under tp); its
+  // parameters are empty except while a unit is bound.
   actor::Transformer model_{nullptr};
   actor::RopeFrequencies rope_;
   std::vector<std::unique_ptr<Unit>> units_;

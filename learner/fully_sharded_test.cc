@@ -2,8 +2,9 @@
 // HashStore, each rank a FullyShardedModel holding 1/dp of every unit and
 // training on its own rows (an uneven split), three AdamW steps with
 // clipping active against the whole model on the whole batch; gradient
-// norms and gathered weights must agree within 1e-5 (fp32). Checkpoints
-// gathered at one dp resume at another.
+// norms and gathered weights must agree within 1e-5 (fp32), also with
+// tensor parallelism inside each replica (ZeRO-3 over the tp ranks'
+// slices). Checkpoints gathered at one layout resume at another.
 #include "learner/fully_sharded.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -25,8 +26,9 @@ namespace {
 
 using namespace model_parallel_testing;  // NOLINT: the shared fixture
 
-FullyShardedOptions Options(bool prefetch) {
+FullyShardedOptions Options(bool prefetch, c10::intrusive_ptr<c10d::Backend> tp_group = {}) {
   FullyShardedOptions o;
+  o.tensor_parallel = tp_group;
   o.prefetch = prefetch;
   o.logprob_chunk = 4;
   o.optimizer = Optimizer();
@@ -40,8 +42,9 @@ std::vector<at::Tensor> PerShard(const at::Tensor& flat, const std::vector<at::T
 
 // One rank: `steps` steps from `start`, then the gathered checkpoint.
 absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& start, const Batch& rows,
-                              c10::intrusive_ptr<c10d::Backend> group, int steps, bool prefetch) {
-  auto model = FullyShardedModel::Create(c, group, Options(prefetch));
+                              c10::intrusive_ptr<c10d::Backend> group, c10::intrusive_ptr<c10d::Backend> tp_group,
+                              int steps, bool prefetch) {
+  auto model = FullyShardedModel::Create(c, group, Options(prefetch, tp_group));
   if (!model.ok()) return model.status();
   FullyShardedModel& m = **model;
   absl::Status s = m.LoadFromFull(start.weights);
@@ -79,39 +82,50 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
 
 struct RankResult {
   absl::StatusOr<Run> run = absl::UnknownError("not run");
-  c10::intrusive_ptr<c10d::Backend> group;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
 };
 
-// dp ranks on threads; rank d trains rows [d * (3 / dp), ...), the last rank
-// the remainder (at dp = 2: one row and two rows).
-std::vector<Run> TrainDp(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch, int dp,
-                         int steps = kSteps, bool prefetch = true) {
+// dp x tp ranks on threads, rank = d * tp + t: replica d trains rows
+// [d * (3 / dp), ...), the last replica the remainder (at dp = 2: one row
+// and two rows), its tp ranks the same rows.
+std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch, int dp,
+                             int tp, int steps = kSteps, bool prefetch = true) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::future<RankResult>> futures;
   const int64_t rows = batch.ids.size(0);
-  for (int d = 0; d < dp; ++d) {
+  for (int rank = 0; rank < dp * tp; ++rank) {
     futures.push_back(std::async(std::launch::async, [=]() {
       RankResult r;
-      if (dp > 1) {
+      const int d = rank / tp, t = rank % tp;
+      // This rank's group among `size` ranks (null for one), keys under `prefix`.
+      auto join = [&](const std::string& prefix, int group_rank, int size,
+                      c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
+        if (size == 1) return absl::OkStatus();
         dist::GlooGroupOptions gloo;
         gloo.timeout_ms = 60'000;
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, "dp"), d, dp, gloo);
-        if (!g.ok()) {
-          r.run = g.status();
-          return r;
-        }
-        r.group = *g;
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
+        if (!g.ok()) return g.status();
+        *group = *g;
+        r.groups.push_back(*g);
+        return absl::OkStatus();
+      };
+      c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
+      absl::Status joined = join(absl::StrCat("tp", d), t, tp, &tp_group);
+      if (joined.ok()) joined = join(absl::StrCat("dp", t), d, dp, &dp_group);
+      if (!joined.ok()) {
+        r.run = joined;
+        return r;
       }
       const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
-      r.run = TrainRank(c, start, Rows(batch, begin, n), r.group, steps, prefetch);
+      r.run = TrainRank(c, start, Rows(batch, begin, n), dp_group, tp_group, steps, prefetch);
       return r;
     }));
   }
   return Collect(futures);
 }
 
-void CheckEqualsReference(const std::string& arch, int dp, bool prefetch = true) {
-  CAPTURE(arch, dp, prefetch);
+void CheckEqualsReference(const std::string& arch, int dp, bool prefetch = true, int tp = 1) {
+  CAPTURE(arch, dp, prefetch, tp);
   const actor::ModelConfig c = SmallConfig(arch);
   const Named init = InitialWeights(c);
   const Batch batch = MakeBatch();
@@ -119,7 +133,7 @@ void CheckEqualsReference(const std::string& arch, int dp, bool prefetch = true)
   // Not vacuous: clipping acted and the weights moved.
   REQUIRE(ref.norms[0] > Optimizer().grad_clip);
   REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
-  for (const Run& r : TrainDp(c, Checkpoint{init}, batch, dp, kSteps, prefetch)) {
+  for (const Run& r : TrainLayout(c, Checkpoint{init}, batch, dp, tp, kSteps, prefetch)) {
     for (int step = 0; step < kSteps; ++step) {
       CAPTURE(step);
       CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
@@ -139,26 +153,39 @@ TEST_CASE("dp=2 x ZeRO-3 equals one process on the whole batch (rows split 1 / 2
 
 TEST_CASE("dp=2 x ZeRO-3 without prefetch takes the same steps") { CheckEqualsReference("qwen3", 2, false); }
 
-TEST_CASE("a ZeRO-3 checkpoint gathered at one dp resumes at another") {
+TEST_CASE("tp=2 x ZeRO-3 equals one process: llama, qwen2 (q/k/v bias), qwen3 (QK-norm, tied embeddings)") {
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) CheckEqualsReference(arch, 1, true, 2);
+}
+
+TEST_CASE("dp=2 x tp=2 x ZeRO-3 equals one process (rows split 1 / 2, each replica's tp ranks the same rows)") {
+  for (const char* arch : {"llama", "qwen3"}) CheckEqualsReference(arch, 2, true, 2);
+  CheckEqualsReference("qwen2", 2, false, 2);
+}
+
+TEST_CASE("a ZeRO-3 checkpoint gathered at one layout resumes at another (dp, and dp x tp)") {
   const actor::ModelConfig c = SmallConfig("qwen3");
   const Batch batch = MakeBatch();
   const Checkpoint init{InitialWeights(c)};
-  const Run straight = TrainDp(c, init, batch, 1, 5)[0];
+  const Run straight = TrainLayout(c, init, batch, 1, 1, 5)[0];
   REQUIRE(straight.checkpoint.steps == 5);
-  for (auto [first, second] : {std::pair<int, int>{2, 1}, std::pair<int, int>{1, 2}}) {
-    CAPTURE(first, second);
-    const Run a = TrainDp(c, init, batch, first, 3)[0];
+  // (dp, tp) of the first three steps, then of the last two.
+  using Layout = std::pair<int, int>;
+  for (auto [first, second] : {std::pair<Layout, Layout>{{2, 1}, {1, 1}}, std::pair<Layout, Layout>{{1, 1}, {2, 1}},
+                               std::pair<Layout, Layout>{{2, 2}, {1, 1}}, std::pair<Layout, Layout>{{1, 1}, {2, 2}},
+                               std::pair<Layout, Layout>{{1, 2}, {2, 1}}}) {
+    CAPTURE(first.first, first.second, second.first, second.second);
+    const Run a = TrainLayout(c, init, batch, first.first, first.second, 3)[0];
     REQUIRE(a.checkpoint.steps == 3);
     REQUIRE(a.checkpoint.exp_avg_sq.size() == init.weights.size());
     CHECK(a.checkpoint.exp_avg_sq[0].second.abs().sum().item<double>() > 0);
-    for (const Run& b : TrainDp(c, a.checkpoint, batch, second, 2)) {
+    for (const Run& b : TrainLayout(c, a.checkpoint, batch, second.first, second.second, 2)) {
       CHECK(b.checkpoint.steps == 5);
       CHECK(b.norms[1] == Approx(straight.norms[4]).epsilon(1e-5));
       CHECK(MaxAbsDiff(b.weights, straight.weights) < 1e-5);
       CHECK(MaxAbsDiff(b.checkpoint.exp_avg, straight.checkpoint.exp_avg) < 1e-6);
     }
     // Without the moments the run is measurably different: they matter.
-    const Run fresh = TrainDp(c, Checkpoint{a.checkpoint.weights}, batch, second, 2)[0];
+    const Run fresh = TrainLayout(c, Checkpoint{a.checkpoint.weights}, batch, second.first, second.second, 2)[0];
     CHECK(MaxAbsDiff(fresh.weights, straight.weights) > 1e-4);
   }
 }

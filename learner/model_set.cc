@@ -689,7 +689,7 @@ absl::StatusOr<std::unique_ptr<DataParallel>> ReplicaOptimizer(const ModelSet& s
   DataParallelOptions dpo;
   dpo.adamw = o.adamw;
   dpo.grad_clip = std::max(0.0, o.grad_clip);
-  dpo.norm_group = s.tp_group;
+  dpo.norm_groups = {s.tp_group};
   dpo.norm_weights = model.NormWeights();
   dpo.zero1 = zero1;
   return DataParallel::Create(s.dp_group, model.TrainedParameters(), dpo);

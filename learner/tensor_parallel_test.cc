@@ -49,7 +49,7 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
   if (!s.ok()) return s;
   DataParallelOptions o = Optimizer();
   o.zero1 = zero1;
-  o.norm_group = tp_group;
+  o.norm_groups = {tp_group};
   o.norm_weights = (*model)->NormWeights();
   auto dp = DataParallel::Create(dp_group, (*model)->TrainedParameters(), o);
   if (!dp.ok()) return dp.status();
@@ -193,7 +193,7 @@ TEST_CASE("a value-head model at tp=2, with and without sequence parallelism: va
       return absl::InternalError("the lm_head is among the trained parameters");
     }
     DataParallelOptions o = Optimizer();
-    o.norm_group = group;
+    o.norm_groups = {group};
     o.norm_weights = m.NormWeights();
     auto dp = DataParallel::Create(nullptr, m.TrainedParameters(), o);
     if (!dp.ok()) return dp.status();
