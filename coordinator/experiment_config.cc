@@ -298,13 +298,13 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   if (l->tp() == 0) l->set_tp(1);
   c.Require(l->tp() >= 1 && l->tp() <= l->shards() && l->shards() % l->tp() == 0, "learner.tp",
             absl::StrCat("must divide learner.shards (", l->shards(), ")"));
-  c.Require(l->tp() == 1 || l->zero() != 3, "learner.tp",
-            "tensor parallelism with learner.zero: 3 is not built in the trainer (plain DP or ZeRO-1 over the replicas)");
   c.Require(l->tp() == 1 || l->autocast().empty() || l->autocast() == "fp32", "learner.autocast",
             "bf16 with learner.tp > 1 is not built");
   c.Require(l->tp() == 1 || config->model().device().empty() || config->model().device() == "cpu", "learner.tp",
             "tensor parallelism runs on the CPU so far (Gloo; its NCCL path is untested)");
   c.Require(!l->sequence_parallel() || l->tp() > 1, "learner.sequence_parallel", "needs learner.tp > 1");
+  c.Require(!l->sequence_parallel() || l->zero() != 3, "learner.sequence_parallel",
+            "with learner.zero: 3 is not built (ZeRO-3 over tensor-parallel slices keeps the stream replicated)");
   if (l->ep() == 0) l->set_ep(1);
   c.Require(l->ep() >= 1 && l->ep() <= l->shards() && l->shards() % l->ep() == 0, "learner.ep",
             absl::StrCat("must divide learner.shards (", l->shards(), ")"));

@@ -145,8 +145,8 @@ TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused b
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"learner: {shards: 3, tp: 2}\n" + sft, "learner.tp: must divide learner.shards (3)"},
       {"learner: {shards: 2, tp: 4}\n" + sft, "learner.tp: must divide learner.shards (2)"},
-      {"learner: {shards: 2, tp: 2, zero: 3}\n" + sft,
-       "learner.tp: tensor parallelism with learner.zero: 3 is not built"},
+      {"learner: {shards: 2, tp: 2, zero: 3, sequence_parallel: true}\n" + sft,
+       "learner.sequence_parallel: with learner.zero: 3 is not built"},
       {"learner: {shards: 2, tp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.tp > 1"},
       {"model: {device: cuda}\nlearner: {shards: 2, tp: 2}\n" + sft, "learner.tp: tensor parallelism runs on the CPU"},
       {"learner: {shards: 2, sequence_parallel: true}\n" + sft, "learner.sequence_parallel: needs learner.tp > 1"},

@@ -73,8 +73,9 @@ absl::Status RunLoop::SyncThroughGroup() {
   }
   // Resharding between split layouts: when either side is split, the
   // weights travel in pieces, each published by the learner rank that holds
-  // its slice (learner.tp: replica 0's TP rank t is learner t; learner.zero:
-  // 3: learner t keeps slice t of the whole world) and received by the
+  // its slice (learner.zero: 3, TP or not: learner t keeps slice t of the
+  // whole world; else learner.tp: replica 0's TP rank t is learner t) and
+  // received by the
   // rollout ranks whose slice it is part of; nothing whole is gathered for
   // the sync.
   const int learner_world = static_cast<int>(clients_->learners.size());
@@ -84,8 +85,8 @@ absl::Status RunLoop::SyncThroughGroup() {
   if (!sync_configured_) {
     if (pieces > 1) {
       RLMESH_LOG(INFO) << "weight sync in " << pieces << " pieces ("
-                       << (cfg().learner().tp() > 1 ? absl::StrCat("learner.tp=", slices)
-                                                    : absl::StrCat("learner.zero=3 over ", slices, " ranks"))
+                       << (cfg().learner().zero() == 3 ? absl::StrCat("learner.zero=3 over ", slices, " ranks")
+                                                       : absl::StrCat("learner.tp=", slices))
                        << ", rollout.tp=" << std::max(cfg().rollout().tp(), 1) << ")";
     }
     RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {

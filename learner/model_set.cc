@@ -193,7 +193,7 @@ absl::Status ModelSet::GatherCritic() {
     });
   }
   if (!sharded_critic) return absl::OkStatus();
-  const bool keep = sharded_critic->rank() == 0;
+  const bool keep = sharded_critic->world_rank() == 0;
   std::map<std::string, at::Tensor> params;
   if (keep) {
     for (auto& [name, p] : critic->NamedParameters()) params.emplace(name, p);
@@ -332,7 +332,7 @@ absl::Status ModelSet::RefreshSyncSlices() {
   return CatchAll("sync slices", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     return sharded->VisitFull([&](const std::string& name, const at::Tensor& full) {
-      return SetSyncSlice(sync_slices, name, full, sharded->rank(), sharded->size());
+      return SetSyncSlice(sync_slices, name, full, sharded->world_rank(), sharded->world_size());
     });
   });
 }
@@ -345,7 +345,7 @@ absl::Status ModelSet::CutSyncSlices(const std::vector<std::pair<std::string, at
     sync_slices.clear();
     for (const auto& [name, t] : full) {
       sync_slices.emplace_back(name, at::Tensor());
-      RLMESH_RETURN_IF_ERROR(SetSyncSlice(sync_slices, name, t, sharded->rank(), sharded->size()));
+      RLMESH_RETURN_IF_ERROR(SetSyncSlice(sync_slices, name, t, sharded->world_rank(), sharded->world_size()));
     }
     return absl::OkStatus();
   });
@@ -363,7 +363,7 @@ absl::Status ModelSet::GatherIntoRank0() {
   if (sharded) {
     // Unit by unit: only rank 0 keeps anything, so the other ranks never
     // hold more than one gathered unit.
-    const bool keep = sharded->rank() == 0;
+    const bool keep = sharded->world_rank() == 0;
     std::map<std::string, at::Tensor> params;
     if (keep) {
       for (auto& [name, p] : policy->NamedParameters()) params.emplace(name, p);
@@ -656,21 +656,51 @@ absl::Status BroadcastPolicy(ModelSet* models) {
   return absl::OkStatus();
 }
 
+// learner.tp > 1: this rank's tensor-parallel group (its replica's ranks)
+// and data-parallel group (the ranks of every replica that hold the same
+// slices). Rank r is tensor-parallel rank r % tp of replica r / tp. Every
+// rank joins its replica's group, then the other: the same order
+// everywhere, so no rendezvous waits on another.
+absl::Status JoinTensorParallelGroups(const StageOptions& stage, int rank, int world_size,
+                                      const dist::GlooGroupOptions& gloo, ModelSet* models) {
+  ModelSet& s = *models;
+  const int tp = stage.learner.tp, replica = rank / tp, tp_rank = rank % tp, replicas = world_size / tp;
+  auto join = [&](const std::string& prefix, int group_rank, int size,
+                  c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
+    if (size == 1) return absl::OkStatus();
+    RLMESH_ASSIGN_OR_RETURN(*group, dist::CreateGlooGroup(dist::WithPrefix(s.store, prefix), group_rank, size, gloo));
+    return absl::OkStatus();
+  };
+  RLMESH_RETURN_IF_ERROR(join(absl::StrCat("tp", replica), tp_rank, tp, &s.tp_group));
+  return join(absl::StrCat("dp", tp_rank), replica, replicas, &s.dp_group);
+}
+
+// learner.zero: 3 (with learner.tp > 1: ZeRO-3 over the replicas of each
+// tensor-parallel rank's slices) for the policy or, `critic`, the critic.
+absl::StatusOr<std::unique_ptr<FullyShardedModel>> CreateSharded(const ModelSet& s, const StageOptions& stage,
+                                                                 const actor::ModelConfig& config,
+                                                                 const OptimizerOptions& o) {
+  FullyShardedOptions fo;
+  fo.optimizer.adamw = o.adamw;
+  fo.optimizer.grad_clip = std::max(0.0, o.grad_clip);
+  fo.tensor_parallel = s.tp_group;
+  std::lock_guard<std::mutex> lock(InitMutex());
+  auto made = FullyShardedModel::Create(config, stage.learner.tp > 1 ? s.dp_group : s.group, fo);
+  if (!made.ok() && stage.learner.tp > 1) return PrefixStatus("experiment.learner.tp", made.status());
+  return made;
+}
+
 // learner.zero: 3: the broadcast policy cut into this rank's shards; ranks
 // other than 0 drop the policy's parameter data.
-absl::Status ShardPolicy(const StageOptions& stage, int rank, ModelSet* models) {
+absl::Status ShardPolicy(const StageOptions& stage, int rank, int world_size, const dist::GlooGroupOptions& gloo,
+                         ModelSet* models) {
   ModelSet& s = *models;
   if (s.device_type != c10::DeviceType::CPU) {
     return absl::UnimplementedError(
         "experiment.learner.zero: 3 runs on the CPU so far (learner/fully_sharded builds its shards on the host)");
   }
-  FullyShardedOptions fo;
-  fo.optimizer.adamw = stage.optimizer().adamw;
-  fo.optimizer.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
-  {
-    std::lock_guard<std::mutex> lock(InitMutex());
-    RLMESH_ASSIGN_OR_RETURN(s.sharded, FullyShardedModel::Create(s.policy->config(), s.group, fo));
-  }
+  if (stage.learner.tp > 1) RLMESH_RETURN_IF_ERROR(JoinTensorParallelGroups(stage, rank, world_size, gloo, &s));
+  RLMESH_ASSIGN_OR_RETURN(s.sharded, CreateSharded(s, stage, s.policy->config(), stage.optimizer()));
   return CatchAll("shard the policy", [&]() -> absl::Status {
     RLMESH_RETURN_IF_ERROR(BroadcastPolicy(&s));
     RLMESH_RETURN_IF_ERROR(s.sharded->LoadFromFull(s.policy->NamedParameters()));
@@ -714,13 +744,7 @@ absl::Status BroadcastCritic(ModelSet* models) {
 // drops the critic's parameter data (a checkpoint gathers it on rank 0).
 absl::Status ShardCritic(const StageOptions& stage, ModelSet* models) {
   ModelSet& s = *models;
-  FullyShardedOptions fo;
-  fo.optimizer.adamw = stage.rl.critic_optimizer.adamw;
-  fo.optimizer.grad_clip = std::max(0.0, stage.rl.critic_optimizer.grad_clip);
-  {
-    std::lock_guard<std::mutex> lock(InitMutex());
-    RLMESH_ASSIGN_OR_RETURN(s.sharded_critic, FullyShardedModel::Create(s.critic->config(), s.group, fo));
-  }
+  RLMESH_ASSIGN_OR_RETURN(s.sharded_critic, CreateSharded(s, stage, s.critic->config(), stage.rl.critic_optimizer));
   return CatchAll("shard the critic", [&]() -> absl::Status {
     RLMESH_RETURN_IF_ERROR(BroadcastCritic(&s));
     RLMESH_RETURN_IF_ERROR(s.sharded_critic->LoadFromFull(s.critic->NamedParameters()));
@@ -759,21 +783,10 @@ absl::Status SplitCriticTensorParallel(const StageOptions& stage, ModelSet* mode
 absl::Status SplitPolicyTensorParallel(const StageOptions& stage, int rank, int world_size,
                                        const dist::GlooGroupOptions& gloo, ModelSet* models) {
   ModelSet& s = *models;
-  const int tp = stage.learner.tp, replica = rank / tp, tp_rank = rank % tp, replicas = world_size / tp;
   if (s.device_type != c10::DeviceType::CPU) {
     return absl::UnimplementedError("experiment.learner.tp > 1 runs on the CPU so far");
   }
-  // Every rank joins its replica's group, then the group of the ranks that
-  // hold the same slices: the same order everywhere, so no rendezvous waits
-  // on another.
-  auto join = [&](const std::string& prefix, int group_rank, int size,
-                  c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
-    if (size == 1) return absl::OkStatus();
-    RLMESH_ASSIGN_OR_RETURN(*group, dist::CreateGlooGroup(dist::WithPrefix(s.store, prefix), group_rank, size, gloo));
-    return absl::OkStatus();
-  };
-  RLMESH_RETURN_IF_ERROR(join(absl::StrCat("tp", replica), tp_rank, tp, &s.tp_group));
-  RLMESH_RETURN_IF_ERROR(join(absl::StrCat("dp", tp_rank), replica, replicas, &s.dp_group));
+  RLMESH_RETURN_IF_ERROR(JoinTensorParallelGroups(stage, rank, world_size, gloo, &s));
   TensorParallelOptions to;
   to.sequence_parallel = stage.learner.sequence_parallel;
   {
@@ -938,7 +951,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   s.whole_on_demand = (stage.learner.tp > 1 || stage.learner.zero3) && (pieces || reward_model);
   s.zero3_sync_slices = stage.learner.zero3 && pieces && !reward_model;
   if (stage.learner.zero3) {
-    RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, &s));
+    RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, world_size, gloo, &s));
   } else if (stage.learner.tp > 1) {
     RLMESH_RETURN_IF_ERROR(SplitPolicyTensorParallel(stage, rank, world_size, gloo, &s));
   } else if (stage.learner.ep > 1) {

@@ -48,18 +48,21 @@ struct ModelSet {
   // The policy's optimizer (plain DP or ZeRO-1); null under ZeRO-3.
   std::unique_ptr<DataParallel> dp;
   std::unique_ptr<DataParallel> critic_dp;
-  // learner.zero: 3 with a critic (PPO): the critic fully sharded over the
-  // group like the policy (its lm_head frozen), with its own optimizer
-  // (critic_dp is null); Values on `critic` goes through it. `critic` keeps
-  // its config and holds parameter data only on rank 0 while a checkpoint
-  // writes it (GatherCritic, DropGatheredCritic).
+  // learner.zero: 3 with a critic (PPO): the critic fully sharded like the
+  // policy (its lm_head frozen; with learner.tp, its slices), with its own
+  // optimizer (critic_dp is null); Values on `critic` goes through it.
+  // `critic` keeps its config and holds parameter data only on rank 0
+  // while a checkpoint writes it (GatherCritic, DropGatheredCritic).
   std::unique_ptr<FullyShardedModel> sharded_critic;
   // learner.tp > 1 with a critic: the critic split like the policy over
   // tp_group (its lm_head frozen); critic_dp steps its slices over
   // dp_group. `critic` holds data as under ZeRO-3.
   std::unique_ptr<TensorParallelModel> tp_critic;
   // learner.zero: 3 — the policy fully sharded over the group, with its own
-  // optimizer (dp is null). The policy's forward and backward passes go
+  // optimizer (dp is null). With learner.tp > 1 too, each tensor-parallel
+  // rank's slices are sharded over `dp_group` (the replicas holding the same
+  // slices), the units computing over `tp_group` (learner/fully_sharded.h);
+  // tp_policy stays null. The policy's forward and backward passes go
   // through it (LogProbs). `policy` then holds the whole model's weights on
   // rank 0 only, for weight sync and checkpoints: SyncPolicy refreshes them
   // after the optimizer steps. The other ranks' `policy` keeps its config

@@ -322,8 +322,8 @@ TEST_CASE("K=2 DPO shards (threads, FileStore) equal K=1 on the same global batc
 // 1e-2. The reward model trains with weight decay, so that a layout which
 // stepped its unused lm_head (plain DP leaves it out of the optimizer)
 // would move it.
-TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 and learner.ep equal one process; "
-          "checkpoints resume in one process") {
+TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 (alone and over tp=2) and learner.ep equal "
+          "one process; checkpoints resume in one process") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
   ExperimentConfig e = Tiny();
@@ -394,6 +394,10 @@ TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 and learne
     SECTION("tp=2, its checkpoint resumed in one plain process") {
       CHECK(layout(2, 2, 0, 1, false, dir.File("ckpt_tp")) <= 1e-5);
       resumes(dir.File("ckpt_tp"));
+    }
+    SECTION("tp=2 x dp=2 x zero=3, its checkpoint resumed in one plain process") {
+      CHECK(layout(4, 2, 3, 1, false, dir.File("ckpt_tp_zero3")) <= 1e-5);
+      resumes(dir.File("ckpt_tp_zero3"));
     }
   }
 }

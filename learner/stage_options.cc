@@ -32,11 +32,6 @@ absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp)
   l.tp = exp.learner().tp() == 0 ? 1 : exp.learner().tp();
   l.sequence_parallel = exp.learner().sequence_parallel();
   if (l.tp < 1) return absl::InvalidArgumentError("experiment.learner.tp: must be >= 1");
-  if (l.tp > 1 && l.zero3) {
-    return absl::UnimplementedError(absl::StrCat("experiment.learner.tp: ", l.tp,
-                                                 " with learner.zero: 3 is not built in the trainer (plain DP or "
-                                                 "ZeRO-1 over the replicas)"));
-  }
   l.ep = exp.learner().ep() == 0 ? 1 : exp.learner().ep();
   if (l.ep < 1) return absl::InvalidArgumentError("experiment.learner.ep: must be >= 1");
   if (l.ep > 1 && (l.tp > 1 || l.zero1 || l.zero3)) {
@@ -45,6 +40,11 @@ absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp)
   }
   if (l.sequence_parallel && l.tp == 1) {
     return absl::InvalidArgumentError("experiment.learner.sequence_parallel: needs learner.tp > 1");
+  }
+  if (l.sequence_parallel && l.zero3) {
+    return absl::UnimplementedError(
+        "experiment.learner.sequence_parallel: with learner.zero: 3 is not built (ZeRO-3 over tensor-parallel "
+        "slices keeps the stream replicated)");
   }
   if (exp.learner().micro_batch_tokens() < 0) {
     return absl::InvalidArgumentError("experiment.learner.micro_batch_tokens: must be >= 0");

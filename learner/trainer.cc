@@ -101,8 +101,8 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::PolicyP
     slice = tp->rank();
     slices = tp->size();
   } else if (zero3_slices) {
-    slice = m.sharded->rank();
-    slices = m.sharded->size();
+    slice = m.sharded->world_rank();
+    slices = m.sharded->world_size();
   }
   // Replica 0's ranks are 0..tp-1 (TP innermost); without TP or ZeRO-3's
   // slices rank 0 keeps the whole policy.

@@ -205,14 +205,15 @@ TEST_CASE("weight sync in pieces: learner tp=2 to rollout tp=2, Gloo and shared 
   }
 }
 
-TEST_CASE("DPO then PPO under learner.zero: 3 and learner.tp: 2 across real processes; the logged steps merge "
-          "both learner ranks") {
-  // Two learner processes, tiny scratch model, a few steps of each stage:
-  // the layouts run both stages end to end (DPO's policy reaches the PPO
-  // stage's rollout: the learner recomputes the rollout's log-probs), and
-  // the logged step counts both ranks' pairs (8 = 4 + 4 under ZeRO-3, where
-  // each rank trains half; 8 under tp=2, one replica). Both send the
-  // weights in pieces, each learner rank its slice.
+TEST_CASE("DPO then PPO under learner.zero: 3, learner.tp: 2 and both (tp=2 x dp=2) across real processes; the "
+          "logged steps merge the learner ranks") {
+  // Two learner processes (four for tp=2 x dp=2 x ZeRO-3), tiny scratch
+  // model, a few steps of each stage: the layouts run both stages end to
+  // end (DPO's policy reaches the PPO stage's rollout: the learner
+  // recomputes the rollout's log-probs), and the logged step counts every
+  // replica's pairs once (8 = 4 + 4 under ZeRO-3, where each rank trains
+  // half; 8 under tp=2, one replica; 8 = 4 + 4 over two replicas of two TP
+  // ranks). All send the weights in pieces, each learner rank its slice.
   testing::TempDir dir;
   {
     std::ofstream f(dir.File("layouts.yaml"));
@@ -228,20 +229,31 @@ TEST_CASE("DPO then PPO under learner.zero: 3 and learner.tp: 2 across real proc
          "learner: {shards: 2}\n"
          "checkpoint: {every: 0}\neval: {every: 0}\nlogging: {tensorboard: false}\n";
   }
-  for (const std::string layout : {"zero=3", "tp=2"}) {
-    INFO("learner." << layout);
-    const std::string name = layout.substr(0, layout.find('='));
+  struct Layout {
+    std::string name;
+    std::vector<std::string> sets;
+    std::string pieces;  // the coordinator's line on the weight sync
+  };
+  const std::vector<Layout> layouts = {
+      {"zero", {"--set=learner.zero=3"}, "weight sync in 2 pieces (learner.zero=3 over 2 ranks, rollout.tp=1)"},
+      {"tp", {"--set=learner.tp=2"}, "weight sync in 2 pieces (learner.tp=2, rollout.tp=1)"},
+      {"tp_zero",
+       {"--set=learner.shards=4", "--set=learner.tp=2", "--set=learner.zero=3"},
+       "weight sync in 4 pieces (learner.zero=3 over 4 ranks, rollout.tp=1)"},
+  };
+  for (const Layout& layout : layouts) {
+    const std::string& name = layout.name;
+    INFO("layout " << name);
     const std::string runs = dir.File("runs-" + name);
-    auto st = testing::RunExperiment(dir.File("layouts.yaml"), runs, {"--set=learner." + layout},
-                                     dir.File("out-" + name), absl::Minutes(6));
+    auto st = testing::RunExperiment(dir.File("layouts.yaml"), runs, layout.sets, dir.File("out-" + name),
+                                     absl::Minutes(6));
     const std::string out = ReadAll(dir.File("out-" + name));
     INFO(out);
     REQUIRE(st.ok());
     REQUIRE(*st == 0);
-    // Under both layouts the weights reach the rollout in pieces, one from
+    // Under every layout the weights reach the rollout in pieces, one from
     // each learner rank.
-    CHECK(out.find(name == "zero" ? "weight sync in 2 pieces (learner.zero=3 over 2 ranks, rollout.tp=1)"
-                                  : "weight sync in 2 pieces (learner.tp=2, rollout.tp=1)") != std::string::npos);
+    CHECK(out.find(layout.pieces) != std::string::npos);
     const std::string run_dir = RunDir(runs);
     REQUIRE(!run_dir.empty());
     int dpo_steps = 0, ppo_steps = 0;

@@ -42,6 +42,10 @@ TEST_CASE("pieces under learner.zero: 3: one slice per learner rank") {
   exp.mutable_rollout()->set_tp(3);
   CHECK(ConfiguredWeightPieces(exp, 4) == 0);  // 3 does not divide 4: whole
   exp.mutable_rollout()->set_tp(1);
+  // With TP inside the replicas still every rank: ZeRO-3 shards the slices.
+  exp.mutable_learner()->set_tp(2);
+  CHECK(LearnerWeightSlices(exp, 4) == 4);
+  CHECK(ConfiguredWeightPieces(exp, 4) == 4);
   exp.mutable_weight_sync()->set_whole_model(true);
   CHECK(ConfiguredWeightPieces(exp, 4) == 0);
 }
