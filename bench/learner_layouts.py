@@ -22,6 +22,8 @@ by TP, `replicated` norms), as bench/tensor_parallel.py states it:
                                            gradients 8
   tp=2           20 (sliced / 2 + replicated)
   ZeRO-3, dp=2   20 P / 2
+  tp x dp ZeRO-3 20 (sliced / tp + replicated) / dp (ZeRO-3 over the
+                 replicas of each TP rank's slices)
   ep=2 (MoE)     20 (replicated + experts / 2)
 plus, on rank 0 under EP, and under TP and ZeRO-3 with
 weight_sync.whole_model ("tp=2 whole_model", "dp=2 ZeRO-3 whole_model"), the
@@ -53,7 +55,8 @@ BIN = os.path.join(ROOT, "bazel-bin/bench/learner_step_bench")
 LAYOUTS = [("K=1", 1, 1, False, 0, 1, False), ("dp=2", 2, 1, False, 0, 1, False),
            ("dp=2 ZeRO-3", 2, 1, False, 3, 1, False), ("tp=2", 2, 2, False, 0, 1, False),
            ("tp=2 + SP", 2, 2, True, 0, 1, False), ("tp=2 whole_model", 2, 2, False, 0, 1, True),
-           ("dp=2 ZeRO-3 whole_model", 2, 1, False, 3, 1, True)]
+           ("dp=2 ZeRO-3 whole_model", 2, 1, False, 3, 1, True), ("tp=2 x dp=2", 4, 2, False, 0, 1, False),
+           ("tp=2 x dp=2 ZeRO-3", 4, 2, False, 3, 1, False)]
 MOE_LAYOUTS = [("K=1", 1, 1, False, 0, 1, False), ("dp=2", 2, 1, False, 0, 1, False),
                ("ep=2", 2, 1, False, 0, 2, False)]
 
@@ -155,7 +158,7 @@ def main():
         per_rank = []
         for rank in range(world):
             if zero == 3:
-                theory = 20 * P / world
+                theory = 20 * (sliced / tp + replicated) / (world // tp)
             elif ep > 1:
                 theory = 20 * (replicated + experts / ep)
             elif tp > 1:
