@@ -7,11 +7,9 @@
 // slices). Checkpoints gathered at one layout resume at another.
 #include "learner/fully_sharded.h"
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
-#include <future>
 #include <string>
 #include <vector>
 
@@ -80,48 +78,13 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
   return r;
 }
 
-struct RankResult {
-  absl::StatusOr<Run> run = absl::UnknownError("not run");
-  std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
-};
-
-// dp x tp ranks on threads, rank = d * tp + t: replica d trains rows
-// [d * (3 / dp), ...), the last replica the remainder (at dp = 2: one row
-// and two rows), its tp ranks the same rows.
+// dp x tp ranks on threads (TrainOnLayout): at dp = 2 replica 0 trains one
+// row and replica 1 two.
 std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch, int dp,
                              int tp, int steps = kSteps, bool prefetch = true) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::future<RankResult>> futures;
-  const int64_t rows = batch.ids.size(0);
-  for (int rank = 0; rank < dp * tp; ++rank) {
-    futures.push_back(std::async(std::launch::async, [=]() {
-      RankResult r;
-      const int d = rank / tp, t = rank % tp;
-      // This rank's group among `size` ranks (null for one), keys under `prefix`.
-      auto join = [&](const std::string& prefix, int group_rank, int size,
-                      c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
-        if (size == 1) return absl::OkStatus();
-        dist::GlooGroupOptions gloo;
-        gloo.timeout_ms = 60'000;
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
-        if (!g.ok()) return g.status();
-        *group = *g;
-        r.groups.push_back(*g);
-        return absl::OkStatus();
-      };
-      c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
-      absl::Status joined = join(absl::StrCat("tp", d), t, tp, &tp_group);
-      if (joined.ok()) joined = join(absl::StrCat("dp", t), d, dp, &dp_group);
-      if (!joined.ok()) {
-        r.run = joined;
-        return r;
-      }
-      const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
-      r.run = TrainRank(c, start, Rows(batch, begin, n), dp_group, tp_group, steps, prefetch);
-      return r;
-    }));
-  }
-  return Collect(futures);
+  return TrainOnLayout(batch, dp, tp, [&](const Batch& rows, auto tp_group, auto dp_group) {
+    return TrainRank(c, start, rows, dp_group, tp_group, steps, prefetch);
+  });
 }
 
 void CheckEqualsReference(const std::string& arch, int dp, bool prefetch = true, int tp = 1) {

@@ -29,11 +29,6 @@ namespace {
 
 using namespace model_parallel_testing;  // NOLINT: the shared fixture
 
-// What one rank returns; the groups die only after every rank is done.
-struct RankResult {
-  absl::StatusOr<Run> run = absl::UnknownError("not run");
-  std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
-};
 
 // Trains `steps` steps from `start` (weights; moments and step count when
 // start.steps > 0) and returns the run with its checkpoint gathered.
@@ -90,43 +85,13 @@ absl::StatusOr<Run> TrainRank(const actor::ModelConfig& c, const Checkpoint& sta
   return r;
 }
 
-// tp x dp ranks on threads: rank = d * tp + t; the dp replicas split the
+// tp x dp ranks on threads (TrainOnLayout); the dp replicas split the
 // batch's rows.
 std::vector<Run> TrainLayout(const actor::ModelConfig& c, const Checkpoint& start, const Batch& batch, int tp,
                              int dp, bool sequence_parallel, int steps = kSteps, bool zero1 = false) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::future<RankResult>> futures;
-  const int64_t rows = batch.ids.size(0);
-  for (int rank = 0; rank < tp * dp; ++rank) {
-    futures.push_back(std::async(std::launch::async, [=]() {
-      RankResult r;
-      const int t = rank % tp, d = rank / tp;
-      dist::GlooGroupOptions gloo;
-      gloo.timeout_ms = 60'000;
-      // This rank's group among `size` ranks (null for one), keys under `prefix`.
-      auto join = [&](const std::string& prefix, int group_rank, int size,
-                      c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
-        if (size == 1) return absl::OkStatus();
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
-        if (!g.ok()) return g.status();
-        *group = *g;
-        r.groups.push_back(*g);
-        return absl::OkStatus();
-      };
-      c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
-      absl::Status joined = join(absl::StrCat("tp", d), t, tp, &tp_group);
-      if (joined.ok()) joined = join(absl::StrCat("dp", t), d, dp, &dp_group);
-      if (!joined.ok()) {
-        r.run = joined;
-        return r;
-      }
-      // Replica d's rows: an even split, the remainder to the last.
-      const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
-      r.run = TrainRank(c, start, Rows(batch, begin, n), tp_group, dp_group, sequence_parallel, steps, zero1);
-      return r;
-    }));
-  }
-  return Collect(futures);
+  return TrainOnLayout(batch, dp, tp, [&](const Batch& rows, auto tp_group, auto dp_group) {
+    return TrainRank(c, start, rows, tp_group, dp_group, sequence_parallel, steps, zero1);
+  });
 }
 
 void CheckEqualsReference(const std::string& arch, int tp, int dp, bool sequence_parallel, bool zero1 = false) {

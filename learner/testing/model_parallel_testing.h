@@ -2,8 +2,8 @@
 
 // The fixture the model-parallel tests share (tensor_parallel_test,
 // fully_sharded_test): a small model of each family, one batch with a padded
-// row, the loss and optimizer settings, and the one-process reference run
-// every layout must reproduce.
+// row, the loss and optimizer settings, the one-process reference run
+// every layout must reproduce, and the threads that run a dp x tp layout.
 
 #include <torch/torch.h>
 
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "actor/logprobs.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
@@ -218,6 +219,58 @@ std::vector<Run> Collect(std::vector<std::future<RankResult>>& futures) {
     out.push_back(*r.run);
   }
   return out;
+}
+
+// What one rank of a layout returns; the groups die only after every rank
+// is done.
+struct LayoutRankResult {
+  absl::StatusOr<Run> run = absl::UnknownError("not run");
+  std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
+};
+
+// Runs `train(rows, tp_group, dp_group)` on dp x tp ranks, a thread each
+// (rank = d * tp + t), over one fresh HashStore: rank d * tp + t joins the
+// tensor-parallel group of replica d (keys under "tp<d>") and the
+// data-parallel group of TP rank t ("dp<t>"), each null where it has one
+// rank. Replica d trains rows [d * (B / dp), ...), the last replica the
+// remainder, and its TP ranks the same rows. The runs in rank order, as
+// Collect returns them.
+inline std::vector<Run> TrainOnLayout(
+    const Batch& batch, int dp, int tp,
+    const std::function<absl::StatusOr<Run>(const Batch&, c10::intrusive_ptr<c10d::Backend>,
+                                            c10::intrusive_ptr<c10d::Backend>)>& train) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<LayoutRankResult>> futures;
+  const int64_t rows = batch.ids.size(0);
+  for (int rank = 0; rank < dp * tp; ++rank) {
+    futures.push_back(std::async(std::launch::async, [=]() {
+      LayoutRankResult r;
+      const int d = rank / tp, t = rank % tp;
+      // This rank's group among `size` ranks (null for one), keys under `prefix`.
+      auto join = [&](const std::string& prefix, int group_rank, int size,
+                      c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
+        if (size == 1) return absl::OkStatus();
+        dist::GlooGroupOptions gloo;
+        gloo.timeout_ms = 60'000;
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
+        if (!g.ok()) return g.status();
+        *group = *g;
+        r.groups.push_back(*g);
+        return absl::OkStatus();
+      };
+      c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
+      absl::Status joined = join(absl::StrCat("tp", d), t, tp, &tp_group);
+      if (joined.ok()) joined = join(absl::StrCat("dp", t), d, dp, &dp_group);
+      if (!joined.ok()) {
+        r.run = joined;
+        return r;
+      }
+      const int64_t per = rows / dp, begin = d * per, n = d == dp - 1 ? rows - begin : per;
+      r.run = train(Rows(batch, begin, n), tp_group, dp_group);
+      return r;
+    }));
+  }
+  return Collect(futures);
 }
 
 // Runs `body(rank, group)` on `world` ranks, a thread each, every rank in one
