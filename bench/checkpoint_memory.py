@@ -8,6 +8,14 @@ one GRPO step of bench/learner_layouts.py's batch.
 
   bazel build //bench:learner_step_bench
   python3 bench/checkpoint_memory.py --baseline_bin /path/to/old/learner_step_bench --repeats 3 [--markdown]
+      [--load] [--layouts "K=1,dp=2 ZeRO-3"]
+
+With --load each rank then loads the checkpoint it saved (Trainer::Load, as a
+resume does) and the load's own peak is reported the same way. Theory of a
+load's extra memory: the whole policy's weights, 4 P, on every rank of a
+split layout (each reads the whole model and keeps its part), plus the
+moments: 8 P where a rank rebuilds them whole, about 8 P / dp where a ZeRO-3
+rank without TP reads only its share of them (session 26).
 
 Theory of the extra memory a save needs on a rank (fp32, P parameters, U the
 largest unit of the fully sharded model, the embedding or the head, and the
@@ -46,7 +54,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--load", action="store_true", help="also load each checkpoint back and report the load")
+    ap.add_argument("--layouts", default="", help="comma-separated layout names (default all)")
     args = ap.parse_args()
+    layouts = [l for l in LAYOUTS + [l for l in learner_layouts.LAYOUTS if l[0] == "tp=2 x dp=2 ZeRO-3"]
+               if not args.layouts or l[0] in args.layouts.split(",")]
     for b in (args.bin, args.baseline_bin):
         if not os.access(b, os.X_OK):
             sys.exit(f"not an executable: {b} (bazel build //bench:learner_step_bench)")
@@ -56,37 +68,39 @@ def main():
     U = SHAPE["vocab"] * SHAPE["hidden"] + SHAPE["hidden"]  # the head unit: lm_head and the final norm
     model = learner_layouts.dense_model()
     sides = [("this tree", args.bin), ("baseline", args.baseline_bin)]
-    results = {(l[0], side): [] for l in LAYOUTS for side, _ in sides}
+    results = {(l[0], side): [] for l in layouts for side, _ in sides}
     with tempfile.TemporaryDirectory() as d:
         model_dir = os.path.join(d, "model")
         model.save_pretrained(model_dir)
         serial = 0
         for rep in range(args.repeats):
             order = sides if rep % 2 == 0 else list(reversed(sides))
-            for layout in LAYOUTS:
+            for layout in layouts:
                 for side, binary in order:
                     serial += 1
                     ckpt = os.path.join(d, f"ckpt-{serial}")
                     ranks = learner_layouts.run_layout(layout, model_dir, args.cores, 1, d, serial, SHAPE,
-                                                       binary=binary, save=ckpt)
+                                                       binary=binary, save=ckpt,
+                                                       extra=["--load"] if args.load else [])
                     results[(layout[0], side)].append(ranks)
                     print(json.dumps(dict(layout=layout[0], side=side, repeat=rep, ranks=ranks)), file=sys.stderr)
     rows = []
-    for layout in LAYOUTS:
+    what = "load" if args.load else "save"
+    for layout in layouts:
         for side, _ in sides:
             runs = results[(layout[0], side)]
             for rank in range(layout[1]):
-                peaks = [r[rank]["save_peak"] for r in runs]
-                secs = [r[rank]["save_seconds"] for r in runs]
+                peaks = [r[rank][what + "_peak"] for r in runs]
+                secs = [r[rank][what + "_seconds"] for r in runs]
                 rows.append(dict(layout=layout[0], side=side, rank=rank, peak=statistics.median(peaks),
                                  peak_min=min(peaks), peak_max=max(peaks), seconds=statistics.median(secs),
                                  state=statistics.median(r[rank]["state"] for r in runs)))
-    print(json.dumps(dict(params=P, largest_unit=U, rows=rows), indent=1))
+    print(json.dumps(dict(params=P, largest_unit=U, measured=what, rows=rows), indent=1))
     if args.markdown:
         print(f"{P / 1e6:.1f}M parameters (4 P = {4 * P / 2**20:.0f} MiB); largest unit {U / 1e6:.1f}M "
               f"(4 U = {4 * U / 2**20:.0f} MiB); {args.cores} cores; {args.repeats} repeats alternated.\n")
-        print("| layout | build | rank | save peak over the RSS before it, MiB: median (min-max) "
-              "| in units of 4 P | save s | state MiB |")
+        print(f"| layout | build | rank | {what} peak over the RSS before it, MiB: median (min-max) "
+              f"| in units of 4 P | {what} s | state MiB |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             print(f"| {r['layout']} | {r['side']} | {r['rank']} | {r['peak']:.0f} ({r['peak_min']:.0f}-"

@@ -75,7 +75,8 @@ def run_layout(layout, model_dir, cores, steps, workdir, serial, shape, binary=B
     """One run of `layout`, a process per rank (`extra`: more flags for each);
     per rank: state/peak MiB, step s, first loss, the critic's elements held,
     and with `save` (a checkpoint path) the save's seconds and its own peak
-    over the resident set before it, MiB."""
+    over the resident set before it, MiB (and the same for the load, with
+    --load in `extra`)."""
     name, world, tp, sp, zero, ep, whole = layout
     store = os.path.join(workdir, f"store-{serial}")
     procs = []
@@ -102,6 +103,10 @@ def run_layout(layout, model_dir, cores, steps, workdir, serial, shape, binary=B
         if save:
             ranks[-1].update(save_seconds=saves[0]["seconds"],
                              save_peak=(saves[0]["peak_rss"] - saves[0]["rss_before"]) / 2**20)
+        loads = [l["load"] for l in lines if "load" in l]  # with --load among `extra`
+        if loads:
+            ranks[-1].update(load_seconds=loads[0]["seconds"],
+                             load_peak=(loads[0]["peak_rss"] - loads[0]["rss_before"]) / 2**20)
     return ranks
 
 

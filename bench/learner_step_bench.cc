@@ -74,6 +74,9 @@ ABSL_FLAG(std::string, stage, "grpo", "The RL stage: grpo, or ppo (with a critic
 ABSL_FLAG(std::string, save, "",
           "After the steps, Save a checkpoint to this path (every rank the same) and report the save's time "
           "and its own peak resident set.");
+ABSL_FLAG(bool, load, false,
+          "With --save: then Load that checkpoint back (every rank) and report the load's time and its own peak "
+          "resident set.");
 ABSL_FLAG(bool, grad_norms, false,
           "After each timed step also print {\"grad_norms\": {name: L2 norm}} of the raw (pre-clip) "
           "parameter gradients, for comparing against the eager side.");
@@ -260,6 +263,23 @@ int Run() {
     }
     std::printf("{\"save\": {\"seconds\": %.6f, \"rss_before\": %.0f, \"peak_rss\": %.0f}}\n", Now() - t0,
                 rss_before_save, bench::PeakRssBytes());
+    if (absl::GetFlag(FLAGS_load)) {
+      // The load's own peak, measured as the save's.
+      ReleaseFreeMemory();
+      if (!bench::ResetPeakRss()) {
+        std::fprintf(stderr, "--load: cannot reset the peak resident set (/proc/self/clear_refs)\n");
+        return 1;
+      }
+      const double rss_before_load = bench::RssBytes();
+      const double t1 = Now();
+      auto loaded = trainer.Load(saved->path());
+      if (!loaded.ok()) {
+        std::fprintf(stderr, "load: %s\n", loaded.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("{\"load\": {\"seconds\": %.6f, \"rss_before\": %.0f, \"peak_rss\": %.0f}}\n", Now() - t1,
+                  rss_before_load, bench::PeakRssBytes());
+    }
   }
   return 0;
 }
