@@ -372,6 +372,32 @@ TEST_CASE("A streamed safetensors file equals the one written at once; its misus
   CHECK(Contains(SafetensorsWriter::Open(bad, {{"__metadata__", torch::kFloat32, {1}}}).status(), "reserved"));
 }
 
+TEST_CASE("ReadFlatRange: a range of a tensor laid flat, in its stored dtype; outside ranges are refused") {
+  testing::TempDir dir;
+  const auto alpha = torch::arange(6, torch::kFloat32).view({2, 3});
+  const auto beta = torch::linspace(-1, 1, 5, torch::kFloat32).to(torch::kBFloat16);
+  const std::string path = dir.File("t.safetensors");
+  REQUIRE(WriteSafetensors(path, {{"alpha", alpha}, {"beta", beta}}).ok());
+  auto f = SafetensorsFile::Open(path);
+  REQUIRE(f.ok());
+  auto mid = (*f)->ReadFlatRange("alpha", 2, 3);  // across the row boundary
+  REQUIRE(mid.ok());
+  CHECK(torch::equal(*mid, alpha.reshape({-1}).narrow(0, 2, 3)));
+  auto tail = (*f)->ReadFlatRange("beta", 3, 2);
+  REQUIRE(tail.ok());
+  CHECK(tail->scalar_type() == torch::kBFloat16);
+  CHECK(torch::equal(*tail, beta.narrow(0, 3, 2)));
+  auto none = (*f)->ReadFlatRange("alpha", 6, 0);
+  REQUIRE(none.ok());
+  CHECK(none->numel() == 0);
+  for (auto [begin, count] : {std::pair<int64_t, int64_t>{5, 2}, {-1, 1}, {0, -1}, {7, 0}}) {
+    auto bad = (*f)->ReadFlatRange("alpha", begin, count);
+    CHECK(bad.status().code() == absl::StatusCode::kOutOfRange);
+    CHECK(bad.status().message().find("alpha") != std::string::npos);
+  }
+  CHECK((*f)->ReadFlatRange("gamma", 0, 1).status().code() == absl::StatusCode::kNotFound);
+}
+
 TEST_CASE("Folder errors: missing tensor and shape mismatch are named") {
   testing::TempDir dir;
   ModelConfig c;

@@ -184,6 +184,24 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Read(const std::string& name) const 
   return t;
 }
 
+absl::StatusOr<at::Tensor> SafetensorsFile::ReadFlatRange(const std::string& name, int64_t begin,
+                                                          int64_t count) const {
+  const SafetensorsEntry* e = Find(name);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": no tensor \"", name, "\""));
+  auto type = SafetensorsDtype(e->dtype);
+  if (!type.ok()) return type.status();
+  int64_t numel = 1;
+  for (int64_t d : e->shape) numel *= d;
+  if (begin < 0 || count < 0 || begin > numel || count > numel - begin) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": elements [", begin, ", ", begin + count, ") of \"", name,
+                                              "\" lie outside its ", numel));
+  }
+  at::Tensor t = at::empty({count}, at::TensorOptions().dtype(*type));
+  const uint64_t size = c10::elementSize(*type);
+  if (count > 0) std::memcpy(t.data_ptr(), map_ + data_start_ + e->begin + begin * size, count * size);
+  return t;
+}
+
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
   return WriteFileAtomically(path, contents);
 }

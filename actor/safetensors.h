@@ -46,6 +46,12 @@ class SafetensorsFile {
   // A CPU tensor holding a copy of the named tensor's bytes, in its stored
   // dtype. NOT_FOUND names the tensor.
   absl::StatusOr<at::Tensor> Read(const std::string& name) const;
+  // Elements [begin, begin + count) of the named tensor laid flat, as a 1-D
+  // CPU tensor in its stored dtype: only those bytes are copied (and paged
+  // in), for a reader that needs a part of a large tensor (a ZeRO-3 rank's
+  // share of a checkpoint's moments). NOT_FOUND names the tensor;
+  // OUT_OF_RANGE when the range does not lie within it.
+  absl::StatusOr<at::Tensor> ReadFlatRange(const std::string& name, int64_t begin, int64_t count) const;
 
  private:
   SafetensorsFile() = default;

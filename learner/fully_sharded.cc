@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -544,6 +545,35 @@ absl::Status FullyShardedModel::LoadMoments(const at::Tensor& exp_avg, const at:
       }
     }
     RLMESH_ASSIGN_OR_RETURN(mine[k], SliceOf(named));
+  }
+  return optimizer_->LoadOptimizerState(at::cat(mine[0]), at::cat(mine[1]), steps);
+}
+
+absl::Status FullyShardedModel::LoadMomentsFrom(const MomentsReader& read, int64_t steps) {
+  if (tp_group_) {
+    return absl::FailedPreconditionError(
+        "LoadMomentsFrom: a tensor-parallel rank's slices are not ranges of the flat layout (use LoadMoments)");
+  }
+  std::vector<at::Tensor> mine[2];
+  // Without TP a unit's parameters lie end to end in the flat layout, and
+  // this rank's shard of the unit is one range of them (the padding past
+  // the unit's end stays zero).
+  int64_t unit_begin = 0;
+  for (const auto& unit : units_) {
+    const int64_t len = unit->padded / size_, lo = rank_ * len, hi = std::min(lo + len, unit->numel);
+    for (int k = 0; k < 2; ++k) {
+      at::Tensor shard = at::zeros({len}, at::kFloat);
+      if (hi > lo) {
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor part, read(k, unit_begin + lo, hi - lo));
+        if (!part.defined() || part.numel() != hi - lo) {
+          return absl::InternalError(absl::StrCat("LoadMomentsFrom: a read of ", hi - lo, " elements gave ",
+                                                  part.defined() ? part.numel() : 0));
+        }
+        shard.narrow(0, 0, hi - lo).copy_(part.reshape({-1}));
+      }
+      mine[k].push_back(std::move(shard));
+    }
+    unit_begin += unit->numel;
   }
   return optimizer_->LoadOptimizerState(at::cat(mine[0]), at::cat(mine[1]), steps);
 }

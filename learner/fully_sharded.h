@@ -189,6 +189,17 @@ class FullyShardedModel {
   // Sets this rank's part of the moments from the whole model's, in the
   // same layout. INVALID_ARGUMENT when the sizes are not full_numel().
   absl::Status LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
+  // The same, reading only this rank's share: `read(k, begin, count)` gives
+  // elements [begin, begin + count) of the whole model's exp_avg (k = 0) or
+  // exp_avg_sq (k = 1) in that layout (learner/moments_layout.h's
+  // OpenMomentsRanges reads them from a checkpoint), so no rank holds the
+  // whole moments. Without tensor parallelism only (a rank's TP slices are
+  // not ranges of the flat layout): FAILED_PRECONDITION otherwise; a read's
+  // error as it is.
+  using MomentsReader = std::function<absl::StatusOr<at::Tensor>(int k, int64_t begin, int64_t count)>;
+  absl::Status LoadMomentsFrom(const MomentsReader& read, int64_t steps);
+  // True when the units hold tensor-parallel slices.
+  bool tensor_parallel() const { return tp_group_ != nullptr; }
 
   // This rank in `group` (its replica) and the group's size.
   int rank() const { return rank_; }

@@ -272,6 +272,41 @@ TEST_CASE("a value-head model at dp=2: values and steps equal one process's, the
   });
 }
 
+TEST_CASE("LoadMomentsFrom reads only this rank's share and equals LoadMoments; refused over TP slices") {
+  const actor::ModelConfig c = SmallConfig("qwen3");
+  OnRanks(2, [&](int, c10::intrusive_ptr<c10d::Backend> g) -> absl::Status {
+    auto a = FullyShardedModel::Create(c, g, Options(true));
+    auto b = FullyShardedModel::Create(c, g, Options(true));
+    if (!a.ok() || !b.ok()) return absl::InternalError("create");
+    at::manual_seed(5);  // the same whole moments on both ranks
+    const at::Tensor m = at::randn({(*a)->full_numel()}), v = at::rand({(*a)->full_numel()});
+    absl::Status s = (*a)->LoadMoments(m, v, 4);
+    if (!s.ok()) return s;
+    int64_t read = 0;
+    s = (*b)->LoadMomentsFrom(
+        [&](int k, int64_t begin, int64_t count) -> absl::StatusOr<at::Tensor> {
+          read += count;
+          return (k == 0 ? m : v).narrow(0, begin, count).clone();
+        },
+        4);
+    if (!s.ok()) return s;
+    if (!torch::equal((*a)->exp_avg(), (*b)->exp_avg()) || !torch::equal((*a)->exp_avg_sq(), (*b)->exp_avg_sq()) ||
+        (*b)->steps() != 4) {
+      return absl::InternalError("LoadMomentsFrom differs from LoadMoments");
+    }
+    // Both moments, about half of each: never the whole.
+    if (read > (*a)->full_numel() + 2 * static_cast<int64_t>((*a)->num_units())) {
+      return absl::InternalError(absl::StrCat(read, " elements read of 2 x ", (*a)->full_numel()));
+    }
+    // The same group as tensor-parallel: the slices are not ranges.
+    auto tp = FullyShardedModel::Create(c, nullptr, Options(true, g));
+    if (!tp.ok()) return tp.status();
+    s = (*tp)->LoadMomentsFrom([](int, int64_t, int64_t) { return at::zeros({0}); }, 1);
+    if (s.code() != absl::StatusCode::kFailedPrecondition) return absl::InternalError("TP: " + s.ToString());
+    return absl::OkStatus();
+  });
+}
+
 TEST_CASE("models and options ZeRO-3 cannot take are refused by name") {
   actor::ModelConfig moe = SmallConfig("llama");
   moe.arch = "qwen3_moe";

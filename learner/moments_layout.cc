@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "actor/safetensors.h"
 #include "common/status_macros.h"
 #include "learner/expert_parallel.h"
@@ -177,6 +178,30 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadWholeMoments(const std::st
     return at::cat(parts);
   };
   return BothMoments(whole, m_name, v_name, dir);
+}
+
+absl::StatusOr<MomentsRangeReader> OpenMomentsRanges(const std::string& dir, const MomentsLayout& layout,
+                                                     const std::string& prefix, const ParameterShapes& shapes) {
+  if (layout.zero1 || layout.ep > 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": the moments are in per-rank files (zero1 or ep > 1), not ranges of one flat tensor"));
+  }
+  const std::string path = dir + "/optimizer.safetensors";
+  RLMESH_ASSIGN_OR_RETURN(std::shared_ptr<actor::SafetensorsFile> file, actor::SafetensorsFile::Open(path));
+  const int64_t total = NumelOf(shapes);
+  const std::string names[2] = {prefix + ".exp_avg", prefix + ".exp_avg_sq"};
+  for (const std::string& name : names) {
+    const actor::SafetensorsEntry* e = file->Find(name);
+    if (e == nullptr) return absl::NotFoundError(absl::StrCat(path, ": no tensor \"", name, "\""));
+    if (e->dtype != "F32" || e->shape.size() != 1 || e->shape[0] != total) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", name, " is ", e->dtype, " of shape [",
+                                                     absl::StrJoin(e->shape, ", "), "], the layout expects F32 [",
+                                                     total, "]"));
+    }
+  }
+  return MomentsRangeReader([file, m = names[0], v = names[1]](int k, int64_t begin, int64_t count) {
+    return file->ReadFlatRange(k == 0 ? m : v, begin, count);
+  });
 }
 
 }  // namespace rlmesh::learner

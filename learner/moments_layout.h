@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,5 +56,17 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ReadWholeMoments(const std::st
                                                                    const MomentsLayout& layout,
                                                                    const std::string& prefix,
                                                                    const ParameterShapes& shapes);
+
+// A whole-layout checkpoint's moments (`optimizer.safetensors`: plain DP,
+// ZeRO-3 and TP without ZeRO-1 write it) read a range at a time, for a rank
+// that keeps only its share of them (a ZeRO-3 rank: 1/dp), so that nothing
+// whole is read: `read(k, begin, count)` gives elements [begin, begin +
+// count) of exp_avg (k = 0) or exp_avg_sq (k = 1) of `<prefix>` in plain
+// DP's flat layout over `shapes`, fp32. FAILED_PRECONDITION for a layout
+// with per-rank files (ZeRO-1, EP: use ReadWholeMoments); INVALID_ARGUMENT
+// naming the file when a tensor is not the layout's size or fp32.
+using MomentsRangeReader = std::function<absl::StatusOr<at::Tensor>(int k, int64_t begin, int64_t count)>;
+absl::StatusOr<MomentsRangeReader> OpenMomentsRanges(const std::string& dir, const MomentsLayout& layout,
+                                                     const std::string& prefix, const ParameterShapes& shapes);
 
 }  // namespace rlmesh::learner

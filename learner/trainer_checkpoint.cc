@@ -397,9 +397,20 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
     const ParameterShapes policy_shapes =
         s.models.PolicySplit() ? s.models.policy_shapes
                                : ShapesOf(s.models.policy, s.opt.kind == StageKind::kRewardModel);
-    RLMESH_ASSIGN_OR_RETURN(auto pm, ReadWholeMoments(dir, saved, "policy", policy_shapes));
-    RLMESH_RETURN_IF_ERROR(PrefixStatus(
-        dir, s.models.LoadPolicyMoments(pm.first, pm.second, ts.optimizer_steps, /*whole=*/true)));
+    // A ZeRO-3 rank without TP reads only its share of a whole-layout file
+    // (ranges of the flat moments); every other pair of layouts rebuilds
+    // the whole moments and keeps its part.
+    auto reads_share = [](const FullyShardedModel* m, const MomentsLayout& layout) {
+      return m != nullptr && !m->tensor_parallel() && !layout.zero1 && layout.ep == 1;
+    };
+    if (reads_share(s.models.sharded.get(), saved)) {
+      RLMESH_ASSIGN_OR_RETURN(auto read, OpenMomentsRanges(dir, saved, "policy", policy_shapes));
+      RLMESH_RETURN_IF_ERROR(PrefixStatus(dir, s.models.sharded->LoadMomentsFrom(read, ts.optimizer_steps)));
+    } else {
+      RLMESH_ASSIGN_OR_RETURN(auto pm, ReadWholeMoments(dir, saved, "policy", policy_shapes));
+      RLMESH_RETURN_IF_ERROR(PrefixStatus(
+          dir, s.models.LoadPolicyMoments(pm.first, pm.second, ts.optimizer_steps, /*whole=*/true)));
+    }
     if (s.models.critic) {
       // PPO's critic is split as the policy is under TP (critic_tp) and
       // ZeRO-3 (rank 0 writes its gathered moments, as plain DP's rank 0
@@ -408,10 +419,16 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
       // read as the one share of one rank.
       const MomentsLayout critic_saved =
           ts.ep > 1 ? MomentsLayout{1, 1, true, 1} : MomentsLayout{ts.world_size, ts.critic_tp, ts.zero1, 1};
-      RLMESH_ASSIGN_OR_RETURN(auto cm,
-                              ReadWholeMoments(dir, critic_saved, "critic", s.models.critic_shapes));
-      RLMESH_RETURN_IF_ERROR(PrefixStatus(
-          dir, s.models.LoadCriticMoments(cm.first, cm.second, ts.critic_optimizer_steps, /*whole=*/true)));
+      if (reads_share(s.models.sharded_critic.get(), critic_saved)) {
+        RLMESH_ASSIGN_OR_RETURN(auto read, OpenMomentsRanges(dir, critic_saved, "critic", s.models.critic_shapes));
+        RLMESH_RETURN_IF_ERROR(
+            PrefixStatus(dir, s.models.sharded_critic->LoadMomentsFrom(read, ts.critic_optimizer_steps)));
+      } else {
+        RLMESH_ASSIGN_OR_RETURN(auto cm,
+                                ReadWholeMoments(dir, critic_saved, "critic", s.models.critic_shapes));
+        RLMESH_RETURN_IF_ERROR(PrefixStatus(
+            dir, s.models.LoadCriticMoments(cm.first, cm.second, ts.critic_optimizer_steps, /*whole=*/true)));
+      }
     }
     return absl::OkStatus();
   }));
