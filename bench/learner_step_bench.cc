@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -132,6 +133,28 @@ void ReleaseFreeMemory() {
   if (auto release = reinterpret_cast<void (*)()>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
     release();
   }
+}
+
+// Runs `op` (a save or a load) and prints {"<what>": {"seconds", "rss_before",
+// "peak_rss"}}: its own peak, from the resident set just before it (the
+// memory freed so far given back first). False, with the error printed,
+// when the peak cannot be reset or `op` fails.
+bool MeasureOwnPeak(const char* what, const std::function<absl::Status()>& op) {
+  ReleaseFreeMemory();
+  if (!bench::ResetPeakRss()) {
+    std::fprintf(stderr, "--%s: cannot reset the peak resident set (/proc/self/clear_refs)\n", what);
+    return false;
+  }
+  const double rss_before = bench::RssBytes();
+  const double t0 = Now();
+  const absl::Status s = op();
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    return false;
+  }
+  std::printf("{\"%s\": {\"seconds\": %.6f, \"rss_before\": %.0f, \"peak_rss\": %.0f}}\n", what, Now() - t0,
+              rss_before, bench::PeakRssBytes());
+  return true;
 }
 
 int Run() {
@@ -247,39 +270,15 @@ int Run() {
               rss_before, rss_configured, bench::PeakRssBytes(), static_cast<long long>(params),
               static_cast<long long>(trainer.CriticElementsHeld()));
   if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty()) {
-    // The save's own peak: from the resident set just before it (what the
-    // steps left behind given back first).
-    ReleaseFreeMemory();
-    if (!bench::ResetPeakRss()) {
-      std::fprintf(stderr, "--save: cannot reset the peak resident set (/proc/self/clear_refs)\n");
+    std::string saved;
+    if (!MeasureOwnPeak("save", [&]() -> absl::Status {
+          auto r = trainer.Save(save);
+          if (r.ok()) saved = r->path();
+          return r.status();
+        })) {
       return 1;
     }
-    const double rss_before_save = bench::RssBytes();
-    const double t0 = Now();
-    auto saved = trainer.Save(save);
-    if (!saved.ok()) {
-      std::fprintf(stderr, "save: %s\n", saved.status().ToString().c_str());
-      return 1;
-    }
-    std::printf("{\"save\": {\"seconds\": %.6f, \"rss_before\": %.0f, \"peak_rss\": %.0f}}\n", Now() - t0,
-                rss_before_save, bench::PeakRssBytes());
-    if (absl::GetFlag(FLAGS_load)) {
-      // The load's own peak, measured as the save's.
-      ReleaseFreeMemory();
-      if (!bench::ResetPeakRss()) {
-        std::fprintf(stderr, "--load: cannot reset the peak resident set (/proc/self/clear_refs)\n");
-        return 1;
-      }
-      const double rss_before_load = bench::RssBytes();
-      const double t1 = Now();
-      auto loaded = trainer.Load(saved->path());
-      if (!loaded.ok()) {
-        std::fprintf(stderr, "load: %s\n", loaded.status().ToString().c_str());
-        return 1;
-      }
-      std::printf("{\"load\": {\"seconds\": %.6f, \"rss_before\": %.0f, \"peak_rss\": %.0f}}\n", Now() - t1,
-                  rss_before_load, bench::PeakRssBytes());
-    }
+    if (absl::GetFlag(FLAGS_load) && !MeasureOwnPeak("load", [&] { return trainer.Load(saved).status(); })) return 1;
   }
   return 0;
 }
