@@ -711,7 +711,8 @@ absl::Status FullyShardedModel::VisitGathered(
       const int64_t n = c10::multiply_integers(unit->shapes[i]);
       at::Tensor whole = full.narrow(0, unit->offsets[i], n).view(unit->shapes[i]);
       if (tp_group_) {
-        RLMESH_RETURN_IF_ERROR(dist::Collective("tensor-parallel gather", [&] { whole = WholeOf(unit->names[i], whole); }));
+        RLMESH_RETURN_IF_ERROR(
+            dist::Collective("tensor-parallel gather", [&] { whole = WholeOf(unit->names[i], whole); }));
       }
       if (first.ok()) first = visit(unit->names[i], whole);
     }

@@ -10,8 +10,10 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -178,6 +180,13 @@ inline Named ValueReference(const actor::ModelConfig& c, const Named& init, cons
 
 // The largest difference, or -1 when the names or shapes differ (for rank
 // threads, which must not call Catch2's REQUIRE).
+// max |a - b| over the elements; +infinity when any is NaN, which
+// std::max (and so a running maximum) would silently drop.
+inline double AbsDiffMax(const at::Tensor& a, const at::Tensor& b) {
+  const double d = (a - b).abs().max().item<double>();
+  return std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+}
+
 inline double MaxAbsDiffOrMinusOne(const Named& a, const Named& b) {
   std::map<std::string, at::Tensor> bm(b.begin(), b.end());
   if (a.size() != b.size()) return -1;
@@ -185,7 +194,7 @@ inline double MaxAbsDiffOrMinusOne(const Named& a, const Named& b) {
   for (const auto& [name, t] : a) {
     auto it = bm.find(name);
     if (it == bm.end() || it->second.sizes() != t.sizes()) return -1;
-    worst = std::max(worst, (t - it->second).abs().max().item<double>());
+    worst = std::max(worst, AbsDiffMax(t, it->second));
   }
   return worst;
 }
@@ -196,7 +205,7 @@ inline double MaxAbsDiff(const Named& a, const Named& b) {
   for (const auto& [name, t] : a) {
     REQUIRE(bm.count(name) == 1);
     REQUIRE(bm[name].sizes() == t.sizes());
-    worst = std::max(worst, (t - bm[name]).abs().max().item<double>());
+    worst = std::max(worst, AbsDiffMax(t, bm[name]));
   }
   REQUIRE(a.size() == b.size());
   return worst;

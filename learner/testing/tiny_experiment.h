@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -94,6 +95,13 @@ inline std::function<absl::Status(int, Trainer&)> SaveKeepingRank0Path(std::stri
   };
 }
 
+// max |a - b| over the elements; +infinity when any is NaN, which
+// std::max (and so a running maximum) would silently drop.
+inline double AbsDiffMax(const at::Tensor& a, const at::Tensor& b) {
+  const double d = (a - b).abs().max().item<double>();
+  return std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+}
+
 // The largest difference between two trainers' policy weights (rank 0's
 // under TP, ZeRO-3 and EP, where only it holds them whole); infinity when
 // their parameters differ in number or names.
@@ -103,7 +111,7 @@ inline double MaxAbsDiff(Trainer& a, Trainer& b) {
   double m = 0;
   for (size_t i = 0; i < pa.size(); ++i) {
     if (pa[i].first != pb[i].first) return std::numeric_limits<double>::infinity();
-    m = std::max(m, (pa[i].second - pb[i].second).abs().max().item<double>());
+    m = std::max(m, AbsDiffMax(pa[i].second, pb[i].second));
   }
   return m;
 }
@@ -129,7 +137,7 @@ inline double MaxAbsDiffOfFolders(const std::string& a, const std::string& b, co
   for (const auto& entry : (*fa)->entries()) {
     auto ta = (*fa)->Read(entry.name), tb = (*fb)->Read(entry.name);
     if (!ta.ok() || !tb.ok() || ta->sizes() != tb->sizes()) return kInf;
-    m = std::max(m, (*ta - *tb).abs().max().item<double>());
+    m = std::max(m, AbsDiffMax(*ta, *tb));
   }
   return m;
 }
