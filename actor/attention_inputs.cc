@@ -35,9 +35,17 @@ at::Tensor AttentionMask4d(const at::Tensor& attention_mask, int64_t T, c10::Dev
     return causal.logical_and(keys.logical_or(eye));
   }
   auto seg = attention_mask.to(device, at::kLong);
-  auto same = seg.view({-1, 1, T, 1}).eq(seg.view({-1, 1, 1, T}));
-  auto keys = seg.view({-1, 1, 1, T}).gt(0);
-  return causal.logical_and(same.logical_and(keys).logical_or(eye));
+  auto query = seg.view({-1, 1, T, 1}), key = seg.view({-1, 1, 1, T});
+  auto seen = query.eq(key);
+  if (seg.numel() > 0 && seg.max().item<int64_t>() >= kSharedPrefixStride) {
+    // A shared prefix's keys (a multiple of the stride) are seen by the
+    // continuations of the same g.
+    auto is_prefix = key.remainder(kSharedPrefixStride).eq(0);
+    auto same_group = query.div(kSharedPrefixStride, "floor").eq(key.div(kSharedPrefixStride, "floor"));
+    seen = seen.logical_or(is_prefix.logical_and(same_group));
+  }
+  auto keys = key.gt(0);
+  return causal.logical_and(seen.logical_and(keys).logical_or(eye));
 }
 
 }  // namespace rlmesh::actor

@@ -22,12 +22,20 @@ namespace rlmesh::actor {
 std::pair<at::Tensor, at::Tensor> RopeCosSin(const ModelConfig& config, const RopeFrequencies& base,
                                              const at::Tensor& positions, c10::ScalarType dtype);
 
+// Segment ids of a shared prefix and its continuations (learner/batching.h
+// PrefixSharing): the prefix is g * kSharedPrefixStride (g >= 1), each
+// continuation g * kSharedPrefixStride + m (m >= 1), and a continuation's
+// queries also see its prefix's keys. Ids below the stride are plain
+// segments.
+inline constexpr int64_t kSharedPrefixStride = int64_t{1} << 32;
+
 // The bool mask [B,1,T,T] (true = may attend) for scaled_dot_product_attention
 // from a [B,T] `attention_mask`: float or bool (1 = real token; padding keys
 // hidden) or integer segment ids (packing: a query sees earlier keys of its
-// own segment, 0 = padding). Causal either way, and every query sees itself
-// (a padded query's output is garbage the caller ignores, never NaN).
-// Undefined `attention_mask` gives an undefined mask (plain causal).
+// own segment and, with kSharedPrefixStride, of its shared prefix; 0 =
+// padding). Causal either way, and every query sees itself (a padded
+// query's output is garbage the caller ignores, never NaN). Undefined
+// `attention_mask` gives an undefined mask (plain causal).
 at::Tensor AttentionMask4d(const at::Tensor& attention_mask, int64_t T, c10::Device device);
 
 }  // namespace rlmesh::actor

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
+
+#include "actor/attention_inputs.h"
 
 namespace rlmesh::learner {
 
@@ -111,39 +114,166 @@ Batch MakeRowsBatch(const std::vector<std::vector<const Seq*>>& rows, std::vecto
   return b;
 }
 
-PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, int64_t row_len) {
-  std::vector<int64_t> order;
-  for (int64_t i = begin; i < end; ++i) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return seqs[x].ids.size() > seqs[y].ids.size(); });
-  std::vector<std::vector<const Seq*>> rows;
+double PairCost(const actor::ModelConfig& c) {
+  const double per_layer = static_cast<double>(c.hidden_size) * (2 * c.num_heads + 2 * c.num_kv_heads) * c.HeadDim() +
+                           3.0 * static_cast<double>(c.hidden_size) * c.intermediate_size;
+  const double per_token = 2.0 * (c.num_layers * per_layer + static_cast<double>(c.hidden_size) * c.vocab_size);
+  return per_token > 0 ? 4.0 * c.num_layers * c.num_heads * c.HeadDim() / per_token : 0.0;
+}
+
+namespace {
+
+// What PackSeqs places in a row: one sequence (prefix = 0), or a group's
+// shared first `prefix` tokens followed by each member's tokens from there.
+struct PackUnit {
+  int64_t prefix = 0;
+  std::vector<int64_t> members;  // indices into seqs
+  int64_t length = 0;            // slots in a row
+};
+
+// How many first tokens the members of one group can share: p such that
+// their first p + 1 ids are equal and no position before p is in the loss.
+int64_t SharedPrefix(const std::vector<Seq>& seqs, const std::vector<int64_t>& members) {
+  const Seq& first = seqs[members[0]];
+  int64_t common = first.ids.size();
+  for (int64_t i : members) {
+    const Seq& s = seqs[i];
+    int64_t c = 0;
+    const int64_t n = std::min<int64_t>(common, s.ids.size());
+    while (c < n && s.ids[c] == first.ids[c]) ++c;
+    common = c;
+    int64_t loss = 0;
+    while (loss < static_cast<int64_t>(s.mask.size()) && s.mask[loss] == 0.0f) ++loss;
+    common = std::min(common, loss + 1);
+  }
+  return std::max<int64_t>(0, common - 1);
+}
+
+std::vector<PackUnit> PackUnits(const std::vector<Seq>& seqs, int64_t begin, int64_t end,
+                                const PrefixSharing& sharing) {
+  std::vector<PackUnit> units;
+  std::vector<bool> placed(end - begin, false);
+  if (sharing.groups != nullptr) {
+    std::map<int64_t, std::vector<int64_t>> by_group;
+    for (int64_t i = begin; i < end; ++i) by_group[(*sharing.groups)[i]].push_back(i);
+    for (auto& [group, members] : by_group) {
+      if (members.size() < 2) continue;
+      const int64_t p = SharedPrefix(seqs, members);
+      if (p == 0) continue;
+      PackUnit u;
+      u.prefix = p;
+      u.length = p;
+      double alone = 0;
+      for (int64_t i : members) {
+        const double L = seqs[i].ids.size();
+        alone += L + sharing.pair_cost * L * L;
+        u.length += static_cast<int64_t>(seqs[i].ids.size()) - p;
+      }
+      const double U = u.length;
+      if (U + sharing.pair_cost * U * U >= alone) continue;
+      for (int64_t i : members) placed[i - begin] = true;
+      u.members = std::move(members);
+      units.push_back(std::move(u));
+    }
+  }
+  for (int64_t i = begin; i < end; ++i) {
+    if (placed[i - begin]) continue;
+    PackUnit u;
+    u.members = {i};
+    u.length = seqs[i].ids.size();
+    units.push_back(std::move(u));
+  }
+  // Longest first; ties keep the first member's order.
+  std::stable_sort(units.begin(), units.end(), [](const PackUnit& x, const PackUnit& y) {
+    return x.length != y.length ? x.length > y.length : x.members[0] < y.members[0];
+  });
+  return units;
+}
+
+}  // namespace
+
+PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, int64_t row_len,
+                    const PrefixSharing& sharing) {
+  std::vector<PackUnit> units = PackUnits(seqs, begin, end, sharing);
+  int64_t W = row_len;
+  for (const PackUnit& u : units) W = std::max(W, u.length);
+  // First fit: rows[r] = its units in order.
+  std::vector<std::vector<const PackUnit*>> rows;
   std::vector<int64_t> used;
-  // Where each sequence went: row and offset.
-  std::vector<std::pair<int64_t, int64_t>> place(end - begin);
-  for (int64_t i : order) {
-    const int64_t L = seqs[i].ids.size();
+  for (const PackUnit& u : units) {
     size_t r = 0;
-    while (r < rows.size() && used[r] + L > row_len) ++r;
+    while (r < rows.size() && used[r] + u.length > W) ++r;
     if (r == rows.size()) {
       rows.emplace_back();
       used.push_back(0);
     }
-    place[i - begin] = {static_cast<int64_t>(r), used[r]};
-    rows[r].push_back(&seqs[i]);
-    used[r] += L;
+    rows[r].push_back(&u);
+    used[r] += u.length;
   }
   PackedRows p;
-  std::vector<int64_t> row_lengths;
-  p.batch = MakeRowsBatch(rows, &row_lengths);
   p.seqs = end - begin;
   p.row_len = row_len;
-  const int64_t W = p.batch.input_ids.size(1), zero_slot = static_cast<int64_t>(rows.size()) * W;
-  p.gather = at::full({p.seqs * row_len}, zero_slot, at::kLong);
+  const int64_t R = rows.size();
+  W = 1;
+  for (int64_t u : used) W = std::max(W, u);
+  Batch& b = p.batch;
+  b.input_ids = at::zeros({R, W}, at::kLong);
+  b.positions = at::zeros({R, W}, at::kLong);
+  b.targets = at::full({R, W}, -1, at::kLong);
+  b.mask = at::zeros({R, W}, at::kFloat);
+  b.segments = at::zeros({R, W}, at::kLong);
+  auto ids = b.input_ids.accessor<int64_t, 2>();
+  auto pos = b.positions.accessor<int64_t, 2>();
+  auto tg = b.targets.accessor<int64_t, 2>();
+  auto m = b.mask.accessor<float, 2>();
+  auto seg = b.segments.accessor<int64_t, 2>();
+  p.gather = at::full({p.seqs * row_len}, R * W, at::kLong);
   auto g = p.gather.accessor<int64_t, 1>();
-  for (int64_t i = 0; i < p.seqs; ++i) {
-    const auto [r, offset] = place[i];
-    const int64_t L = seqs[begin + i].ids.size();
-    for (int64_t t = 0; t < L; ++t) g[i * row_len + t] = r * W + offset + t;
+  // Tokens [from, to) of `s` at slots [at, ...) of row r, segment `id`;
+  // returns the next free slot.
+  auto place = [&](const Seq& s, int64_t from, int64_t to, int64_t r, int64_t at, int64_t id) {
+    const int64_t L = s.ids.size();
+    for (int64_t t = from; t < to; ++t) {
+      const int64_t x = at + t - from;
+      ids[r][x] = s.ids[t];
+      pos[r][x] = t;
+      seg[r][x] = id;
+      if (t + 1 < L) tg[r][x] = s.ids[t + 1];
+      if (t < static_cast<int64_t>(s.mask.size())) m[r][x] = s.mask[t];
+    }
+    b.tokens += to - from;
+    return at + to - from;
+  };
+  // Positions [from, L) of sequence i (of [begin, end)) sit at slots
+  // [at, ...) of row r.
+  auto gather_from = [&](int64_t i, int64_t from, int64_t L, int64_t r, int64_t at) {
+    for (int64_t t = from; t < L; ++t) g[i * row_len + t] = r * W + at + t - from;
+  };
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t at = 0, k = 0;
+    for (const PackUnit* u : rows[r]) {
+      ++k;
+      if (u->prefix == 0) {
+        const Seq& s = seqs[u->members[0]];
+        gather_from(u->members[0] - begin, 0, s.ids.size(), r, at);
+        at = place(s, 0, s.ids.size(), r, at, k);
+        continue;
+      }
+      // The prefix once, then each member from token `prefix` on. The
+      // prefix's last position predicts token `prefix`, equal in every
+      // member, so its outputs are every member's.
+      const int64_t base = k * actor::kSharedPrefixStride, prefix_at = at;
+      at = place(seqs[u->members[0]], 0, u->prefix, r, at, base);
+      for (size_t j = 0; j < u->members.size(); ++j) {
+        const Seq& s = seqs[u->members[j]];
+        const int64_t i = u->members[j] - begin;
+        gather_from(i, 0, u->prefix, r, prefix_at);
+        gather_from(i, u->prefix, s.ids.size(), r, at);
+        at = place(s, u->prefix, s.ids.size(), r, at, base + 1 + static_cast<int64_t>(j));
+      }
+      p.shared_seqs += static_cast<int64_t>(u->members.size());
+      p.shared_tokens_saved += u->prefix * (static_cast<int64_t>(u->members.size()) - 1);
+    }
   }
   return p;
 }

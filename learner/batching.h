@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "actor/model_config.h"
 #include "learner/losses.h"
 #include "proto/learner.pb.h"
 
@@ -30,7 +31,8 @@ struct Seq {
 struct Batch {
   at::Tensor input_ids, positions, targets, mask, behaviour;
   // Packed batches only: segment id per position (1, 2, ... per sequence in
-  // the row; 0 = padding), the attention mask that keeps them apart.
+  // the row; 0 = padding; shared prefixes as attention_inputs.h says), the
+  // attention mask that keeps them apart.
   at::Tensor segments;
   int64_t tokens = 0;  // real tokens (sum of lengths)
 };
@@ -52,22 +54,50 @@ Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector
 // MakePackedBatch lays them out. `row_lengths` gets each row's length.
 Batch MakeRowsBatch(const std::vector<std::vector<const Seq*>>& rows, std::vector<int64_t>* row_lengths);
 
+// Shared prompts in RL packing. A GRPO group's samples start with the same
+// prompt, and the tokens before a response do not depend on it (attention is
+// causal), so the group's prompt can run once: a prefix segment that each
+// sample's own segment also attends to (actor/attention_inputs.h
+// kSharedPrefixStride). A group shares when its samples' first p + 1 tokens
+// are equal and none of the first p positions is in the loss; each sample's
+// segment then starts at token p (its first predicted token comes from
+// there). It does when that lowers the estimated cost of the group's
+// forward: tokens through the linear layers plus `pair_cost` per
+// query-key pair of attention (the mask makes every pair of a row cost).
+struct PrefixSharing {
+  // Per sequence of `seqs` (same index): its group. Null = no sharing.
+  const std::vector<int64_t>* groups = nullptr;
+  // One attention query-key pair's FLOPs over one token's through the
+  // linear layers (PairCost).
+  double pair_cost = 0;
+};
+
+// PrefixSharing::pair_cost for a dense decoder: 4 * heads * head_dim per
+// pair per layer, against 2 * (the layer's projections) per token per layer
+// plus the output head's 2 * hidden * vocab.
+double PairCost(const actor::ModelConfig& config);
+
 // RL packing of one micro-batch: sequences [begin, end) of `seqs`, longest
-// first, first-fit into rows of at most `row_len` tokens (REQUIRES: row_len
-// >= each of their lengths), each its own segment as MakeRowsBatch lays
-// them out. Unpack maps a per-token output of the packed rows ([R, W]) to
-// the padded layout MakeBatch gives those sequences ([end - begin, row_len],
-// zeros past each sequence's end) with one index_select, so gradients flow
+// first, first-fit into rows of at most max(row_len, the longest shared
+// group) tokens (REQUIRES: row_len >= each of their lengths), each its own
+// segment as MakeRowsBatch lays them out, or a shared group's prefix and
+// samples (PrefixSharing). Unpack maps a per-token output of the packed rows
+// ([R, W]) to the padded layout MakeBatch gives those sequences ([end -
+// begin, row_len], zeros past each sequence's end; a shared prefix's outputs
+// copied to each of its samples) with one index_select, so gradients flow
 // back through it.
 struct PackedRows {
   Batch batch;
   int64_t seqs = 0, row_len = 0;
+  // Sequences whose prefix is shared, and the tokens sharing saved.
+  int64_t shared_seqs = 0, shared_tokens_saved = 0;
   // [seqs * row_len]: flat index into the packed output with a zero slot
   // appended (R * W = padding).
   at::Tensor gather;
   at::Tensor Unpack(const at::Tensor& packed) const;
 };
-PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, int64_t row_len);
+PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, int64_t row_len,
+                    const PrefixSharing& sharing = {});
 
 // One row per sequence, padded to the longest; `with_behaviour` fills
 // Batch::behaviour from Seq::behaviour.

@@ -22,6 +22,9 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, pack_rl, "auto",
           "RL steps' micro-batch layout: auto (packed when that removes a quarter of the padded slots), "
           "on (always packed) or off (one padded row per sequence). The same step up to summation order.");
+ABSL_FLAG(bool, share_prompts, true,
+          "Packed RL steps: a group's samples run their common prompt once, as a prefix their tokens attend "
+          "to, where that lowers the estimated FLOPs. The same step up to summation order.");
 
 int main(int argc, char** argv) {
   rlmesh::InitServerProcess(argc, argv, "learner", "learner --port=0 --port_file=PATH [--threads=N]");
@@ -52,6 +55,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "learner: --pack_rl: auto, on or off, not '%s'\n", pack.c_str());
     return 2;
   }
+  trainer_options.share_prompts = absl::GetFlag(FLAGS_share_prompts);
   absl::Status valid = trainer_options.Validate();
   if (!valid.ok()) {
     std::fprintf(stderr, "learner: --%s\n", std::string(valid.message()).c_str());

@@ -203,11 +203,12 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
         s.opt.learner.micro_tokens);
     m["rows_sorted"] = members.empty() ? 0.0 : 1.0;
     std::vector<Seq> seqs;
-    std::vector<int64_t> lengths;
+    std::vector<int64_t> lengths, row_groups;
     std::vector<std::vector<int32_t>> routes;
     for (Row& r : rows) {
       seqs.push_back(r.seq);
       lengths.push_back(r.seq.ids.size());
+      row_groups.push_back(r.group);
       routes.push_back(std::move(r.routes));
     }
     // MoE policies: every policy forward records the router logits (the
@@ -229,13 +230,20 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     m["tokens"] = static_cast<double>(b.tokens);
 
     // Packed micro-batches (TrainerOptions.pack_rl), built once per [a, e)
-    // and used by every policy-side forward of it; null = rows.
+    // and used by every policy-side forward of it; null = rows. A group's
+    // samples share their prompt's forward where that is cheaper
+    // (TrainerOptions.share_prompts).
     std::map<std::pair<int64_t, int64_t>, std::optional<PackedRows>> packed;
+    PrefixSharing sharing;
+    if (options_.share_prompts) {
+      sharing.groups = &row_groups;
+      sharing.pair_cost = PairCost(s.models.policy->config());
+    }
     auto packing = [&](int64_t a, int64_t e, int64_t T) -> const PackedRows* {
       if (moe || options_.pack_rl == TrainerOptions::RlPacking::kOff) return nullptr;
       auto [it, fresh] = packed.try_emplace({a, e});
       if (fresh) {
-        PackedRows p = PackSeqs(seqs, a, e, T);
+        PackedRows p = PackSeqs(seqs, a, e, T, sharing);
         const int64_t packed_slots = p.batch.input_ids.numel(), row_slots = (e - a) * T;
         if (options_.pack_rl == TrainerOptions::RlPacking::kOn || packed_slots * 4 <= row_slots * 3) {
           it->second = std::move(p);
@@ -274,18 +282,25 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     // Padding: the share of the micro-batches' [rows, T] slots that are not
     // tokens of a row.
     double slots = 0, real = 0;
-    int64_t packed_micro = 0, micro_count = 0;
+    int64_t packed_micro = 0, micro_count = 0, shared_rows = 0;
     for (const auto& micro : minis) {
       for (auto [a, e] : micro) {
         const PackedRows* p = packing(a, e, longest(a, e));
         slots += p != nullptr ? static_cast<double>(p->batch.input_ids.numel())
                               : static_cast<double>(e - a) * longest(a, e);
+        if (p != nullptr) {
+          real += static_cast<double>(p->batch.tokens);
+          shared_rows += p->shared_seqs;
+        } else {
+          for (int64_t r = a; r < e; ++r) real += lengths[r];
+        }
         packed_micro += p != nullptr ? 1 : 0;
         ++micro_count;
       }
     }
-    for (int64_t l : lengths) real += l;
     m["pad_frac"] = slots > 0 ? 1.0 - real / slots : 0.0;
+    // Share of the rows whose prompt ran once for their group.
+    m["shared_prompt_frac"] = B > 0 ? static_cast<double>(shared_rows) / B : 0.0;
     // Share of micro-batches whose policy forward ran packed.
     m["packed_frac"] = micro_count ? static_cast<double>(packed_micro) / micro_count : 0.0;
 

@@ -99,6 +99,12 @@ struct TrainerOptions {
   // out by row). Default kAuto.
   enum class RlPacking { kAuto, kOff, kOn };
   RlPacking pack_rl = RlPacking::kAuto;
+  // Packed RL micro-batches: a group's samples run their common prompt once,
+  // as a prefix each sample's tokens attend to (batching.h PrefixSharing),
+  // where the estimated FLOPs (linear layers plus attention pairs) drop.
+  // The log-probs are the same up to floating-point summation order. Default
+  // true.
+  bool share_prompts = true;
   // Folders this shard may write into (common/path_root.h): the request's
   // checkpoint_dir, a Save path and a reward model's output must lie
   // inside one, else PERMISSION_DENIED naming the field. The launchers pass

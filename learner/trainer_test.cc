@@ -1615,6 +1615,67 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
     CHECK(pos[2][1].item<float>() == 1.0f);
     CHECK(pos[3][3].item<float>() == 3.0f);
   }
+  SECTION("a group's common prompt runs once, and each sample's log-probs are the padded row's") {
+    // Group 7: prompt {5, 6, 7} and three responses; the loss starts at
+    // position 2 (predicting the first response token), so positions 0-1
+    // run once and each sample continues from token 2. Group 8 has one
+    // sample; group 9's samples have the loss from position 0, so nothing
+    // of theirs is shared.
+    std::vector<Seq> seqs = {{{5, 6, 7, 11, 12}}, {{9, 8, 3}}, {{5, 6, 7, 21}}, {{5, 6, 1}},
+                             {{5, 6, 7, 31, 32, 33}}, {{5, 6, 2}}};
+    const std::vector<int64_t> groups = {7, 8, 7, 9, 7, 9};
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t first_loss = groups[i] == 9 ? 0 : 2;
+      seqs[i].mask.assign(seqs[i].ids.size(), 0.0f);
+      for (size_t t = first_loss; t + 1 < seqs[i].ids.size(); ++t) seqs[i].mask[t] = 1.0f;
+    }
+    PrefixSharing sharing;
+    sharing.groups = &groups;
+    PackedRows p = PackSeqs(seqs, 0, 6, 6, sharing);
+    CHECK(p.shared_seqs == 3);
+    CHECK(p.shared_tokens_saved == 4);
+    // Group 7 in 2 + 3 + 2 + 4 = 11 slots; the others' 3 + 3 + 3 in rows of 11.
+    CHECK(p.batch.tokens == 20);
+    CHECK(p.batch.input_ids.size(1) == 11);
+    // Unpacked, every sample has its own ids, positions and targets back.
+    at::Tensor ids = p.Unpack(p.batch.input_ids.to(at::kFloat));
+    at::Tensor pos = p.Unpack(p.batch.positions.to(at::kFloat));
+    at::Tensor tg = p.Unpack(p.batch.targets.to(at::kFloat));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t L = seqs[i].ids.size();
+      for (int64_t t = 0; t < L; ++t) {
+        INFO(i << "," << t);
+        CHECK(ids[i][t].item<float>() == seqs[i].ids[t]);
+        CHECK(pos[i][t].item<float>() == t);
+        CHECK(tg[i][t].item<float>() == (t + 1 < L ? seqs[i].ids[t + 1] : -1.0f));
+      }
+    }
+    // And the same log-probs from a model: the samples see the prompt once
+    // run, not each other.
+    actor::ModelConfig c;
+    c.vocab_size = 40;
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.max_positions = 16;
+    torch::manual_seed(3);
+    actor::Transformer model(c);
+    torch::NoGradGuard no_grad;
+    Batch rows = MakeBatch(seqs, false);
+    auto padded = actor::TokenLogProbs(model, rows.input_ids, rows.positions, rows.targets, 64);
+    auto packed = actor::TokenLogProbs(model, p.batch.input_ids, p.batch.positions, p.batch.targets, 64, 1.0,
+                                       p.batch.segments);
+    REQUIRE(padded.ok());
+    REQUIRE(packed.ok());
+    at::Tensor unpacked = p.Unpack(packed->logprobs);
+    at::Tensor real = rows.targets.ge(0);
+    CHECK(testing::AbsDiffMax(unpacked.masked_select(real), padded->logprobs.masked_select(real)) < 1e-6);
+    // A quadratic attention cost above the tokens saved keeps the rows apart.
+    sharing.pair_cost = 1.0;
+    CHECK(PackSeqs(seqs, 0, 6, 6, sharing).shared_seqs == 0);
+  }
   SECTION("packed and padded steps agree (fp32 summation order), with a KL reference and two mini-batches") {
     actor::ConfigureThreads(2);
     ExperimentConfig e = Tiny(27);
@@ -1630,13 +1691,18 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
         rl->mutable_kl()->set_coef(0.1);
       }
       INFO("variant " << variant);
-      TrainerOptions packed_opt, rows_opt;
+      // packed: each group's prompt runs once (share_prompts); unshared:
+      // every sample's own segment.
+      TrainerOptions packed_opt, rows_opt, unshared_opt;
       packed_opt.pack_rl = TrainerOptions::RlPacking::kOn;
       rows_opt.pack_rl = TrainerOptions::RlPacking::kOff;
-      Trainer packed(packed_opt), rows(rows_opt), automatic;
+      unshared_opt.pack_rl = TrainerOptions::RlPacking::kOn;
+      unshared_opt.share_prompts = false;
+      Trainer packed(packed_opt), rows(rows_opt), automatic, unshared(unshared_opt);
       REQUIRE(packed.Configure(Request(k)).ok());
       REQUIRE(rows.Configure(Request(k)).ok());
       REQUIRE(automatic.Configure(Request(k)).ok());
+      REQUIRE(unshared.Configure(Request(k)).ok());
       for (int step = 0; step < 3; ++step) {
         const auto [mp, mr] = StepBoth(packed, rows, groups, step);
         TrainStepRequest req;
@@ -1644,8 +1710,14 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
         *req.mutable_groups() = groups;
         auto ma = automatic.TrainStep(req);
         REQUIRE(ma.ok());
+        auto mu = unshared.TrainStep(req);
+        REQUIRE(mu.ok());
         CHECK(mp.at("packed_frac") == 1.0);
         CHECK(mr.at("packed_frac") == 0.0);
+        CHECK(mp.at("shared_prompt_frac") == 1.0);
+        CHECK(mu->metrics().values().at("packed_frac") == 1.0);
+        CHECK(mu->metrics().values().at("shared_prompt_frac") == 0.0);
+        CHECK(mu->metrics().values().at("loss") == Approx(mr.at("loss")).margin(step == 0 ? 1e-6 : 1e-4));
         CHECK(ma->metrics().values().at("packed_frac") == 1.0);  // most slots were padding: auto packs
         CHECK(mp.at("pad_frac") < mr.at("pad_frac") / 2);
         CHECK(mr.at("old_logprobs_recomputed") == (variant == 1 ? 1.0 : 0.0));
@@ -1664,6 +1736,7 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
       // into visible ones; a token given another sequence's log-prob (or
       // position) moves them by far more.
       CHECK(MaxAbsDiff(packed, rows) < 1e-4);
+      CHECK(MaxAbsDiff(unshared, rows) < 1e-4);
       CHECK(BitEqual(packed, automatic));
     }
   }
@@ -1672,6 +1745,10 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
     ExperimentConfig e = Tiny(28);
     *e.add_stages() = GrpoStageOf(2, 1e-2);
     GroupList groups = FourGroups(e, {false, false, false, false});
+    // No two samples start alike, so no prompt is shared either.
+    for (auto& g : *groups.mutable_groups()) {
+      for (int i = 0; i < g.samples_size(); ++i) g.mutable_samples(i)->set_prompt_token_ids(0, i + 1);
+    }
     TrainerOptions rows_opt;
     rows_opt.pack_rl = TrainerOptions::RlPacking::kOff;
     Trainer automatic, rows(rows_opt);
@@ -1682,6 +1759,7 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
       INFO("pad_frac " << mr.at("pad_frac"));
       REQUIRE(mr.at("pad_frac") < 0.25);
       CHECK(ma.at("packed_frac") == 0.0);
+      CHECK(ma.at("shared_prompt_frac") == 0.0);
     }
     CHECK(BitEqual(automatic, rows));
   }
