@@ -60,6 +60,10 @@ ABSL_FLAG(double, long_tail_mean, 0,
           "hash of r in (0, 1)): long-tailed lengths like a random policy's; 0: every response has "
           "response_len tokens.");
 ABSL_FLAG(std::string, pack_rl, "auto", "TrainerOptions.pack_rl: auto, off or on.");
+ABSL_FLAG(bool, share_prompts, true, "TrainerOptions.share_prompts.");
+ABSL_FLAG(bool, group_prompts, false,
+          "The samples of a group have one prompt, as GRPO's do (the prompt tokens of the group's first "
+          "sample); else every sample's prompt differs.");
 ABSL_FLAG(int64_t, micro_batch_tokens, 8192, "learner.micro_batch_tokens.");
 ABSL_FLAG(int, rank, 0, "This process's learner rank (with --world > 1).");
 ABSL_FLAG(int, world, 1, "Learner processes (learner.shards).");
@@ -91,7 +95,7 @@ namespace {
 // response token j is -7.6 - 0.01 (j mod 5); the last 4 response tokens of
 // odd samples are masked out; reward i mod 3 (variance in every group).
 GroupList SyntheticGroups(int groups, int group_size, int prompt_len, int max_response_len, int vocab,
-                          double long_tail_mean) {
+                          double long_tail_mean, bool group_prompts) {
   GroupList out;
   for (int g = 0; g < groups; ++g) {
     TrajectoryGroup* grp = out.add_groups();
@@ -105,7 +109,8 @@ GroupList SyntheticGroups(int groups, int group_size, int prompt_len, int max_re
       }
       Trajectory* t = grp->add_samples();
       for (int pos = 0; pos < prompt_len + response_len; ++pos) {
-        const int id = (1 + 37 * r + 101 * pos + (pos * pos) % 17) % vocab;
+        const int owner = pos < prompt_len && group_prompts ? g * group_size : r;
+        const int id = (1 + 37 * owner + 101 * pos + (pos * pos) % 17) % vocab;
         if (pos < prompt_len) {
           t->add_prompt_token_ids(id);
         } else {
@@ -207,6 +212,7 @@ int Run() {
     std::fprintf(stderr, "--pack_rl: auto, off or on, not '%s'\n", pack.c_str());
     return 2;
   }
+  opts.share_prompts = absl::GetFlag(FLAGS_share_prompts);
   e.mutable_learner()->set_micro_batch_tokens(absl::GetFlag(FLAGS_micro_batch_tokens));
   *req.mutable_experiment() = e;
   // LibTorch's own start-up memory, before any model exists.
@@ -232,7 +238,7 @@ int Run() {
   *step.mutable_groups() =
       SyntheticGroups(absl::GetFlag(FLAGS_groups), absl::GetFlag(FLAGS_group_size),
                       absl::GetFlag(FLAGS_prompt_len), absl::GetFlag(FLAGS_response_len), vocab,
-                      absl::GetFlag(FLAGS_long_tail_mean));
+                      absl::GetFlag(FLAGS_long_tail_mean), absl::GetFlag(FLAGS_group_prompts));
   for (int s = 0; s < warmup + steps; ++s) {
     step.set_step(trainer.step());
     const double t0 = Now();
@@ -246,10 +252,11 @@ int Run() {
     const auto& m = r->metrics().values();
     std::printf(
         "{\"seconds\": %.6f, \"tokens\": %.0f, \"seconds_forward_backward\": %.6f, \"seconds_optimizer\": %.6f, "
-        "\"loss\": %.6g, \"grad_norm\": %.6g, \"pad_frac\": %.4f, \"packed_frac\": %.4f, \"threads\": %d, "
-        "\"interop_threads\": %d}\n",
+        "\"loss\": %.6g, \"grad_norm\": %.6g, \"pad_frac\": %.4f, \"packed_frac\": %.4f, "
+        "\"shared_prompt_frac\": %.4f, \"threads\": %d, \"interop_threads\": %d}\n",
         secs, m.at("tokens"), m.at("seconds_forward_backward"), m.at("seconds_optimizer"), m.at("loss"),
-        m.at("grad_norm"), m.at("pad_frac"), m.at("packed_frac"), static_cast<int>(at::get_num_threads()), static_cast<int>(at::get_num_interop_threads()));
+        m.at("grad_norm"), m.at("pad_frac"), m.at("packed_frac"), m.at("shared_prompt_frac"),
+        static_cast<int>(at::get_num_threads()), static_cast<int>(at::get_num_interop_threads()));
     if (absl::GetFlag(FLAGS_grad_norms)) {
       // DataParallel clips a packed copy; the parameters' .grad() keep the raw gradient.
       std::string line = "{\"grad_norms\": {";
