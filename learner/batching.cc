@@ -123,6 +123,40 @@ double PairCost(const actor::ModelConfig& c) {
 
 namespace {
 
+// The first p tokens the members can share: their first p + 1 ids are equal
+// and no position before p is in the loss.
+int64_t SharedPrefix(const std::vector<const Seq*>& members) {
+  const Seq& first = *members[0];
+  int64_t common = first.ids.size();
+  for (const Seq* s : members) {
+    int64_t c = 0;
+    const int64_t n = std::min<int64_t>(common, s->ids.size());
+    while (c < n && s->ids[c] == first.ids[c]) ++c;
+    common = c;
+    int64_t loss = 0;
+    while (loss < static_cast<int64_t>(s->mask.size()) && s->mask[loss] == 0.0f) ++loss;
+    common = std::min(common, loss + 1);
+  }
+  return std::max<int64_t>(0, common - 1);
+}
+
+}  // namespace
+
+int64_t PromptToShare(const std::vector<const Seq*>& members, double pair_cost) {
+  if (members.size() < 2) return 0;
+  const int64_t p = SharedPrefix(members);
+  if (p == 0) return 0;
+  double alone = 0, U = static_cast<double>(p);
+  for (const Seq* s : members) {
+    const double L = s->ids.size();
+    alone += L + pair_cost * L * L;
+    U += L - static_cast<double>(p);
+  }
+  return U + pair_cost * U * U < alone ? p : 0;
+}
+
+namespace {
+
 // What PackSeqs places in a row: one sequence (prefix = 0), or a group's
 // shared first `prefix` tokens followed by each member's tokens from there.
 struct PackUnit {
@@ -130,24 +164,6 @@ struct PackUnit {
   std::vector<int64_t> members;  // indices into seqs
   int64_t length = 0;            // slots in a row
 };
-
-// How many first tokens the members of one group can share: p such that
-// their first p + 1 ids are equal and no position before p is in the loss.
-int64_t SharedPrefix(const std::vector<Seq>& seqs, const std::vector<int64_t>& members) {
-  const Seq& first = seqs[members[0]];
-  int64_t common = first.ids.size();
-  for (int64_t i : members) {
-    const Seq& s = seqs[i];
-    int64_t c = 0;
-    const int64_t n = std::min<int64_t>(common, s.ids.size());
-    while (c < n && s.ids[c] == first.ids[c]) ++c;
-    common = c;
-    int64_t loss = 0;
-    while (loss < static_cast<int64_t>(s.mask.size()) && s.mask[loss] == 0.0f) ++loss;
-    common = std::min(common, loss + 1);
-  }
-  return std::max<int64_t>(0, common - 1);
-}
 
 std::vector<PackUnit> PackUnits(const std::vector<Seq>& seqs, int64_t begin, int64_t end,
                                 const PrefixSharing& sharing) {
@@ -157,21 +173,17 @@ std::vector<PackUnit> PackUnits(const std::vector<Seq>& seqs, int64_t begin, int
     std::map<int64_t, std::vector<int64_t>> by_group;
     for (int64_t i = begin; i < end; ++i) by_group[(*sharing.groups)[i]].push_back(i);
     for (auto& [group, members] : by_group) {
-      if (members.size() < 2) continue;
-      const int64_t p = SharedPrefix(seqs, members);
+      std::vector<const Seq*> rows;
+      for (int64_t i : members) rows.push_back(&seqs[i]);
+      const int64_t p = PromptToShare(rows, sharing.pair_cost);
       if (p == 0) continue;
       PackUnit u;
       u.prefix = p;
       u.length = p;
-      double alone = 0;
       for (int64_t i : members) {
-        const double L = seqs[i].ids.size();
-        alone += L + sharing.pair_cost * L * L;
         u.length += static_cast<int64_t>(seqs[i].ids.size()) - p;
+        placed[i - begin] = true;
       }
-      const double U = u.length;
-      if (U + sharing.pair_cost * U * U >= alone) continue;
-      for (int64_t i : members) placed[i - begin] = true;
       u.members = std::move(members);
       units.push_back(std::move(u));
     }
@@ -319,15 +331,27 @@ at::Tensor Rows(const at::Tensor& full, int64_t begin, int64_t end, int64_t T) {
 
 std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>& lengths,
                                                       int64_t begin, int64_t end,
-                                                      int64_t max_tokens) {
+                                                      int64_t max_tokens, const std::vector<bool>* together) {
   std::vector<std::pair<int64_t, int64_t>> out;
   int64_t start = begin, longest = 0;
   for (int64_t r = begin; r < end; ++r) {
     const int64_t l = std::max<int64_t>(longest, lengths[r]);
     if (r > start && (r - start + 1) * l > max_tokens) {
-      out.emplace_back(start, r);
-      start = r;
-      longest = lengths[r];
+      // Cut where r's run of rows begins, when it began after `start`.
+      int64_t cut = r;
+      if (together != nullptr) {
+        while (cut > start && (*together)[cut]) --cut;
+        if (cut == start) cut = r;
+      }
+      out.emplace_back(start, cut);
+      start = cut;
+      longest = *std::max_element(lengths.begin() + start, lengths.begin() + r + 1);
+      if ((r - start + 1) * longest > max_tokens) {
+        // The run alone is over the budget: split it here after all.
+        out.emplace_back(start, r);
+        start = r;
+        longest = lengths[r];
+      }
     } else {
       longest = l;
     }

@@ -72,6 +72,11 @@ struct PrefixSharing {
   double pair_cost = 0;
 };
 
+// How many first tokens one group's rows (`members`) share in a packed
+// micro-batch: p as PrefixSharing says, or 0 when they share none or
+// sharing would not lower the estimated cost.
+int64_t PromptToShare(const std::vector<const Seq*>& members, double pair_cost);
+
 // PrefixSharing::pair_cost for a dense decoder: 4 * heads * head_dim per
 // pair per layer, against 2 * (the layer's projections) per token per layer
 // plus the output head's 2 * hidden * vocab.
@@ -108,9 +113,11 @@ at::Tensor Rows(const at::Tensor& full, int64_t begin, int64_t end, int64_t T);
 
 // Contiguous micro-batches of rows [begin, end): each has at most
 // `max_tokens` padded tokens (rows x longest row), and at least one row.
+// `together` (optional, per row): true keeps row r in row r - 1's
+// micro-batch, unless their run of rows alone is over the budget.
 std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>& lengths,
                                                       int64_t begin, int64_t end,
-                                                      int64_t max_tokens);
+                                                      int64_t max_tokens, const std::vector<bool>* together = nullptr);
 
 // Rank r's share of a global batch of G groups over K data-parallel
 // replicas. The batch is cut into `mini_batches` contiguous mini-batches

@@ -37,24 +37,34 @@ namespace {
 // micro-batch pads to about its own rows' length. Mini-batches keep their
 // rows. With one micro-batch the padding is the longest row's whatever the
 // order, so nothing moves (and such steps are bit-identical to unsorted
-// ones). Returns, per group, the positions of its rows in sample order; empty
-// when no row moved (groups are then contiguous in order).
+// ones). The rows of a group in `whole` (per group; empty = none), one whose
+// prompt the packed micro-batch runs once, move together, placed by their
+// longest row, so that they land in one micro-batch. Returns, per group,
+// the positions of its rows in sample order; empty when no row moved (groups
+// are then contiguous in order).
 template <typename RowT, typename LengthFn, typename GroupFn>
 std::vector<std::vector<int64_t>> SortRowsForMicroBatches(std::vector<RowT>* rows, LengthFn length_of,
                                                           GroupFn group_of, int64_t num_groups, int mini_batches,
-                                                          int64_t micro_tokens) {
+                                                          int64_t micro_tokens, const std::vector<bool>& whole) {
   const int64_t B = rows->size();
-  std::vector<int64_t> lengths(B), order(B);
+  std::vector<int64_t> lengths(B), order(B), group_longest(num_groups, 0);
   for (int64_t r = 0; r < B; ++r) {
     lengths[r] = length_of((*rows)[r]);
     order[r] = r;
+    int64_t& l = group_longest[group_of((*rows)[r])];
+    l = std::max(l, lengths[r]);
   }
+  // (length, group): a whole group's rows share one key; -1 for the others.
+  auto key = [&](int64_t r) {
+    const int64_t g = group_of((*rows)[r]);
+    return whole.empty() || !whole[g] ? std::pair<int64_t, int64_t>(lengths[r], -1)
+                                      : std::pair<int64_t, int64_t>(group_longest[g], g);
+  };
   bool moved = false;
   for (int k = 0; k < mini_batches; ++k) {
     const int64_t a = k * B / mini_batches, e = (k + 1) * B / mini_batches;
     if (MicroBatches(lengths, a, e, micro_tokens).size() <= 1) continue;
-    std::stable_sort(order.begin() + a, order.begin() + e,
-                     [&](int64_t x, int64_t y) { return lengths[x] < lengths[y]; });
+    std::stable_sort(order.begin() + a, order.begin() + e, [&](int64_t x, int64_t y) { return key(x) < key(y); });
     for (int64_t r = a; r < e; ++r) moved |= order[r] != r;
   }
   if (!moved) return {};
@@ -197,10 +207,22 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
   absl::Status st = CatchAll("rl step", [&]() -> absl::Status {
     const int64_t B = rows.size();
     // members[g]: the rows of kept group g, in the group's sample order.
+    // Packed micro-batches (TrainerOptions.pack_rl) run a group's common
+    // prompt once where that is cheaper (TrainerOptions.share_prompts); MoE
+    // policies are never packed.
+    const bool moe = s.models.policy->config().NumMoeLayers() > 0;
+    PrefixSharing sharing;
+    std::vector<bool> whole_groups;
+    if (options_.share_prompts && options_.pack_rl != TrainerOptions::RlPacking::kOff && !moe) {
+      sharing.pair_cost = PairCost(s.models.policy->config());
+      std::vector<std::vector<const Seq*>> by_group(group_rewards.size());
+      for (const Row& r : rows) by_group[r.group].push_back(&r.seq);
+      for (const auto& g : by_group) whole_groups.push_back(PromptToShare(g, sharing.pair_cost) > 0);
+    }
     std::vector<std::vector<int64_t>> members = SortRowsForMicroBatches(
         &rows, [](const Row& r) { return static_cast<int64_t>(r.seq.ids.size()); },
         [](const Row& r) { return r.group; }, static_cast<int64_t>(group_rewards.size()), rl.mini_batches,
-        s.opt.learner.micro_tokens);
+        s.opt.learner.micro_tokens, whole_groups);
     m["rows_sorted"] = members.empty() ? 0.0 : 1.0;
     std::vector<Seq> seqs;
     std::vector<int64_t> lengths, row_groups;
@@ -215,7 +237,6 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     // load-balancing loss and its metric) and, under rl.routing_replay,
     // replays the rollout's experts. The reference and the critic route
     // freely (docs/decisions.md, Session 6).
-    const bool moe = s.models.policy->config().NumMoeLayers() > 0;
     auto start_routing = [&](std::optional<MoeForward>* f, int64_t a, int64_t e, int64_t T) {
       if (moe) f->emplace(s.models.PolicyModule(), rl.routing_replay ? &routes : nullptr, a, e, T);
     };
@@ -229,16 +250,10 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     const int64_t T_all = b.input_ids.size(1);
     m["tokens"] = static_cast<double>(b.tokens);
 
-    // Packed micro-batches (TrainerOptions.pack_rl), built once per [a, e)
-    // and used by every policy-side forward of it; null = rows. A group's
-    // samples share their prompt's forward where that is cheaper
-    // (TrainerOptions.share_prompts).
+    // Packed micro-batches, built once per [a, e) and used by every
+    // policy-side forward of it; null = rows.
     std::map<std::pair<int64_t, int64_t>, std::optional<PackedRows>> packed;
-    PrefixSharing sharing;
-    if (options_.share_prompts) {
-      sharing.groups = &row_groups;
-      sharing.pair_cost = PairCost(s.models.policy->config());
-    }
+    if (!whole_groups.empty()) sharing.groups = &row_groups;
     auto packing = [&](int64_t a, int64_t e, int64_t T) -> const PackedRows* {
       if (moe || options_.pack_rl == TrainerOptions::RlPacking::kOff) return nullptr;
       auto [it, fresh] = packed.try_emplace({a, e});
@@ -271,10 +286,15 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     // Partition: mini-batches of rows, micro-batches inside them. The same
     // micro-batches serve the no-grad pass and the first training pass, so
     // on-policy ratios are exactly 1.
+    // A group whose prompt runs once stays in one micro-batch where it fits.
+    std::vector<bool> together(B, false);
+    for (int64_t r = 1; r < B && !whole_groups.empty(); ++r) {
+      together[r] = whole_groups[row_groups[r]] && row_groups[r] == row_groups[r - 1];
+    }
     std::vector<std::vector<std::pair<int64_t, int64_t>>> minis;
     for (int k = 0; k < rl.mini_batches; ++k) {
       const int64_t a = k * B / rl.mini_batches, e = (k + 1) * B / rl.mini_batches;
-      minis.push_back(MicroBatches(lengths, a, e, s.opt.learner.micro_tokens));
+      minis.push_back(MicroBatches(lengths, a, e, s.opt.learner.micro_tokens, &together));
     }
     auto longest = [&](int64_t a, int64_t e) {
       return *std::max_element(lengths.begin() + a, lengths.begin() + e);

@@ -1565,6 +1565,23 @@ TEST_CASE("several micro-batches: rows go in order of length, groups keep their 
   // A row given another group's advantage would move the weights by far
   // more than summation order does.
   CHECK(MaxAbsDiff(a, b) < 1e-5);
+
+  // Packed, with shared prompts (the defaults): a group's rows stay
+  // together, so each micro-batch (room for one group's padded rows, 4 x 9,
+  // not two) runs whole groups, each prompt once.
+  ExperimentConfig grouped = e;
+  grouped.mutable_learner()->set_micro_batch_tokens(48);
+  Trainer c, d;
+  REQUIRE(c.Configure(Request(grouped)).ok());
+  REQUIRE(d.Configure(Request(whole)).ok());
+  for (int step = 0; step < 2; ++step) {
+    const auto [mc, md] = StepBoth(c, d, groups, step);
+    CHECK(mc.at("shared_prompt_frac") == 1.0);
+    CHECK(md.at("shared_prompt_frac") == 1.0);
+    CHECK(mc.at("loss") == Approx(md.at("loss")).margin(1e-6));
+    CHECK(mc.at("grad_norm") == Approx(md.at("grad_norm")).epsilon(1e-5));
+  }
+  CHECK(MaxAbsDiff(c, d) < 1e-5);
 }
 
 // Long-tailed responses: sample 0 of each group made 20 tokens long (its
@@ -1675,6 +1692,17 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
     // A quadratic attention cost above the tokens saved keeps the rows apart.
     sharing.pair_cost = 1.0;
     CHECK(PackSeqs(seqs, 0, 6, 6, sharing).shared_seqs == 0);
+  }
+  SECTION("MicroBatches keeps a run of rows together while it fits the budget") {
+    const std::vector<int64_t> lengths = {4, 4, 4, 4, 4, 4, 4, 4, 4};
+    // Runs {0}, {1, 2, 3}, {4, 5, 6, 7, 8}; 12 tokens = 3 rows a micro-batch.
+    const std::vector<bool> together = {false, false, true, true, false, true, true, true, true};
+    using Cuts = std::vector<std::pair<int64_t, int64_t>>;
+    CHECK(MicroBatches(lengths, 0, 9, 12) == Cuts{{0, 3}, {3, 6}, {6, 9}});
+    // {0} then {1, 2, 3} whole; the 5-row run is over the budget alone, so
+    // it is split where the budget says.
+    CHECK(MicroBatches(lengths, 0, 9, 12, &together) == Cuts{{0, 1}, {1, 4}, {4, 7}, {7, 9}});
+    CHECK(MicroBatches(lengths, 0, 9, 16, &together) == Cuts{{0, 4}, {4, 8}, {8, 9}});
   }
   SECTION("packed and padded steps agree (fp32 summation order), with a KL reference and two mini-batches") {
     actor::ConfigureThreads(2);
