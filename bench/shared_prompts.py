@@ -21,7 +21,10 @@ Shapes:
         long-tailed responses of mean 100, up to 256: the cost rule keeps
         the rows apart (the prompt is short and the group's row long);
   long  the same model, 2 groups x 8, prompt 200, long-tailed responses of
-        mean 50, up to 128: long prompts, as in RLHF on real prompts.
+        mean 50, up to 128: long prompts, as in RLHF on real prompts;
+  long8 the same with 8 groups: several micro-batches (8192 padded tokens
+        each), so the rows are sorted by length and each group's rows kept
+        in one micro-batch.
 """
 import argparse
 import json
@@ -44,6 +47,7 @@ SHAPES = {
     "a": ("tiny", dict(groups=64, group_size=8, prompt_len=8, response_len=4), 5),
     "b": ("medium", dict(groups=4, group_size=8, prompt_len=6, response_len=256, long_tail_mean=100), 2),
     "long": ("medium", dict(groups=2, group_size=8, prompt_len=200, response_len=128, long_tail_mean=50), 2),
+    "long8": ("medium", dict(groups=8, group_size=8, prompt_len=200, response_len=128, long_tail_mean=50), 1),
 }
 
 
@@ -72,7 +76,7 @@ def run(folder, args, share, steps, warmup, threads):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--shapes", default="a,b,long")
+    ap.add_argument("--shapes", default="a,b,long,long8")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out", default="")
