@@ -346,7 +346,7 @@ std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>
       out.emplace_back(start, cut);
       start = cut;
       longest = *std::max_element(lengths.begin() + start, lengths.begin() + r + 1);
-      if ((r - start + 1) * longest > max_tokens) {
+      if (r > start && (r - start + 1) * longest > max_tokens) {
         // The run alone is over the budget: split it here after all.
         out.emplace_back(start, r);
         start = r;

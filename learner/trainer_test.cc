@@ -1703,6 +1703,11 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
     // it is split where the budget says.
     CHECK(MicroBatches(lengths, 0, 9, 12, &together) == Cuts{{0, 1}, {1, 4}, {4, 7}, {7, 9}});
     CHECK(MicroBatches(lengths, 0, 9, 16, &together) == Cuts{{0, 4}, {4, 8}, {8, 9}});
+    // A row longer than the budget is a micro-batch of its own, never none.
+    const std::vector<int64_t> long_rows = {3, 20, 3, 30};
+    CHECK(MicroBatches(long_rows, 0, 4, 10) == Cuts{{0, 1}, {1, 2}, {2, 3}, {3, 4}});
+    const std::vector<bool> pairs = {false, true, false, true};
+    CHECK(MicroBatches(long_rows, 0, 4, 10, &pairs) == Cuts{{0, 1}, {1, 2}, {2, 3}, {3, 4}});
   }
   SECTION("packed and padded steps agree (fp32 summation order), with a KL reference and two mini-batches") {
     actor::ConfigureThreads(2);
