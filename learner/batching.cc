@@ -57,6 +57,52 @@ Seq PromptResponseSeq(const std::vector<int>& prompt, const std::vector<int>& re
   return q;
 }
 
+namespace {
+
+// A packed batch of [R, W] slots, all padding at first, and how its slots
+// are filled.
+class PackedBatchWriter {
+ public:
+  PackedBatchWriter(int64_t R, int64_t W) {
+    b_.input_ids = at::zeros({R, W}, at::kLong);
+    b_.positions = at::zeros({R, W}, at::kLong);
+    b_.targets = at::full({R, W}, -1, at::kLong);
+    b_.mask = at::zeros({R, W}, at::kFloat);
+    b_.segments = at::zeros({R, W}, at::kLong);
+    ids_ = b_.input_ids.data_ptr<int64_t>();
+    pos_ = b_.positions.data_ptr<int64_t>();
+    targets_ = b_.targets.data_ptr<int64_t>();
+    mask_ = b_.mask.data_ptr<float>();
+    segments_ = b_.segments.data_ptr<int64_t>();
+    width_ = W;
+  }
+
+  // Token t of `s` (at position t, predicting token t + 1) into slot x of
+  // row r, in segment `id`.
+  void Put(const Seq& s, int64_t t, int64_t r, int64_t x, int64_t id) {
+    const int64_t i = r * width_ + x, L = s.ids.size();
+    ids_[i] = s.ids[t];
+    pos_[i] = t;
+    segments_[i] = id;
+    if (t + 1 < L) targets_[i] = s.ids[t + 1];
+    if (t < static_cast<int64_t>(s.mask.size())) mask_[i] = s.mask[t];
+    ++b_.tokens;
+  }
+
+  Batch Take() { return std::move(b_); }
+
+ private:
+  Batch b_;
+  int64_t* ids_ = nullptr;
+  int64_t* pos_ = nullptr;
+  int64_t* targets_ = nullptr;
+  float* mask_ = nullptr;
+  int64_t* segments_ = nullptr;
+  int64_t width_ = 0;
+};
+
+}  // namespace
+
 Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector<int64_t>* row_lengths) {
   std::vector<std::vector<const Seq*>> rows;
   std::vector<int64_t> used;
@@ -84,34 +130,17 @@ Batch MakeRowsBatch(const std::vector<std::vector<const Seq*>>& rows, std::vecto
   int64_t T = 1;
   for (int64_t l : *row_lengths) T = std::max(T, l);
   const int64_t B = rows.size();
-  Batch b;
-  b.input_ids = at::zeros({B, T}, at::kLong);
-  b.positions = at::zeros({B, T}, at::kLong);
-  b.targets = at::full({B, T}, -1, at::kLong);
-  b.mask = at::zeros({B, T}, at::kFloat);
-  b.segments = at::zeros({B, T}, at::kLong);
-  auto ids = b.input_ids.accessor<int64_t, 2>();
-  auto pos = b.positions.accessor<int64_t, 2>();
-  auto tg = b.targets.accessor<int64_t, 2>();
-  auto m = b.mask.accessor<float, 2>();
-  auto seg = b.segments.accessor<int64_t, 2>();
+  PackedBatchWriter w(B, T);
   for (int64_t r = 0; r < B; ++r) {
     int64_t at = 0, id = 0;
     for (const Seq* s : rows[r]) {
       ++id;
       const int64_t L = s->ids.size();
-      b.tokens += L;
-      for (int64_t t = 0; t < L; ++t) {
-        ids[r][at + t] = s->ids[t];
-        pos[r][at + t] = t;
-        seg[r][at + t] = id;
-        if (t + 1 < L) tg[r][at + t] = s->ids[t + 1];
-        if (t < static_cast<int64_t>(s->mask.size())) m[r][at + t] = s->mask[t];
-      }
+      for (int64_t t = 0; t < L; ++t) w.Put(*s, t, r, at + t, id);
       at += L;
     }
   }
-  return b;
+  return w.Take();
 }
 
 double PairCost(const actor::ModelConfig& c) {
@@ -228,32 +257,13 @@ PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, in
   const int64_t R = rows.size();
   W = 1;
   for (int64_t u : used) W = std::max(W, u);
-  Batch& b = p.batch;
-  b.input_ids = at::zeros({R, W}, at::kLong);
-  b.positions = at::zeros({R, W}, at::kLong);
-  b.targets = at::full({R, W}, -1, at::kLong);
-  b.mask = at::zeros({R, W}, at::kFloat);
-  b.segments = at::zeros({R, W}, at::kLong);
-  auto ids = b.input_ids.accessor<int64_t, 2>();
-  auto pos = b.positions.accessor<int64_t, 2>();
-  auto tg = b.targets.accessor<int64_t, 2>();
-  auto m = b.mask.accessor<float, 2>();
-  auto seg = b.segments.accessor<int64_t, 2>();
+  PackedBatchWriter w(R, W);
   p.gather = at::full({p.seqs * row_len}, R * W, at::kLong);
   auto g = p.gather.accessor<int64_t, 1>();
   // Tokens [from, to) of `s` at slots [at, ...) of row r, segment `id`;
   // returns the next free slot.
   auto place = [&](const Seq& s, int64_t from, int64_t to, int64_t r, int64_t at, int64_t id) {
-    const int64_t L = s.ids.size();
-    for (int64_t t = from; t < to; ++t) {
-      const int64_t x = at + t - from;
-      ids[r][x] = s.ids[t];
-      pos[r][x] = t;
-      seg[r][x] = id;
-      if (t + 1 < L) tg[r][x] = s.ids[t + 1];
-      if (t < static_cast<int64_t>(s.mask.size())) m[r][x] = s.mask[t];
-    }
-    b.tokens += to - from;
+    for (int64_t t = from; t < to; ++t) w.Put(s, t, r, at + t - from, id);
     return at + to - from;
   };
   // Positions [from, L) of sequence i (of [begin, end)) sit at slots
@@ -287,6 +297,7 @@ PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, in
       p.shared_tokens_saved += u->prefix * (static_cast<int64_t>(u->members.size()) - 1);
     }
   }
+  p.batch = w.Take();
   return p;
 }
 
