@@ -101,6 +101,23 @@ class PackedBatchWriter {
   int64_t width_ = 0;
 };
 
+// The first p tokens the members can share: their first p + 1 ids are equal
+// and no position before p is in the loss.
+int64_t SharedPrefix(const std::vector<const Seq*>& members) {
+  const Seq& first = *members[0];
+  int64_t common = first.ids.size();
+  for (const Seq* s : members) {
+    int64_t c = 0;
+    const int64_t n = std::min<int64_t>(common, s->ids.size());
+    while (c < n && s->ids[c] == first.ids[c]) ++c;
+    common = c;
+    int64_t loss = 0;
+    while (loss < static_cast<int64_t>(s->mask.size()) && s->mask[loss] == 0.0f) ++loss;
+    common = std::min(common, loss + 1);
+  }
+  return std::max<int64_t>(0, common - 1);
+}
+
 }  // namespace
 
 Batch MakePackedBatch(const std::vector<Seq>& seqs, int64_t row_len, std::vector<int64_t>* row_lengths) {
@@ -149,27 +166,6 @@ double PairCost(const actor::ModelConfig& c) {
   const double per_token = 2.0 * (c.num_layers * per_layer + static_cast<double>(c.hidden_size) * c.vocab_size);
   return per_token > 0 ? 4.0 * c.num_layers * c.num_heads * c.HeadDim() / per_token : 0.0;
 }
-
-namespace {
-
-// The first p tokens the members can share: their first p + 1 ids are equal
-// and no position before p is in the loss.
-int64_t SharedPrefix(const std::vector<const Seq*>& members) {
-  const Seq& first = *members[0];
-  int64_t common = first.ids.size();
-  for (const Seq* s : members) {
-    int64_t c = 0;
-    const int64_t n = std::min<int64_t>(common, s->ids.size());
-    while (c < n && s->ids[c] == first.ids[c]) ++c;
-    common = c;
-    int64_t loss = 0;
-    while (loss < static_cast<int64_t>(s->mask.size()) && s->mask[loss] == 0.0f) ++loss;
-    common = std::min(common, loss + 1);
-  }
-  return std::max<int64_t>(0, common - 1);
-}
-
-}  // namespace
 
 int64_t PromptToShare(const std::vector<const Seq*>& members, double pair_cost) {
   if (members.size() < 2) return 0;
@@ -294,7 +290,6 @@ PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, in
         at = place(s, u->prefix, s.ids.size(), r, at, base + 1 + static_cast<int64_t>(j));
       }
       p.shared_seqs += static_cast<int64_t>(u->members.size());
-      p.shared_tokens_saved += u->prefix * (static_cast<int64_t>(u->members.size()) - 1);
     }
   }
   p.batch = w.Take();
@@ -340,9 +335,9 @@ at::Tensor Rows(const at::Tensor& full, int64_t begin, int64_t end, int64_t T) {
   return full.narrow(0, begin, end - begin).narrow(1, 0, T);
 }
 
-std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>& lengths,
-                                                      int64_t begin, int64_t end,
-                                                      int64_t max_tokens, const std::vector<bool>* together) {
+std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>& lengths, int64_t begin,
+                                                      int64_t end, int64_t max_tokens,
+                                                      const std::vector<bool>* together) {
   std::vector<std::pair<int64_t, int64_t>> out;
   int64_t start = begin, longest = 0;
   for (int64_t r = begin; r < end; ++r) {

@@ -94,8 +94,8 @@ double PairCost(const actor::ModelConfig& config);
 struct PackedRows {
   Batch batch;
   int64_t seqs = 0, row_len = 0;
-  // Sequences whose prefix is shared, and the tokens sharing saved.
-  int64_t shared_seqs = 0, shared_tokens_saved = 0;
+  // Sequences whose prefix is shared.
+  int64_t shared_seqs = 0;
   // [seqs * row_len]: flat index into the packed output with a zero slot
   // appended (R * W = padding).
   at::Tensor gather;
@@ -115,9 +115,9 @@ at::Tensor Rows(const at::Tensor& full, int64_t begin, int64_t end, int64_t T);
 // `max_tokens` padded tokens (rows x longest row), and at least one row.
 // `together` (optional, per row): true keeps row r in row r - 1's
 // micro-batch, unless their run of rows alone is over the budget.
-std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>& lengths,
-                                                      int64_t begin, int64_t end,
-                                                      int64_t max_tokens, const std::vector<bool>* together = nullptr);
+std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>& lengths, int64_t begin,
+                                                      int64_t end, int64_t max_tokens,
+                                                      const std::vector<bool>* together = nullptr);
 
 // Rank r's share of a global batch of G groups over K data-parallel
 // replicas. The batch is cut into `mini_batches` contiguous mini-batches

@@ -206,7 +206,6 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
 
   absl::Status st = CatchAll("rl step", [&]() -> absl::Status {
     const int64_t B = rows.size();
-    // members[g]: the rows of kept group g, in the group's sample order.
     // Packed micro-batches (TrainerOptions.pack_rl) run a group's common
     // prompt once where that is cheaper (TrainerOptions.share_prompts); MoE
     // policies are never packed.
@@ -219,6 +218,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       for (const Row& r : rows) by_group[r.group].push_back(&r.seq);
       for (const auto& g : by_group) whole_groups.push_back(PromptToShare(g, sharing.pair_cost) > 0);
     }
+    // members[g]: the rows of kept group g, in the group's sample order.
     std::vector<std::vector<int64_t>> members = SortRowsForMicroBatches(
         &rows, [](const Row& r) { return static_cast<int64_t>(r.seq.ids.size()); },
         [](const Row& r) { return r.group; }, static_cast<int64_t>(group_rewards.size()), rl.mini_batches,

