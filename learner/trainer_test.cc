@@ -30,6 +30,7 @@
 #include "learner/batching.h"
 #include "learner/checkpoint.h"
 #include "learner/tensor_parallel.h"
+#include "learner/testing/model_parallel_testing.h"
 #include "learner/testing/tiny_experiment.h"
 #include "tasks/encoding.h"
 #include "tasks/task.h"
@@ -1669,16 +1670,8 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
     }
     // And the same log-probs from a model: the samples see the prompt once
     // run, not each other.
-    actor::ModelConfig c;
-    c.vocab_size = 40;
-    c.hidden_size = 32;
-    c.intermediate_size = 48;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.max_positions = 16;
     torch::manual_seed(3);
-    actor::Transformer model(c);
+    actor::Transformer model(model_parallel_testing::SmallConfig("llama"));
     torch::NoGradGuard no_grad;
     Batch rows = MakeBatch(seqs, false);
     auto padded = actor::TokenLogProbs(model, rows.input_ids, rows.positions, rows.targets, 64);
