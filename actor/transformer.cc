@@ -5,10 +5,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
 
 #include "actor/attention_inputs.h"
+#include "actor/autocast.h"
 #include "actor/rope.h"
 
 namespace rlmesh::actor {
@@ -238,6 +240,12 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t moe_index) : mo
   post_attention_layernorm = register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
 }
 
+torch::Tensor DecoderLayerImpl::Forward(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
+                                        const torch::Tensor& mask, MoeRouting* routing) {
+  torch::Tensor x = h + self_attn->Full(input_layernorm(h), cos, sin, mask, nullptr, nullptr);
+  return x + Ffn(post_attention_layernorm(x), routing);
+}
+
 torch::Tensor DecoderLayerImpl::Ffn(const torch::Tensor& x, MoeRouting* routing) {
   if (!moe) return mlp(x);
   const size_t i = static_cast<size_t>(moe_index_);
@@ -258,6 +266,56 @@ torch::Tensor DecoderLayerImpl::Ffn(const torch::Tensor& x, MoeRouting* routing)
   }
   return y;
 }
+
+namespace {
+
+// One decoder block as an autograd node that keeps only its inputs: the
+// forward runs the block without a graph; the backward runs it again with
+// one, under the autocast state of the first run, and back-propagates
+// through it. The parameters' gradients accumulate into their .grad there
+// (a backward inside the backward, as PyTorch's reentrant checkpoint does),
+// so they are not outputs of this node; the input's gradient is.
+struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
+  // `layer`: the DecoderLayerImpl*; `mask` is an empty placeholder when
+  // has_mask is false (autograd wants every tensor argument defined).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, int64_t layer,
+                                                bool has_mask, const torch::Tensor& h, const torch::Tensor& cos,
+                                                const torch::Tensor& sin, const torch::Tensor& mask) {
+    const AutocastState autocast = AutocastState::Current(h.device().type());
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["has_mask"] = has_mask;
+    ctx->saved_data["autocast"] = autocast.enabled;
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast.dtype);
+    ctx->save_for_backward({h, cos, sin, mask});
+    auto* block = reinterpret_cast<DecoderLayerImpl*>(layer);
+    return {block->Forward(h, cos, sin, has_mask ? mask : torch::Tensor(), nullptr)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto* block = reinterpret_cast<DecoderLayerImpl*>(ctx->saved_data["layer"].toInt());
+    const bool has_mask = ctx->saved_data["has_mask"].toBool();
+    torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const AutocastState autocast{ctx->saved_data["autocast"].toBool(),
+                                 static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())};
+    torch::Tensor x = saved[0].detach().requires_grad_(true);
+    {
+      torch::AutoGradMode grad(true);
+      torch::Tensor out;
+      {
+        // Autocast covers the recomputed forward only; the backward through
+        // it runs outside autocast, as every backward pass does.
+        AutocastScope scope(x.device().type(), autocast);
+        out = block->Forward(x, saved[1], saved[2], has_mask ? saved[3] : torch::Tensor(), nullptr);
+      }
+      torch::autograd::backward({out}, {grad_out[0]});
+    }
+    // One gradient per argument: layer, has_mask, h, cos, sin, mask.
+    return {torch::Tensor(), torch::Tensor(), x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
 
 BackboneImpl::BackboneImpl(const ModelConfig& c) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
@@ -307,10 +365,20 @@ torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, con
   torch::Tensor mask = AttentionMask4d(attention_mask, input_ids.size(1), h.device());
   for (const auto& m : *model->layers) {
     auto* layer = m->as<DecoderLayerImpl>();
-    h = h + layer->self_attn->Full(layer->input_layernorm(h), cos, sin, mask, nullptr, nullptr);
-    h = h + layer->Ffn(layer->post_attention_layernorm(h), routing_);
+    // A block whose input carries no gradient has nothing to recompute for.
+    if (checkpoint_blocks_ && torch::GradMode::is_enabled() && h.requires_grad()) {
+      h = CheckpointedBlock::apply(reinterpret_cast<int64_t>(layer), mask.defined(), h, cos, sin,
+                                   mask.defined() ? mask : torch::empty({0}, h.options()))[0];
+    } else {
+      h = layer->Forward(h, cos, sin, mask, routing_);
+    }
   }
   return model->norm(h);
+}
+
+void TransformerImpl::set_activation_checkpointing(bool on) {
+  TORCH_CHECK(!on || config_.NumMoeLayers() == 0, "activation checkpointing: not built for MoE layers");
+  checkpoint_blocks_ = on;
 }
 
 torch::Tensor TransformerImpl::LmHeadWeight() {

@@ -145,6 +145,11 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const ModelConfig& c, int64_t moe_index);
   // The feed-forward part (dense MLP or MoE) under "mlp".
   torch::Tensor Ffn(const torch::Tensor& x, MoeRouting* routing);
+  // The whole block on the residual stream h [B,T,H] (see
+  // AttentionImpl::Full for cos, sin and mask): h + attention, then + FFN.
+  torch::Tensor Forward(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask, MoeRouting* routing);
+  bool is_moe() const { return moe_index_ >= 0; }
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};  // dense layers
   Moe moe{nullptr};  // MoE layers (registered as "mlp")
@@ -231,6 +236,15 @@ class TransformerImpl : public torch::nn::Module {
   // null (the default) routes freely and records nothing. Not owned.
   void set_routing(MoeRouting* routing) { routing_ = routing; }
 
+  // Activation (gradient) checkpointing: when on, a ForwardHidden that
+  // builds a graph keeps only each decoder block's input, and the backward
+  // pass runs the block's forward again (with the autocast state it first
+  // ran under) to get its gradients. Less memory for one more forward of
+  // the blocks; the gradients are the same. Default off. REQUIRES: no MoE
+  // layer (their routing record would see every block twice).
+  void set_activation_checkpointing(bool on);
+  bool activation_checkpointing() const { return checkpoint_blocks_; }
+
   Backbone model{nullptr};
   torch::nn::Linear lm_head{nullptr};
   torch::nn::Linear score{nullptr};
@@ -243,6 +257,7 @@ class TransformerImpl : public torch::nn::Module {
   torch::Tensor inv_freq_;     // [D/2] fp32, not a parameter (see rope.h).
   double rope_scaling_ = 1.0;  // on cos/sin (yarn)
   MoeRouting* routing_ = nullptr;
+  bool checkpoint_blocks_ = false;
 };
 TORCH_MODULE(Transformer);
 
