@@ -291,8 +291,6 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(l->shards() > 0 && l->shards() <= 64, "learner.shards", "must be in [1, 64]");
   c.Require(l->zero() == 0 || l->zero() == 1 || l->zero() == 3, "learner.zero",
             "must be 0, 1 or 3 (ZeRO-2 is not built)");
-  c.Require(l->zero() != 3 || l->autocast().empty() || l->autocast() == "fp32", "learner.autocast",
-            "bf16 with learner.zero: 3 is not built (the backward recomputes each unit outside autocast)");
   c.Require(l->zero() != 3 || config->model().device().empty() || config->model().device() == "cpu",
             "learner.zero", "3 runs on the CPU so far (its shards are built on the host)");
   if (l->tp() == 0) l->set_tp(1);
@@ -316,6 +314,10 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "bf16 with learner.ep > 1 is not built");
   c.Require(l->ep() == 1 || config->model().device().empty() || config->model().device() == "cpu", "learner.ep",
             "expert parallelism runs on the CPU so far (Gloo; its NCCL path is untested)");
+  c.Require(!l->gradient_checkpointing() || l->tp() == 1, "learner.gradient_checkpointing",
+            "with learner.tp > 1 is not built (the tensor-parallel model runs its own blocks)");
+  c.Require(!l->gradient_checkpointing() || l->ep() == 1, "learner.gradient_checkpointing",
+            "with learner.ep > 1 is not built (not for MoE policies)");
   if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);
   c.Require(l->micro_batch_tokens() > 0, "learner.micro_batch_tokens", "must be > 0");
 

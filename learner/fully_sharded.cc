@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "actor/attention_inputs.h"
+#include "actor/autocast.h"
 #include "common/status_macros.h"
 #include "dist/collective.h"
 #include "learner/tensor_parallel.h"
@@ -85,9 +86,12 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
                                const at::Tensor& shard, const at::Tensor& shard0, const at::Tensor& in0,
                                const at::Tensor& in1, const at::Tensor& in2, const at::Tensor& in3) {
     const bool tied = (present & kTiedBit) != 0;
+    const actor::AutocastState autocast = actor::AutocastState::Current(shard.device().type());
     ctx->saved_data["model"] = model;
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["present"] = present;
+    ctx->saved_data["autocast"] = autocast.enabled;
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast.dtype);
     ctx->save_for_backward({in0, in1, in2, in3});
     auto* m = reinterpret_cast<FullyShardedModel*>(model);
     const size_t u = static_cast<size_t>(unit);
@@ -132,7 +136,15 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
         params0 = m->UnitParams(0);
         wrt.insert(wrt.end(), params0.begin(), params0.end());
       }
-      std::vector<at::Tensor> out = m->Compute(u, inputs);
+      std::vector<at::Tensor> out;
+      {
+        // The recomputation runs in the dtypes of the forward (bf16
+        // autocast); the backward through it, as any, outside autocast.
+        actor::AutocastScope autocast(full.device().type(),
+                                      {ctx->saved_data["autocast"].toBool(),
+                                       static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())});
+        out = m->Compute(u, inputs);
+      }
       std::vector<at::Tensor> grads_of_out;
       for (size_t i = 0; i < out.size(); ++i) {
         grads_of_out.push_back(i < grad_out.size() && grad_out[i].defined() ? grad_out[i] : at::zeros_like(out[i]));
@@ -375,10 +387,7 @@ std::vector<at::Tensor> FullyShardedModel::Compute(size_t u, const std::vector<a
     case Unit::kLayer: {
       auto* layer = (*backbone->layers)[unit.layer]->as<actor::DecoderLayerImpl>();
       if (tp_group_) return {TensorParallelLayer(*layer, in[0], in[1], in[2], in[3], tp_group_.get())};
-      at::Tensor h = in[0];
-      h = h + layer->self_attn->Full(layer->input_layernorm(h), in[1], in[2], in[3], nullptr, nullptr);
-      h = h + layer->Ffn(layer->post_attention_layernorm(h), nullptr);
-      return {h};
+      return {layer->Forward(in[0], in[1], in[2], in[3], nullptr)};
     }
     case Unit::kHead: {
       if (head_values_) return {model_->ValuesFromHidden(backbone->norm(in[0]))};

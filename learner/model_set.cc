@@ -1,17 +1,18 @@
 #include "learner/model_set.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "actor/autocast.h"
 #include "actor/checkpoint.h"
 #include "common/status_macros.h"
 #include "dist/collective.h"
@@ -32,31 +33,15 @@ std::mutex& InitMutex() {
 
 // bf16 autocast over a forward pass (learner.autocast: bf16): matmuls run in
 // bf16, reductions such as log_softmax in fp32, master weights stay fp32.
-// Restores the previous autocast state of the device type on exit.
-class AutocastScope {
+// Nothing when off.
+class AutocastIf {
  public:
-  AutocastScope(bool on, c10::DeviceType device_type) : on_(on), device_type_(device_type) {
-    if (!on_) return;
-    prev_enabled_ = at::autocast::is_autocast_enabled(device_type_);
-    prev_dtype_ = at::autocast::get_autocast_dtype(device_type_);
-    at::autocast::set_autocast_enabled(device_type_, true);
-    at::autocast::set_autocast_dtype(device_type_, at::kBFloat16);
-    at::autocast::increment_nesting();
+  AutocastIf(bool on, c10::DeviceType device_type) {
+    if (on) scope_.emplace(device_type, actor::AutocastState{true, at::kBFloat16});
   }
-  ~AutocastScope() {
-    if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(device_type_, prev_enabled_);
-    at::autocast::set_autocast_dtype(device_type_, prev_dtype_);
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
-  const bool on_;
-  const c10::DeviceType device_type_;
-  bool prev_enabled_ = false;
-  at::ScalarType prev_dtype_ = at::kBFloat16;
+  std::optional<actor::AutocastScope> scope_;
 };
 
 // On-policy distillation's teacher: frozen, on the policy's device. Its
@@ -101,6 +86,7 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
                                                               const at::Tensor& pos, const at::Tensor& targets,
                                                               int64_t chunk, double temperature,
                                                               const at::Tensor& attention_mask) {
+  AutocastIf ac(autocast_bf16, device_type);
   if (sharded && m.get() == policy.get()) {
     return sharded->TokenLogProbs(ids, pos, targets, temperature, attention_mask, chunk);
   }
@@ -114,7 +100,6 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   }
   // Expert parallelism: the same module code, with the experts' exchange.
   actor::Transformer& module = ep_policy && m.get() == policy.get() ? ep_policy->model() : m;
-  AutocastScope ac(autocast_bf16, device_type);
   const c10::Device dev = module->LmHeadWeight().device();
   const at::Tensor mask = attention_mask.defined() ? attention_mask.to(dev) : attention_mask;
   auto out = actor::TokenLogProbs(module, ids.to(dev), pos.to(dev), targets.to(dev), chunk, temperature, mask);
@@ -125,11 +110,16 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
 }
 
 absl::StatusOr<at::Tensor> ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
-  if (sharded && m.get() == policy.get()) return sharded->Values(ids, pos);
+  AutocastIf ac(autocast_bf16, device_type);
+  // Values in fp32 (a bf16 value head under autocast), as below.
+  auto fp32 = [](absl::StatusOr<at::Tensor> v) -> absl::StatusOr<at::Tensor> {
+    if (v.ok()) return v->to(at::kFloat);
+    return v;
+  };
+  if (sharded && m.get() == policy.get()) return fp32(sharded->Values(ids, pos));
   if (tp_policy && m.get() == policy.get()) return tp_policy->Values(ids, pos);
-  if (sharded_critic && m.get() == critic.get()) return sharded_critic->Values(ids, pos);
+  if (sharded_critic && m.get() == critic.get()) return fp32(sharded_critic->Values(ids, pos));
   if (tp_critic && m.get() == critic.get()) return tp_critic->Values(ids, pos);
-  AutocastScope ac(autocast_bf16, device_type);
   const c10::Device dev = m->LmHeadWeight().device();
   return m->Values(ids.to(dev), pos.to(dev)).to(at::kFloat).to(at::kCPU);
 }
@@ -976,6 +966,17 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     // The critic's lm_head is never used; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.critic_dp, make_dp(s.critic, stage.rl.critic_optimizer, true));
     RLMESH_RETURN_IF_ERROR(s.critic_dp->BroadcastParameters());
+  }
+  if (stage.learner.gradient_checkpointing && !stage.learner.zero3) {
+    // ZeRO-3's units are recomputed in the backward pass already. TP is
+    // refused by MakeLearnerSettings, and EP needs MoE layers.
+    if (cfg.NumMoeLayers() > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "experiment.learner.gradient_checkpointing: not built for MoE policies (the policy has ",
+          cfg.NumMoeLayers(), " MoE layers)"));
+    }
+    s.policy->set_activation_checkpointing(true);
+    if (s.critic && !s.tp_critic) s.critic->set_activation_checkpointing(true);
   }
   if (s.reference && !s.PolicySplit()) {
     // Every rank's reference equals its (broadcast) initial policy (under

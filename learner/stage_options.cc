@@ -56,6 +56,12 @@ absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp)
                                                    "\" is not fp32 or bf16"));
   }
   l.autocast_bf16 = exp.learner().autocast() == "bf16";
+  l.gradient_checkpointing = exp.learner().gradient_checkpointing();
+  if (l.gradient_checkpointing && l.tp > 1) {
+    return absl::UnimplementedError(
+        "experiment.learner.gradient_checkpointing: with learner.tp > 1 is not built (the tensor-parallel model runs "
+        "its own blocks)");
+  }
   if (exp.checkpoint().keep() < 0) {
     return absl::InvalidArgumentError("experiment.checkpoint.keep: must be >= 0");
   }
@@ -403,16 +409,6 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
       return absl::InvalidArgumentError(sp + ": no stage kind set (sft, grpo, ppo, ...)");
   }
   o.name = stage.name().empty() ? std::string(StageKindName(o.kind)) : stage.name();
-  if (o.learner.zero3) {
-    // learner/fully_sharded.h carries the policy's log-probs, or a reward
-    // model's values; PPO's critic is sharded like the policy. DPO's frozen
-    // reference stays whole on every rank.
-    if (o.learner.autocast_bf16) {
-      return absl::UnimplementedError(
-          "experiment.learner.zero: 3 with learner.autocast: bf16 is not built (the backward recomputes each unit "
-          "outside the autocast scope)");
-    }
-  }
   if (o.learner.ep > 1) {
     // learner/expert_parallel.h steps the policy only. DPO's frozen
     // reference and PPO's critic stay whole on every rank (the critic

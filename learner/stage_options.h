@@ -68,6 +68,10 @@ struct LearnerSettings {
   int64_t micro_tokens = 8192;
   // learner.autocast == "bf16": forward passes under bf16 autocast.
   bool autocast_bf16 = false;
+  // learner.gradient_checkpointing: the trained models recompute each
+  // decoder block in the backward pass (actor::TransformerImpl::
+  // set_activation_checkpointing). Default false.
+  bool gradient_checkpointing = false;
   // Sampling temperature of the rollout: on-policy ratios are exactly 1 only
   // if log-probs are recomputed at it. Default 1.0 (also for greedy).
   double temperature = 1.0;
