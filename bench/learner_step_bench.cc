@@ -72,6 +72,8 @@ ABSL_FLAG(int, tp, 1, "learner.tp.");
 ABSL_FLAG(bool, sequence_parallel, false, "learner.sequence_parallel.");
 ABSL_FLAG(int, zero, 0, "learner.zero (0, 1 or 3).");
 ABSL_FLAG(int, ep, 1, "learner.ep (a MoE --model_dir; equal to --world when > 1).");
+ABSL_FLAG(bool, gradient_checkpointing, false, "learner.gradient_checkpointing.");
+ABSL_FLAG(std::string, autocast, "fp32", "learner.autocast: fp32 or bf16.");
 ABSL_FLAG(bool, whole_model, false,
           "weight_sync.whole_model: under --tp > 1 or --zero 3, rank 0 keeps the whole policy after every step "
           "(else it is gathered only for checkpoints).");
@@ -195,6 +197,8 @@ int Run() {
   e.mutable_learner()->set_sequence_parallel(absl::GetFlag(FLAGS_sequence_parallel));
   e.mutable_learner()->set_zero(absl::GetFlag(FLAGS_zero));
   e.mutable_learner()->set_ep(absl::GetFlag(FLAGS_ep));
+  e.mutable_learner()->set_gradient_checkpointing(absl::GetFlag(FLAGS_gradient_checkpointing));
+  e.mutable_learner()->set_autocast(absl::GetFlag(FLAGS_autocast));
   e.mutable_weight_sync()->set_whole_model(absl::GetFlag(FLAGS_whole_model));
   ConfigureRequest req;
   req.set_world_size(absl::GetFlag(FLAGS_world));
