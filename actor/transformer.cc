@@ -269,36 +269,35 @@ torch::Tensor DecoderLayerImpl::Ffn(const torch::Tensor& x, MoeRouting* routing)
 
 namespace {
 
-// One decoder block as an autograd node that keeps only its inputs: the
-// forward runs the block without a graph; the backward runs it again with
-// one, under the autocast state of the first run, and back-propagates
-// through it. The parameters' gradients accumulate into their .grad there
-// (a backward inside the backward, as PyTorch's reentrant checkpoint does),
-// so they are not outputs of this node; the input's gradient is.
-struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
-  // `layer`: the DecoderLayerImpl*; `mask` is an empty placeholder when
-  // has_mask is false (autograd wants every tensor argument defined).
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, int64_t layer,
-                                                bool has_mask, const torch::Tensor& h, const torch::Tensor& cos,
-                                                const torch::Tensor& sin, const torch::Tensor& mask) {
+// A block's forward as a callable the backward can run again.
+struct BlockHolder : torch::CustomClassHolder {
+  explicit BlockHolder(std::function<torch::Tensor(const torch::Tensor&)> f) : fn(std::move(f)) {}
+  std::function<torch::Tensor(const torch::Tensor&)> fn;
+};
+
+// One block as an autograd node that keeps only its input: the forward runs
+// the block without a graph; the backward runs it again with one, under the
+// autocast state of the first run, and back-propagates through it. The
+// parameters' gradients accumulate into their .grad there (a backward
+// inside the backward, as PyTorch's reentrant checkpoint does), so they are
+// not outputs of this node; the input's gradient is.
+struct CheckpointedBlockFunction : public torch::autograd::Function<CheckpointedBlockFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                c10::intrusive_ptr<BlockHolder> block, const torch::Tensor& h) {
     const AutocastState autocast = AutocastState::Current(h.device().type());
-    ctx->saved_data["layer"] = layer;
-    ctx->saved_data["has_mask"] = has_mask;
+    ctx->saved_data["block"] = c10::IValue::make_capsule(block);
     ctx->saved_data["autocast"] = autocast.enabled;
     ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast.dtype);
-    ctx->save_for_backward({h, cos, sin, mask});
-    auto* block = reinterpret_cast<DecoderLayerImpl*>(layer);
-    return {block->Forward(h, cos, sin, has_mask ? mask : torch::Tensor(), nullptr)};
+    ctx->save_for_backward({h});
+    return {block->fn(h)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
-    auto* block = reinterpret_cast<DecoderLayerImpl*>(ctx->saved_data["layer"].toInt());
-    const bool has_mask = ctx->saved_data["has_mask"].toBool();
-    torch::autograd::variable_list saved = ctx->get_saved_variables();
+    auto block = c10::static_intrusive_pointer_cast<BlockHolder>(ctx->saved_data["block"].toCapsule());
     const AutocastState autocast{ctx->saved_data["autocast"].toBool(),
                                  static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())};
-    torch::Tensor x = saved[0].detach().requires_grad_(true);
+    torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     {
       torch::AutoGradMode grad(true);
       torch::Tensor out;
@@ -306,12 +305,12 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
         // Autocast covers the recomputed forward only; the backward through
         // it runs outside autocast, as every backward pass does.
         AutocastScope scope(x.device().type(), autocast);
-        out = block->Forward(x, saved[1], saved[2], has_mask ? saved[3] : torch::Tensor(), nullptr);
+        out = block->fn(x);
       }
       torch::autograd::backward({out}, {grad_out[0]});
     }
-    // One gradient per argument: layer, has_mask, h, cos, sin, mask.
-    return {torch::Tensor(), torch::Tensor(), x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    // One gradient per argument: block, h.
+    return {torch::Tensor(), x.grad()};
   }
 };
 
@@ -366,14 +365,21 @@ torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, con
   for (const auto& m : *model->layers) {
     auto* layer = m->as<DecoderLayerImpl>();
     // A block whose input carries no gradient has nothing to recompute for.
-    if (checkpoint_blocks_ && torch::GradMode::is_enabled() && h.requires_grad()) {
-      h = CheckpointedBlock::apply(reinterpret_cast<int64_t>(layer), mask.defined(), h, cos, sin,
-                                   mask.defined() ? mask : torch::empty({0}, h.options()))[0];
+    if (checkpoint_blocks_) {
+      h = CheckpointedBlock(
+          [layer, cos = cos, sin = sin, mask](const torch::Tensor& x) { return layer->Forward(x, cos, sin, mask, nullptr); },
+          h);
     } else {
       h = layer->Forward(h, cos, sin, mask, routing_);
     }
   }
   return model->norm(h);
+}
+
+torch::Tensor CheckpointedBlock(std::function<torch::Tensor(const torch::Tensor&)> block, const torch::Tensor& h) {
+  // A block whose input carries no gradient has nothing to recompute for.
+  if (!torch::GradMode::is_enabled() || !h.requires_grad()) return block(h);
+  return CheckpointedBlockFunction::apply(c10::make_intrusive<BlockHolder>(std::move(block)), h)[0];
 }
 
 void TransformerImpl::set_activation_checkpointing(bool on) {

@@ -160,6 +160,14 @@ class DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderLayer);
 
+// Runs block(h) as one activation-checkpointed autograd node when the call
+// builds a graph through h (see TransformerImpl::
+// set_activation_checkpointing), else plainly. `block` is run again in the
+// backward pass: it must compute the same thing then, so it captures what it
+// reads by value, and every process of a group that runs collectives in it
+// must recompute too.
+torch::Tensor CheckpointedBlock(std::function<torch::Tensor(const torch::Tensor&)> block, const torch::Tensor& h);
+
 // MoeRouting.replay for a right-padded batch [rows, T] from each row's
 // recorded routes (Completion.routes: [position][moe layer][k] flattened);
 // positions past a row's routes (its last token, padding) route freely.

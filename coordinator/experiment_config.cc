@@ -314,8 +314,6 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "bf16 with learner.ep > 1 is not built");
   c.Require(l->ep() == 1 || config->model().device().empty() || config->model().device() == "cpu", "learner.ep",
             "expert parallelism runs on the CPU so far (Gloo; its NCCL path is untested)");
-  c.Require(!l->gradient_checkpointing() || l->tp() == 1, "learner.gradient_checkpointing",
-            "with learner.tp > 1 is not built (the tensor-parallel model runs its own blocks)");
   c.Require(!l->gradient_checkpointing() || l->ep() == 1, "learner.gradient_checkpointing",
             "with learner.ep > 1 is not built (not for MoE policies)");
   if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);

@@ -750,6 +750,7 @@ absl::Status SplitCriticTensorParallel(const StageOptions& stage, ModelSet* mode
   ModelSet& s = *models;
   TensorParallelOptions to;
   to.sequence_parallel = stage.learner.sequence_parallel;
+  to.activation_checkpointing = stage.learner.gradient_checkpointing;
   {
     std::lock_guard<std::mutex> lock(InitMutex());
     auto made = TensorParallelModel::Create(s.critic->config(), s.tp_group, to);
@@ -779,6 +780,7 @@ absl::Status SplitPolicyTensorParallel(const StageOptions& stage, int rank, int 
   RLMESH_RETURN_IF_ERROR(JoinTensorParallelGroups(stage, rank, world_size, gloo, &s));
   TensorParallelOptions to;
   to.sequence_parallel = stage.learner.sequence_parallel;
+  to.activation_checkpointing = stage.learner.gradient_checkpointing;
   {
     std::lock_guard<std::mutex> lock(InitMutex());
     auto made = TensorParallelModel::Create(s.policy->config(), s.tp_group, to);
@@ -967,16 +969,17 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     RLMESH_ASSIGN_OR_RETURN(s.critic_dp, make_dp(s.critic, stage.rl.critic_optimizer, true));
     RLMESH_RETURN_IF_ERROR(s.critic_dp->BroadcastParameters());
   }
-  if (stage.learner.gradient_checkpointing && !stage.learner.zero3) {
-    // ZeRO-3's units are recomputed in the backward pass already. TP is
-    // refused by MakeLearnerSettings, and EP needs MoE layers.
+  if (stage.learner.gradient_checkpointing && !stage.learner.zero3 && stage.learner.tp == 1) {
+    // ZeRO-3's units are recomputed in the backward pass already; the
+    // tensor-parallel models took the option when they were split; EP
+    // needs MoE layers.
     if (cfg.NumMoeLayers() > 0) {
       return absl::UnimplementedError(absl::StrCat(
           "experiment.learner.gradient_checkpointing: not built for MoE policies (the policy has ",
           cfg.NumMoeLayers(), " MoE layers)"));
     }
     s.policy->set_activation_checkpointing(true);
-    if (s.critic && !s.tp_critic) s.critic->set_activation_checkpointing(true);
+    if (s.critic) s.critic->set_activation_checkpointing(true);
   }
   if (s.reference && !s.PolicySplit()) {
     // Every rank's reference equals its (broadcast) initial policy (under

@@ -57,11 +57,6 @@ absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp)
   }
   l.autocast_bf16 = exp.learner().autocast() == "bf16";
   l.gradient_checkpointing = exp.learner().gradient_checkpointing();
-  if (l.gradient_checkpointing && l.tp > 1) {
-    return absl::UnimplementedError(
-        "experiment.learner.gradient_checkpointing: with learner.tp > 1 is not built (the tensor-parallel model runs "
-        "its own blocks)");
-  }
   if (exp.checkpoint().keep() < 0) {
     return absl::InvalidArgumentError("experiment.checkpoint.keep: must be >= 0");
   }

@@ -432,11 +432,13 @@ at::Tensor TensorParallelModel::ForwardStream(const at::Tensor& ids, const at::T
   // sequence parallelism so that every rank holds the same number.
   const int64_t rows = B * T;
   const int64_t padded = sp ? (rows + size_ - 1) / size_ * size_ : rows;
-  auto to_rows = [&](const at::Tensor& x) {  // [B,T,H] -> [padded, H]
+  // By value, all of them: a checkpointed block runs them again in the
+  // backward pass, after this call has returned.
+  auto to_rows = [=](const at::Tensor& x) {  // [B,T,H] -> [padded, H]
     auto flat = x.reshape({rows, H});
     return padded == rows ? flat : at::constant_pad_nd(flat, {0, 0, 0, padded - rows});
   };
-  auto from_rows = [&](const at::Tensor& x) {  // [padded, H] -> [B,T,H]
+  auto from_rows = [=](const at::Tensor& x) {  // [padded, H] -> [B,T,H]
     return x.narrow(0, 0, rows).reshape({B, T, H});
   };
 
@@ -450,19 +452,23 @@ at::Tensor TensorParallelModel::ForwardStream(const at::Tensor& ids, const at::T
   at::Tensor mask = actor::AttentionMask4d(attention_mask, T, h.device());
 
   // A block's input: the replicated [B,T,H] a column-parallel projection takes.
-  auto enter = [&](const at::Tensor& x) {
+  auto enter = [=](const at::Tensor& x) {
     if (sp) return from_rows(GatherRows::apply(x, key));
     return tp ? CopyToShards::apply(x, key) : x;
   };
   // A block's partial output back into the stream's layout.
-  auto leave = [&](const at::Tensor& y) {
+  auto leave = [=](const at::Tensor& y) {
     if (sp) return ScatterRows::apply(to_rows(y), key);
     return tp ? ReduceFromShards::apply(y, key) : y;
   };
   for (const auto& module : *backbone->layers) {
     auto* layer = module->as<actor::DecoderLayerImpl>();
-    h = h + leave(layer->self_attn->Full(enter(layer->input_layernorm(h)), cos, sin, mask, nullptr, nullptr));
-    h = h + leave(layer->mlp(enter(layer->post_attention_layernorm(h))));
+    auto block = [=](const at::Tensor& x) {
+      at::Tensor y = x + leave(layer->self_attn->Full(enter(layer->input_layernorm(x)), cos, sin, mask, nullptr,
+                                                      nullptr));
+      return y + leave(layer->mlp(enter(layer->post_attention_layernorm(y))));
+    };
+    h = options_.activation_checkpointing ? actor::CheckpointedBlock(block, h) : block(h);
   }
   return backbone->norm(h);
 }

@@ -125,6 +125,10 @@ bool TensorParallelGradientIsPartial(const std::string& hf_name, bool sequence_p
 struct TensorParallelOptions {
   // Split the residual stream along the tokens between blocks. Default off.
   bool sequence_parallel = false;
+  // Activation checkpointing (actor::CheckpointedBlock): each block keeps
+  // only its input, and the backward pass recomputes it, collectives and
+  // all, on every rank. Default off.
+  bool activation_checkpointing = false;
 };
 
 class TensorParallelModel {
