@@ -28,30 +28,22 @@ import tempfile
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "bazel-bin/bench/learner_step_bench")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from learner_memory import BIN, layer_activation_bytes, outside_layers_bytes, parse_bench  # noqa: E402
+
+# bench/learner_memory.py's model with 8 layers instead of 4.
 CFG = dict(vocab_size=2048, hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
            num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False, rms_norm_eps=1e-6)
-CHUNK = 64
 # (groups, group size, prompt, response): 2k, 4k and 8k tokens, one micro-batch each.
 BATCHES = [(4, 4, 32, 96), (8, 4, 32, 96), (8, 8, 32, 96)]
 
 
-def parse_bench(stdout):
-    lines = [json.loads(l) for l in stdout.splitlines() if l.startswith("{")]
-    secs = [l["seconds"] for l in lines if "seconds" in l]
-    mem = [l["memory"] for l in lines if "memory" in l][0]
-    tokens = int([l for l in lines if "tokens" in l][0]["tokens"])
-    return secs, mem, tokens
-
-
 def activations(tokens, rows, checkpointed):
-    H, I, L = CFG["hidden_size"], CFG["intermediate_size"], CFG["num_hidden_layers"]
-    A, V = CFG["num_attention_heads"], CFG["vocab_size"]
-    KV = CFG["num_key_value_heads"] * H // A
-    per_layer = 4 * (9 * H + 4 * KV + 4 * I + A + 4)
-    fixed = tokens * 4 * 3 * H + rows * CHUNK * V * 4 * 3
+    L, H = CFG["num_hidden_layers"], CFG["hidden_size"]
+    per_layer = layer_activation_bytes(CFG)
+    fixed = outside_layers_bytes(CFG, rows, tokens)
     if checkpointed:
+        # Each block's input, and one block's activations while it is recomputed.
         return tokens * L * 4 * H + tokens * per_layer + fixed
     return tokens * L * per_layer + fixed
 

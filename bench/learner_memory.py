@@ -52,13 +52,22 @@ def parse_bench(stdout):
     return secs, mem, tokens
 
 
+def layer_activation_bytes(cfg):
+    """What one decoder layer keeps per token for its backward (the docstring's term)."""
+    H, I, A = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"]
+    KV = cfg["num_key_value_heads"] * H // A
+    return 4 * (9 * H + 4 * KV + 4 * I + A + 4)
+
+
+def outside_layers_bytes(cfg, rows, tokens):
+    """The embedding output, the final norm and one log-prob chunk."""
+    return tokens * 4 * 3 * cfg["hidden_size"] + rows * CHUNK * cfg["vocab_size"] * 4 * 3
+
+
 def theory(params, rows, tokens):
-    H, I, L = CFG["hidden_size"], CFG["intermediate_size"], CFG["num_hidden_layers"]
-    A, V = CFG["num_attention_heads"], CFG["vocab_size"]
-    KV = CFG["num_key_value_heads"] * H // A
     state = 20 * params
     grads = 4 * params
-    acts = tokens * L * 4 * (9 * H + 4 * KV + 4 * I + A + 4) + tokens * 4 * 3 * H + rows * CHUNK * V * 4 * 3
+    acts = tokens * CFG["num_hidden_layers"] * layer_activation_bytes(CFG) + outside_layers_bytes(CFG, rows, tokens)
     return state, grads, acts
 
 
