@@ -109,19 +109,21 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   return out;
 }
 
-absl::StatusOr<at::Tensor> ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos) {
+absl::StatusOr<at::Tensor> ModelSet::Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos,
+                                            const at::Tensor& attention_mask) {
   AutocastIf ac(autocast_bf16, device_type);
   // Values in fp32 (a bf16 value head under autocast), as below.
   auto fp32 = [](absl::StatusOr<at::Tensor> v) -> absl::StatusOr<at::Tensor> {
     if (v.ok()) return v->to(at::kFloat);
     return v;
   };
-  if (sharded && m.get() == policy.get()) return fp32(sharded->Values(ids, pos));
-  if (tp_policy && m.get() == policy.get()) return tp_policy->Values(ids, pos);
-  if (sharded_critic && m.get() == critic.get()) return fp32(sharded_critic->Values(ids, pos));
-  if (tp_critic && m.get() == critic.get()) return tp_critic->Values(ids, pos);
+  const at::Tensor& mask = attention_mask;
+  if (sharded && m.get() == policy.get()) return fp32(sharded->Values(ids, pos, mask));
+  if (tp_policy && m.get() == policy.get()) return tp_policy->Values(ids, pos, mask);
+  if (sharded_critic && m.get() == critic.get()) return fp32(sharded_critic->Values(ids, pos, mask));
+  if (tp_critic && m.get() == critic.get()) return tp_critic->Values(ids, pos, mask);
   const c10::Device dev = m->LmHeadWeight().device();
-  return m->Values(ids.to(dev), pos.to(dev)).to(at::kFloat).to(at::kCPU);
+  return m->Values(ids.to(dev), pos.to(dev), mask.defined() ? mask.to(dev) : mask).to(at::kFloat).to(at::kCPU);
 }
 
 absl::Status ModelSet::ZeroGradPolicy(double local_weight) {

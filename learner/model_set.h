@@ -113,7 +113,9 @@ struct ModelSet {
                                                       const at::Tensor& attention_mask = {});
   // The value head's outputs [B, T], fp32 (through the sharded or
   // tensor-parallel policy when `m` is the policy under those layouts).
-  absl::StatusOr<at::Tensor> Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos);
+  // `attention_mask`: as for LogProbs (segment ids of packed rows).
+  absl::StatusOr<at::Tensor> Values(actor::Transformer& m, const at::Tensor& ids, const at::Tensor& pos,
+                                    const at::Tensor& attention_mask = {});
 
   // The policy's optimizer, whichever layout holds it (dp or sharded), with
   // DataParallel's convention: ZeroGrad before a step's backward passes, in

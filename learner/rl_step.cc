@@ -283,6 +283,16 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       return lp;
     };
 
+    // The critic's values of micro-batch [a, e), [e - a, T], packed as the
+    // policy's log-probs are.
+    auto micro_values = [&](int64_t a, int64_t e, int64_t T) -> absl::StatusOr<at::Tensor> {
+      const PackedRows* p = packing(a, e, T);
+      if (p == nullptr) return s.models.Values(s.models.critic, Rows(b.input_ids, a, e, T), Rows(b.positions, a, e, T));
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor v, s.models.Values(s.models.critic, p->batch.input_ids, p->batch.positions,
+                                                            p->batch.segments));
+      return p->Unpack(v);
+    };
+
     // Partition: mini-batches of rows, micro-batches inside them. The same
     // micro-batches serve the no-grad pass and the first training pass, so
     // on-policy ratios are exactly 1.
@@ -382,7 +392,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
             Rows(teacher_logp, a, e, T).copy_(tlp.logprobs);
           }
           if (s.models.critic) {
-            RLMESH_ASSIGN_OR_RETURN(at::Tensor v, s.models.Values(s.models.critic, ids, pos));
+            RLMESH_ASSIGN_OR_RETURN(at::Tensor v, micro_values(a, e, T));
             Rows(old_values, a, e, T).copy_(v);
           }
         }
@@ -593,7 +603,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
             out.metrics["router_aux_loss"] = aux.item<double>();
           }
           if (s.models.critic) {
-            RLMESH_ASSIGN_OR_RETURN(at::Tensor values, s.models.Values(s.models.critic, ids, pos));
+            RLMESH_ASSIGN_OR_RETURN(at::Tensor values, micro_values(a, e, T));
             RLMESH_ASSIGN_OR_RETURN(LossOutput vo, ValueLoss(values, Rows(old_values, a, e, T),
                                                              Rows(returns, a, e, T), mk, rl.value_clip,
                                                              rl.loss.agg));

@@ -1811,6 +1811,35 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
       CHECK(BitEqual(packed, automatic));
     }
   }
+  SECTION("PPO: the critic's values run packed as the policy's log-probs do, and the step is the padded one's") {
+    actor::ConfigureThreads(2);
+    ExperimentConfig e = Tiny(29);
+    Stage st;
+    auto* rl = st.mutable_ppo()->mutable_rl();
+    rl->set_steps(3);
+    rl->mutable_optimizer()->set_lr(1e-2);
+    rl->set_mini_batches(2);  // the no-grad pass computes the old values
+    *e.add_stages() = st;
+    GroupList groups = LongTailed(FourGroups(e, {false, false, false, false}));
+    TrainerOptions packed_opt, rows_opt;
+    packed_opt.pack_rl = TrainerOptions::RlPacking::kOn;
+    rows_opt.pack_rl = TrainerOptions::RlPacking::kOff;
+    Trainer packed(packed_opt), rows(rows_opt);
+    REQUIRE(packed.Configure(Request(e)).ok());
+    REQUIRE(rows.Configure(Request(e)).ok());
+    for (int step = 0; step < 3; ++step) {
+      const auto [mp, mr] = StepBoth(packed, rows, groups, step);
+      INFO("step " << step);
+      CHECK(mp.at("packed_frac") == 1.0);
+      CHECK(mr.at("packed_frac") == 0.0);
+      const double tol = step == 0 ? 1e-6 : 1e-4;
+      CHECK(mp.at("value_loss") == Approx(mr.at("value_loss")).margin(tol));
+      CHECK(mp.at("value_mean") == Approx(mr.at("value_mean")).margin(tol));
+      CHECK(mp.at("value_grad_norm") == Approx(mr.at("value_grad_norm")).epsilon(tol * 10));
+      CHECK(mp.at("loss") == Approx(mr.at("loss")).margin(tol));
+    }
+    CHECK(MaxAbsDiff(packed, rows) < 1e-4);
+  }
   SECTION("auto leaves nearly full micro-batches padded, bit for bit") {
     actor::ConfigureThreads(2);
     ExperimentConfig e = Tiny(28);
