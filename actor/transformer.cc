@@ -364,11 +364,13 @@ torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, con
   torch::Tensor mask = AttentionMask4d(attention_mask, input_ids.size(1), h.device());
   for (const auto& m : *model->layers) {
     auto* layer = m->as<DecoderLayerImpl>();
-    // A block whose input carries no gradient has nothing to recompute for.
     if (checkpoint_blocks_) {
-      h = CheckpointedBlock(
-          [layer, cos = cos, sin = sin, mask](const torch::Tensor& x) { return layer->Forward(x, cos, sin, mask, nullptr); },
-          h);
+      // (cos and sin are structured bindings, which C++17 lambdas cannot
+      // capture by name.)
+      auto block = [layer, cos = cos, sin = sin, mask](const torch::Tensor& x) {
+        return layer->Forward(x, cos, sin, mask, nullptr);
+      };
+      h = CheckpointedBlock(block, h);
     } else {
       h = layer->Forward(h, cos, sin, mask, routing_);
     }

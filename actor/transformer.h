@@ -149,7 +149,6 @@ class DecoderLayerImpl : public torch::nn::Module {
   // AttentionImpl::Full for cos, sin and mask): h + attention, then + FFN.
   torch::Tensor Forward(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, MoeRouting* routing);
-  bool is_moe() const { return moe_index_ >= 0; }
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};  // dense layers
   Moe moe{nullptr};  // MoE layers (registered as "mlp")

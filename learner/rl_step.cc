@@ -370,7 +370,6 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       for (const auto& micro : minis) {
         for (auto [a, e] : micro) {
           const int64_t T = longest(a, e);
-          auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T);
           if (!reuse_forward) {
             std::optional<MoeForward> routing;
             start_routing(&routing, a, e, T);
@@ -570,7 +569,6 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
             RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(true));  // no-op unless ZeRO-3 or EP
             continue;
           }
-          auto ids = Rows(b.input_ids, a, e, T), pos = Rows(b.positions, a, e, T);
           std::optional<MoeForward> routing;
           start_routing(&routing, a, e, T);
           RLMESH_ASSIGN_OR_RETURN(auto lp, micro_logprobs(s.models.policy, a, e, T));
