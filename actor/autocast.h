@@ -10,6 +10,8 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
+
 namespace rlmesh::actor {
 
 struct AutocastState {
@@ -19,6 +21,9 @@ struct AutocastState {
   static AutocastState Current(c10::DeviceType device_type) {
     return {at::autocast::is_autocast_enabled(device_type), at::autocast::get_autocast_dtype(device_type)};
   }
+  // As one integer, for an autograd node's saved data, and back.
+  int64_t Encode() const { return static_cast<int64_t>(dtype) * 2 + (enabled ? 1 : 0); }
+  static AutocastState Decode(int64_t v) { return {(v & 1) != 0, static_cast<at::ScalarType>(v >> 1)}; }
 };
 
 // Sets `state` for `device_type` on this thread and restores the previous

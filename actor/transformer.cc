@@ -284,10 +284,8 @@ struct BlockHolder : torch::CustomClassHolder {
 struct CheckpointedBlockFunction : public torch::autograd::Function<CheckpointedBlockFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 c10::intrusive_ptr<BlockHolder> block, const torch::Tensor& h) {
-    const AutocastState autocast = AutocastState::Current(h.device().type());
     ctx->saved_data["block"] = c10::IValue::make_capsule(block);
-    ctx->saved_data["autocast"] = autocast.enabled;
-    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast.dtype);
+    ctx->saved_data["autocast"] = AutocastState::Current(h.device().type()).Encode();
     ctx->save_for_backward({h});
     return {block->fn(h)};
   }
@@ -295,8 +293,7 @@ struct CheckpointedBlockFunction : public torch::autograd::Function<Checkpointed
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
     auto block = c10::static_intrusive_pointer_cast<BlockHolder>(ctx->saved_data["block"].toCapsule());
-    const AutocastState autocast{ctx->saved_data["autocast"].toBool(),
-                                 static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())};
+    const AutocastState autocast = AutocastState::Decode(ctx->saved_data["autocast"].toInt());
     torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     {
       torch::AutoGradMode grad(true);

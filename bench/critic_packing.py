@@ -21,23 +21,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shared_prompts import BIN, SHAPES, write_model  # noqa: E402
-
-
-def run(binary, folder, args, steps, threads):
-    cmd = [binary, f"--model_dir={folder}", "--tokenizer=char", f"--threads={threads}", f"--steps={steps}",
-           "--warmup=1", "--lr=1e-6", "--group_prompts", "--stage=ppo"]
-    cmd += [f"--{k}={v}" for k, v in args.items()]
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if out.returncode != 0:
-        sys.stderr.write(out.stderr[-3000:])
-        raise SystemExit(f"{' '.join(cmd)} failed")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"seconds"')]
+from shared_prompts import BIN, SHAPES, run, write_model  # noqa: E402
 
 
 def main():
@@ -61,7 +49,8 @@ def main():
         for r in range(a.repeats):
             order = [True, False] if r % 2 == 0 else [False, True]
             for new in order:
-                rows = run(BIN if new else a.baseline_bin, folders[model], args, 2, a.threads)
+                rows = run(folders[model], {**args, "stage": "ppo"}, True, 2, 1, a.threads,
+                           binary=BIN if new else a.baseline_bin)
                 rec = {"shape": name, "repeat": r, "new": new,
                        "seconds": statistics.median(x["seconds"] for x in rows), "first_loss": rows[0]["loss"],
                        "packed_frac": rows[0].get("packed_frac"), "tokens": rows[0]["tokens"]}

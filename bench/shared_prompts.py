@@ -61,8 +61,8 @@ def write_model(folder, shape):
     LlamaForCausalLM(cfg).save_pretrained(folder)
 
 
-def run(folder, args, share, steps, warmup, threads):
-    cmd = [BIN, f"--model_dir={folder}", "--tokenizer=char", f"--threads={threads}", f"--steps={steps}",
+def run(folder, args, share, steps, warmup, threads, binary=BIN):
+    cmd = [binary, f"--model_dir={folder}", "--tokenizer=char", f"--threads={threads}", f"--steps={steps}",
            f"--warmup={warmup}", "--lr=1e-6", "--group_prompts", f"--share_prompts={'true' if share else 'false'}"]
     cmd += [f"--{k}={v}" for k, v in args.items()]
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

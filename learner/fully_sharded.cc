@@ -86,12 +86,10 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
                                const at::Tensor& shard, const at::Tensor& shard0, const at::Tensor& in0,
                                const at::Tensor& in1, const at::Tensor& in2, const at::Tensor& in3) {
     const bool tied = (present & kTiedBit) != 0;
-    const actor::AutocastState autocast = actor::AutocastState::Current(shard.device().type());
     ctx->saved_data["model"] = model;
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["present"] = present;
-    ctx->saved_data["autocast"] = autocast.enabled;
-    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast.dtype);
+    ctx->saved_data["autocast"] = actor::AutocastState::Current(shard.device().type()).Encode();
     ctx->save_for_backward({in0, in1, in2, in3});
     auto* m = reinterpret_cast<FullyShardedModel*>(model);
     const size_t u = static_cast<size_t>(unit);
@@ -141,8 +139,7 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
         // The recomputation runs in the dtypes of the forward (bf16
         // autocast); the backward through it, as any, outside autocast.
         actor::AutocastScope autocast(full.device().type(),
-                                      {ctx->saved_data["autocast"].toBool(),
-                                       static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())});
+                                      actor::AutocastState::Decode(ctx->saved_data["autocast"].toInt()));
         out = m->Compute(u, inputs);
       }
       std::vector<at::Tensor> grads_of_out;
