@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -602,6 +604,23 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
     cfg.pad_token_id = tokenizer.pad_id();
     cfg.value_head = reward_model;
     RLMESH_RETURN_IF_ERROR(PrefixStatus("experiment.model", cfg.Validate()));
+    // A scratch model is built here, on the host, before anything else can
+    // fail: refuse one whose training state alone (weights, gradients and
+    // AdamW's moments with DataParallel's flat copies: 24 bytes a
+    // parameter, bench/learner_memory.py) exceeds this machine's memory,
+    // rather than spend minutes filling it.
+    const int64_t head_dim = cfg.head_dim > 0 ? cfg.head_dim : cfg.hidden_size / cfg.num_heads;
+    const double params =
+        2.0 * cfg.vocab_size * cfg.hidden_size +
+        static_cast<double>(cfg.num_layers) * cfg.hidden_size *
+            (2.0 * head_dim * (cfg.num_heads + cfg.num_kv_heads) + 3.0 * cfg.intermediate_size);
+    const double host_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+    if (host_bytes > 0 && 24.0 * params > host_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "experiment.model: a scratch model of about ", static_cast<int64_t>(params / 1e6),
+          "M parameters needs about ", static_cast<int64_t>(24.0 * params / (1 << 30)),
+          " GiB to train, more than this host's ", static_cast<int64_t>(host_bytes / (1 << 30)), " GiB"));
+    }
     RLMESH_RETURN_IF_ERROR(CatchAll("build policy", [&]() -> absl::Status {
       std::lock_guard<std::mutex> lock(InitMutex());
       torch::manual_seed(exp.seed());

@@ -527,6 +527,23 @@ Stage RewardModelStage() {
   return rm;
 }
 
+TEST_CASE("a scratch model too large for the host is refused by name, at once") {
+  ExperimentConfig e = Tiny();
+  e.mutable_model()->set_hidden(16384);
+  e.mutable_model()->set_intermediate(0);
+  e.mutable_model()->set_layers(256);
+  e.mutable_model()->set_heads(128);
+  e.mutable_model()->set_kv_heads(128);
+  *e.add_stages() = SftStageOf(1, 8, 1e-2);
+  Trainer t;
+  const absl::Time start = absl::Now();
+  auto r = t.Configure(Request(e));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(r.status().message()), Catch::Contains("experiment.model: a scratch model of about"));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+}
+
 TEST_CASE("learner.zero: 2 is refused by name") {
   Trainer t;
   ExperimentConfig two = Tiny();
