@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-CHECKS = ["device_test", "weight_sync_gpu_test", "gpu_bench"]
+CHECKS = ["device_test", "memory_gpu_test", "weight_sync_gpu_test", "gpu_bench"]
 
 
 def read(path, default=""):

@@ -1,9 +1,14 @@
 #include "dist/device.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <fstream>
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/cuda.h>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +16,12 @@
 
 namespace rlmesh::dist {
 
+namespace {
+std::atomic<bool> cuda_backend_asked{false};
+}  // namespace
+
 absl::Status LoadCudaBackend() {
+  cuda_backend_asked = true;
   static const absl::Status* loaded = [] {
     // libtorch_cuda.so resolves its own CUDA libraries (cuBLAS, cuDNN,
     // NCCL...) through its RPATH into the nvidia wheels beside torch.
@@ -57,6 +67,42 @@ absl::StatusOr<c10::Device> ResolveDevice(absl::string_view spec, absl::string_v
                                                       "CUDA_VISIBLE_DEVICES ", env, ")"));
   }
   return d;
+}
+
+int64_t ProcessMemoryBytes(const c10::Device& device) {
+  if (device.is_cuda()) {
+    const auto stats = c10::getDeviceAllocator(c10::kCUDA)->getDeviceStats(device.index());
+    return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  }
+  std::ifstream f("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  f >> pages >> resident;
+  return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+void ReleaseCachedMemory(const c10::Device& device) {
+  if (device.is_cuda()) {
+    c10::getDeviceAllocator(c10::kCUDA)->emptyCache();
+    return;
+  }
+  malloc_trim(0);
+}
+
+absl::Status SetCudaMemoryFraction(double fraction, absl::string_view who) {
+  if (!(fraction > 0 && fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", fraction, " is not in (0, 1]"));
+  }
+  if (cuda_backend_asked) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": the CUDA backend is already loaded; the memory fraction must be set before"));
+  }
+  const char* old = std::getenv("PYTORCH_ALLOC_CONF");
+  std::string conf = absl::StrCat("per_process_memory_fraction:", fraction);
+  if (old != nullptr && *old != '\0') conf = absl::StrCat(old, ",", conf);
+  if (setenv("PYTORCH_ALLOC_CONF", conf.c_str(), 1) != 0) {
+    return absl::InternalError(absl::StrCat(who, ": setenv(PYTORCH_ALLOC_CONF) failed"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rlmesh::dist

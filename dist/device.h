@@ -14,6 +14,7 @@
 // Thread-safety: every function is safe for concurrent use; the backend is
 // loaded at most once per process.
 
+#include <cstdint>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -44,5 +45,23 @@ absl::StatusOr<c10::Device> ResolveDevice(absl::string_view spec, absl::string_v
 
 // Only the syntax (no backend, no device): what config validation uses.
 absl::StatusOr<c10::Device> ParseDevice(absl::string_view spec, absl::string_view who);
+
+// Memory this process holds on `device`, bytes: its resident set for the
+// CPU (/proc/self/statm); the CUDA caching allocator's reserved bytes (in
+// use or cached) for a CUDA device.
+int64_t ProcessMemoryBytes(const c10::Device& device);
+
+// Hands memory that is free but still held back to its owner: on a CUDA
+// device the caching allocator's unused blocks (emptyCache), so that
+// another process on the GPU can have them; on the CPU, malloc's free pages
+// (glibc's malloc_trim; a no-op under another malloc).
+void ReleaseCachedMemory(const c10::Device& device);
+
+// Caps the CUDA caching allocator of this process at `fraction` of each
+// device's memory (an allocation past it fails with out-of-memory) by adding
+// per_process_memory_fraction to PYTORCH_ALLOC_CONF. It must run before the
+// CUDA backend loads (the allocator reads its settings once): FAILED_PRECONDITION
+// after. INVALID_ARGUMENT `<who>: <fraction> is not in (0, 1]`.
+absl::Status SetCudaMemoryFraction(double fraction, absl::string_view who);
 
 }  // namespace rlmesh::dist

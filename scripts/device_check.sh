@@ -29,6 +29,7 @@ limit_bytes=$((64 * 1024 * 1024))
 # Binaries (bazel-bin paths) the GPU machine runs.
 BINARIES=(
   dist/device_test
+  dist/memory_gpu_test
   weight_sync/weight_sync_gpu_test
   bench/gpu_bench
 )
@@ -142,6 +143,7 @@ run() {
   local filter="[gpu]~[multi_gpu]"
   [ "${gpus:-0}" -ge 2 ] && filter="[gpu]"
   check device_test 60 "$work/bundle/bin/device_test"
+  check memory_gpu_test 60 "$work/bundle/bin/memory_gpu_test"
   check weight_sync_gpu_test 120 "$work/bundle/bin/weight_sync_gpu_test" "$filter"
   check gpu_bench 300 "$work/bundle/bin/gpu_bench"
   local out="${OUT:-$root/.device}"
@@ -155,7 +157,7 @@ run() {
     # and no library may be missing or come from outside the bundle.
     local bad=0
     grep -q . "$work/libraries.txt" && { echo "dry run: libraries not from the bundle:"; cat "$work/libraries.txt"; bad=1; }
-    for c in device_test weight_sync_gpu_test gpu_bench; do
+    for c in device_test memory_gpu_test weight_sync_gpu_test gpu_bench; do
       rc=$(cat "$work/$c.rc")
       if [ "$c" = device_test ]; then
         # Runs here too: its no-GPU branch must pass.
