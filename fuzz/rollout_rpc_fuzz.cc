@@ -1,13 +1,15 @@
 // Every RolloutService RPC, structure-aware (fuzz/rpc_fuzz.h), against the
 // real service and a worker holding a tiny Llama (rollout/testing): Generate
 // with fuzzed sampling, sizes and modes, LoadWeights from fuzzed folders and
-// sync layouts, ConfigureWeightSync with fuzzed groups, GetStatus, in any
+// sync layouts, ConfigureWeightSync with fuzzed groups, Sleep, GetStatus, in any
 // order. This is the mix that once left a worker unable to answer GetStatus
 // for 15 s (issue 16). After each call GetStatus answers within the grace
 // period; after every 16th, a small greedy Generate still completes (the
-// worker still has a usable model, whatever was loaded into it).
+// worker still has a usable model, whatever was loaded into it; after a
+// Sleep that released the weights, once a checkpoint load brings them back).
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +42,16 @@ std::string Check(const std::string& address) {
   if (!s.ok()) return absl::StrCat("GetStatus: ", s.error_message());
   static int calls = 0;
   if (calls++ % 16 != 0) return "";
+  if (status.weights_released()) {
+    // A fuzzed Sleep released the weights: a load must bring them back,
+    // unless a fuzzed load took the largest version (no load can follow).
+    if (status.policy_version() == std::numeric_limits<int64_t>::max()) return "";
+    rlmesh::LoadWeightsRequest load;
+    load.set_checkpoint_path(CheckpointDir());
+    rlmesh::LoadWeightsResponse loaded;
+    s = stub->LoadWeights(client->NewContext(absl::Seconds(20)).get(), load, &loaded);
+    if (!s.ok()) return absl::StrCat("LoadWeights after a Sleep: ", s.error_message());
+  }
   rlmesh::GenerateRequest req = rlmesh::rollout::testing::MakeRequest({"1+2="}, 1, 3, 5);
   req.mutable_sampling()->set_temperature(0);
   auto ctx = client->NewContext(absl::Seconds(20));

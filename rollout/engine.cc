@@ -71,11 +71,13 @@ void RolloutWorker::Impl::Loop() {
     std::vector<std::pair<uint64_t, actor::GenerationRequest>> admit;
     std::vector<std::shared_ptr<EpisodeGroup>> start;
     bool interrupt = false;
+    bool released = false;
     std::shared_ptr<Update> apply;
     {
       absl::MutexLock lock(&mu);
       mu.Await(absl::Condition(&EngineHasWork, this));
       if (stop) break;
+      released = weights_released;
       if (update) {
         // kAbort/kPartial: interrupt what runs now, swap, then regenerate
         // or continue it. kFinish: wait for in-flight sequences and
@@ -176,6 +178,7 @@ void RolloutWorker::Impl::Loop() {
       if (s.ok()) {
         version = apply->version;
         model_id = apply->model_id;
+        weights_released = apply->releases_weights;
         if (apply->config) {
           config = apply->config;
           params = std::move(apply->params);
@@ -187,7 +190,7 @@ void RolloutWorker::Impl::Loop() {
       update = nullptr;
       continue;
     }
-    if (!gen && model) {
+    if (!gen && model && !released) {
       actor::GeneratorOptions go;
       go.max_batch = options.max_batch;
       go.max_prefill_tokens = options.max_prefill_tokens;
@@ -218,6 +221,11 @@ void RolloutWorker::Impl::Loop() {
       }
     }
     for (auto& [id, g] : admit) {
+      if (!gen) {
+        // Admitted as the weights were released (Sleep): nothing to run on.
+        FailInflight(id, absl::FailedPreconditionError("the worker's weights were released (Sleep); load weights"));
+        continue;
+      }
       absl::Status s = gen->Submit(std::move(g));
       if (!s.ok()) FailInflight(id, s);
     }

@@ -9,6 +9,7 @@
 #include "common/rpc_client.h"
 #include "common/server_flags.h"
 #include "dist/device.h"
+#include "dist/memory_fraction_flag.h"
 #include "reward_server/client.h"
 #include "rollout/rollout_worker.h"
 #include "rollout/service.h"
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   };
   auto options = rlmesh::ServerOptionsFromFlags("rollout_worker");
   if (!options.ok()) return fail(options.status());
+  if (absl::Status s = rlmesh::dist::ApplyCudaMemoryFractionFlag(); !s.ok()) return fail(s);
   rlmesh::actor::ConfigureThreads(absl::GetFlag(FLAGS_threads));
   auto tokenizer = rlmesh::actor::LoadTokenizer(absl::GetFlag(FLAGS_tokenizer));
   if (!tokenizer.ok()) return fail(tokenizer.status());

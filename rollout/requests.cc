@@ -29,6 +29,11 @@ FinishReason ToProto(actor::FinishReason r) {
 
 absl::Status RolloutWorker::Impl::Validate(const GenerateRequest& r, actor::SamplingOptions* sampling) {
   if (!config) return absl::FailedPreconditionError("no weights loaded: call LoadWeights first");
+  if (weights_released) {
+    return absl::FailedPreconditionError(
+        "the worker's weights were released by Sleep(release_weights): LoadWeights (a sync or a checkpoint) "
+        "brings them back");
+  }
   if (r.n() <= 0) return absl::InvalidArgumentError(absl::StrCat("n: must be > 0, got ", r.n()));
   if (r.n() > options.max_batch) {
     return absl::InvalidArgumentError(absl::StrCat("n: ", r.n(), " exceeds the worker's max_batch ", options.max_batch));

@@ -111,6 +111,7 @@ RolloutStatus RolloutWorker::Status() const {
   s.set_dropped_groups(impl_->dropped_groups);
   if (impl_->update) s.set_pending_update_version(impl_->update->version);
   for (int64_t b : impl_->rank_bytes) s.add_rank_parameter_bytes(b);
+  s.set_weights_released(impl_->weights_released);
   if (!impl_->rate.empty()) {
     int64_t tokens = 0;
     for (const auto& [t, n] : impl_->rate) tokens += n;

@@ -106,6 +106,17 @@ struct LoadResult {
   double seconds = 0;
 };
 
+struct SleepResult {
+  // Parameter and receive-buffer bytes released (0 when only the cache went).
+  int64_t released_bytes = 0;
+  // The worker's memory before and after (dist::ProcessMemoryBytes of its
+  // device).
+  int64_t memory_before = 0;
+  int64_t memory_after = 0;
+  // Wall time, the wait for the engine included.
+  double seconds = 0;
+};
+
 // One submitted Generate call, for cancellation.
 class RequestHandle;
 
@@ -161,6 +172,17 @@ class RolloutWorker {
   // REQUIRES: weights loaded once (shape) and ConfigureWeightSync.
   absl::StatusOr<LoadResult> LoadFromSync(const WeightLayout& layout, int64_t version,
                                           absl::Time deadline = absl::InfiniteFuture());
+
+  // Releases memory while the worker is idle: the generator and its KV
+  // cache (tensor-parallel ranks free theirs whenever a batch drains), then
+  // the allocator's cached blocks (dist::ReleaseCachedMemory). With
+  // `release_weights` the policy's parameters (every tensor-parallel rank
+  // with its slice) and the weight-sync receive buffers go too; the version
+  // and the model's shape stay, Generate is refused (FAILED_PRECONDITION)
+  // until a LoadCheckpoint or LoadFromSync, which carries every parameter,
+  // brings weights back. FAILED_PRECONDITION while a request is queued or
+  // running, or before any load. Takes the load turn like a load.
+  absl::StatusOr<SleepResult> Sleep(bool release_weights, absl::Time deadline = absl::InfiniteFuture());
 
   RolloutStatus Status() const;
   int64_t policy_version() const;

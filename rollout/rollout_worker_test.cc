@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -11,6 +12,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "actor/checkpoint.h"
+#include "actor/tokenizer.h"
+#include "actor/transformer.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "learner/tensor_parallel.h"
@@ -203,8 +206,13 @@ TEST_CASE("bad input is INVALID_ARGUMENT naming the field; missing prerequisites
   r.set_min_policy_version(5);
   CHECK(worker->Submit(r, noop_sink, noop_done).status().code() == absl::StatusCode::kAborted);
 
-  // Version must move forward.
+  // Version must move forward, and "the next one" has an end.
   CHECK(worker->LoadCheckpoint(dir.File("v1"), 1).status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), std::numeric_limits<int64_t>::max()).ok());
+  auto next = worker->LoadCheckpoint(dir.File("v1"), 0);
+  CHECK(next.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(next.status().message(), "the loaded version is the largest"));
+  CHECK(worker->policy_version() == std::numeric_limits<int64_t>::max());
 }
 
 TEST_CASE("a full queue answers RESOURCE_EXHAUSTED") {
@@ -514,6 +522,160 @@ TEST_CASE("tensor_parallel=2: the split policy generates the whole model's token
   REQUIRE(ref.ok());
   ExpectMatches(*col.Find("q1"), (*ref)[1]);
   CHECK(col.Find("q1")->samples(0).policy_version() == 7);
+}
+
+// Generates `req` on `worker` and checks every prompt's tokens against the
+// folder's weights, at weights version `version`.
+void ExpectGenerates(RolloutWorker& worker, const GenerateRequest& req, const std::string& dir, int64_t version) {
+  Collector col;
+  REQUIRE(worker.Submit(req, col.Sink(), col.Done()).ok());
+  REQUIRE(col.Wait().ok());
+  auto ref = ReferenceGenerate(dir, req);
+  REQUIRE(ref.ok());
+  for (int p = 0; p < req.prompts_size(); ++p) {
+    const TrajectoryGroup* g = col.Find("q" + std::to_string(p));
+    REQUIRE(g != nullptr);
+    ExpectMatches(*g, (*ref)[p]);
+    CHECK(g->samples(0).policy_version() == version);
+  }
+}
+
+TEST_CASE("sleep: the cache or the weights go while idle, Generate waits for a load, and the tokens do not change") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
+  for (int tp : {1, 2}) {
+    INFO("tensor_parallel " << tp);
+    RolloutWorkerOptions o;
+    o.tensor_parallel = tp;
+    auto worker = MakeWorker(o);
+    auto early = worker->Sleep(true);
+    CHECK(early.status().code() == absl::StatusCode::kFailedPrecondition);
+    REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+    auto pub = InProcessSync(*worker, absl::StrCat("rw-sleep-", tp));
+    REQUIRE(pub->Publish(CheckpointWeights(dir.File("v2")), 2).ok());
+    WeightLayout want;
+    want.set_version(2);
+    auto synced = worker->LoadFromSync(want, 0);
+    REQUIRE(synced.ok());
+    GenerateRequest req = MakeRequest({"1+2=", "hello"}, 3, 12, 42);
+    ExpectGenerates(*worker, req, dir.File("v2"), 2);
+
+    // The cache only: the weights stay, generation goes on as before.
+    auto cache = worker->Sleep(false);
+    REQUIRE(cache.ok());
+    CHECK(cache->released_bytes == 0);
+    CHECK_FALSE(worker->Status().weights_released());
+    ExpectGenerates(*worker, req, dir.File("v2"), 2);
+
+    // The weights: every rank's parameters, and (one rank) the receive
+    // buffers, which hold the model once more.
+    int64_t params = 0;
+    const RolloutStatus status = worker->Status();
+    for (int64_t b : status.rank_parameter_bytes()) params += b;
+    REQUIRE(params > 0);
+    auto weights = worker->Sleep(true);
+    REQUIRE(weights.ok());
+    CHECK(weights->released_bytes == (tp == 1 ? 2 * params : params));
+    CHECK(worker->Status().weights_released());
+    CHECK(worker->policy_version() == 2);
+    Collector refused;
+    auto submitted = worker->Submit(req, refused.Sink(), refused.Done());
+    CHECK(submitted.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(submitted.status().message(), "Sleep"));
+    auto again = worker->Sleep(true);
+    REQUIRE(again.ok());
+    CHECK(again->released_bytes == 0);
+    CHECK(worker->Status().weights_released());
+
+    // A sync wakes it with the sync's weights, twice (fresh receive buffers,
+    // then reused ones).
+    REQUIRE(pub->Publish(CheckpointWeights(dir.File("v1")), 3).ok());
+    want.set_version(3);
+    REQUIRE(worker->LoadFromSync(want, 0).ok());
+    CHECK_FALSE(worker->Status().weights_released());
+    ExpectGenerates(*worker, req, dir.File("v1"), 3);
+    REQUIRE(pub->Publish(CheckpointWeights(dir.File("v2")), 4).ok());
+    want.set_version(4);
+    REQUIRE(worker->LoadFromSync(want, 0).ok());
+    ExpectGenerates(*worker, req, dir.File("v2"), 4);
+
+    // A checkpoint wakes it too.
+    REQUIRE(worker->Sleep(true).ok());
+    REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 5).ok());
+    ExpectGenerates(*worker, req, dir.File("v1"), 5);
+  }
+}
+
+TEST_CASE("sleep: a worker busy generating is refused, and one that released its weights gives the memory back") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  {
+    // The first request's delivery holds the engine until the Sleep is
+    // posted; the second waits in the queue (max_batch 2), so at the fence
+    // the worker is not idle.
+    RolloutWorkerOptions o;
+    o.max_batch = 2;
+    auto worker = MakeWorker(o);
+    REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+    absl::Notification go;
+    std::atomic<bool> first{true};
+    Collector col1, col2;
+    col1.hook = [&](const TrajectoryGroup&) {
+      if (first.exchange(false)) go.WaitForNotificationWithTimeout(absl::Seconds(30));
+    };
+    REQUIRE(worker->Submit(MakeRequest({"a"}, 2, 8, 7), col1.Sink(), col1.Done()).ok());
+    REQUIRE(worker->Submit(MakeRequest({"b"}, 2, 8, 8), col2.Sink(), col2.Done()).ok());
+    absl::StatusOr<SleepResult> busy = absl::UnknownError("not run");
+    std::thread sleeper([&] { busy = worker->Sleep(true); });
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (worker->Status().pending_update_version() == 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    go.Notify();
+    sleeper.join();
+    CHECK(busy.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(busy.status().message(), "idle"));
+    CHECK_FALSE(worker->Status().weights_released());
+    REQUIRE(col1.Wait().ok());
+    REQUIRE(col2.Wait().ok());
+    CHECK(worker->Sleep(true).ok());
+  }
+  // A policy of ~70 MB: released with its receive buffers (~140 MB), the
+  // process's resident set falls by most of that.
+  actor::CharTokenizer tok;
+  actor::ModelConfig c;
+  c.vocab_size = tok.vocab_size();
+  c.hidden_size = 512;
+  c.intermediate_size = 1408;
+  c.num_layers = 6;
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.max_positions = 64;
+  c.eos_token_id = tok.eos_id();
+  {
+    at::manual_seed(3);
+    actor::Transformer model(c);
+    REQUIRE(actor::SaveHfModel(model, dir.File("big")).ok());
+  }
+  auto worker = MakeWorker();
+  REQUIRE(worker->LoadCheckpoint(dir.File("big"), 1).ok());
+  auto pub = InProcessSync(*worker, "rw-sleep-memory");
+  REQUIRE(pub->Publish(CheckpointWeights(dir.File("big")), 2).ok());
+  WeightLayout want;
+  want.set_version(2);
+  REQUIRE(worker->LoadFromSync(want, 0).ok());
+  const int64_t params = worker->Status().rank_parameter_bytes(0);
+  REQUIRE(params > 60'000'000);
+  auto slept = worker->Sleep(true);
+  REQUIRE(slept.ok());
+  CHECK(slept->released_bytes == 2 * params);
+  INFO("resident before " << slept->memory_before << " after " << slept->memory_after);
+  CHECK(slept->memory_before - slept->memory_after > 0.8 * slept->released_bytes);
+  REQUIRE(pub->Publish(CheckpointWeights(dir.File("big")), 3).ok());
+  want.set_version(3);
+  REQUIRE(worker->LoadFromSync(want, 0).ok());
+  ExpectGenerates(*worker, MakeRequest({"abc"}, 2, 4, 1), dir.File("big"), 3);
 }
 
 // Publishes `weights` as version `v` in spec.pieces pieces, each into its

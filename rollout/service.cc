@@ -222,4 +222,25 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::GetStatus(grpc::CallbackServerCont
   });
 }
 
+grpc::ServerUnaryReactor* RolloutServiceImpl::Sleep(grpc::CallbackServerContext* ctx, const SleepRequest* request,
+                                                    SleepResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s = auth_->Check(*ctx);
+  if (!s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  const absl::Time deadline = DeadlineOf(*ctx);
+  OffThread(reactor, [this, request, response, deadline]() -> absl::Status {
+    absl::StatusOr<SleepResult> r = worker_->Sleep(request->release_weights(), deadline);
+    if (!r.ok()) return r.status();
+    response->set_released_bytes(r->released_bytes);
+    response->set_memory_before_bytes(r->memory_before);
+    response->set_memory_after_bytes(r->memory_after);
+    response->set_seconds(r->seconds);
+    return absl::OkStatus();
+  });
+  return reactor;
+}
+
 }  // namespace rlmesh::rollout

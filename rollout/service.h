@@ -35,6 +35,9 @@ class RolloutServiceImpl final : public RolloutService::CallbackService {
                                                 ConfigureWeightSyncResponse* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const RolloutStatusRequest* request,
                                       RolloutStatus* response) override;
+  // Waits for the engine's fence off the callback thread, like LoadWeights.
+  grpc::ServerUnaryReactor* Sleep(grpc::CallbackServerContext* ctx, const SleepRequest* request,
+                                  SleepResponse* response) override;
 
  private:
   // Runs `work` on a thread of its own and finishes `reactor` with its

@@ -140,10 +140,48 @@ TEST_CASE("service: streamed generation equals actor/, errors keep their codes, 
     CHECK(st.policy_version() == 1);
     CHECK(st.generated_tokens() == 3 * 4 * 10);
   }
+  // Sleep: the weights go, Generate is refused until a load brings them
+  // back, and the tokens are the same as before.
+  {
+    SleepRequest sr;
+    sr.set_release_weights(true);
+    SleepResponse resp;
+    auto ctx = client->NewContext(absl::Seconds(30));
+    REQUIRE(stub->Sleep(ctx.get(), sr, &resp).ok());
+    CHECK(resp.released_bytes() > 0);
+    CHECK(resp.memory_before_bytes() > 0);
+    CHECK(resp.seconds() >= 0);
+    RolloutStatus st;
+    auto sctx = client->NewContext(absl::Seconds(5));
+    REQUIRE(stub->GetStatus(sctx.get(), RolloutStatusRequest(), &st).ok());
+    CHECK(st.weights_released());
+  }
+  StreamResult asleep = RunGenerate(*client, req, absl::Seconds(30));
+  CHECK(asleep.status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(asleep.status.message(), "released by Sleep"));
+  REQUIRE(LoadCheckpointRpc(*client, dir.File("v1"), 2).ok());
+  StreamResult awake = RunGenerate(*client, req, absl::Seconds(60));
+  REQUIRE(awake.status.ok());
+  for (int p = 0; p < 3; ++p) {
+    const TrajectoryGroup* g = FindGroup(awake, "q" + std::to_string(p));
+    REQUIRE(g != nullptr);
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int> want((*ref)[p].samples[i].tokens.begin(), (*ref)[p].samples[i].tokens.end());
+      CHECK(Tokens(g->samples(i)) == want);
+      CHECK(g->samples(i).policy_version() == 2);
+    }
+  }
   // Without the token: refused.
   auto anon = RpcClient::Create(server.address());
   REQUIRE(anon.ok());
   CHECK(RunGenerate(*anon, req, absl::Seconds(5)).status.code() == absl::StatusCode::kUnauthenticated);
+  {
+    auto anon_stub = RolloutService::NewStub(anon->channel());
+    SleepResponse resp;
+    auto ctx = anon->NewContext(absl::Seconds(5));
+    CHECK(FromGrpcStatus(anon_stub->Sleep(ctx.get(), SleepRequest(), &resp)).code() ==
+          absl::StatusCode::kUnauthenticated);
+  }
   server.Shutdown();
 }
 

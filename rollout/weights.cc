@@ -4,6 +4,7 @@
 // applies it at the fence (engine.cc).
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include "actor/checkpoint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "dist/device.h"
 #include "learner/tensor_parallel.h"
 #include "rollout/worker_impl.h"
 #include "weight_sync/pieces.h"
@@ -63,6 +65,11 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
   int64_t v;
   {
     absl::MutexLock lock(&impl_->mu);
+    if (version == 0 && impl_->version == std::numeric_limits<int64_t>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("version: 0 asks for the loaded version + 1, but the loaded version is the largest (",
+                       impl_->version, ")"));
+    }
     v = version != 0 ? version : impl_->version + 1;
     RLMESH_RETURN_IF_ERROR(impl_->CheckVersion(v));
   }
@@ -337,9 +344,76 @@ std::function<absl::Status()> RolloutWorker::Impl::ApplyToModel(std::shared_ptr<
     at::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> params;
     for (auto& [name, p] : model->NamedParameters()) params[name] = p;
-    for (auto& [name, t] : *tensors) params.at(name).copy_(t);
+    for (auto& [name, t] : *tensors) {
+      at::Tensor& p = params.at(name);
+      // Released by Sleep: storage of the model's shape again (checked
+      // against `params` before the fence).
+      if (p.sizes() != t.sizes()) p.set_(at::empty(t.sizes(), p.options()));
+      p.copy_(t);
+    }
     return absl::OkStatus();
   };
+}
+
+std::function<absl::Status()> RolloutWorker::Impl::ApplySleep(bool weights, std::shared_ptr<int64_t> released) {
+  return [this, weights, released]() -> absl::Status {
+    {
+      absl::MutexLock lock(&mu);
+      if (!pending.empty() || !inflight.empty() || !episode_groups.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("Sleep: ", pending.size(), " request(s) queued and ", inflight.size() + episode_groups.size(),
+                         " group(s) generating; the worker sleeps only while idle"));
+      }
+      // From here requests are refused (Validate), before the fence says so.
+      if (weights) weights_released = true;
+    }
+    // One model: the fence dropped the generator (and its KV cache)
+    // already. Tensor-parallel ranks hold the weights: they go with them;
+    // their caches are freed whenever a batch drains.
+    if (TensorParallelEngine* engine = weights ? tp_engine() : nullptr) {
+      for (int r = 0; r < engine->tp(); ++r) *released += engine->ParameterBytes(r);
+    }
+    if (weights) gen.reset();
+    if (weights && model) {
+      at::NoGradGuard no_grad;
+      for (auto& [name, p] : model->NamedParameters()) {
+        if (p.numel() == 0) continue;  // released before
+        *released += static_cast<int64_t>(p.nbytes());
+        p.set_(at::empty({0}, p.options()));
+      }
+    }
+    return absl::OkStatus();
+  };
+}
+
+absl::StatusOr<SleepResult> RolloutWorker::Sleep(bool release_weights, absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  RLMESH_ASSIGN_OR_RETURN(c10::Device device, dist::ParseDevice(impl_->options.device, "device"));
+  RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
+  SleepResult r;
+  r.memory_before = dist::ProcessMemoryBytes(device);
+  auto released = std::make_shared<int64_t>(0);
+  auto u = std::make_shared<Impl::Update>();
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (!impl_->config) return absl::FailedPreconditionError("Sleep: no weights loaded");
+    u->version = impl_->version;
+    u->model_id = impl_->model_id;
+    u->releases_weights = release_weights || impl_->weights_released;
+  }
+  u->apply = impl_->ApplySleep(release_weights, released);
+  RLMESH_RETURN_IF_ERROR(impl_->PostUpdate(u));
+  if (release_weights) {
+    for (const auto& [name, t] : impl_->staging) *released += static_cast<int64_t>(t.nbytes());
+    impl_->staging.clear();
+  }
+  dist::ReleaseCachedMemory(device);
+  r.released_bytes = *released;
+  r.memory_after = dist::ProcessMemoryBytes(device);
+  r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  RLMESH_LOG(INFO) << "sleep release_weights=" << release_weights << " released_bytes=" << r.released_bytes
+                   << " memory_before=" << r.memory_before << " memory_after=" << r.memory_after;
+  return r;
 }
 
 absl::StatusOr<LoadResult> RolloutWorker::Impl::FinishSync(std::shared_ptr<Update> u, int64_t bytes,

@@ -124,6 +124,9 @@ struct RolloutWorker::Impl {
     std::map<std::string, ParamInfo> params;
     // With config: the parameter bytes each rank holds.
     std::vector<int64_t> rank_bytes;
+    // A Sleep that releases the weights (the version stays); any other
+    // update that succeeds brings weights back.
+    bool releases_weights = false;
     bool done = false;
     absl::Status status;
   };
@@ -169,6 +172,9 @@ struct RolloutWorker::Impl {
   std::optional<actor::ModelConfig> config ABSL_GUARDED_BY(mu);
   std::map<std::string, ParamInfo> params ABSL_GUARDED_BY(mu);
   std::vector<int64_t> rank_bytes ABSL_GUARDED_BY(mu);
+  // Sleep(release_weights) released the parameters and no load has brought
+  // them back: requests are refused, the engine builds no generator.
+  bool weights_released ABSL_GUARDED_BY(mu) = false;
   int64_t generated_tokens ABSL_GUARDED_BY(mu) = 0;
   int64_t failed_groups ABSL_GUARDED_BY(mu) = 0;
   int64_t dropped_groups ABSL_GUARDED_BY(mu) = 0;
@@ -217,7 +223,16 @@ struct RolloutWorker::Impl {
   // into `model` by name.
   std::function<absl::Status()> ApplyToRanks(const actor::ModelConfig& config,
                                              std::function<absl::Status(TensorParallelEngine&)> load);
+  // After a Sleep that released the weights, ApplyToModel gives each
+  // parameter fresh storage of its shape before the copy.
   std::function<absl::Status()> ApplyToModel(std::shared_ptr<const weight_sync::NamedTensors> tensors);
+  // An Update's apply for Sleep: with `weights`, releases the parameters
+  // (their storage; the shapes stay in `params`) or the tensor-parallel
+  // ranks, adding the parameter bytes to `*released`, and marks the
+  // weights released (the fence has dropped one model's generator
+  // already). Fails (FAILED_PRECONDITION) when a request is queued or in
+  // flight at the fence.
+  std::function<absl::Status()> ApplySleep(bool weights, std::shared_ptr<int64_t> released);
   // Posts a weight-sync update of `bytes` received since `start`, waits for
   // its fence, and logs it.
   absl::StatusOr<LoadResult> FinishSync(std::shared_ptr<Update> u, int64_t bytes, absl::Time start);
