@@ -33,16 +33,29 @@ absl::Status ClusterOptions::ValidateGpus() const {
     std::string name;
   };
   std::map<int, std::vector<Use>> by_gpu;
+  std::map<int, double> fraction_of_gpu;
   const struct {
     Role role;
     const char* field;
     const char* prefix;
     int count;
     const std::vector<int>* gpus;
-  } roles[] = {{ROLE_LEARNER, "gpus.learner", "learner-", learners, &learner_gpus},
-               {ROLE_ROLLOUT_WORKER, "gpus.rollout_worker", "rollout-", rollout_workers, &rollout_gpus},
-               {ROLE_REWARD_SERVER, "gpus.reward_server", "reward-", reward_servers, &reward_gpus}};
+    double fraction;
+    const char* fraction_field;
+  } roles[] = {{ROLE_LEARNER, "gpus.learner", "learner-", learners, &learner_gpus, learner_memory_fraction,
+                "gpus.learner_memory_fraction"},
+               {ROLE_ROLLOUT_WORKER, "gpus.rollout_worker", "rollout-", rollout_workers, &rollout_gpus,
+                rollout_memory_fraction, "gpus.rollout_worker_memory_fraction"},
+               {ROLE_REWARD_SERVER, "gpus.reward_server", "reward-", reward_servers, &reward_gpus,
+                reward_memory_fraction, "gpus.reward_server_memory_fraction"}};
   for (const auto& r : roles) {
+    if (!(r.fraction >= 0 && r.fraction <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(r.fraction_field, ": ", r.fraction, " is not in [0, 1]"));
+    }
+    if (r.fraction > 0 && r.gpus->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.fraction_field, ": set but ", r.field, " is empty (the role computes on the CPU)"));
+    }
     for (size_t i = 0; i < r.gpus->size(); ++i) {
       const int g = (*r.gpus)[i];
       if (g < 0 || g >= kMaxCudaDevices) {
@@ -51,7 +64,17 @@ absl::Status ClusterOptions::ValidateGpus() const {
       }
     }
     if (r.gpus->empty()) continue;
-    for (int i = 0; i < r.count; ++i) by_gpu[GpuOf(*this, r.role, i)].push_back({r.role, absl::StrCat(r.prefix, i)});
+    for (int i = 0; i < r.count; ++i) {
+      const int gpu = GpuOf(*this, r.role, i);
+      by_gpu[gpu].push_back({r.role, absl::StrCat(r.prefix, i)});
+      fraction_of_gpu[gpu] += r.fraction;
+    }
+  }
+  for (const auto& [gpu, sum] : fraction_of_gpu) {
+    if (sum > 1 + 1e-9) {
+      return absl::InvalidArgumentError(absl::StrCat("gpus: the memory fractions of the processes on GPU ", gpu,
+                                                     " sum to ", sum, " > 1 (gpus.*_memory_fraction)"));
+    }
   }
   for (const auto& [gpu, uses] : by_gpu) {
     for (size_t a = 0; a < uses.size(); ++a) {
@@ -117,6 +140,9 @@ ClusterOptions ClusterOptionsFromConfig(const ClusterConfig& config, const std::
   o.rollout_gpus.assign(config.gpus().rollout_worker().begin(), config.gpus().rollout_worker().end());
   o.reward_gpus.assign(config.gpus().reward_server().begin(), config.gpus().reward_server().end());
   o.colocate_gpus = config.gpus().colocate();
+  o.learner_memory_fraction = config.gpus().learner_memory_fraction();
+  o.rollout_memory_fraction = config.gpus().rollout_worker_memory_fraction();
+  o.reward_memory_fraction = config.gpus().reward_server_memory_fraction();
   o.rollout_args.push_back("--tokenizer=" + o.tokenizer);
   o.reward_args.push_back("--tokenizer=" + o.tokenizer);
   return o;
@@ -144,8 +170,16 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Launch(ClusterOptions options)
       int index = 0;
       for (const auto& other : cluster->members_) index += other->role == role ? 1 : 0;
       m->gpu = GpuOf(o, role, index);
-      // After the role's own flags: the placement decides the device.
-      if (m->gpu >= 0) m->extra_args.push_back("--device=cuda");
+      // After the role's own flags: the placement decides the device, and
+      // the GPU's share this process may hold.
+      if (m->gpu >= 0) {
+        m->extra_args.push_back("--device=cuda");
+        const double fraction = role == ROLE_LEARNER           ? o.learner_memory_fraction
+                                : role == ROLE_ROLLOUT_WORKER ? o.rollout_memory_fraction
+                                : role == ROLE_REWARD_SERVER  ? o.reward_memory_fraction
+                                                              : 0;
+        if (fraction > 0) m->extra_args.push_back(absl::StrCat("--cuda_memory_fraction=", fraction));
+      }
       cluster->members_.push_back(std::move(m));
     };
     add(ROLE_REPLAY_BUFFER, "replay_buffer", {"--db_path=" + o.buffer_path});

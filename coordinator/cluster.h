@@ -72,12 +72,18 @@ struct ClusterOptions {
   std::vector<int> reward_gpus;
   // Allow processes of different roles on one GPU. Default false.
   bool colocate_gpus = false;
+  // Each role's --cuda_memory_fraction (gpus.*_memory_fraction); 0 = none.
+  double learner_memory_fraction = 0;
+  double rollout_memory_fraction = 0;
+  double reward_memory_fraction = 0;
 
   // Checks the role binaries and the GPU lists.
   absl::Status Validate() const;
   // The GPU lists alone: indices in range, no two processes of one role on
-  // a GPU, different roles only with colocate_gpus. Errors name the field or
-  // both processes ("gpus: learner-0 and rollout-0 would share GPU 0").
+  // a GPU, different roles only with colocate_gpus; memory fractions in
+  // [0, 1], only for roles with GPUs, summing to at most 1 on each GPU.
+  // Errors name the field or both processes ("gpus: learner-0 and
+  // rollout-0 would share GPU 0").
   absl::Status ValidateGpus() const;
 };
 

@@ -166,6 +166,10 @@ const RlStage* RlSettings(const Stage& stage) {
   return nullptr;
 }
 
+bool RolloutSleeps(const RolloutConfig& rollout) {
+  return rollout.sleep() == "cache" || rollout.sleep() == "weights";
+}
+
 absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& source) {
   Checker c(source);
   c.Require(!config->name().empty(), "name", "required");
@@ -241,6 +245,15 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "rollout.on_timeout", "must be redispatch or drop");
   c.Require(r->on_timeout().empty() || r->request_timeout_ms() > 0, "rollout.on_timeout",
             "set without rollout.request_timeout_ms");
+  c.Require(r->sleep().empty() || r->sleep() == "off" || r->sleep() == "cache" || r->sleep() == "weights", "rollout.sleep",
+            "must be off, cache or weights");
+  {
+    const std::string& where = !r->device().empty() ? r->device() : m->device();
+    c.Require(r->cuda_memory_fraction() >= 0 && r->cuda_memory_fraction() <= 1, "rollout.cuda_memory_fraction",
+              "must be in (0, 1] (0 = no cap)");
+    c.Require(r->cuda_memory_fraction() == 0 || (!where.empty() && where != "cpu"), "rollout.cuda_memory_fraction",
+              "set but the workers generate on the CPU (rollout.device / model.device)");
+  }
 
   // Multi-turn rollouts (the rollout worker checks the same at Submit).
   const EnvironmentConfig& env = config->environment();
@@ -316,6 +329,23 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "expert parallelism runs on the CPU so far (Gloo; its NCCL path is untested)");
   c.Require(!l->gradient_checkpointing() || l->ep() == 1, "learner.gradient_checkpointing",
             "with learner.ep > 1 is not built (not for MoE policies)");
+  c.Require(l->cuda_memory_fraction() >= 0 && l->cuda_memory_fraction() <= 1, "learner.cuda_memory_fraction",
+            "must be in (0, 1] (0 = no cap)");
+  c.Require(l->cuda_memory_fraction() == 0 || (!m->device().empty() && m->device() != "cpu"),
+            "learner.cuda_memory_fraction", "set but the learners train on the CPU (model.device)");
+  {
+    // `coordinator run` puts every learner on model.device and every worker
+    // on rollout.device: their caps share that GPU when the two are one.
+    const absl::StatusOr<int> learner_gpu = ParseDeviceSpec(m->device(), "model.device");
+    const absl::StatusOr<int> rollout_gpu =
+        ParseDeviceSpec(!r->device().empty() ? r->device() : m->device(), "rollout.device");
+    if (learner_gpu.ok() && rollout_gpu.ok() && *learner_gpu >= 0 && *learner_gpu == *rollout_gpu) {
+      const double sum = l->shards() * l->cuda_memory_fraction() + r->workers() * r->cuda_memory_fraction();
+      c.Require(sum <= 1 + 1e-9, "rollout.cuda_memory_fraction",
+                absl::StrCat("learner.shards x learner.cuda_memory_fraction + rollout.workers x "
+                             "rollout.cuda_memory_fraction = ", sum, " > 1 on the one GPU they share"));
+    }
+  }
   if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);
   c.Require(l->micro_batch_tokens() > 0, "learner.micro_batch_tokens", "must be > 0");
 
@@ -359,6 +389,9 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
         c.Require(st->sft().until().after() >= 0, p + ".sft.until.after", "must be >= 0");
         break;
       case Stage::kGrpo: {
+        c.Require(!RolloutSleeps(*r) || st->grpo().rl().max_staleness() == 0, "rollout.sleep",
+                  absl::StrCat("needs synchronous RL (", p, ".grpo.rl.max_staleness > 0 generates while the "
+                               "learner trains)"));
         const std::string& adv = st->grpo().advantage();
         c.Require(adv.empty() || adv == "grpo" || adv == "dr_grpo" || adv == "rloo" || adv == "reinforce_pp",
                   p + ".grpo.advantage", "must be grpo, dr_grpo, rloo or reinforce_pp");
@@ -371,6 +404,9 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
         break;
       }
       case Stage::kPpo:
+        c.Require(!RolloutSleeps(*r) || st->ppo().rl().max_staleness() == 0, "rollout.sleep",
+                  absl::StrCat("needs synchronous RL (", p, ".ppo.rl.max_staleness > 0 generates while the "
+                               "learner trains)"));
         CheckRl(c, st->mutable_ppo()->mutable_rl(), p + ".ppo.rl", false);
         c.Require(st->ppo().rl().distillation().teacher().empty(), p + ".ppo.rl.distillation",
                   "only GRPO-family stages distil (not built for PPO's critic)");

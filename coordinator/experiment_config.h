@@ -21,5 +21,8 @@ std::string StageKind(const Stage& stage);
 std::string StageName(const Stage& stage);
 // The RL settings of a GRPO or PPO stage; null for other kinds.
 const RlStage* RlSettings(const Stage& stage);
+// Whether rollout.sleep asks the workers to sleep while the learner trains
+// ("cache" or "weights"; "" and "off" do not).
+bool RolloutSleeps(const RolloutConfig& rollout);
 
 }  // namespace rlmesh

@@ -321,6 +321,48 @@ TEST_CASE("straggler and reward-call settings are checked by key, with their def
         std::string::npos);
 }
 
+TEST_CASE("rollout.sleep and the CUDA memory fractions are checked by name") {
+  const std::string grpo = "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}}}}]\n";
+  auto check = [&](const std::string& yaml, const std::string& message) {
+    ExperimentConfig cfg;
+    absl::Status s = Normalize("name: x\n" + yaml, &cfg);
+    INFO(yaml << " -> " << s.ToString());
+    if (message.empty()) {
+      CHECK(s.ok());
+    } else {
+      CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+      CHECK(s.message().find(message) != absl::string_view::npos);
+    }
+  };
+  for (const char* ok : {"off", "cache", "weights"}) check(std::string("rollout: {sleep: ") + ok + "}\n" + grpo, "");
+  check("rollout: {sleep: always}\n" + grpo, "rollout.sleep: must be off, cache or weights");
+  check("rollout: {sleep: weights}\nstages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, max_staleness: 1, "
+        "optimizer: {lr: 0.001}}}}]\n",
+        "rollout.sleep: needs synchronous RL (stages[0].grpo.rl.max_staleness > 0");
+  check("rollout: {sleep: cache}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, max_staleness: 2, "
+        "optimizer: {lr: 0.001}}}}]\n",
+        "rollout.sleep: needs synchronous RL (stages[0].ppo.rl.max_staleness > 0");
+  // The caps: only on a GPU, in (0, 1], and the learners' and the workers'
+  // on one GPU together at most 1.
+  check("model: {device: cuda}\nlearner: {cuda_memory_fraction: 0.5}\nrollout: {cuda_memory_fraction: 0.4}\n" + grpo,
+        "");
+  check("learner: {cuda_memory_fraction: 0.5}\n" + grpo,
+        "learner.cuda_memory_fraction: set but the learners train on the CPU");
+  check("model: {device: cuda}\nrollout: {device: cpu, cuda_memory_fraction: 0.5}\n" + grpo,
+        "rollout.cuda_memory_fraction: set but the workers generate on the CPU");
+  check("model: {device: cuda}\nrollout: {cuda_memory_fraction: 1.5}\n" + grpo,
+        "rollout.cuda_memory_fraction: must be in (0, 1]");
+  check("model: {device: cuda}\nlearner: {cuda_memory_fraction: -0.1}\n" + grpo,
+        "learner.cuda_memory_fraction: must be in (0, 1]");
+  check("model: {device: \"cuda:0\"}\nlearner: {cuda_memory_fraction: 0.5}\n"
+        "rollout: {device: cuda, workers: 2, cuda_memory_fraction: 0.3}\n" + grpo,
+        "= 1.1 > 1 on the one GPU they share");
+  // On two GPUs each has its own.
+  check("model: {device: \"cuda:0\"}\nlearner: {cuda_memory_fraction: 0.9}\n"
+        "rollout: {device: \"cuda:1\", cuda_memory_fraction: 0.9}\n" + grpo,
+        "");
+}
+
 TEST_CASE("every shipped config loads and validates") {
   for (const char* name : {"grpo_arith_tiny", "grpo_arith_tiny_gspo", "ppo_arith_tiny", "grpo_arith_e2e", "dpo_arith_tiny", "rm_arith_tiny",
                            "sft_word_problems", "sft_word_problems_qwen3", "grpo_word_problems_qwen3",

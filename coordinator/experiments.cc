@@ -36,6 +36,8 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
       {config.model().threads() != 0, "model.threads"},
       {config.rollout().max_batch() != 0, "rollout.max_batch"},
       {config.rollout().max_queue() != 0, "rollout.max_queue"},
+      {config.rollout().cuda_memory_fraction() != 0, "rollout.cuda_memory_fraction"},
+      {config.learner().cuda_memory_fraction() != 0, "learner.cuda_memory_fraction"},
       {!config.rollout().on_update().empty() && config.rollout().on_update() != "finish", "rollout.on_update"},
       {!config.reward().reward_model().empty(), "reward.reward_model"},
       {config.reward().reward_model_weight() != 0, "reward.reward_model_weight"},

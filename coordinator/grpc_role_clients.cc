@@ -88,6 +88,11 @@ class GrpcRolloutClient : public RolloutClient {
       return RolloutService::NewStub(c_.channel())->GetStatus(ctx, RolloutStatusRequest(), st);
     });
   }
+  absl::StatusOr<SleepResponse> Sleep(const SleepRequest& req) override {
+    return Unary<SleepResponse>(c_, absl::Minutes(1), [&](grpc::ClientContext* ctx, SleepResponse* resp) {
+      return RolloutService::NewStub(c_.channel())->Sleep(ctx, req, resp);
+    });
+  }
   absl::Status Generate(const GenerateRequest& req, absl::Duration timeout,
                         const std::function<absl::Status(GenerateResponse&)>& on_response) override {
     auto stub = RolloutService::NewStub(c_.channel());

@@ -911,6 +911,9 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   // loaded; each worker resolves it at start and fails naming it).
   const std::string rollout_device = !cfg->rollout().device().empty() ? cfg->rollout().device() : cfg->model().device();
   if (!rollout_device.empty()) co.rollout_args.push_back("--device=" + rollout_device);
+  if (cfg->rollout().cuda_memory_fraction() > 0) {
+    co.rollout_args.push_back(absl::StrCat("--cuda_memory_fraction=", cfg->rollout().cuda_memory_fraction()));
+  }
   co.reward_args = {"--tokenizer=" + tokenizer};
   for (std::string& a : RewardAllowedCommands(&*cfg)) co.reward_args.push_back(std::move(a));
   if (!cfg->reward().reward_model().empty()) {
@@ -921,6 +924,9 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   }
   co.learner_args = {absl::StrCat("--threads=", threads > 0 ? threads : std::max(1, cores / co.learners)),
                      LearnerWriteRoots(run_dir, &*cfg)};
+  if (cfg->learner().cuda_memory_fraction() > 0) {
+    co.learner_args.push_back(absl::StrCat("--cuda_memory_fraction=", cfg->learner().cuda_memory_fraction()));
+  }
   // environment.launch: the built-in environment server beside the roles.
   if (cfg->environment().launch()) {
     if (on_slurm) {

@@ -79,6 +79,8 @@ absl::Status RunLoop::RunRl(const Stage& stage) {
         ++count;
       }
     }
+    nlohmann::json sleep = nlohmann::json::object();
+    RLMESH_RETURN_IF_ERROR(SleepRollouts(&sleep));
     SetPhase("train");
     const absl::Time t1 = absl::Now();
     const bool refill = rl.dynamic_sampling().mode() == "refill";
@@ -86,6 +88,7 @@ absl::Status RunLoop::RunRl(const Stage& stage) {
                             GroupsToTrain(rl, static_cast<int>(groups.size()), rollouts.stragglers));
     RLMESH_ASSIGN_OR_RETURN(StepMetrics m, TrainFromBuffer(stage, rl, train_groups));
     nlohmann::json j = StepRecord(stage, m);
+    j.update(sleep);
     if (refill) RecordRefill(static_cast<int>(groups.size()), rollouts.informative, rollouts.refill_rounds, &j);
     RecordStragglers(rollouts.stragglers, &j);
     const double mean = count ? sum / count : 0;

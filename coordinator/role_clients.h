@@ -49,6 +49,9 @@ class RolloutClient {
   virtual absl::Status ConfigureWeightSync(const ConfigureWeightSyncRequest& request) = 0;
   virtual absl::Status LoadWeights(const LoadWeightsRequest& request) = 0;
   virtual absl::StatusOr<RolloutStatus> GetStatus() = 0;
+  // Frees the worker's memory while it is idle (rollout.sleep); the next
+  // LoadWeights wakes it.
+  virtual absl::StatusOr<SleepResponse> Sleep(const SleepRequest& request) = 0;
   // Streams the request's groups to `on_response` as they finish. When
   // `on_response` returns an error the stream is cancelled and Generate
   // returns that error; else Generate returns the stream's final status.

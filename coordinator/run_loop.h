@@ -115,6 +115,9 @@ class RunLoop {
   // until recovery). `timeout_ms`: the store server's wait timeout.
   absl::StatusOr<int> LearnerStorePort(int64_t timeout_ms);
   absl::Status LoadIntoRollouts(const std::function<void(LoadWeightsRequest*)>& fill);
+  // rollout.sleep: every worker frees its memory for the train phase (the
+  // step's SyncWeights wakes it); records the bytes and seconds in `j`.
+  absl::Status SleepRollouts(nlohmann::json* j);
   std::string ShmPrefixBase() const;
   void RemoveSharedMemory();
 

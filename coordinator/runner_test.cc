@@ -321,6 +321,55 @@ TEST_CASE("recovery: a learner that dies is reconfigured from its checkpoint, wo
   CHECK(reload->version == 5);  // held 4 (folder 1 + steps 1..3)
 }
 
+TEST_CASE("rollout.sleep: workers sleep between each step's generation and training; its sync wakes them") {
+  for (const std::string mode : {"cache", "weights"}) {
+    INFO("rollout.sleep " << mode);
+    testing::TempDir dir;
+    FakeCluster cluster({});
+    // A learner that dies after the workers slept: recovery must load
+    // weights into them before the retried step generates (the fake refuses
+    // Generate while its weights are released).
+    cluster.CrashLearnerAt(0, 3);
+    const std::string stage =
+        "  - grpo: {rl: {steps: 4, prompts_per_step: 2, samples_per_prompt: 2, optimizer: {lr: 1.0e-4}}}\n";
+    ExperimentConfig cfg = Config(stage, "checkpoint: {every: 2}\neval: {every: 1}\n");
+    cfg.mutable_rollout()->set_sleep(mode);
+    ExperimentRunner runner(Options(cfg, dir.path()), cluster.MakeClients());
+    absl::Status s = runner.Run();
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    CHECK(runner.status().metrics().at("recoveries") == 1);
+    // Each step's generation is followed by the sleep and then the train.
+    const std::vector<std::string> order = Order(cluster.events());
+    int sleeps = 0, generations = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i] == "rollout.Generate pipeline") {
+        ++generations;
+        REQUIRE(i + 2 < order.size());
+        CHECK(order[i + 1] == "rollout.Sleep " + mode);
+        CHECK(order[i + 2] == "learner.TrainStep");
+      }
+      if (order[i].rfind("rollout.Sleep", 0) == 0) ++sleeps;
+    }
+    // Steps 0..3, then 2 and 3 again from the checkpoint at step 2.
+    CHECK(generations == 6);
+    CHECK(sleeps == generations);
+    const auto steps = Records(dir.path(), "step");
+    REQUIRE(steps.size() >= 4);
+    for (const auto& j : steps) {
+      CHECK(j.at("rollout_sleep_released_bytes").get<double>() == (mode == "weights" ? 1000 : 0));
+      CHECK(j.at("rollout_sleep_memory_after_bytes").get<double>() <= j.at("rollout_sleep_memory_before_bytes").get<double>());
+      CHECK(j.contains("seconds_sleep"));
+    }
+  }
+  // Off (the default): no Sleep at all.
+  testing::TempDir dir;
+  FakeCluster cluster({});
+  ExperimentRunner runner(Options(Config(kGrpo), dir.path()), cluster.MakeClients());
+  REQUIRE(runner.Run().ok());
+  for (const auto& e : cluster.events()) CHECK(e.rfind("rollout.Sleep", 0) != 0);
+}
+
 TEST_CASE("recovery gives up after three tries, and never for an error a restart does not explain") {
   const std::string stage =
       "  - grpo: {rl: {steps: 2, prompts_per_step: 2, samples_per_prompt: 2, optimizer: {lr: 1.0e-4}}}\n";

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "coordinator/experiment_config.h"
 #include "coordinator/run_loop.h"
 #include "weight_sync/pieces.h"
 #include "weight_sync/segments.h"
@@ -124,6 +125,33 @@ absl::Status RunLoop::SyncThroughGroup() {
   for (auto& t : threads) t.join();
   for (const absl::Status& s : publish_status) RLMESH_RETURN_IF_ERROR(s);
   return load_status;
+}
+
+absl::Status RunLoop::SleepRollouts(nlohmann::json* j) {
+  if (!RolloutSleeps(cfg().rollout())) return absl::OkStatus();
+  SetPhase("sleep");
+  const absl::Time start = absl::Now();
+  const int n = static_cast<int>(clients_->rollouts.size());
+  std::vector<SleepResponse> got(n);
+  SleepRequest req;
+  req.set_release_weights(cfg().rollout().sleep() == "weights");
+  RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
+    absl::StatusOr<SleepResponse> r = clients_->rollouts[i]->Sleep(req);
+    if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("rollout ", i, " Sleep: ", r.status().message()));
+    got[i] = *r;
+    return absl::OkStatus();
+  }));
+  double released = 0, before = 0, after = 0;
+  for (const SleepResponse& r : got) {
+    released += static_cast<double>(r.released_bytes());
+    before += static_cast<double>(r.memory_before_bytes());
+    after += static_cast<double>(r.memory_after_bytes());
+  }
+  (*j)["rollout_sleep_released_bytes"] = released;
+  (*j)["rollout_sleep_memory_before_bytes"] = before;
+  (*j)["rollout_sleep_memory_after_bytes"] = after;
+  (*j)["seconds_sleep"] = Seconds(start);
+  return absl::OkStatus();
 }
 
 absl::Status RunLoop::LoadIntoRollouts(const std::function<void(LoadWeightsRequest*)>& fill) {

@@ -8,6 +8,7 @@
 #include "actor/transformer.h"
 #include "common/log.h"
 #include "common/server_flags.h"
+#include "dist/memory_fraction_flag.h"
 #include "learner/service.h"
 #include "learner/trainer.h"
 
@@ -32,6 +33,10 @@ int main(int argc, char** argv) {
   auto options = rlmesh::ServerOptionsFromFlags("learner");
   if (!options.ok()) {
     std::fprintf(stderr, "learner: %s\n", options.status().ToString().c_str());
+    return 2;
+  }
+  if (absl::Status s = rlmesh::dist::ApplyCudaMemoryFractionFlag(); !s.ok()) {
+    std::fprintf(stderr, "learner: %s\n", s.ToString().c_str());
     return 2;
   }
   if (absl::GetFlag(FLAGS_threads) < 0) {

@@ -12,6 +12,7 @@
 #include "common/proto_yaml.h"
 #include "common/server_flags.h"
 #include "dist/device.h"
+#include "dist/memory_fraction_flag.h"
 #include "reward_server/reward_model.h"
 #include "reward_server/scorer.h"
 #include "reward_server/service.h"
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
   };
   auto options = rlmesh::ServerOptionsFromFlags("reward_server");
   if (!options.ok()) return fail(options.status());
+  if (absl::Status s = rlmesh::dist::ApplyCudaMemoryFractionFlag(); !s.ok()) return fail(s);
   auto tokenizer = rlmesh::actor::LoadTokenizer(absl::GetFlag(FLAGS_tokenizer));
   if (!tokenizer.ok()) return fail(tokenizer.status());
   rlmesh::ScorerOptions scorer_options;

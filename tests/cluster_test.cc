@@ -445,11 +445,14 @@ TEST_CASE("coordinator launch --exit_after_health prints the table and exits 0")
 TEST_CASE("coordinator launch gives a role its GPU; without one the start fails naming role and device") {
   TempDir dir;
   const LaunchResult r =
-      LaunchToExit(dir, "cluster.yaml", "name: t\ncoordinator_port: 0\ngpus: {rollout_worker: [0]}\n",
+      LaunchToExit(dir, "cluster.yaml",
+                   "name: t\ncoordinator_port: 0\ngpus: {rollout_worker: [0], rollout_worker_memory_fraction: 0.4}\n",
                    {"--run_dir=" + dir.File("run"), "--exit_after_health"}, absl::Seconds(60));
   const std::string& out = r.out;
   const std::string log = ReadAll(dir.File("run/logs/rollout-0.log"));
   INFO(out << "\nrollout-0.log:\n" << log);
+  // Its share of the GPU reached it, before anything touched CUDA.
+  CHECK(log.find("CUDA allocator capped: PYTORCH_ALLOC_CONF=per_process_memory_fraction:0.4") != std::string::npos);
   if (dist::CudaDeviceCount().ok()) {
     CHECK(r.status == 0);
     CHECK(out.find("all roles were serving") != std::string::npos);
@@ -472,6 +475,13 @@ TEST_CASE("GPU lists that put two processes on one GPU are refused by name") {
       {"rollout_workers: 2\ngpus: {rollout_worker: [1]}\n",
        "gpus: rollout-0 and rollout-1 would share GPU 1 (one GPU per process of a role"},
       {"gpus: {reward_server: [64]}\n", "gpus.reward_server[0]: 64 is not a GPU index in [0, 63]"},
+      {"gpus: {learner_memory_fraction: 0.5}\n",
+       "gpus.learner_memory_fraction: set but gpus.learner is empty (the role computes on the CPU)"},
+      {"gpus: {rollout_worker: [0], rollout_worker_memory_fraction: 2}\n",
+       "gpus.rollout_worker_memory_fraction: 2 is not in [0, 1]"},
+      {"gpus: {learner: [0], rollout_worker: [0], colocate: true, learner_memory_fraction: 0.6, "
+       "rollout_worker_memory_fraction: 0.5}\n",
+       "gpus: the memory fractions of the processes on GPU 0 sum to 1.1 > 1"},
   };
   int i = 0;
   for (const Case& c : cases) {

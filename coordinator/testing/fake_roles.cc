@@ -217,8 +217,21 @@ class FakeCluster::Rollout : public RolloutClient {
           absl::StrCat("version: ", req.version(), " must exceed the loaded version ", held_));
     }
     held_ = req.version();
+    released_ = false;
     c_->loads_.push_back({index_, req.version(), folder});
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<SleepResponse> Sleep(const SleepRequest& req) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("rollout.Sleep", req.release_weights() ? "weights" : "cache", log()));
+    absl::MutexLock lock(&mu_);
+    if (held_ < 0) return absl::FailedPreconditionError("Sleep: no weights loaded");
+    SleepResponse resp;
+    if (req.release_weights() && !released_) resp.set_released_bytes(1000);
+    released_ = released_ || req.release_weights();
+    resp.set_memory_before_bytes(5000);
+    resp.set_memory_after_bytes(5000 - resp.released_bytes());
+    return resp;
   }
 
   absl::StatusOr<RolloutStatus> GetStatus() override {
@@ -240,6 +253,7 @@ class FakeCluster::Rollout : public RolloutClient {
       absl::MutexLock cl(&c_->mu_);
       absl::MutexLock lock(&mu_);
       if (held_ < 0) return absl::FailedPreconditionError("no weights loaded: call LoadWeights first");
+      if (released_) return absl::FailedPreconditionError("the worker's weights were released by Sleep");
       if (req.min_policy_version() > held_) {
         return absl::AbortedError(
             absl::StrCat("min_policy_version: ", req.min_policy_version(), " but the worker holds ", held_));
@@ -309,6 +323,7 @@ class FakeCluster::Rollout : public RolloutClient {
   // Lock order: c_->mu_ before mu_.
   mutable absl::Mutex mu_;
   int64_t held_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no weights yet
+  bool released_ ABSL_GUARDED_BY(mu_) = false;  // Sleep(release_weights) until the next load
 };
 
 // Marks a sample right when its one response token is 1, by the first

@@ -4,7 +4,9 @@
 // (role_clients.h), sharing one in-memory world: learners that count steps
 // and versions and resume from their newest checkpoint, rollout workers that
 // enforce the real workers' version rules (LoadWeights only increasing,
-// Generate refused with ABORTED below min_policy_version) and put pipeline
+// Generate refused with ABORTED below min_policy_version, and with
+// FAILED_PRECONDITION after a Sleep that released the weights until the next
+// load) and put pipeline
 // groups into a fake FIFO replay buffer, a reward server that marks a
 // sample right when its one response token is 1, and fault injection.
 // Everything is recorded in call order for tests to assert on.
@@ -83,7 +85,7 @@ class FakeCluster {
   // The next `times` calls of `method` fail with `status` before doing
   // anything. Methods: "learner.Configure", "learner.TrainStep",
   // "learner.Save", "learner.PublishWeights", "rollout.Generate",
-  // "rollout.LoadWeights", "reward.Score", "health.Wait".
+  // "rollout.LoadWeights", "rollout.Sleep", "reward.Score", "health.Wait".
   void FailNext(const std::string& method, absl::Status status, int times = 1);
   // The next `times` pipeline Generate calls on worker `worker`
   // stream their first `deliver_first` groups and then hang, as a stuck
@@ -102,7 +104,8 @@ class FakeCluster {
 
   // "learner.Configure stage=0 step=0", "rollout.Generate pipeline",
   // "learner.TrainStep", "learner.PublishWeights", "rollout.LoadWeights",
-  // "reward.Score", "learner.Save", "health.Wait", ... (rank 0 and worker 0
+  // "rollout.Sleep weights", "reward.Score", "learner.Save", "health.Wait",
+  // ... (rank 0 and worker 0
   // only, so the order is deterministic).
   std::vector<std::string> events() const;
   std::vector<Train> trains() const;
