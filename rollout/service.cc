@@ -141,19 +141,14 @@ grpc::ServerWriteReactor<GenerateResponse>* RolloutServiceImpl::Generate(grpc::C
 grpc::ServerUnaryReactor* RolloutServiceImpl::LoadWeights(grpc::CallbackServerContext* ctx,
                                                           const LoadWeightsRequest* request,
                                                           LoadWeightsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Check(*ctx);
-  if (s.ok() && request->source_case() == LoadWeightsRequest::SOURCE_NOT_SET) {
-    s = absl::InvalidArgumentError("source: set checkpoint_path or sync");
+  absl::Status valid;
+  if (request->source_case() == LoadWeightsRequest::SOURCE_NOT_SET) {
+    valid = absl::InvalidArgumentError("source: set checkpoint_path or sync");
+  } else if (request->version() < 0) {
+    valid = absl::InvalidArgumentError("version: must be >= 0");
   }
-  if (s.ok() && request->version() < 0) s = absl::InvalidArgumentError("version: must be >= 0");
-  if (!s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  // The load waits for the fence (possibly seconds): off the callback thread.
-  const absl::Time deadline = DeadlineOf(*ctx);
-  OffThread(reactor, [this, request, response, deadline]() -> absl::Status {
+  // The load waits for the fence (possibly seconds).
+  return OffThread(ctx, valid, [this, request, response](absl::Time deadline) -> absl::Status {
     absl::StatusOr<LoadResult> r =
         request->has_sync() ? worker_->LoadFromSync(request->sync(), request->version(), deadline)
                             : worker_->LoadCheckpoint(request->checkpoint_path(), request->version(), deadline);
@@ -163,10 +158,18 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::LoadWeights(grpc::CallbackServerCo
     response->set_seconds(r->seconds);
     return absl::OkStatus();
   });
-  return reactor;
 }
 
-void RolloutServiceImpl::OffThread(grpc::ServerUnaryReactor* reactor, std::function<absl::Status()> work) {
+grpc::ServerUnaryReactor* RolloutServiceImpl::OffThread(grpc::CallbackServerContext* ctx, absl::Status valid,
+                                                        std::function<absl::Status(absl::Time)> work) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s = auth_->Check(*ctx);
+  if (s.ok()) s = valid;
+  if (!s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  const absl::Time deadline = DeadlineOf(*ctx);
   absl::MutexLock lock(&mu_);
   // Join the threads that already ended, so the list stays short.
   for (auto it = threads_.begin(); it != threads_.end();) {
@@ -183,10 +186,10 @@ void RolloutServiceImpl::OffThread(grpc::ServerUnaryReactor* reactor, std::funct
     }
   }
   auto ended = std::make_shared<bool>(false);
-  std::thread t([this, reactor, work = std::move(work), ended] {
+  std::thread t([this, reactor, work = std::move(work), deadline, ended] {
     absl::Status st;
     try {
-      st = work();
+      st = work(deadline);
     } catch (const std::exception& e) {
       st = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
     }
@@ -195,6 +198,7 @@ void RolloutServiceImpl::OffThread(grpc::ServerUnaryReactor* reactor, std::funct
     *ended = true;
   });
   threads_.emplace_back(std::move(t), std::move(ended));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RolloutServiceImpl::ConfigureWeightSync(grpc::CallbackServerContext* ctx,
@@ -203,15 +207,9 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::ConfigureWeightSync(grpc::Callback
   // Joining a group may connect to its store and must wait for a load in
   // progress: off the callback thread, bounded by the call's deadline, so a
   // stuck sync never ties up the threads GetStatus and Generate need.
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Check(*ctx);
-  if (!s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  const absl::Time deadline = DeadlineOf(*ctx);
-  OffThread(reactor, [this, request, deadline] { return worker_->ConfigureWeightSync(request->spec(), deadline); });
-  return reactor;
+  return OffThread(ctx, absl::OkStatus(), [this, request](absl::Time deadline) {
+    return worker_->ConfigureWeightSync(request->spec(), deadline);
+  });
 }
 
 grpc::ServerUnaryReactor* RolloutServiceImpl::GetStatus(grpc::CallbackServerContext* ctx,
@@ -224,14 +222,7 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::GetStatus(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* RolloutServiceImpl::Sleep(grpc::CallbackServerContext* ctx, const SleepRequest* request,
                                                     SleepResponse* response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Check(*ctx);
-  if (!s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  const absl::Time deadline = DeadlineOf(*ctx);
-  OffThread(reactor, [this, request, response, deadline]() -> absl::Status {
+  return OffThread(ctx, absl::OkStatus(), [this, request, response](absl::Time deadline) -> absl::Status {
     absl::StatusOr<SleepResult> r = worker_->Sleep(request->release_weights(), deadline);
     if (!r.ok()) return r.status();
     response->set_released_bytes(r->released_bytes);
@@ -240,7 +231,6 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::Sleep(grpc::CallbackServerContext*
     response->set_seconds(r->seconds);
     return absl::OkStatus();
   });
-  return reactor;
 }
 
 }  // namespace rlmesh::rollout

@@ -24,7 +24,7 @@ namespace rlmesh::rollout {
 class RolloutServiceImpl final : public RolloutService::CallbackService {
  public:
   RolloutServiceImpl(RolloutWorker* worker, const ServerAuth* auth) : worker_(worker), auth_(auth) {}
-  ~RolloutServiceImpl() override;  // joins LoadWeights/ConfigureWeightSync threads
+  ~RolloutServiceImpl() override;  // joins the OffThread threads
 
   grpc::ServerWriteReactor<GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                         const GenerateRequest* request) override;
@@ -40,16 +40,20 @@ class RolloutServiceImpl final : public RolloutService::CallbackService {
                                   SleepResponse* response) override;
 
  private:
-  // Runs `work` on a thread of its own and finishes `reactor` with its
-  // status (exceptions become INTERNAL).
-  void OffThread(grpc::ServerUnaryReactor* reactor, std::function<absl::Status()> work);
+  // A call that may wait (for the engine's fence, a load in progress, a
+  // sync's store): checks the caller's token, then `valid` (the request's
+  // own checks), then runs `work` with the call's deadline on a thread of
+  // its own and finishes the call with its status (exceptions become
+  // INTERNAL), so the callback threads stay free.
+  grpc::ServerUnaryReactor* OffThread(grpc::CallbackServerContext* ctx, absl::Status valid,
+                                      std::function<absl::Status(absl::Time deadline)> work);
 
   RolloutWorker* const worker_;
   const ServerAuth* const auth_;
   absl::Mutex mu_;
   absl::Mutex done_mu_;  // guards the bools in threads_
-  // LoadWeights/ConfigureWeightSync threads and whether each has finished
-  // (joined lazily).
+  // LoadWeights/ConfigureWeightSync/Sleep threads and whether each has
+  // finished (joined lazily).
   std::list<std::pair<std::thread, std::shared_ptr<bool>>> threads_ ABSL_GUARDED_BY(mu_);
 };
 
