@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """rollout.sleep: what a rollout worker gives back while the learner trains.
 
+The last mode, "weights+learner", adds the learner's half (learner.sleep:
+cache: the learner hands its free memory back after each step, while the
+workers generate).
+
 Runs `coordinator run` on one host (a learner and one rollout worker, as a
 colocated pair shares a GPU) with a 26M-parameter scratch Llama, a few
 synchronous GRPO steps of long random completions, once per rollout.sleep
@@ -33,7 +37,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from soak import ROOT, children, name_of, sample  # noqa: E402
 
-MODES = ["off", "cache", "weights"]
+# rollout.sleep, and last the learner's half too (learner.sleep: cache).
+MODES = ["off", "cache", "weights", "weights+learner"]
 HIDDEN, LAYERS, HEADS, KV_HEADS, MLP, VOCAB_APPROX = 512, 8, 8, 4, 1408, 100
 CONFIG = f"""name: sleep_bench
 seed: 1
@@ -61,8 +66,11 @@ def run_once(mode, steps, workdir):
     with open(cfg, "w") as f:
         f.write(CONFIG.replace("STEPS", str(steps)))
     run_dir = tempfile.mkdtemp(prefix=f"sleep-{mode}-", dir=workdir)
+    rollout_mode, _, learner = mode.partition("+")
     cmd = [coordinator, "run", cfg, f"--run_dir={run_dir}", f"--bin_dir={os.path.join(ROOT, 'bazel-bin')}",
-           "--set", f"rollout.sleep={mode}"]
+           "--set", f"rollout.sleep={rollout_mode}"]
+    if learner:
+        cmd += ["--set", "learner.sleep=cache"]
     log = open(os.path.join(run_dir, "coordinator.out"), "w")
     start = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -105,6 +113,9 @@ def summarise(samples, steps_rec):
         "released_mib": statistics.median([r.get("rollout_sleep_released_bytes", 0.0) for r in later]) / 2**20,
         "fell_mib": statistics.median([r.get("rollout_sleep_memory_before_bytes", 0.0) -
                                        r.get("rollout_sleep_memory_after_bytes", 0.0) for r in later]) / 2**20,
+        "learner_fell_mib": statistics.median([r.get("learner_memory_before_release_bytes", 0.0) -
+                                               r.get("learner_memory_after_release_bytes", 0.0)
+                                               for r in later]) / 2**20,
     }
 
 
@@ -121,7 +132,7 @@ def main():
     results = {m: [] for m in MODES}
     load_before = os.getloadavg()[0]
     for rep in range(args.repeats):
-        order = MODES[rep % 3:] + MODES[:rep % 3]
+        order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]
         for mode in order:
             samples, steps_rec = run_once(mode, args.steps, workdir)
             r = summarise(samples, steps_rec)
@@ -143,18 +154,20 @@ def main():
         "on one host, as a colocated pair shares a GPU; a scratch Llama (hidden 512, 8 layers, 8/4 heads, MLP 1408, "
         f"about {params / 1e6:.0f}M parameters in the blocks, fp32), {args.steps} synchronous GRPO steps of 4 prompts x "
         "8 samples, up to 128 new tokens each (a random policy writes them all), weights over shm. The modes "
-        "alternate repeat by repeat. Resident sets are sampled from /proc every 20 ms; MiB.",
+        "alternate repeat by repeat; `weights+learner` is rollout.sleep: weights with learner.sleep: cache. "
+        "Resident sets are sampled from /proc every 20 ms; MiB.",
         "",
-        "| rollout.sleep | worker while the learner trains | learner + worker, peak while training | "
+        "| mode | worker while the learner trains | learner + worker, peak while training | "
         "learner + worker, peak over the run | worker peak | released per step (worker's count) | "
-        "worker's resident set fell by | step s | sleep s | sync s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "worker's resident set fell by | learner's fell by | step s | sleep s | sync s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m in MODES:
         cells = []
         for key, fmt in (("worker_train", "{:.0f}"), ("pair_train_peak", "{:.0f}"), ("pair_peak", "{:.0f}"),
                          ("worker_max", "{:.0f}"),
-                         ("released_mib", "{:.1f}"), ("fell_mib", "{:.1f}"), ("step_s", "{:.2f}"),
+                         ("released_mib", "{:.1f}"), ("fell_mib", "{:.1f}"), ("learner_fell_mib", "{:.0f}"),
+                         ("step_s", "{:.2f}"),
                          ("sleep_s", "{:.3f}"), ("sync_s", "{:.3f}")):
             mid, lo, hi = med(m, key)
             cells.append(f"{fmt.format(mid)} ({fmt.format(lo)}-{fmt.format(hi)})")

@@ -207,6 +207,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.LearnerConfig.sequence_parallel", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.gradient_checkpointing", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.cuda_memory_fraction", "coordinator/main.cc"},
+    {"rlmesh.LearnerConfig.sleep", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.ep", "learner/stage_options.cc"},
     {"rlmesh.ExperimentConfig.weight_sync", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.backend", "coordinator/weights.cc"},

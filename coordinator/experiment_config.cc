@@ -329,6 +329,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "expert parallelism runs on the CPU so far (Gloo; its NCCL path is untested)");
   c.Require(!l->gradient_checkpointing() || l->ep() == 1, "learner.gradient_checkpointing",
             "with learner.ep > 1 is not built (not for MoE policies)");
+  c.Require(l->sleep().empty() || l->sleep() == "off" || l->sleep() == "cache", "learner.sleep",
+            "must be off or cache");
   c.Require(l->cuda_memory_fraction() >= 0 && l->cuda_memory_fraction() <= 1, "learner.cuda_memory_fraction",
             "must be in (0, 1] (0 = no cap)");
   c.Require(l->cuda_memory_fraction() == 0 || (!m->device().empty() && m->device() != "cpu"),

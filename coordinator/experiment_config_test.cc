@@ -321,7 +321,7 @@ TEST_CASE("straggler and reward-call settings are checked by key, with their def
         std::string::npos);
 }
 
-TEST_CASE("rollout.sleep and the CUDA memory fractions are checked by name") {
+TEST_CASE("rollout.sleep, learner.sleep and the CUDA memory fractions are checked by name") {
   const std::string grpo = "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}}}}]\n";
   auto check = [&](const std::string& yaml, const std::string& message) {
     ExperimentConfig cfg;
@@ -336,6 +336,8 @@ TEST_CASE("rollout.sleep and the CUDA memory fractions are checked by name") {
   };
   for (const char* ok : {"off", "cache", "weights"}) check(std::string("rollout: {sleep: ") + ok + "}\n" + grpo, "");
   check("rollout: {sleep: always}\n" + grpo, "rollout.sleep: must be off, cache or weights");
+  check("learner: {sleep: cache}\n" + grpo, "");
+  check("learner: {sleep: weights}\n" + grpo, "learner.sleep: must be off or cache");
   check("rollout: {sleep: weights}\nstages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, max_staleness: 1, "
         "optimizer: {lr: 0.001}}}}]\n",
         "rollout.sleep: needs synchronous RL (stages[0].grpo.rl.max_staleness > 0");

@@ -20,6 +20,11 @@ namespace {
 std::atomic<bool> cuda_backend_asked{false};
 }  // namespace
 
+// gperftools' TCMalloc, where the process links it (the learner): its
+// free pages go back with its own call, which glibc's malloc_trim cannot
+// reach. Null otherwise.
+extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
+
 absl::Status LoadCudaBackend() {
   cuda_backend_asked = true;
   static const absl::Status* loaded = [] {
@@ -85,6 +90,7 @@ void ReleaseCachedMemory(const c10::Device& device) {
     c10::getDeviceAllocator(c10::kCUDA)->emptyCache();
     return;
   }
+  if (MallocExtension_ReleaseFreeMemory != nullptr) MallocExtension_ReleaseFreeMemory();
   malloc_trim(0);
 }
 

@@ -54,7 +54,8 @@ int64_t ProcessMemoryBytes(const c10::Device& device);
 // Hands memory that is free but still held back to its owner: on a CUDA
 // device the caching allocator's unused blocks (emptyCache), so that
 // another process on the GPU can have them; on the CPU, malloc's free pages
-// (glibc's malloc_trim; a no-op under another malloc).
+// (TCMalloc's ReleaseFreeMemory where the process links it, and glibc's
+// malloc_trim).
 void ReleaseCachedMemory(const c10::Device& device);
 
 // Caps the CUDA caching allocator of this process at `fraction` of each

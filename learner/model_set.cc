@@ -553,6 +553,7 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
   // device and what is missing (no GPU, no driver, index past the visible).
   RLMESH_ASSIGN_OR_RETURN(const c10::Device resolved, dist::ResolveDevice(device, "learner experiment.model.device"));
   s.device_type = resolved.type();
+  s.device = resolved;
   std::string init_path = init_checkpoint;
   const std::string init = mc.init().empty() ? "scratch" : mc.init();
   if (init_path.empty() && init == "checkpoint") {

@@ -105,6 +105,8 @@ struct ModelSet {
   // Forward passes under bf16 autocast (learner.autocast: bf16).
   bool autocast_bf16 = false;
   c10::DeviceType device_type = c10::DeviceType::CPU;
+  // The device itself (experiment.model.device, resolved).
+  c10::Device device{c10::DeviceType::CPU};
 
   // Per-token log-probs of `targets` under `m` (autocast as configured).
   absl::StatusOr<actor::TokenLogProbsOutput> LogProbs(actor::Transformer& m, const at::Tensor& ids,

@@ -57,6 +57,11 @@ absl::StatusOr<LearnerSettings> MakeLearnerSettings(const ExperimentConfig& exp)
   }
   l.autocast_bf16 = exp.learner().autocast() == "bf16";
   l.gradient_checkpointing = exp.learner().gradient_checkpointing();
+  if (!exp.learner().sleep().empty() && exp.learner().sleep() != "off" && exp.learner().sleep() != "cache") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experiment.learner.sleep: \"", exp.learner().sleep(), "\" is not off or cache"));
+  }
+  l.release_memory_after_step = exp.learner().sleep() == "cache";
   if (exp.checkpoint().keep() < 0) {
     return absl::InvalidArgumentError("experiment.checkpoint.keep: must be >= 0");
   }

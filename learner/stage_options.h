@@ -72,6 +72,9 @@ struct LearnerSettings {
   // decoder block in the backward pass (actor::TransformerImpl::
   // set_activation_checkpointing). Default false.
   bool gradient_checkpointing = false;
+  // learner.sleep == "cache": each train step ends by handing the
+  // allocator's free memory back (dist::ReleaseCachedMemory). Default false.
+  bool release_memory_after_step = false;
   // Sampling temperature of the rollout: on-policy ratios are exactly 1 only
   // if log-probs are recomputed at it. Default 1.0 (also for greedy).
   double temperature = 1.0;

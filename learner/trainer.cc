@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/path_root.h"
 #include "common/status_macros.h"
+#include "dist/device.h"
 #include "learner/batching.h"
 #include "learner/checkpoint.h"
 #include "learner/model_set.h"
@@ -245,6 +246,19 @@ TrainStepResponse Trainer::FinishStep(TrainStepResponse resp, bool new_policy) {
 }
 
 absl::StatusOr<TrainStepResponse> Trainer::TrainStep(const TrainStepRequest& req) {
+  absl::StatusOr<TrainStepResponse> resp = RunStep(req);
+  if (!resp.ok() || !s_->opt.learner.release_memory_after_step) return resp;
+  // learner.sleep: cache. What the step allocated and freed (activations,
+  // gradients' scratch, the batch) goes back for colocated workers.
+  const c10::Device device = s_->models.device;
+  auto& m = *resp->mutable_metrics()->mutable_values();
+  m["learner_memory_before_release_bytes"] = static_cast<double>(dist::ProcessMemoryBytes(device));
+  dist::ReleaseCachedMemory(device);
+  m["learner_memory_after_release_bytes"] = static_cast<double>(dist::ProcessMemoryBytes(device));
+  return resp;
+}
+
+absl::StatusOr<TrainStepResponse> Trainer::RunStep(const TrainStepRequest& req) {
   if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
   if (req.step() != step_) {
     return absl::FailedPreconditionError(

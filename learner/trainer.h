@@ -197,6 +197,8 @@ class Trainer {
   // preference pairs (reward model, DPO), and the loader that walks it. RL
   // stages get their data from the caller.
   static absl::Status LoadStageData(const ExperimentConfig& experiment, int stage_index, State* state);
+  // TrainStep's work, by stage kind and data source.
+  absl::StatusOr<TrainStepResponse> RunStep(const TrainStepRequest& req);
   absl::StatusOr<TrainStepResponse> TrainSft();
   absl::StatusOr<TrainStepResponse> TrainPairs();
   // Forward (and with `train`, backward of the local mean loss) over

@@ -2038,6 +2038,48 @@ TEST_CASE("learner.gradient_checkpointing: SFT, GRPO (with KL) and PPO steps are
   }
 }
 
+TEST_CASE("learner.sleep: cache hands memory back after each step and trains bit for bit as without") {
+  actor::ConfigureThreads(2);
+  ExperimentConfig e = Tiny(37);
+  Stage s;
+  s.mutable_grpo()->mutable_rl()->set_steps(3);
+  s.mutable_grpo()->mutable_rl()->mutable_optimizer()->set_lr(1e-2);
+  *e.add_stages() = s;
+  ExperimentConfig sleepy = e;
+  sleepy.mutable_learner()->set_sleep("cache");
+  Trainer plain, released;
+  REQUIRE(plain.Configure(Request(e)).ok());
+  REQUIRE(released.Configure(Request(sleepy)).ok());
+  int64_t i = 0;
+  GroupList groups = Rollout(plain, Prompts(e, 4), 4, 1.0f, 9, [&](const std::vector<int64_t>&) {
+    return static_cast<double>((i++) % 3);
+  });
+  for (int step = 0; step < 3; ++step) {
+    TrainStepRequest req;
+    req.set_step(step);
+    *req.mutable_groups() = groups;
+    auto a = plain.TrainStep(req);
+    auto b = released.TrainStep(req);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->metrics().values().at("loss") == b->metrics().values().at("loss"));
+    CHECK(a->metrics().values().count("learner_memory_before_release_bytes") == 0);
+    const auto& m = b->metrics().values();
+    REQUIRE(m.count("learner_memory_before_release_bytes") == 1);
+    REQUIRE(m.count("learner_memory_after_release_bytes") == 1);
+    CHECK(m.at("learner_memory_before_release_bytes") > 0);
+    CHECK(m.at("learner_memory_after_release_bytes") <= m.at("learner_memory_before_release_bytes"));
+  }
+  CHECK(BitEqual(plain, released));
+  // A value the schema does not know is refused by name.
+  ExperimentConfig bad = e;
+  bad.mutable_learner()->set_sleep("always");
+  Trainer refused;
+  auto st = refused.Configure(Request(bad)).status();
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(st.message()).find("experiment.learner.sleep") != std::string::npos);
+}
+
 TEST_CASE("learner.gradient_checkpointing under learner.tp: 2 (with and without SP; SFT and PPO's critic) is bit for "
           "bit the plain tp=2") {
   actor::ConfigureThreads(1);
