@@ -245,7 +245,7 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "rollout.on_timeout", "must be redispatch or drop");
   c.Require(r->on_timeout().empty() || r->request_timeout_ms() > 0, "rollout.on_timeout",
             "set without rollout.request_timeout_ms");
-  c.Require(r->sleep().empty() || r->sleep() == "off" || r->sleep() == "cache" || r->sleep() == "weights", "rollout.sleep",
+  c.Require(r->sleep().empty() || r->sleep() == "off" || RolloutSleeps(*r), "rollout.sleep",
             "must be off, cache or weights");
   {
     const std::string& where = !r->device().empty() ? r->device() : m->device();

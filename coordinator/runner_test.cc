@@ -358,7 +358,8 @@ TEST_CASE("rollout.sleep: workers sleep between each step's generation and train
     REQUIRE(steps.size() >= 4);
     for (const auto& j : steps) {
       CHECK(j.at("rollout_sleep_released_bytes").get<double>() == (mode == "weights" ? 1000 : 0));
-      CHECK(j.at("rollout_sleep_memory_after_bytes").get<double>() <= j.at("rollout_sleep_memory_before_bytes").get<double>());
+      CHECK(j.at("rollout_sleep_memory_after_bytes").get<double>() <=
+            j.at("rollout_sleep_memory_before_bytes").get<double>());
       CHECK(j.contains("seconds_sleep"));
     }
   }

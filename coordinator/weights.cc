@@ -137,7 +137,9 @@ absl::Status RunLoop::SleepRollouts(nlohmann::json* j) {
   req.set_release_weights(cfg().rollout().sleep() == "weights");
   RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
     absl::StatusOr<SleepResponse> r = clients_->rollouts[i]->Sleep(req);
-    if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("rollout ", i, " Sleep: ", r.status().message()));
+    if (!r.ok()) {
+      return absl::Status(r.status().code(), absl::StrCat("rollout ", i, " Sleep: ", r.status().message()));
+    }
     got[i] = *r;
     return absl::OkStatus();
   }));

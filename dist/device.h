@@ -61,8 +61,10 @@ void ReleaseCachedMemory(const c10::Device& device);
 // Caps the CUDA caching allocator of this process at `fraction` of each
 // device's memory (an allocation past it fails with out-of-memory) by adding
 // per_process_memory_fraction to PYTORCH_ALLOC_CONF. It must run before the
-// CUDA backend loads (the allocator reads its settings once): FAILED_PRECONDITION
-// after. INVALID_ARGUMENT `<who>: <fraction> is not in (0, 1]`.
+// CUDA backend loads (the allocator reads its settings once):
+// FAILED_PRECONDITION after. INVALID_ARGUMENT `<who>: <fraction> is not in
+// (0, 1]`. It sets an environment variable: call it at the process's start,
+// before other threads (the one exception to the thread-safety above).
 absl::Status SetCudaMemoryFraction(double fraction, absl::string_view who);
 
 }  // namespace rlmesh::dist

@@ -6,9 +6,9 @@
 // enforce the real workers' version rules (LoadWeights only increasing,
 // Generate refused with ABORTED below min_policy_version, and with
 // FAILED_PRECONDITION after a Sleep that released the weights until the next
-// load) and put pipeline
-// groups into a fake FIFO replay buffer, a reward server that marks a
-// sample right when its one response token is 1, and fault injection.
+// load) and put pipeline groups into a fake FIFO replay buffer, a reward
+// server that marks a sample right when its one response token is 1, and
+// fault injection.
 // Everything is recorded in call order for tests to assert on.
 
 #include <cstdint>
