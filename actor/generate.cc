@@ -13,6 +13,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "absl/strings/str_cat.h"
+#include "dist/device.h"
 
 namespace rlmesh::actor {
 namespace {
@@ -646,7 +647,7 @@ absl::Status Generator::Step(const GroupCallback& on_group) {
     s_->Admit(on_group, &finished);
     s_->Compact(finished, on_group);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("Generator::Step: ", e.what_without_backtrace()));
+    return dist::ExceptionStatus(e, absl::StatusCode::kInternal, "Generator::Step");
   }
   return absl::OkStatus();
 }

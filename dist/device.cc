@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,15 @@ void ReleaseCachedMemory(const c10::Device& device) {
   }
   if (MallocExtension_ReleaseFreeMemory != nullptr) MallocExtension_ReleaseFreeMemory();
   malloc_trim(0);
+}
+
+absl::Status ExceptionStatus(const std::exception& e, absl::StatusCode otherwise, absl::string_view context) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = torch_error != nullptr ? torch_error->what_without_backtrace() : e.what();
+  const bool oom = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                   what.find("can't allocate memory") != std::string::npos;
+  if (oom) return absl::ResourceExhaustedError(absl::StrCat(context, ": out of memory: ", what));
+  return absl::Status(otherwise, absl::StrCat(context, ": ", what));
 }
 
 absl::Status SetCudaMemoryFraction(double fraction, absl::string_view who) {

@@ -15,6 +15,7 @@
 // loaded at most once per process.
 
 #include <cstdint>
+#include <exception>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -57,6 +58,15 @@ int64_t ProcessMemoryBytes(const c10::Device& device);
 // (TCMalloc's ReleaseFreeMemory where the process links it, and glibc's
 // malloc_trim).
 void ReleaseCachedMemory(const c10::Device& device);
+
+// An exception from LibTorch (or anything else) as a status for the caller,
+// prefixed by `context` ("learner-0 TrainStep", "rollout weight swap"):
+// running out of memory is RESOURCE_EXHAUSTED "<context>: out of memory:
+// <what>", the allocator's message giving the size asked for and the device
+// (a CUDA c10::OutOfMemoryError, or the CPU allocator's "can't allocate
+// memory"); anything else is `otherwise` "<context>: <what>", LibTorch's
+// backtrace left out.
+absl::Status ExceptionStatus(const std::exception& e, absl::StatusCode otherwise, absl::string_view context);
 
 // Caps the CUDA caching allocator of this process at `fraction` of each
 // device's memory (an allocation past it fails with out-of-memory) by adding

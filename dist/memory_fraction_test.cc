@@ -2,6 +2,7 @@
 // its own: the cap must be set before the CUDA backend loads, which is
 // process-wide state.
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,39 @@ TEST_CASE("on the CPU, freed memory goes back to the system and the resident set
   INFO("resident " << full << ", freed " << freed << ", released " << after);
   CHECK(full - after > 100 * 1024 * 1024);
   CHECK(top.sum().item<float>() == 16 * 1024);
+}
+
+TEST_CASE("running out of memory is RESOURCE_EXHAUSTED naming the size asked for; other errors keep their code") {
+  absl::Status cpu;
+  try {
+    at::empty({int64_t{1} << 50});  // 4 PiB
+  } catch (const std::exception& e) {
+    cpu = ExceptionStatus(e, absl::StatusCode::kInternal, "learner-0 TrainStep");
+  }
+  INFO(cpu.ToString());
+  CHECK(cpu.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(cpu.message()).find("learner-0 TrainStep: out of memory: ") == 0);
+  CHECK(std::string(cpu.message()).find("4503599627370496 bytes") != std::string::npos);
+  absl::Status gpu;
+  try {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total ",
+                     "capacity of 139.81 GiB");
+  } catch (const std::exception& e) {
+    gpu = ExceptionStatus(e, absl::StatusCode::kAborted, "tensor-parallel rank 1");
+  }
+  CHECK(gpu.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(gpu.message()).find("tensor-parallel rank 1: out of memory: CUDA out of memory. Tried to allocate "
+                                        "2.00 GiB. GPU 0") == 0);
+  absl::Status other;
+  try {
+    at::ones({2}).view({3});
+  } catch (const std::exception& e) {
+    other = ExceptionStatus(e, absl::StatusCode::kAborted, "weight swap");
+  }
+  CHECK(other.code() == absl::StatusCode::kAborted);
+  CHECK(std::string(other.message()).find("weight swap: ") == 0);
+  CHECK(std::string(other.message()).find("Exception raised from") == std::string::npos);  // no backtrace
+  CHECK(ExceptionStatus(std::runtime_error("boom"), absl::StatusCode::kInternal, "x").message() == "x: boom");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "common/rpc_handler.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
+#include "dist/device.h"
 #include "weight_sync/weight_sync.h"
 
 namespace rlmesh::learner {
@@ -66,7 +67,7 @@ grpc::ServerUnaryReactor* LearnerService::Offload(grpc::CallbackServerContext* c
     try {
       st = work();
     } catch (const std::exception& e) {
-      st = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
+      st = dist::ExceptionStatus(e, absl::StatusCode::kInternal, "unexpected exception");
     }
     reactor->Finish(ToGrpcStatus(st));
   });

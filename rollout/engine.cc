@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "dist/device.h"
 
 namespace rlmesh::rollout {
 
@@ -172,7 +173,7 @@ void RolloutWorker::Impl::Loop() {
       try {
         s = apply->apply();
       } catch (const std::exception& e) {
-        s = absl::InternalError(absl::StrCat("weight swap: ", e.what()));
+        s = dist::ExceptionStatus(e, absl::StatusCode::kInternal, "weight swap");
       }
       absl::MutexLock lock(&mu);
       if (s.ok()) {

@@ -5,6 +5,7 @@
 
 #include "common/grpc_status.h"
 #include "common/rpc_handler.h"
+#include "dist/device.h"
 
 namespace rlmesh::rollout {
 namespace {
@@ -191,7 +192,7 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::OffThread(grpc::CallbackServerCont
     try {
       st = work(deadline);
     } catch (const std::exception& e) {
-      st = absl::InternalError(absl::StrCat("unexpected exception: ", e.what()));
+      st = dist::ExceptionStatus(e, absl::StatusCode::kInternal, "unexpected exception");
     }
     reactor->Finish(ToGrpcStatus(st));
     absl::MutexLock done_lock(&done_mu_);

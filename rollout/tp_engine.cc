@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
+#include "dist/device.h"
 #include "dist/gloo.h"
 #include "learner/tensor_parallel.h"
 
@@ -74,7 +75,7 @@ struct TensorParallelEngine::Rank {
     try {
       return j(*this);
     } catch (const std::exception& e) {
-      return absl::AbortedError(absl::StrCat("tensor-parallel rank ", index, ": ", e.what()));
+      return dist::ExceptionStatus(e, absl::StatusCode::kAborted, absl::StrCat("tensor-parallel rank ", index));
     }
   }
 };
