@@ -234,26 +234,23 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
                 r->on_update() == "partial",
             "rollout.on_update", "must be finish, abort or partial");
   c.Require(r->request_timeout_ms() >= 0, "rollout.request_timeout_ms", "must be >= 0 (0 = no straggler deadline)");
+  // Where `coordinator run`'s workers generate.
+  const std::string rollout_device = !r->device().empty() ? r->device() : m->device();
+  const bool rollout_on_cpu = rollout_device.empty() || rollout_device == "cpu";
   if (r->tp() == 0) r->set_tp(1);
   c.Require(r->tp() >= 1 && r->tp() <= 64, "rollout.tp", "must be in [1, 64]");
-  if (r->tp() > 1) {
-    const std::string& where = !r->device().empty() ? r->device() : m->device();
-    c.Require(where.empty() || where == "cpu", "rollout.tp",
-              "> 1 generates on the CPU only (rollout.device / model.device is not cpu)");
-  }
+  c.Require(r->tp() == 1 || rollout_on_cpu, "rollout.tp",
+            "> 1 generates on the CPU only (rollout.device / model.device is not cpu)");
   c.Require(r->on_timeout().empty() || r->on_timeout() == "redispatch" || r->on_timeout() == "drop",
             "rollout.on_timeout", "must be redispatch or drop");
   c.Require(r->on_timeout().empty() || r->request_timeout_ms() > 0, "rollout.on_timeout",
             "set without rollout.request_timeout_ms");
   c.Require(r->sleep().empty() || r->sleep() == "off" || RolloutSleeps(*r), "rollout.sleep",
             "must be off, cache or weights");
-  {
-    const std::string& where = !r->device().empty() ? r->device() : m->device();
-    c.Require(r->cuda_memory_fraction() >= 0 && r->cuda_memory_fraction() <= 1, "rollout.cuda_memory_fraction",
-              "must be in (0, 1] (0 = no cap)");
-    c.Require(r->cuda_memory_fraction() == 0 || (!where.empty() && where != "cpu"), "rollout.cuda_memory_fraction",
-              "set but the workers generate on the CPU (rollout.device / model.device)");
-  }
+  c.Require(r->cuda_memory_fraction() >= 0 && r->cuda_memory_fraction() <= 1, "rollout.cuda_memory_fraction",
+            "must be in (0, 1] (0 = no cap)");
+  c.Require(r->cuda_memory_fraction() == 0 || !rollout_on_cpu, "rollout.cuda_memory_fraction",
+            "set but the workers generate on the CPU (rollout.device / model.device)");
 
   // Multi-turn rollouts (the rollout worker checks the same at Submit).
   const EnvironmentConfig& env = config->environment();
@@ -339,8 +336,7 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
     // `coordinator run` puts every learner on model.device and every worker
     // on rollout.device: their caps share that GPU when the two are one.
     const absl::StatusOr<int> learner_gpu = ParseDeviceSpec(m->device(), "model.device");
-    const absl::StatusOr<int> rollout_gpu =
-        ParseDeviceSpec(!r->device().empty() ? r->device() : m->device(), "rollout.device");
+    const absl::StatusOr<int> rollout_gpu = ParseDeviceSpec(rollout_device, "rollout.device");
     if (learner_gpu.ok() && rollout_gpu.ok() && *learner_gpu >= 0 && *learner_gpu == *rollout_gpu) {
       const double sum = l->shards() * l->cuda_memory_fraction() + r->workers() * r->cuda_memory_fraction();
       c.Require(sum <= 1 + 1e-9, "rollout.cuda_memory_fraction",
