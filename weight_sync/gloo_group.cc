@@ -13,21 +13,35 @@ class GlooGroup final : public BroadcastGroup {
  public:
   explicit GlooGroup(const WeightSyncSpec& spec) : spec_(spec) {}
 
-  absl::Status Broadcast(void* data, int64_t bytes) override {
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+
+  // The broadcast runs on the group's own threads while the caller packs
+  // or unpacks the other buffer.
+  absl::Status Start(const at::Tensor& bucket) override {
     RLMESH_RETURN_IF_ERROR(Connect());
     try {
-      std::vector<at::Tensor> v{at::from_blob(data, {bytes}, at::TensorOptions().dtype(at::kByte))};
+      std::vector<at::Tensor> v{bucket};
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
       opts.timeout = std::chrono::milliseconds(TimeoutMs(spec_));
-      group_->broadcast(v, opts)->wait();
+      work_ = group_->broadcast(v, opts);
       return absl::OkStatus();
     } catch (const std::exception& e) {
-      broken_ = true;
-      return absl::AbortedError(absl::StrCat("weight sync (gloo ", spec_.group_name(), " rank ", spec_.rank(),
-                                             "): broadcast failed: ", e.what()));
+      return Failed(e);
     }
   }
+
+  absl::Status Wait() override {
+    if (!work_) return absl::OkStatus();
+    auto work = std::move(work_);
+    try {
+      work->wait();  // bounded by the broadcast's timeout
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      return Failed(e);
+    }
+  }
+
   const char* name() const override { return "gloo"; }
 
  private:
@@ -56,8 +70,15 @@ class GlooGroup final : public BroadcastGroup {
     return absl::OkStatus();
   }
 
+  absl::Status Failed(const std::exception& e) {
+    broken_ = true;
+    return absl::AbortedError(absl::StrCat("weight sync (gloo ", spec_.group_name(), " rank ", spec_.rank(),
+                                           "): broadcast failed: ", e.what()));
+  }
+
   const WeightSyncSpec spec_;
   c10::intrusive_ptr<c10d::Backend> group_;
+  c10::intrusive_ptr<c10d::Work> work_;
   bool broken_ = false;
 };
 

@@ -108,9 +108,10 @@ inline absl::Status CheckVersionForward(int64_t version, int64_t last) {
 }
 
 // `destinations` reordered as the layout's tensors; each must be a
-// contiguous CPU tensor of the slot's dtype and shape, and every slot needs
-// one. INVALID_ARGUMENT names the tensor.
-inline absl::StatusOr<NamedTensors> OrderDestinations(const WeightLayout& layout, const NamedTensors& destinations) {
+// contiguous tensor on `device` of the slot's dtype and shape, and every
+// slot needs one. INVALID_ARGUMENT names the tensor.
+inline absl::StatusOr<NamedTensors> OrderDestinations(const WeightLayout& layout, const NamedTensors& destinations,
+                                                      const c10::Device& device = c10::Device(c10::kCPU)) {
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, t] : destinations) by_name[name] = &t;
   NamedTensors out;
@@ -123,9 +124,9 @@ inline absl::StatusOr<NamedTensors> OrderDestinations(const WeightLayout& layout
     auto dtype = DtypeName(t);
     std::vector<int64_t> shape(slot.shape().begin(), slot.shape().end());
     if (!dtype.ok() || *dtype != slot.dtype() || t.sizes().vec() != shape || !t.is_contiguous() ||
-        !t.device().is_cpu()) {
-      return absl::InvalidArgumentError(absl::StrCat("destinations[", slot.name(),
-                                                     "]: must be a contiguous CPU tensor of ", slot.dtype(),
+        t.device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat("destinations[", slot.name(), "]: must be a contiguous ",
+                                                     device.str(), " tensor of ", slot.dtype(),
                                                      " with the layout's shape"));
     }
     out.emplace_back(slot.name(), t);
@@ -137,7 +138,6 @@ inline absl::StatusOr<NamedTensors> OrderDestinations(const WeightLayout& layout
   }
   return out;
 }
-
 
 // Waits for the work queued on `stream` with a deadline, polling (a CUDA
 // stream has no timed wait). `poll`, called between queries, may fail the
@@ -158,21 +158,38 @@ absl::Status SyncStream(const CudaRuntimeApi& cuda, cudaStream_t stream, absl::T
 
 // ---------------------------------------------------------------------------
 // GLOO and NCCL: header {version, layout bytes} -> layout -> buckets, all
-// broadcast from rank 0 through a BroadcastGroup. A receiver drains every
-// bucket even when the version is not the one it expected, so the group
-// stays aligned for the next round.
+// broadcast from rank 0 through a BroadcastGroup. Buckets live on the
+// group's device (the CPU for GLOO, the rank's GPU for NCCL) and go one at
+// a time through two buffers: the publisher packs bucket i + 1 while bucket
+// i is on the wire, a receiver unpacks bucket i while bucket i + 1 arrives.
+// Neither side holds more than two buckets beyond the tensors themselves. A
+// receiver drains every bucket even when the version is not the one it
+// expected, so the group stays aligned for the next round.
 
-// One collective channel from rank 0 to every other rank. A failed
-// broadcast leaves the group unusable (FAILED_PRECONDITION afterwards).
+// One collective channel from rank 0 to every other rank, one broadcast in
+// flight at a time. A failed broadcast leaves the group unusable
+// (FAILED_PRECONDITION afterwards).
 class BroadcastGroup {
  public:
   virtual ~BroadcastGroup() = default;
-  // Rank 0 sends `bytes` bytes of host memory at `data`; every other rank
-  // receives them into `data`. Bounded by spec.timeout_ms.
-  virtual absl::Status Broadcast(void* data, int64_t bytes) = 0;
+  // Where the buckets must be: the CPU (GLOO) or the rank's GPU (NCCL).
+  virtual c10::Device device() const = 0;
+  // Starts broadcasting `bucket`, a contiguous byte tensor on device():
+  // rank 0 sends it, every other rank receives into it. Work already queued
+  // on the device that writes `bucket` (a copy into it) is ordered before
+  // the send. REQUIRES: no broadcast in flight (Wait returned).
+  virtual absl::Status Start(const at::Tensor& bucket) = 0;
+  // Waits for the broadcast Start began, by spec.timeout_ms from its
+  // start; then `bucket` holds the bytes and may be read or reused. OK when
+  // nothing is in flight.
+  virtual absl::Status Wait() = 0;
   // "gloo" / "nccl", for messages.
   virtual const char* name() const = 0;
 };
+
+// Rank 0 sends `bytes` bytes of host memory at `data`; every other rank
+// receives them into `data` (through a device copy for NCCL).
+absl::Status BroadcastHostBytes(BroadcastGroup& group, void* data, int64_t bytes);
 
 // The TCPStore at spec.store_host:store_port under
 // "weight_sync/<group_name><suffix>", the rendezvous of one group.

@@ -14,9 +14,16 @@ namespace {
 // communicator is non-blocking, so forming it and every broadcast can be
 // waited on with a deadline: at the deadline, or on an asynchronous NCCL
 // error, the communicator is aborted (ncclCommAbort) and the call returns
-// DEADLINE_EXCEEDED / ABORTED. Each broadcast stages its host bytes through
-// one device buffer (grown to the largest bucket and kept): H2D on rank 0,
-// ncclBroadcast, D2H on the others, all on one stream.
+// DEADLINE_EXCEEDED / ABORTED. The buckets are device tensors (LibTorch's
+// allocator, on this rank's GPU): ncclBroadcast reads and writes them in
+// place on the group's own stream, so nothing is staged through the host.
+//
+// Ordering with LibTorch's work: LibTorch queues its copies on the legacy
+// default stream, and the group's stream is non-blocking (so a broadcast
+// runs beside the next bucket's packing). Start therefore waits, by the
+// deadline, until the legacy stream has finished what was queued before it
+// (the copy into the bucket, or the unpacking of the bucket it reuses), and
+// Wait returns once the broadcast is done on the device.
 class NcclGroup final : public BroadcastGroup {
  public:
   NcclGroup(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda, const NcclApi* nccl, int device)
@@ -25,18 +32,35 @@ class NcclGroup final : public BroadcastGroup {
     if (cuda_->SetDevice(device_) != cudaSuccess) return;
     // Abort, not destroy: it never waits for the peers.
     if (comm_ != nullptr) nccl_->CommAbort(comm_);
-    if (staging_ != nullptr) cuda_->Free(staging_);
     if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
   }
 
-  absl::Status Broadcast(void* data, int64_t bytes) override {
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
-    RLMESH_RETURN_IF_ERROR(Connect(deadline));
-    if (bytes == 0) return absl::OkStatus();  // every rank knows the size: skipped alike
-    absl::Status s = BroadcastOnce(data, bytes, deadline);
+  c10::Device device() const override { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_)); }
+
+  absl::Status Start(const at::Tensor& bucket) override {
+    deadline_ = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
+    RLMESH_RETURN_IF_ERROR(Connect(deadline_));
+    if (bucket.numel() == 0) return absl::OkStatus();  // every rank knows the size: skipped alike
+    absl::Status s = StartOnce(bucket);
     if (!s.ok()) Fail();
     return s;
   }
+
+  absl::Status Wait() override {
+    if (!in_flight_) return absl::OkStatus();
+    in_flight_ = false;
+    absl::Status s = CudaCall("cudaSetDevice", cuda_->SetDevice(device_));
+    if (s.ok()) {
+      s = SyncStream(*cuda_, stream_, deadline_, absl::StrCat(What(), ": broadcast of ", in_flight_bytes_, " bytes"),
+                     [&] { return PollComm("ncclBroadcast"); });
+    }
+    if (absl::IsDeadlineExceeded(s)) {
+      s = absl::DeadlineExceededError(absl::StrCat(s.message(), " (", TimeoutMs(spec_), " ms; a rank missing?)"));
+    }
+    if (!s.ok()) Fail();
+    return s;
+  }
+
   const char* name() const override { return "nccl"; }
 
  private:
@@ -126,36 +150,22 @@ class NcclGroup final : public BroadcastGroup {
     return WaitComm("ncclCommInitRankConfig", r, deadline);
   }
 
-  absl::Status BroadcastOnce(void* data, int64_t bytes, absl::Time deadline) {
+  absl::Status StartOnce(const at::Tensor& bucket) {
+    if (!bucket.is_contiguous() || bucket.scalar_type() != at::kByte || bucket.device() != device()) {
+      return absl::InternalError(absl::StrCat(What(), ": a bucket must be a contiguous byte tensor on ",
+                                              device().str(), ", got ", bucket.device().str()));
+    }
     RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device_)));
-    if (bytes > staging_bytes_) {
-      if (staging_ != nullptr) cuda_->Free(staging_);
-      staging_ = nullptr;
-      staging_bytes_ = 0;
-      const cudaError_t e = cuda_->Malloc(&staging_, static_cast<size_t>(bytes));
-      if (e != cudaSuccess) {
-        staging_ = nullptr;
-        return absl::ResourceExhaustedError(absl::StrCat(What(), ": ", cuda_->Error("cudaMalloc", e), " for ", bytes, " bytes"));
-      }
-      staging_bytes_ = bytes;
-    }
-    const size_t n = static_cast<size_t>(bytes);
-    if (spec_.rank() == 0) {
-      RLMESH_RETURN_IF_ERROR(
-          CudaCall("cudaMemcpyAsync", cuda_->MemcpyAsync(staging_, data, n, cudaMemcpyHostToDevice, stream_)));
-    }
-    RLMESH_RETURN_IF_ERROR(
-        WaitComm("ncclBroadcast", nccl_->Broadcast(staging_, staging_, n, ncclUint8, 0, comm_, stream_), deadline));
-    if (spec_.rank() != 0) {
-      RLMESH_RETURN_IF_ERROR(
-          CudaCall("cudaMemcpyAsync", cuda_->MemcpyAsync(data, staging_, n, cudaMemcpyDeviceToHost, stream_)));
-    }
-    absl::Status s = SyncStream(*cuda_, stream_, deadline, absl::StrCat(What(), ": broadcast of ", bytes, " bytes"),
-                                [&] { return PollComm("ncclBroadcast"); });
-    if (absl::IsDeadlineExceeded(s)) {
-      return absl::DeadlineExceededError(absl::StrCat(s.message(), " (", TimeoutMs(spec_), " ms; a rank missing?)"));
-    }
-    return s;
+    RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, cudaStreamLegacy, deadline_,
+                                      absl::StrCat(What(), ": LibTorch's copies before a broadcast"),
+                                      [] { return absl::OkStatus(); }));
+    void* data = bucket.data_ptr();
+    const size_t n = static_cast<size_t>(bucket.numel());
+    RLMESH_RETURN_IF_ERROR(WaitComm("ncclBroadcast", nccl_->Broadcast(data, data, n, ncclUint8, 0, comm_, stream_),
+                                    deadline_));
+    in_flight_ = true;
+    in_flight_bytes_ = bucket.numel();
+    return absl::OkStatus();
   }
 
   // Aborting the communicator unblocks the stream (and tells the peers).
@@ -173,8 +183,9 @@ class NcclGroup final : public BroadcastGroup {
   const int device_;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
-  void* staging_ = nullptr;
-  int64_t staging_bytes_ = 0;
+  absl::Time deadline_;  // of the broadcast in flight
+  bool in_flight_ = false;
+  int64_t in_flight_bytes_ = 0;
   bool broken_ = false;
 };
 

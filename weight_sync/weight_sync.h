@@ -16,14 +16,20 @@
 //               data.
 //   GLOO        c10d ProcessGroupGloo broadcast from rank 0 over a TCPStore
 //               at spec.store_host:store_port (hosted by the coordinator, or
-//               by WeightSyncStore below). The layout travels in-band first.
-//               Publish and Receive are collectives: every rank must call
-//               them for the same version at the same time.
+//               by WeightSyncStore below). The layout travels in-band first,
+//               then the buckets one by one through two buffers: the
+//               publisher packs the next bucket while one is on the wire,
+//               and a receiver unpacks one while the next arrives, so
+//               neither side holds more than two buckets besides the
+//               tensors. Publish and Receive are collectives: every rank
+//               must call them for the same version at the same time.
 //   NCCL        ncclBroadcast from rank 0, one rank per GPU (rank r uses
-//               device r % device count), same wire order and same
+//               device r % device count), same wire order, pipelining and
 //               collective contract as GLOO; rank 0's ncclUniqueId goes
-//               through the same TCPStore. Tensors stay CPU tensors: each
-//               bucket is staged through one device buffer (cudaMemcpy).
+//               through the same TCPStore. The buckets are device tensors on
+//               the rank's GPU, broadcast in place: the publisher copies its
+//               tensors (from any device) into them and receivers get
+//               tensors on their GPU, with no staging through host memory.
 //   CUDA_IPC    learner and worker on one host (typically one GPU, where
 //               NCCL refuses two ranks): the publisher keeps two slots of
 //               device buckets and shares cudaIpcMemHandle_t's through a
@@ -128,13 +134,14 @@ class WeightPublisher {
 class WeightReceiver {
  public:
   virtual ~WeightReceiver() = default;
-  // Receives version expected.version (> 0). Tensors come back on the CPU,
-  // in layout order, with the layout's dtypes and shapes. If `received` is
-  // non-null it gets the layout that arrived.
+  // Receives version expected.version (> 0). Tensors come back in layout
+  // order, with the layout's dtypes and shapes, on the CPU (NCCL: on the
+  // rank's GPU). If `received` is non-null it gets the layout that arrived.
   virtual absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected,
                                                WeightLayout* received = nullptr) = 0;
   // Same, but copies into caller-owned tensors (matched by name; each a
-  // contiguous CPU tensor of the slot's dtype and shape, one per slot).
+  // contiguous tensor of the slot's dtype and shape, one per slot, on the
+  // device Receive would return them on).
   // Reusing the same destinations every version avoids touching fresh
   // memory: this is the fast path (SHM copies straight from the segment).
   // On error the destinations may be partly written.

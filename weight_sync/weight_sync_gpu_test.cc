@@ -172,7 +172,7 @@ TEST_CASE("CUDA_IPC between two processes on one GPU is bit-exact", "[gpu]") {
 
 // NCCL refuses two ranks on one GPU: the device script runs this case only
 // where two or more devices exist (Catch2 filter "~[multi_gpu]" elsewhere).
-TEST_CASE("NCCL broadcast between two GPUs is bit-exact", "[gpu][multi_gpu]") {
+TEST_CASE("NCCL broadcast between two GPUs is bit-exact, device to device", "[gpu][multi_gpu]") {
   auto devices = CudaDeviceCount();
   INFO(devices.status().ToString());
   REQUIRE(devices.ok());
@@ -181,31 +181,38 @@ TEST_CASE("NCCL broadcast between two GPUs is bit-exact", "[gpu][multi_gpu]") {
   REQUIRE(store.ok());
   auto v1 = MakeTensors(31);
   auto v2 = MakeTensors(32);
-  absl::StatusOr<NamedTensors> got[2];
+  absl::StatusOr<NamedTensors> got;
+  NamedTensors round_one;  // round one's bits, kept before round two overwrites them
+  absl::Status into;
   std::thread receiver([&] {
     auto recv = CreateWeightReceiver(NcclSpec((*store)->port(), 1));
     if (!recv.ok()) {
-      got[0] = recv.status();
+      got = recv.status();
       return;
     }
-    for (int v = 1; v <= 2; ++v) {
-      WeightLayout want;
-      want.set_version(v);
-      got[v - 1] = (*recv)->Receive(want);
-    }
+    WeightLayout want;
+    want.set_version(1);
+    got = (*recv)->Receive(want);
+    if (!got.ok()) return;
+    for (const auto& [name, t] : *got) round_one.emplace_back(name, t.clone());
+    want.set_version(2);
+    into = (*recv)->ReceiveInto(want, *got);  // round two into round one's tensors
   });
   auto pub = CreateWeightPublisher(NcclSpec((*store)->port(), 0));
   REQUIRE(pub.ok());
   CHECK((*pub)->backend() == WEIGHT_SYNC_NCCL);
-  auto l1 = (*pub)->Publish(v1, 1);
-  auto l2 = (*pub)->Publish(v2, 2);
+  auto l1 = (*pub)->Publish(v1, 1);  // from host tensors
+  NamedTensors on_gpu;
+  for (const auto& [name, t] : v2) on_gpu.emplace_back(name, t.to(at::Device(at::kCUDA, 0)));
+  auto l2 = (*pub)->Publish(on_gpu, 2);  // from device tensors
   receiver.join();
   REQUIRE(l1.ok());
   REQUIRE(l2.ok());
-  REQUIRE(got[0].ok());
-  REQUIRE(got[1].ok());
-  ExpectBitExact(v1, *got[0]);
-  ExpectBitExact(v2, *got[1]);
+  REQUIRE(got.ok());
+  REQUIRE(into.ok());
+  for (const auto& [name, t] : *got) CHECK(t.device() == at::Device(at::kCUDA, 1));
+  ExpectBitExact(v1, round_one);
+  ExpectBitExact(v2, *got);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -12,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/process_memory.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "dist/cuda_api.h"
@@ -294,6 +296,119 @@ TEST_CASE("GLOO broadcast between threads: two receivers get the same bits; wron
   REQUIRE(got[0][1].ok());
   ExpectBitExact(v2, *got[0][1]);
   CHECK(got[1][1].status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+WeightSyncSpec GlooSpec(int port, int world_size, const std::string& group) {
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_GLOO);
+  spec.set_store_host("127.0.0.1");
+  spec.set_store_port(port);
+  spec.set_world_size(world_size);
+  spec.set_group_name(group);
+  spec.set_timeout_ms(20000);
+  spec.set_bucket_mb(1);
+  return spec;
+}
+
+// 48 tensors of 1 MiB: 48 buckets of 1 MiB.
+NamedTensors MakePolicy(int seed) {
+  at::manual_seed(seed);
+  NamedTensors out;
+  for (int i = 0; i < 48; ++i) out.emplace_back(absl::StrCat("layers.", i, ".weight"), at::randn({256, 1024}));
+  return out;
+}
+
+TEST_CASE("GLOO goes bucket by bucket through two buffers: 48 MiB cross with a few MiB of extra memory") {
+  auto store = WeightSyncStore::Host("127.0.0.1", 0, 2, 20000);
+  REQUIRE(store.ok());
+  const WeightSyncSpec spec = GlooSpec((*store)->port(), 2, "ws-test-gloo-pipeline");
+  const NamedTensors v1 = MakePolicy(1);
+  const NamedTensors v2 = MakePolicy(2);
+  // The rollout worker's way: the first round allocates its tensors, later
+  // rounds unpack straight into them.
+  NamedTensors buffers;
+  absl::Status received[2];
+  std::atomic<bool> round_one_done{false};
+  std::thread receiver([&] {
+    WeightSyncSpec s = spec;
+    s.set_rank(1);
+    auto recv = CreateWeightReceiver(s);
+    if (!recv.ok()) {
+      received[0] = recv.status();
+      round_one_done = true;
+      return;
+    }
+    WeightLayout want;
+    want.set_version(1);
+    auto got = (*recv)->Receive(want);
+    received[0] = got.status();
+    if (got.ok()) buffers = *std::move(got);
+    round_one_done = true;
+    if (!got.ok()) return;
+    want.set_version(2);
+    received[1] = (*recv)->ReceiveInto(want, buffers);
+  });
+  WeightSyncSpec s0 = spec;
+  s0.set_rank(0);
+  auto pub = CreateWeightPublisher(s0);
+  REQUIRE(pub.ok());
+  auto l1 = (*pub)->Publish(v1, 1);
+  REQUIRE(l1.ok());
+  CHECK(l1->bucket_bytes_size() == 48);
+  // Round two, both sides in this process: the peak resident set may grow
+  // by the two sides' buffers (2 + 2 MiB) and Gloo's own, not by a copy of
+  // the policy (the old path held 48 MiB of buckets on each side).
+  while (!round_one_done) absl::SleepFor(absl::Milliseconds(1));
+  absl::SleepFor(absl::Milliseconds(50));  // the receiver is in round two
+  REQUIRE(bench::ResetPeakRss());
+  const double before = bench::RssBytes();
+  auto l2 = (*pub)->Publish(v2, 2);
+  receiver.join();
+  const double grown = bench::PeakRssBytes() - before;
+  REQUIRE(l2.ok());
+  REQUIRE(received[0].ok());
+  REQUIRE(received[1].ok());
+  ExpectBitExact(v2, buffers);
+  INFO("peak grew by " << grown / (1 << 20) << " MiB");
+  CHECK(grown < 16.0 * (1 << 20));
+}
+
+TEST_CASE("GLOO ReceiveInto with a wrong destination drains the round and stays usable") {
+  auto store = WeightSyncStore::Host("127.0.0.1", 0, 2, 20000);
+  REQUIRE(store.ok());
+  const WeightSyncSpec spec = GlooSpec((*store)->port(), 2, "ws-test-gloo-dest");
+  const NamedTensors v1 = MakeTensors(21);
+  const NamedTensors v2 = MakeTensors(22);
+  absl::Status first;
+  absl::StatusOr<NamedTensors> second;
+  std::thread receiver([&] {
+    WeightSyncSpec s = spec;
+    s.set_rank(1);
+    auto recv = CreateWeightReceiver(s);
+    if (!recv.ok()) {
+      first = recv.status();
+      return;
+    }
+    NamedTensors wrong;
+    for (const auto& [name, t] : v1) wrong.emplace_back(name, at::empty(t.sizes(), t.options()));
+    wrong[0].second = at::empty({64, 32}, at::kDouble);  // the dtype is wrong
+    WeightLayout want;
+    want.set_version(1);
+    first = (*recv)->ReceiveInto(want, wrong);
+    want.set_version(2);
+    second = (*recv)->Receive(want);
+  });
+  WeightSyncSpec s0 = spec;
+  s0.set_rank(0);
+  auto pub = CreateWeightPublisher(s0);
+  REQUIRE(pub.ok());
+  REQUIRE((*pub)->Publish(v1, 1).ok());
+  REQUIRE((*pub)->Publish(v2, 2).ok());
+  receiver.join();
+  CHECK(first.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(first.message(), "destinations[model.embed_tokens.weight]"));
+  REQUIRE(second.ok());
+  ExpectBitExact(v2, *second);
 }
 
 TEST_CASE("GLOO publisher with no receivers fails within the timeout") {

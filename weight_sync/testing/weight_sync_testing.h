@@ -35,9 +35,10 @@ inline void ExpectBitExact(const NamedTensors& sent, const NamedTensors& got) {
     CHECK(got[i].first == sent[i].first);
     CHECK(got[i].second.scalar_type() == sent[i].second.scalar_type());
     CHECK(got[i].second.sizes() == sent[i].second.sizes());
-    // Bit-exact: compare the raw bytes, not values with a tolerance.
-    at::Tensor a = sent[i].second.contiguous();
-    at::Tensor b = got[i].second.contiguous();
+    // Bit-exact: compare the raw bytes, not values with a tolerance (on
+    // the host, wherever the tensors are).
+    at::Tensor a = sent[i].second.to(at::kCPU).contiguous();
+    at::Tensor b = got[i].second.to(at::kCPU).contiguous();
     REQUIRE(a.nbytes() == b.nbytes());
     CHECK(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0);
   }
