@@ -14,13 +14,12 @@ longest sequence).
 """
 import argparse
 import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ab_trees import ROOT, build, reference_tree
+
 RULE = '''
 cc_binary(
     name = "generate_bench",
@@ -35,28 +34,6 @@ cc_binary(
 '''
 
 
-def build(tree):
-    subprocess.run(["bazel", "build", "//bench:generate_bench"], cwd=tree, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # Copy out: bazel-bin of a tree is replaced by its next build.
-    out = os.path.join("/tmp", f"generate_bench-{os.path.basename(tree)}-{os.getpid()}")
-    shutil.copy(os.path.join(tree, "bazel-bin/bench/generate_bench"), out)
-    return out
-
-
-def reference_tree(ref):
-    tree = f"/tmp/rlmesh-generate-ref-{ref}"
-    if not os.path.isdir(tree):
-        subprocess.run(["git", "worktree", "add", "--detach", tree, ref], cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
-    shutil.copy(os.path.join(ROOT, "bench/generate_bench.cc"), os.path.join(tree, "bench/generate_bench.cc"))
-    build_file = os.path.join(tree, "bench/BUILD")
-    if 'name = "generate_bench"' not in open(build_file).read():
-        with open(build_file, "a") as f:
-            f.write(RULE)
-    return tree
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ref", required=True, help="reference commit")
@@ -64,7 +41,8 @@ def main():
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("flags", nargs="*", help="flags for generate_bench (after --)")
     args = ap.parse_args()
-    bins = {"ref": build(reference_tree(args.ref)), "new": build(ROOT)}
+    bins = {"ref": build(reference_tree(args.ref, "generate_bench", ["bench/generate_bench.cc"], RULE), "generate_bench"),
+            "new": build(ROOT, "generate_bench")}
     runs = {"ref": [], "new": []}
     for rep in range(args.repeats):
         order = ["ref", "new"] if rep % 2 == 0 else ["new", "ref"]
