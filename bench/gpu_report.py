@@ -11,7 +11,8 @@ import json
 import os
 import sys
 
-CHECKS = ["device_test", "memory_gpu_test", "weight_sync_gpu_test", "gpu_bench"]
+CHECKS = ["device_test", "memory_gpu_test", "weight_sync_gpu_test", "gpu_bench", "weight_sync_bench"]
+BENCHES = ("gpu_bench", "weight_sync_bench")  # reported by exit code, not a Catch2 summary
 
 
 def read(path, default=""):
@@ -43,7 +44,7 @@ def main():
     for c in CHECKS:
         rc = read(os.path.join(work, c + ".rc"), "?").strip()
         log = read(os.path.join(work, c + ".log"))
-        if c == "gpu_bench":
+        if c in BENCHES:
             result = "timed out" if rc == "124" else ("ok" if rc == "0" else (log.strip().splitlines() or ["?"])[-1])
         else:
             result = catch2_summary(log)
@@ -90,6 +91,18 @@ def main():
                 out.append(f"| decode batch {d['batch']} | {d['tokens_per_s']:.0f} tok/s {span(d)} | ≥ 2× transformers "
                            f"generate() (not carried: no transformers on the GPU machine) | not measured |")
         out.append("")
+    handoff = [json.loads(l) for l in read(os.path.join(work, "weight_sync_bench.log")).splitlines()
+               if l.strip().startswith("{")]
+    for d in handoff:
+        med = lambda v: sorted(v)[len(v) // 2]
+        ratio = med(d["copy_s"]) / med(d["handoff_s"])
+        out.append("## CUDA IPC hand-off between two processes on one GPU\n")
+        out.append("| figure | value | target | met |\n|---|---|---|---|")
+        out.append(f"| {d['bytes'] / 2**20:.0f} MiB, publisher to receiver (Publish start to the receiver's return) | "
+                   f"{med(d['handoff_s']) * 1e3:.2f} ms [{min(d['handoff_s']) * 1e3:.2f}..{max(d['handoff_s']) * 1e3:.2f}] "
+                   f"= {100 * ratio:.0f}% of a device copy of the same tensors ({med(d['copy_s']) * 1e3:.2f} ms) | "
+                   f"≥ 50% | {'yes' if ratio >= 0.5 else 'no'} |")
+        out.append(f"| the publisher's share (Publish returned) | {med(d['publish_s']) * 1e3:.2f} ms | - | - |\n")
     out.append("## Logs (last lines)\n")
     for c in CHECKS:
         tail = "\n".join(read(os.path.join(work, c + ".log")).splitlines()[-15:])

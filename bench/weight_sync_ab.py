@@ -27,6 +27,7 @@ cc_binary(
     deps = [
         ":process_memory",
         "//common:subprocess",
+        "//dist:device",
         "//weight_sync",
         "@libtorch//:torch",
         "@system//:absl",

@@ -1,21 +1,26 @@
 // Weight-sync hand-off between two processes on this host (not a test):
 // the publisher in this process, one receiver in a child, through the
 // public weight_sync API only, so that bench/weight_sync_ab.py can build
-// this same file against an older weight_sync and compare.
+// this same file against an older weight_sync and compare. With
+// --backend=cuda_ipc --device=cuda (scripts/device_check.sh) the tensors are
+// on the GPU and the reference is a device-to-device copy of them.
 //
 // Each round: the child resets its peak resident set and calls Receive
 // (round 1) or ReceiveInto its round-1 tensors (later rounds, as the rollout
 // worker does); this process resets its own and calls Publish. Round 1 is
 // start-up and is left out of the times. The last line of stdout is JSON:
-//   {"backend", "bytes", "handoff_s": [...], "publish_s": [...],
-//    "publisher_peak_bytes": [...], "receiver_peak_bytes": [...],
-//    "receiver_first_peak_bytes"}
-// where *_peak_bytes is the peak resident set above the one at the round's
-// start, and handoff_s runs from Publish's start to the child's return.
+//   {"backend", "device", "bytes", "handoff_s": [...], "publish_s": [...],
+//    "copy_s": [...], "publisher_peak_bytes": [...],
+//    "receiver_peak_bytes": [...], "receiver_first_peak_bytes"}
+// where *_peak_bytes is the peak resident set (host memory) above the one at
+// the round's start, handoff_s runs from Publish's start to the child's
+// return, and copy_s is the reference: one copy of the same tensors into
+// tensors already allocated on the same device, in this process.
 //
 //   bazel run -c opt //bench:weight_sync_bench -- --backend=gloo --sync_mb=512
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,10 +34,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "bench/process_memory.h"
+#include "dist/device.h"
 #include "common/subprocess.h"
 #include "weight_sync/weight_sync.h"
 
-ABSL_FLAG(std::string, backend, "gloo", "gloo or shm.");
+ABSL_FLAG(std::string, backend, "gloo", "gloo, shm or cuda_ipc.");
+ABSL_FLAG(std::string, device, "cpu", "Where the published tensors are: cpu or cuda[:i].");
 ABSL_FLAG(int, sync_mb, 512, "Weight bytes per round, MiB.");
 ABSL_FLAG(int, tensor_mb, 8, "Size of each fp32 tensor, MiB (the last may be smaller).");
 ABSL_FLAG(int, bucket_mb, 0, "spec.bucket_mb (0: the default).");
@@ -54,7 +61,10 @@ int Fail(const absl::Status& s) {
 
 WeightSyncSpec Spec(int port, int rank, const std::string& prefix) {
   WeightSyncSpec spec;
-  spec.set_backend(absl::GetFlag(FLAGS_backend) == "shm" ? WEIGHT_SYNC_SHM : WEIGHT_SYNC_GLOO);
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  spec.set_backend(backend == "shm"        ? WEIGHT_SYNC_SHM
+                   : backend == "cuda_ipc" ? WEIGHT_SYNC_CUDA_IPC
+                                           : WEIGHT_SYNC_GLOO);
   spec.set_store_host("127.0.0.1");
   spec.set_store_port(port);
   spec.set_world_size(2);
@@ -103,14 +113,31 @@ std::vector<ReceiverLine> ReadLines(const std::string& path) {
   return lines;
 }
 
+void Synchronize(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
 int Publisher(const std::string& dir) {
   const int64_t total = static_cast<int64_t>(absl::GetFlag(FLAGS_sync_mb)) << 20;
   const int64_t per = static_cast<int64_t>(absl::GetFlag(FLAGS_tensor_mb)) << 20;
   const int rounds = absl::GetFlag(FLAGS_rounds);
-  NamedTensors tensors;
+  auto device = dist::ResolveDevice(absl::GetFlag(FLAGS_device), "weight_sync_bench --device");
+  if (!device.ok()) return Fail(device.status());
+  NamedTensors tensors, copies;
   for (int64_t done = 0, i = 0; done < total; done += per, ++i) {
-    tensors.emplace_back(absl::StrCat("w", i), at::randn({std::min(per, total - done) / 4}));
+    tensors.emplace_back(absl::StrCat("w", i), at::randn({std::min(per, total - done) / 4}, at::Device(*device)));
+    copies.emplace_back(tensors.back().first, at::empty_like(tensors.back().second));
   }
+  // The reference, once per round: a copy of the same tensors on their device.
+  std::vector<double> copy;
+  for (int r = 0; r < rounds; ++r) {
+    Synchronize(*device);
+    const absl::Time t0 = absl::Now();
+    for (size_t i = 0; i < tensors.size(); ++i) copies[i].second.copy_(tensors[i].second);
+    Synchronize(*device);
+    if (r > 0) copy.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
+  copies.clear();
   const std::string out = dir + "/recv.lines";
   const std::string prefix = absl::StrCat("/dev/shm/rlmesh-wsbench-", getpid(), "-");
   std::unique_ptr<WeightSyncStore> store;
@@ -122,6 +149,7 @@ int Publisher(const std::string& dir) {
     port = store->port();
   }
   auto child = Subprocess::Start({"/proc/self/exe", "--role=recv", "--backend=" + absl::GetFlag(FLAGS_backend),
+                                  "--device=" + absl::GetFlag(FLAGS_device),
                                   absl::StrCat("--store_port=", port), "--prefix=" + prefix, "--out=" + out,
                                   absl::StrCat("--rounds=", rounds),
                                   absl::StrCat("--bucket_mb=", absl::GetFlag(FLAGS_bucket_mb)),
@@ -158,11 +186,12 @@ int Publisher(const std::string& dir) {
   auto st = child->Wait(absl::Seconds(60));
   if (!st.ok()) return Fail(st.status());
   auto list = [](const std::vector<double>& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); };
-  std::printf("{\"backend\": \"%s\", \"bytes\": %lld, \"handoff_s\": %s, \"publish_s\": %s, "
-              "\"publisher_peak_bytes\": %s, \"receiver_peak_bytes\": %s, \"receiver_first_peak_bytes\": %lld}\n",
-              absl::GetFlag(FLAGS_backend).c_str(), static_cast<long long>(total), list(handoff).c_str(),
-              list(publish).c_str(), list(pub_peak).c_str(), list(recv_peak).c_str(),
-              static_cast<long long>(recv_first_peak));
+  std::printf("{\"backend\": \"%s\", \"device\": \"%s\", \"bytes\": %lld, \"handoff_s\": %s, "
+              "\"publish_s\": %s, \"copy_s\": %s, \"publisher_peak_bytes\": %s, \"receiver_peak_bytes\": %s, "
+              "\"receiver_first_peak_bytes\": %lld}\n",
+              absl::GetFlag(FLAGS_backend).c_str(), device->str().c_str(), static_cast<long long>(total),
+              list(handoff).c_str(), list(publish).c_str(), list(copy).c_str(), list(pub_peak).c_str(),
+              list(recv_peak).c_str(), static_cast<long long>(recv_first_peak));
   return 0;
 }
 

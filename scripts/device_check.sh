@@ -32,6 +32,7 @@ BINARIES=(
   dist/memory_gpu_test
   weight_sync/weight_sync_gpu_test
   bench/gpu_bench
+  bench/weight_sync_bench
 )
 
 die() { echo "device_check: $*" >&2; exit 1; }
@@ -146,6 +147,9 @@ run() {
   check memory_gpu_test 60 "$work/bundle/bin/memory_gpu_test"
   check weight_sync_gpu_test 120 "$work/bundle/bin/weight_sync_gpu_test" "$filter"
   check gpu_bench 300 "$work/bundle/bin/gpu_bench"
+  # CUDA IPC between two processes on the GPU, against a device copy.
+  check weight_sync_bench 90 "$work/bundle/bin/weight_sync_bench" --backend=cuda_ipc --device=cuda \
+    --sync_mb=1024 --tensor_mb=16 --rounds=6
   local out="${OUT:-$root/.device}"
   mkdir -p "$out"
   "${RLMESH_PYTHON:-python3}" "$here/bench/gpu_report.py" "$work" "${DRY_RUN:-0}" >"$out/gpu.md" ||
@@ -157,7 +161,7 @@ run() {
     # and no library may be missing or come from outside the bundle.
     local bad=0
     grep -q . "$work/libraries.txt" && { echo "dry run: libraries not from the bundle:"; cat "$work/libraries.txt"; bad=1; }
-    for c in device_test memory_gpu_test weight_sync_gpu_test gpu_bench; do
+    for c in device_test memory_gpu_test weight_sync_gpu_test gpu_bench weight_sync_bench; do
       rc=$(cat "$work/$c.rc")
       if [ "$c" = device_test ]; then
         # Runs here too: its no-GPU branch must pass.

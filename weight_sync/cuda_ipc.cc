@@ -4,6 +4,7 @@
 #include <map>
 
 #include "common/log.h"
+#include "dist/device.h"
 #include "weight_sync/shm_files.h"
 
 namespace rlmesh::weight_sync::internal {
@@ -19,9 +20,18 @@ namespace {
 // id), each bucket's cudaIpcMemHandle_t and allocation number, and the
 // layout. A receiver opens each handle once (re-opened only when the
 // allocation number changes) on the GPU with that bus id and copies device
-// -> host; a reader overtaken by the publisher (the slot's word changed
-// during the copy) gets ABORTED, as with SHM. In the publisher's own process
-// (tests) a handle cannot be opened, so the raw device pointer is used.
+// -> device into tensors on that GPU; a reader overtaken by the publisher
+// (the slot's word changed during the copy) gets ABORTED, as with SHM. In the
+// publisher's own process (tests) a handle cannot be opened, so the raw
+// device pointer is used.
+//
+// Nothing goes through host memory when the tensors are on the GPU: the
+// publisher copies device tensors device -> device (host tensors host ->
+// device), and the receiver's tensors are LibTorch tensors on the
+// publisher's GPU. Both sides first wait, by the deadline, for LibTorch's
+// work queued on the legacy default stream (what wrote the publisher's
+// tensors; what still reads the receiver's destinations), since their own
+// copies run on a non-blocking stream.
 
 constexpr char kIpcMagic[8] = {'R', 'L', 'M', 'I', 'P', 'C', '1', '\0'};
 
@@ -205,23 +215,35 @@ class CudaIpcPublisher final : public WeightPublisher {
       buf.allocation = ++allocations_;
       RLMESH_RETURN_IF_ERROR(CudaCall("cudaIpcGetMemHandle", cuda_->IpcGetMemHandle(&buf.handle, buf.ptr)));
     }
-    // The host copies stay alive until the stream is done with them.
-    std::vector<at::Tensor> host;
+    // The sources: contiguous, on their device (a GPU tensor stays there)
+    // or on the host; alive until the stream is done with them.
+    std::vector<at::Tensor> sources;
+    bool on_gpu = false;
     try {
-      for (int i = 0; i < layout.tensors_size(); ++i) {
-        const TensorSlot& s = layout.tensors(i);
-        host.push_back(HostContiguous(tensors[i].second));
-        if (host.back().nbytes() == 0) continue;
-        RLMESH_RETURN_IF_ERROR(CudaCall("cudaMemcpyAsync",
-                                        cuda_->MemcpyAsync(static_cast<char*>(buffers[s.bucket()].ptr) + s.byte_offset(),
-                                                           host.back().data_ptr(), host.back().nbytes(),
-                                                           cudaMemcpyHostToDevice, stream_)));
+      for (const auto& [name, t] : tensors) {
+        on_gpu |= t.is_cuda();
+        sources.push_back(t.is_cuda() ? t.detach().contiguous() : HostContiguous(t));
       }
     } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("weight sync (cuda ipc): copying tensors: ", e.what()));
+      return dist::ExceptionStatus(e, absl::StatusCode::kInternal, "weight sync (cuda ipc publisher): copying tensors");
     }
-    absl::Status s = SyncStream(*cuda_, stream_, absl::Now() + absl::Milliseconds(TimeoutMs(spec_)),
-                                "weight sync (cuda ipc publisher): host -> device copy", [] { return absl::OkStatus(); });
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
+    if (on_gpu) {
+      RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, cudaStreamLegacy, deadline,
+                                        "weight sync (cuda ipc publisher): LibTorch's work on the tensors",
+                                        [] { return absl::OkStatus(); }));
+    }
+    for (int i = 0; i < layout.tensors_size(); ++i) {
+      const TensorSlot& s = layout.tensors(i);
+      if (sources[i].nbytes() == 0) continue;
+      // cudaMemcpyDefault: host -> device or device -> device, by address.
+      RLMESH_RETURN_IF_ERROR(CudaCall("cudaMemcpyAsync",
+                                      cuda_->MemcpyAsync(static_cast<char*>(buffers[s.bucket()].ptr) + s.byte_offset(),
+                                                         sources[i].data_ptr(), sources[i].nbytes(), cudaMemcpyDefault,
+                                                         stream_)));
+    }
+    absl::Status s = SyncStream(*cuda_, stream_, deadline, "weight sync (cuda ipc publisher): copy into the buckets",
+                                [] { return absl::OkStatus(); });
     if (!s.ok()) broken_ = true;  // the stream may still be writing
     return s;
   }
@@ -248,14 +270,16 @@ class CudaIpcReceiver final : public WeightReceiver {
 
   absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected, WeightLayout* received) override {
     RLMESH_ASSIGN_OR_RETURN(IpcManifest m, ReadManifest(expected));
+    RLMESH_ASSIGN_OR_RETURN(c10::Device device, OpenVersion(m));
     NamedTensors out;
     try {
       for (const TensorSlot& slot : m.layout.tensors()) {
         std::vector<int64_t> shape(slot.shape().begin(), slot.shape().end());
-        out.emplace_back(slot.name(), at::empty(shape, at::TensorOptions().dtype(*DtypeFromName(slot.dtype()))));
+        out.emplace_back(slot.name(),
+                         at::empty(shape, at::TensorOptions().dtype(*DtypeFromName(slot.dtype())).device(device)));
       }
     } catch (const std::exception& e) {
-      return absl::ResourceExhaustedError(absl::StrCat("weight sync (cuda ipc): allocating: ", e.what()));
+      return dist::ExceptionStatus(e, absl::StatusCode::kInternal, "weight sync (cuda ipc receiver): allocating");
     }
     RLMESH_RETURN_IF_ERROR(CopyOut(m, out));
     if (received) *received = m.layout;
@@ -265,7 +289,8 @@ class CudaIpcReceiver final : public WeightReceiver {
   absl::Status ReceiveInto(const WeightLayout& expected, const NamedTensors& destinations,
                            WeightLayout* received) override {
     RLMESH_ASSIGN_OR_RETURN(IpcManifest m, ReadManifest(expected));
-    RLMESH_ASSIGN_OR_RETURN(NamedTensors ordered, OrderDestinations(m.layout, destinations));
+    RLMESH_ASSIGN_OR_RETURN(c10::Device device, OpenVersion(m));
+    RLMESH_ASSIGN_OR_RETURN(NamedTensors ordered, OrderDestinations(m.layout, destinations, device));
     RLMESH_RETURN_IF_ERROR(CopyOut(m, ordered));
     if (received) *received = m.layout;
     return absl::OkStatus();
@@ -385,25 +410,37 @@ class CudaIpcReceiver final : public WeightReceiver {
                                            "ahead); receive a newer version"));
   }
 
-  // Copies every slot into `out` (layout order), then checks that the
-  // publisher did not overwrite the slot meanwhile.
-  absl::Status CopyOut(const IpcManifest& m, const NamedTensors& out) {
+  // Opens the publisher's GPU and the version's slot (ABORTED when the slot
+  // has moved on); returns that GPU as LibTorch's device, where the
+  // received tensors live.
+  absl::StatusOr<c10::Device> OpenVersion(const IpcManifest& m) {
     if (seq_.data() == nullptr) RLMESH_RETURN_IF_ERROR(seq_.Open(IpcSeqPath(prefix_), 2 * sizeof(int64_t)));
+    const int slot = SlotOf(m.layout.version());
+    if (LoadSeq(seq_, slot) != m.layout.version()) return Torn(m.layout.version());
+    RLMESH_RETURN_IF_ERROR(Open(m, slot));
+    return dist::ResolveDevice(absl::StrCat("cuda:", device_), "CUDA_IPC receiver");
+  }
+
+  // Copies every slot into `out` (layout order; tensors on the opened GPU),
+  // then checks that the publisher did not overwrite the slot meanwhile.
+  // REQUIRES: OpenVersion(m) ok.
+  absl::Status CopyOut(const IpcManifest& m, const NamedTensors& out) {
     const WeightLayout& layout = m.layout;
     const int slot = SlotOf(layout.version());
-    if (LoadSeq(seq_, slot) != layout.version()) return Torn(layout.version());
-    RLMESH_RETURN_IF_ERROR(Open(m, slot));
     const auto& opened = opened_[slot];
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
+    RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, cudaStreamLegacy, deadline,
+                                      "weight sync (cuda ipc receiver): LibTorch's work on the destinations",
+                                      [] { return absl::OkStatus(); }));
     for (int i = 0; i < layout.tensors_size(); ++i) {
       const TensorSlot& s = layout.tensors(i);
       const at::Tensor& dst = out[i].second;
       if (dst.nbytes() == 0) continue;
       RLMESH_RETURN_IF_ERROR(CudaCall(
           "cudaMemcpyAsync", cuda_->MemcpyAsync(dst.data_ptr(), static_cast<const char*>(opened[s.bucket()].ptr) + s.byte_offset(),
-                                                dst.nbytes(), cudaMemcpyDeviceToHost, stream_)));
+                                                dst.nbytes(), cudaMemcpyDeviceToDevice, stream_)));
     }
-    RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, stream_, absl::Now() + absl::Milliseconds(TimeoutMs(spec_)),
-                                      "weight sync (cuda ipc receiver): device -> host copy",
+    RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, stream_, deadline, "weight sync (cuda ipc receiver): device -> device copy",
                                       [] { return absl::OkStatus(); }));
     if (LoadSeq(seq_, slot) != layout.version()) return Torn(layout.version());
     return absl::OkStatus();

@@ -34,7 +34,9 @@
 //               NCCL refuses two ranks): the publisher keeps two slots of
 //               device buckets and shares cudaIpcMemHandle_t's through a
 //               manifest under spec.shm_prefix ("ipc-seq", "ipc-v<N>");
-//               receivers open them once and copy device -> host. Same
+//               receivers open them once and copy device -> device into
+//               tensors on that GPU (the publisher's GPU tensors are copied
+//               device -> device too: nothing crosses the host). Same
 //               publish-first, newest-two-versions and ABORTED-when-
 //               overtaken semantics as SHM.
 //   IN_PROCESS  a process-wide table keyed by spec.group_name (tests).
@@ -136,7 +138,8 @@ class WeightReceiver {
   virtual ~WeightReceiver() = default;
   // Receives version expected.version (> 0). Tensors come back in layout
   // order, with the layout's dtypes and shapes, on the CPU (NCCL: on the
-  // rank's GPU). If `received` is non-null it gets the layout that arrived.
+  // rank's GPU; CUDA_IPC: on the publisher's GPU). If `received` is
+  // non-null it gets the layout that arrived.
   virtual absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected,
                                                WeightLayout* received = nullptr) = 0;
   // Same, but copies into caller-owned tensors (matched by name; each a

@@ -53,12 +53,19 @@ TEST_CASE("CUDA_IPC round trip on one GPU is bit-exact; an overtaken reader gets
   REQUIRE(got.ok());
   CHECK(received.SerializeAsString() == l1->SerializeAsString());
   ExpectBitExact(first, *got);
+  // The tensors arrive on the publisher's GPU, not through the host.
+  for (const auto& [name, t] : *got) CHECK(t.is_cuda());
 
-  // Caller-owned destinations, reused across versions (both slots).
+  // Caller-owned destinations, reused across versions (both slots);
+  // version 3 is published from tensors on the GPU (device -> device).
   NamedTensors buffers = *got;
   for (int v = 2; v <= 3; ++v) {
     auto tensors = MakeTensors(20 + v);
-    REQUIRE((*pub)->Publish(tensors, v).ok());
+    NamedTensors sent = tensors;
+    if (v == 3) {
+      for (auto& [name, t] : sent) t = t.to(at::Device(at::kCUDA, 0));
+    }
+    REQUIRE((*pub)->Publish(sent, v).ok());
     WeightLayout want;
     want.set_version(v);
     REQUIRE((*recv)->ReceiveInto(want, buffers).ok());
