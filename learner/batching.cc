@@ -301,6 +301,15 @@ at::Tensor PackedRows::Unpack(const at::Tensor& packed) const {
   return flat.index_select(0, gather.to(packed.device())).view({seqs, row_len});
 }
 
+at::Tensor PackedRows::Pack(const at::Tensor& padded, const at::Scalar& fill) const {
+  const int64_t slots = batch.input_ids.numel();
+  std::vector<int64_t> shape = padded.sizes().vec();
+  shape[0] = slots + 1;  // the zero slot takes every padded position past a sequence's end
+  at::Tensor out = at::full(shape, fill, padded.options());
+  out.index_copy_(0, gather.to(padded.device()), padded);
+  return out.narrow(0, 0, slots);
+}
+
 Batch MakeBatch(const std::vector<Seq>& seqs, bool with_behaviour) {
   int64_t T = 1;
   for (const Seq& s : seqs) T = std::max<int64_t>(T, s.ids.size());

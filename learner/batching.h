@@ -100,6 +100,11 @@ struct PackedRows {
   // appended (R * W = padding).
   at::Tensor gather;
   at::Tensor Unpack(const at::Tensor& packed) const;
+  // The other way, for inputs given per padded position: `padded`
+  // [seqs * row_len, ...] -> [R * W, ...], each sequence's positions where
+  // the packed rows hold them and `fill` in the packed rows' padding.
+  // REQUIRES: no shared prefix (each packed position holds one sequence's).
+  at::Tensor Pack(const at::Tensor& padded, const at::Scalar& fill) const;
 };
 PackedRows PackSeqs(const std::vector<Seq>& seqs, int64_t begin, int64_t end, int64_t row_len,
                     const PrefixSharing& sharing = {});

@@ -29,11 +29,16 @@ absl::Status CheckRoutes(const Trajectory& t, const actor::ModelConfig& config, 
 }
 
 MoeForward::MoeForward(actor::Transformer& model, const std::vector<std::vector<int32_t>>* routes, int64_t begin,
-                       int64_t end, int64_t T)
+                       int64_t end, int64_t T, const PackedRows* packed)
     : model_(model), config_(model->config()) {
   if (routes != nullptr) {
     std::vector<std::vector<int32_t>> rows(routes->begin() + begin, routes->begin() + end);
     routing_.replay = actor::RoutesToReplay(rows, T, config_);
+    // [rows * T, k] per layer -> the packed rows' positions (-1, route
+    // freely, where they hold padding).
+    if (packed != nullptr) {
+      for (at::Tensor& layer : routing_.replay) layer = packed->Pack(layer, -1);
+    }
   }
   routing_.record = true;
   model_->set_routing(&routing_);

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "actor/model_config.h"
 #include "actor/transformer.h"
+#include "learner/batching.h"
 #include "proto/common.pb.h"
 
 namespace rlmesh::learner {
@@ -36,16 +37,20 @@ class MoeForward {
  public:
   // `routes`: one entry per batch row (Trajectory.routes), or null to let
   // the router choose. Not owned; must outlive the call to the model.
-  // REQUIRES: the model has MoE layers; each row's routes cover at most T
-  // positions.
+  // `packed`: the rows' packed layout when the forward runs over it (the
+  // routes are placed where PackSeqs put each row's tokens), null for
+  // padded rows. REQUIRES: the model has MoE layers; each row's routes cover
+  // at most T positions; `packed` (if any) packs rows [begin, end) at
+  // row_len T with no shared prefix.
   MoeForward(actor::Transformer& model, const std::vector<std::vector<int32_t>>* routes, int64_t begin,
-             int64_t end, int64_t T);
+             int64_t end, int64_t T, const PackedRows* packed = nullptr);
   ~MoeForward();
   MoeForward(const MoeForward&) = delete;
   MoeForward& operator=(const MoeForward&) = delete;
 
   // After the forward: actor::LoadBalancingLoss over the router logits of
-  // the positions where `real` [rows, T] is nonzero (differentiable).
+  // the positions where `real` is nonzero (differentiable): [rows, T], or
+  // [R * W] in the packed layout.
   at::Tensor AuxLoss(const at::Tensor& real) const;
   // After a replayed forward: (positions whose replayed experts differ, as a
   // set, from the learner router's top-k at some MoE layer; positions

@@ -317,6 +317,86 @@ TEST_CASE("router aux loss on the learner path: its value, its weight, and confi
   CHECK_FALSE(torch::equal(gate(from_config), gate(without)));
 }
 
+TEST_CASE("MoE policies pack their micro-batches: routes replayed where the packed rows hold them") {
+  actor::ConfigureThreads(1);
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(rollout::testing::WriteTinyMoeCheckpoint(dir.File("moe"), 3).ok());
+  // Long-tailed lengths: sample i keeps 6, 4, 2 or 1 of its response
+  // tokens (and their log-probs and routes), so packing saves slots.
+  auto groups = RolloutGroups(dir.File("moe"), true);
+  for (auto& g : groups) {
+    for (int i = 0; i < g.samples_size(); ++i) {
+      Trajectory* t = g.mutable_samples(i);
+      const int positions = t->prompt_token_ids_size() + t->response_token_ids_size() - 1;
+      REQUIRE(t->routes_size() % positions == 0);
+      const int per_position = t->routes_size() / positions;  // MoE layers x k
+      const int keep = std::min(t->response_token_ids_size(), std::vector<int>{6, 4, 2, 1}[i % 4]);
+      t->mutable_response_token_ids()->Truncate(keep);
+      if (t->loss_mask_size() > keep) t->mutable_loss_mask()->Truncate(keep);
+      if (t->behaviour_logprobs_size() > keep) t->mutable_behaviour_logprobs()->Truncate(keep);
+      t->mutable_routes()->Truncate((t->prompt_token_ids_size() + keep - 1) * per_position);
+    }
+  }
+  for (bool replay : {true, false}) {
+    INFO("routing_replay " << replay);
+    TrainerOptions packed_opt, rows_opt;
+    packed_opt.pack_rl = TrainerOptions::RlPacking::kOn;
+    rows_opt.pack_rl = TrainerOptions::RlPacking::kOff;
+    Trainer packed(packed_opt), rows(rows_opt);
+    REQUIRE(packed.Configure(MoeRequest(dir.File("moe"), replay, 0.5)).ok());
+    REQUIRE(rows.Configure(MoeRequest(dir.File("moe"), replay, 0.5)).ok());
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      TrainStepRequest req = Step(groups);
+      req.set_step(step);
+      auto p = packed.TrainStep(req);
+      auto r = rows.TrainStep(req);
+      REQUIRE(p.ok());
+      REQUIRE(r.ok());
+      const auto& mp = p->metrics().values();
+      const auto& mr = r->metrics().values();
+      CHECK(mp.at("packed_frac") == 1.0);
+      CHECK(mr.at("packed_frac") == 0.0);
+      CHECK(mp.at("pad_frac") < mr.at("pad_frac"));
+      // Step 0 from equal weights: summation order only.
+      const double tol = step == 0 ? 1e-6 : 1e-4;
+      CHECK(mp.at("loss") == Approx(mr.at("loss")).margin(tol));
+      CHECK(mp.at("router_aux_loss") == Approx(mr.at("router_aux_loss")).margin(tol));
+      CHECK(mp.at("grad_norm") == Approx(mr.at("grad_norm")).epsilon(tol * 10));
+      if (replay) {
+        CHECK(mp.at("routing_replay_mismatch_frac") == mr.at("routing_replay_mismatch_frac"));
+        // On the rollout's weights the replayed forward gives the rollout's
+        // log-probs: a route placed at another token would not.
+        if (step == 0) CHECK(mp.at("behaviour_logp_abs_diff_max") < 1e-4);
+      }
+    }
+    CHECK(testing::MaxAbsDiff(packed, rows) < 1e-4);
+    if (!replay) continue;
+    // Expert parallelism runs the packed tokens through the experts'
+    // exchange: two ranks equal one packed process. (The ranks split the
+    // batch into other micro-batches, and the load-balancing loss is a
+    // per-micro-batch statistic, so it is left out here.)
+    const ConfigureRequest one = MoeRequest(dir.File("moe"), true, 0.0);
+    ConfigureRequest ep = one;
+    ep.mutable_experiment()->mutable_learner()->set_ep(2);
+    auto step = [&](int i) {
+      TrainStepRequest req = Step(groups);
+      req.set_step(i);
+      return req;
+    };
+    Trainer single(packed_opt);
+    REQUIRE(single.Configure(one).ok());
+    for (int i = 0; i < 3; ++i) REQUIRE(single.TrainStep(step(i)).ok());
+    Trainer ranks[2] = {Trainer(packed_opt), Trainer(packed_opt)};
+    auto results = testing::TrainShards(ranks, 2, ep, dir.File("store"), 3, step);
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    CHECK(testing::MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  }
+}
+
 ConfigureRequest WithCheckpointDir(ConfigureRequest r, const std::string& dir) {
   r.set_checkpoint_dir(dir);
   return r;

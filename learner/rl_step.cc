@@ -207,8 +207,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
   absl::Status st = CatchAll("rl step", [&]() -> absl::Status {
     const int64_t B = rows.size();
     // Packed micro-batches (TrainerOptions.pack_rl) run a group's common
-    // prompt once where that is cheaper (TrainerOptions.share_prompts); MoE
-    // policies are never packed.
+    // prompt once where that is cheaper (TrainerOptions.share_prompts),
+    // except for MoE policies, whose rows each carry their own routes.
     const bool moe = s.models.policy->config().NumMoeLayers() > 0;
     PrefixSharing sharing;
     std::vector<bool> whole_groups;
@@ -233,18 +233,6 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       row_groups.push_back(r.group);
       routes.push_back(std::move(r.routes));
     }
-    // MoE policies: every policy forward records the router logits (the
-    // load-balancing loss and its metric) and, under rl.routing_replay,
-    // replays the rollout's experts. The reference and the critic route
-    // freely (docs/decisions.md, Session 6).
-    auto start_routing = [&](std::optional<MoeForward>* f, int64_t a, int64_t e, int64_t T) {
-      if (moe) f->emplace(s.models.PolicyModule(), rl.routing_replay ? &routes : nullptr, a, e, T);
-    };
-    // [rows, T]: 1 at the rows' real (unpadded) positions.
-    auto real_positions = [&](int64_t a, int64_t e, int64_t T) {
-      at::Tensor len = at::tensor(std::vector<int64_t>(lengths.begin() + a, lengths.begin() + e), at::kLong);
-      return at::arange(T, at::kLong).unsqueeze(0).lt(len.unsqueeze(1)).to(at::kFloat);
-    };
     int64_t replay_differs = 0, replay_positions = 0;
     Batch b = MakeBatch(seqs, with_behaviour);
     const int64_t T_all = b.input_ids.size(1);
@@ -255,7 +243,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     std::map<std::pair<int64_t, int64_t>, std::optional<PackedRows>> packed;
     if (!whole_groups.empty()) sharing.groups = &row_groups;
     auto packing = [&](int64_t a, int64_t e, int64_t T) -> const PackedRows* {
-      if (moe || options_.pack_rl == TrainerOptions::RlPacking::kOff) return nullptr;
+      if (options_.pack_rl == TrainerOptions::RlPacking::kOff) return nullptr;
       auto [it, fresh] = packed.try_emplace({a, e});
       if (fresh) {
         PackedRows p = PackSeqs(seqs, a, e, T, sharing);
@@ -265,6 +253,22 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
         }
       }
       return it->second ? &*it->second : nullptr;
+    };
+    // MoE policies: every policy forward records the router logits (the
+    // load-balancing loss and its metric) and, under rl.routing_replay,
+    // replays the rollout's experts, placed as the micro-batch is (padded
+    // rows or packed). The reference and the critic route freely
+    // (docs/decisions.md, Session 6).
+    auto start_routing = [&](std::optional<MoeForward>* f, int64_t a, int64_t e, int64_t T) {
+      if (moe) f->emplace(s.models.PolicyModule(), rl.routing_replay ? &routes : nullptr, a, e, T, packing(a, e, T));
+    };
+    // 1 at the real (unpadded) positions of rows [a, e): [e - a, T], or
+    // [R * W] when the micro-batch is packed.
+    auto real_positions = [&](int64_t a, int64_t e, int64_t T) {
+      at::Tensor len = at::tensor(std::vector<int64_t>(lengths.begin() + a, lengths.begin() + e), at::kLong);
+      at::Tensor real = at::arange(T, at::kLong).unsqueeze(0).lt(len.unsqueeze(1)).to(at::kFloat);
+      const PackedRows* p = packing(a, e, T);
+      return p != nullptr ? p->Pack(real.reshape({-1}), 0) : real;
     };
     // Per-token log-probs (and entropies) of micro-batch [a, e) under
     // `model`, as [e - a, T] rows whatever the layout.
