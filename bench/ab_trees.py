@@ -32,6 +32,9 @@ def reference_tree(ref, target, sources, rule):
                        stdout=subprocess.DEVNULL)
     for path in sources:
         shutil.copy(os.path.join(ROOT, path), os.path.join(tree, path))
+    # The commit's own BUILD file, then this tree's rule: a rule appended by
+    # an earlier run may be stale.
+    subprocess.run(["git", "checkout", "--", "bench/BUILD"], cwd=tree, check=True)
     build_file = os.path.join(tree, "bench/BUILD")
     if f'name = "{target}"' not in open(build_file).read():
         with open(build_file, "a") as f:
