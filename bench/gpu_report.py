@@ -11,8 +11,8 @@ import json
 import os
 import sys
 
-CHECKS = ["device_test", "memory_gpu_test", "weight_sync_gpu_test", "gpu_bench", "weight_sync_bench"]
-BENCHES = ("gpu_bench", "weight_sync_bench")  # reported by exit code, not a Catch2 summary
+CHECKS = ["device_test", "memory_gpu_test", "weight_sync_gpu_test", "gpu_bench", "weight_sync_bench", "e2e_colocated"]
+BENCHES = ("gpu_bench", "weight_sync_bench", "e2e_colocated")  # reported by exit code, not a Catch2 summary
 
 
 def read(path, default=""):
@@ -103,6 +103,21 @@ def main():
                    f"= {100 * ratio:.0f}% of a device copy of the same tensors ({med(d['copy_s']) * 1e3:.2f} ms) | "
                    f"≥ 50% | {'yes' if ratio >= 0.5 else 'no'} |")
         out.append(f"| the publisher's share (Publish returned) | {med(d['publish_s']) * 1e3:.2f} ms | - | - |\n")
+    steps = [json.loads(l) for l in read(os.path.join(work, "e2e_metrics.jsonl")).splitlines() if l.strip()]
+    steps = [d for d in steps if d.get("stage") == "grpo" and d.get("event") == "step"]
+    if len(steps) >= 2:
+        span_s = steps[-1]["time"] - steps[0]["time"]
+        out.append("## GRPO colocated on one GPU (113M-parameter policy, learner + 1 rollout worker, bf16)\n")
+        out.append(f"{len(steps)} steps; {(len(steps) - 1) / span_s:.2f} steps/s from the first step's end to the "
+                   f"last's. Phase medians:\n")
+        out.append("| phase | seconds, median | share of the step |\n|---|---|---|")
+        med = lambda v: sorted(v)[len(v) // 2]
+        step_s = span_s / (len(steps) - 1)
+        for key in ("seconds_generate", "seconds_sleep", "seconds_sync", "seconds_train"):
+            v = [d[key] for d in steps if key in d]
+            if v:
+                out.append(f"| {key[8:]} | {med(v):.3f} | {100 * med(v) / step_s:.0f}% |")
+        out.append("")
     out.append("## Logs (last lines)\n")
     for c in CHECKS:
         tail = "\n".join(read(os.path.join(work, c + ".log")).splitlines()[-15:])

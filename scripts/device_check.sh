@@ -26,13 +26,20 @@ here=$(pwd)
 dev="$here/.device"
 limit_bytes=$((64 * 1024 * 1024))
 
-# Binaries (bazel-bin paths) the GPU machine runs.
+# Binaries (bazel-bin paths, kept under bundle/bin/) the GPU machine runs:
+# the GPU tests and benchmarks, and the roles of a cluster (`coordinator
+# run` finds them under --bin_dir by these paths).
 BINARIES=(
   dist/device_test
   dist/memory_gpu_test
   weight_sync/weight_sync_gpu_test
   bench/gpu_bench
   bench/weight_sync_bench
+  coordinator/coordinator
+  learner/learner
+  rollout/rollout_worker
+  reward_server/reward_server
+  replay_buffer/replay_buffer
 )
 
 die() { echo "device_check: $*" >&2; exit 1; }
@@ -71,7 +78,8 @@ pack() {
   bin_root=$(bazel info bazel-bin 2>/dev/null) || die "bazel info bazel-bin failed"
   rm -rf "$dev/bundle" && mkdir -p "$dev/bundle/bin" "$dev/bundle/lib"
   for b in "${BINARIES[@]}"; do
-    cp "$bin_root/$b" "$dev/bundle/bin/" || die "missing $bin_root/$b"
+    mkdir -p "$dev/bundle/bin/${b%/*}"
+    cp "$bin_root/$b" "$dev/bundle/bin/$b" || die "missing $bin_root/$b"
   done
   # The shared libraries they load that the GPU machine lacks (gRPC, Abseil,
   # Protobuf, ICU, libstdc++ of this GCC...), resolved here with ldd.
@@ -88,14 +96,14 @@ pack() {
   # Newest glibc symbol version the binaries need: the GPU machine's glibc
   # must be at least that (Debian 12 here has 2.36).
   local need
-  need=$(for f in "$dev"/bundle/bin/* "$dev"/bundle/lib/*; do objdump -T "$f" 2>/dev/null; done |
+  need=$(for f in $(find "$dev/bundle/bin" "$dev/bundle/lib" -type f); do objdump -T "$f" 2>/dev/null; done |
          grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n -u | tail -1)
   echo "$need" > "$dev/bundle/GLIBC_REQUIRED"
   git rev-parse HEAD > "$dev/bundle/COMMIT" 2>/dev/null || true
   tar -C "$dev" -czf "$dev/bundle.tar.gz" bundle
   local size
   size=$(stat -c %s "$dev/bundle.tar.gz")
-  echo "device_check: packed $(ls "$dev/bundle/bin" | wc -l) binaries and $(ls "$dev/bundle/lib" | wc -l) libraries," \
+  echo "device_check: packed $(find "$dev/bundle/bin" -type f | wc -l) binaries and $(ls "$dev/bundle/lib" | wc -l) libraries," \
        "$((size / 1024 / 1024)) MiB (limit 64), needs $need"
   [ "$size" -le "$limit_bytes" ] || die "bundle is $size bytes, over the 64 MiB carry limit"
   rm -rf "$dev/bundle"
@@ -128,7 +136,7 @@ run() {
   } >"$work/machine.txt" 2>&1
   # Every library must come from the bundle, torch, or glibc.
   : >"$work/libraries.txt"
-  for f in "$work"/bundle/bin/*; do
+  for f in $(find "$work/bundle/bin" -type f); do
     ldd "$f" | while read -r line; do
       case "$line" in
         *"not found"*) echo "$(basename "$f"): MISSING $line" ;;
@@ -143,13 +151,31 @@ run() {
   # test starts); NCCL's needs two GPUs.
   local filter="[gpu]~[multi_gpu]"
   [ "${gpus:-0}" -ge 2 ] && filter="[gpu]"
-  check device_test 60 "$work/bundle/bin/device_test"
-  check memory_gpu_test 60 "$work/bundle/bin/memory_gpu_test"
-  check weight_sync_gpu_test 120 "$work/bundle/bin/weight_sync_gpu_test" "$filter"
-  check gpu_bench 300 "$work/bundle/bin/gpu_bench"
+  local bin="$work/bundle/bin"
+  check device_test 60 "$bin/dist/device_test"
+  check memory_gpu_test 60 "$bin/dist/memory_gpu_test"
+  check weight_sync_gpu_test 120 "$bin/weight_sync/weight_sync_gpu_test" "$filter"
+  check gpu_bench 300 "$bin/bench/gpu_bench"
   # CUDA IPC between two processes on the GPU, against a device copy.
-  check weight_sync_bench 90 "$work/bundle/bin/weight_sync_bench" --backend=cuda_ipc --device=cuda \
+  check weight_sync_bench 90 "$bin/bench/weight_sync_bench" --backend=cuda_ipc --device=cuda \
     --sync_mb=1024 --tensor_mb=16 --rounds=6
+  # End to end: the main job's cluster with a 113M-parameter policy
+  # (hidden 1024, 10 layers, 16 / 4 heads), the learner and one rollout
+  # worker colocated on the GPU in bf16, sleeping in turn, weights over
+  # CUDA IPC; 100 SFT steps, then 20 GRPO steps for the steps/s and the
+  # phase split. The run folder goes under $work; its logs' last lines are
+  # appended to the check's log.
+  (cd "$work" && check e2e_colocated 240 "$bin/coordinator/coordinator" run "$here/configs/grpo_arith_tiny.yaml" \
+    --bin_dir="$bin" --set model.hidden=1024 --set model.layers=10 --set model.heads=16 --set model.kv_heads=4 \
+    --set model.device=cuda --set learner.autocast=bf16 --set rollout.workers=1 --set rollout.sleep=weights \
+    --set learner.sleep=cache --set weight_sync.backend=cuda_ipc --set 'stages[0].sft.steps=100' \
+    --set 'stages[1].grpo.rl.steps=20')
+  local metrics
+  metrics=$(ls -t "$work"/runs/*/metrics.jsonl 2>/dev/null | head -1)
+  [ -n "$metrics" ] && cp "$metrics" "$work/e2e_metrics.jsonl"
+  for l in "$work"/runs/*/logs/*.log; do
+    [ -f "$l" ] && { echo "== ${l##*/}"; tail -3 "$l"; }
+  done >>"$work/e2e_colocated.log"
   local out="${OUT:-$root/.device}"
   mkdir -p "$out"
   "${RLMESH_PYTHON:-python3}" "$here/bench/gpu_report.py" "$work" "${DRY_RUN:-0}" >"$out/gpu.md" ||
@@ -161,7 +187,7 @@ run() {
     # and no library may be missing or come from outside the bundle.
     local bad=0
     grep -q . "$work/libraries.txt" && { echo "dry run: libraries not from the bundle:"; cat "$work/libraries.txt"; bad=1; }
-    for c in device_test memory_gpu_test weight_sync_gpu_test gpu_bench weight_sync_bench; do
+    for c in device_test memory_gpu_test weight_sync_gpu_test gpu_bench weight_sync_bench e2e_colocated; do
       rc=$(cat "$work/$c.rc")
       if [ "$c" = device_test ]; then
         # Runs here too: its no-GPU branch must pass.
