@@ -107,7 +107,7 @@ def main():
     steps = [d for d in steps if d.get("stage") == "grpo" and d.get("event") == "step"]
     if len(steps) >= 2:
         span_s = steps[-1]["time"] - steps[0]["time"]
-        out.append("## GRPO colocated on one GPU (113M-parameter policy, learner + 1 rollout worker, bf16)\n")
+        out.append("## GRPO colocated on one GPU (111M-parameter policy, learner + 1 rollout worker, bf16)\n")
         out.append(f"{len(steps)} steps; {(len(steps) - 1) / span_s:.2f} steps/s from the first step's end to the "
                    f"last's. Phase medians:\n")
         out.append("| phase | seconds, median | share of the step |\n|---|---|---|")

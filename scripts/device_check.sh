@@ -159,7 +159,7 @@ run() {
   # CUDA IPC between two processes on the GPU, against a device copy.
   check weight_sync_bench 90 "$bin/bench/weight_sync_bench" --backend=cuda_ipc --device=cuda \
     --sync_mb=1024 --tensor_mb=16 --rounds=6
-  # End to end: the main job's cluster with a 113M-parameter policy
+  # End to end: the main job's cluster with a 111M-parameter policy
   # (hidden 1024, 10 layers, 16 / 4 heads), the learner and one rollout
   # worker colocated on the GPU in bf16, sleeping in turn, weights over
   # CUDA IPC; 100 SFT steps, then 20 GRPO steps for the steps/s and the
