@@ -183,7 +183,9 @@ class CollectiveReceiver final : public WeightReceiver {
       broken_ = true;
       return dist::ExceptionStatus(e, absl::StatusCode::kInternal, What("allocating the tensors and two buckets"));
     }
-    const std::vector<std::vector<int>> slots = SlotsByBucket(layout);
+    // Only a valid layout's slots are unpacked (a slot's bucket may be out
+    // of range otherwise).
+    const std::vector<std::vector<int>> slots = check.ok() ? SlotsByBucket(layout) : std::vector<std::vector<int>>();
     const int buckets = layout.bucket_bytes_size();
     absl::Status s = buckets > 0 ? group_->Start(BucketBuffer(buffers, layout, 0)) : absl::OkStatus();
     for (int b = 0; s.ok() && b < buckets; ++b) {
