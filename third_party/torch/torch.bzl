@@ -42,8 +42,26 @@ def _torch_repository_impl(ctx):
         linkopts.append("-Wl,-rpath," + r)
     linkopts += ["-Wl,--no-as-needed", "-ltorch_cpu", "-lc10", "-Wl,--as-needed"]
 
+    # LibTorch's CUDA libraries, for the one shared object that must link
+    # them (//dist:libnccl_backend.so, loaded with dlopen): libtorch_cuda and
+    # libc10_cuda, and the nvidia wheels they need at run time.
+    cuda_rpaths = [lib]
+    for sub in ["nvidia/cu13/lib", "nvidia/nccl/lib", "nvidia/cudnn/lib", "nvidia/cusparselt/lib", "nvidia/nvshmem/lib"]:
+        p = "%s/%s" % (site, sub)
+        if ctx.path(p).exists:
+            cuda_rpaths.append(p)
+    cuda_linkopts = ["-L" + lib, "-Wl,--disable-new-dtags"] + ["-Wl,-rpath," + r for r in cuda_rpaths]
+    cuda_linkopts += ["-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--as-needed"]
+
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
+
+# Links LibTorch's CUDA libraries: only for a shared object loaded with
+# dlopen (a binary linking them would not start without them).
+cc_library(
+    name = "torch_cuda_link",
+    linkopts = {cuda_linkopts},
+)
 
 # Torch's headers are many; keep <torch/torch.h> out of most files.
 cc_library(
@@ -55,7 +73,7 @@ cc_library(
 )
 
 exports_files(["torch_dir.txt"])
-""".format(linkopts = repr(linkopts)))
+""".format(linkopts = repr(linkopts), cuda_linkopts = repr(cuda_linkopts)))
     ctx.file("torch_dir.txt", torch_dir + "\n")
 
 torch_repository = repository_rule(

@@ -1,0 +1,37 @@
+#pragma once
+// LibTorch's c10d::ProcessGroupNCCL for processes on GPUs: the same
+// c10d::Backend interface as the Gloo groups (dist/gloo.h), over CUDA
+// tensors. The binaries link only LibTorch's CPU libraries, so the group
+// comes from libnccl_backend.so (dist/nccl_backend_shim.cc, which links
+// libtorch_cuda), opened with dlopen the first time one is asked for.
+//
+// Where the shared object is looked for: $RLMESH_NCCL_BACKEND; beside the
+// executable; in its runfiles (<exe>.runfiles/rlmesh/dist/ or
+// $RUNFILES_DIR/rlmesh/dist/); dist/ under the working directory.
+//
+// Thread-safety: safe for concurrent use; the library is opened once.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace rlmesh::dist {
+
+// Places libnccl_backend.so is looked for, in order (see above).
+std::vector<std::string> NcclBackendCandidates();
+
+// Rank `rank` of a `size`-rank ProcessGroupNCCL rendezvousing through
+// `store`; collectives time out after `timeout_ms`. Each rank uses the
+// current CUDA device of the thread that calls a collective (set it, or
+// give each process one GPU with CUDA_VISIBLE_DEVICES). FAILED_PRECONDITION
+// naming what is missing: LibTorch's CUDA backend, the shared object, or a
+// GPU (ProcessGroupNCCL's own "no GPUs found").
+absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateNcclGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                 int rank, int size, int64_t timeout_ms);
+
+}  // namespace rlmesh::dist

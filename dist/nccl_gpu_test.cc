@@ -1,0 +1,63 @@
+// ProcessGroupNCCL from libnccl_backend.so on GPUs: one rank on one GPU
+// (what the device script can always run), and two ranks on two GPUs.
+#include "dist/nccl.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <thread>
+
+#include "catch2/catch.hpp"
+#include "dist/device.h"
+
+namespace rlmesh::dist {
+namespace {
+
+TEST_CASE("One NCCL rank on one GPU: all-reduce and broadcast of device tensors", "[gpu]") {
+  auto devices = TorchCudaDeviceCount();
+  REQUIRE(devices.ok());
+  INFO(*devices << " CUDA device(s) visible" << (*devices == 0 ? ": no CUDA device" : ""));
+  REQUIRE(*devices >= 1);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = CreateNcclGroup(store, 0, 1, 30000);
+  INFO(group.status().ToString());
+  REQUIRE(group.ok());
+  at::Tensor t = at::arange(1024, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0));
+  std::vector<at::Tensor> v{t};
+  (*group)->allreduce(v)->wait();
+  CHECK(at::equal(t.cpu(), at::arange(1024, at::kFloat)));
+  (*group)->broadcast(v)->wait();
+  CHECK(at::equal(t.cpu(), at::arange(1024, at::kFloat)));
+}
+
+TEST_CASE("Two NCCL ranks on two GPUs sum a device tensor", "[gpu][multi_gpu]") {
+  auto devices = TorchCudaDeviceCount();
+  REQUIRE(devices.ok());
+  INFO(*devices << " CUDA device(s) visible" << (*devices == 0 ? ": no CUDA device" : ""));
+  REQUIRE(*devices >= 2);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  at::Tensor out[2];
+  absl::Status status[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto group = CreateNcclGroup(store, r, 2, 30000);
+      if (!group.ok()) {
+        status[r] = group.status();
+        return;
+      }
+      at::Tensor t = at::full({4096}, static_cast<float>(r + 1), at::TensorOptions().device(at::kCUDA, r));
+      std::vector<at::Tensor> v{t};
+      (*group)->allreduce(v)->wait();
+      out[r] = t.cpu();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+    CHECK(at::equal(out[r], at::full({4096}, 3.0f)));
+  }
+}
+
+}  // namespace
+}  // namespace rlmesh::dist

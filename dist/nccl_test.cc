@@ -1,0 +1,42 @@
+// libnccl_backend.so loads into a CPU-only binary and LibTorch's
+// ProcessGroupNCCL runs up to its own device check: here, with no GPU, a
+// FAILED_PRECONDITION in its words. (dist/nccl_gpu_test runs it on a GPU.)
+#include "dist/nccl.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "absl/strings/match.h"
+#include "catch2/catch.hpp"
+#include "dist/device.h"
+
+namespace rlmesh::dist {
+namespace {
+
+TEST_CASE("An NCCL group without a GPU is refused in ProcessGroupNCCL's words, the shared object loaded") {
+  auto devices = TorchCudaDeviceCount();
+  REQUIRE(devices.ok());  // the wheel is a CUDA build
+  if (*devices > 0) {
+    WARN("a GPU is visible: dist/nccl_gpu_test is the check here");
+    return;
+  }
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = CreateNcclGroup(store, 0, 1, 5000);
+  INFO(group.status().ToString());
+  REQUIRE(group.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(group.status().message(), "NCCL group (rank 0 of 1): "));
+  // Only the constructor inside the shared object says this.
+  CHECK(absl::StrContains(group.status().message(), "ProcessGroupNCCL is only supported with GPUs"));
+}
+
+TEST_CASE("The shared object is looked for at the override first, then beside the binary") {
+  setenv("RLMESH_NCCL_BACKEND", "/nowhere/libnccl_backend.so", 1);
+  auto c = NcclBackendCandidates();
+  unsetenv("RLMESH_NCCL_BACKEND");
+  REQUIRE(c.size() >= 3);
+  CHECK(c[0] == "/nowhere/libnccl_backend.so");
+  CHECK(absl::EndsWith(c[1], "/libnccl_backend.so"));
+  CHECK(absl::EndsWith(c[2], ".runfiles/rlmesh/dist/libnccl_backend.so"));
+}
+
+}  // namespace
+}  // namespace rlmesh::dist
