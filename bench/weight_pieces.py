@@ -15,6 +15,13 @@ learner {shards: 2, tp: 2}, one rollout worker with rollout.tp 2, small
 batches (4 prompts x 2 samples, 4 new tokens) so that the sync is a
 visible part of the step. `seconds_sync` is read from metrics.jsonl (the
 sync before each step); the first two steps are left out (the groups form).
+
+With --baseline_bin_dir DIR (the bazel-bin of another build, e.g. a git
+worktree at an older commit) each side also runs with that build's
+binaries, alternated with this tree's, and the table gives both and their
+ratio per pair:
+
+  python3 bench/weight_pieces.py --backends gloo --baseline_bin_dir /tmp/old/bazel-bin --markdown
 """
 import argparse
 import json
@@ -43,9 +50,9 @@ logging: {tensorboard: false}
 """
 
 
-def run(tmp, config, backend, whole, tag):
+def run(tmp, config, backend, whole, tag, bin_dir=BIN):
     runs = os.path.join(tmp, f"runs-{tag}")
-    cmd = [os.path.join(BIN, "coordinator/coordinator"), "run", config, f"--run_dir={runs}", f"--bin_dir={BIN}",
+    cmd = [os.path.join(bin_dir, "coordinator/coordinator"), "run", config, f"--run_dir={runs}", f"--bin_dir={bin_dir}",
            f"--set=weight_sync.backend={backend}", f"--set=weight_sync.whole_model={'true' if whole else 'false'}",
            "--set=model.threads=1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -78,6 +85,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--backends", default="shm,gloo")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--baseline_bin_dir", default="", help="bazel-bin of a build to compare against")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(BIN, "coordinator/coordinator")):
         sys.exit("build first: bazel build //coordinator //learner //rollout:rollout_worker //replay_buffer "
@@ -87,6 +95,8 @@ def main():
         config = os.path.join(tmp, "bench.yaml")
         with open(config, "w") as f:
             f.write(CONFIG % {"steps": args.steps})
+        if args.baseline_bin_dir:
+            return against_baseline(args, tmp, config)
         for backend in args.backends.split(","):
             med = {True: [], False: []}
             ratios = []
@@ -109,6 +119,32 @@ def main():
     else:
         for r in rows:
             print(f"{r[0]}: whole {r[1]}, pieces {r[2]}, whole/pieces {r[3]}")
+
+
+def against_baseline(args, tmp, config):
+    """Each side (whole, pieces) with this tree's binaries and the baseline's,
+    alternated, the order reversed every other repeat."""
+    rows = []
+    for backend in args.backends.split(","):
+        for whole in (True, False):
+            side = "whole" if whole else "pieces"
+            med = {"new": [], "ref": []}
+            ratios = []
+            for i in range(args.repeats):
+                got = {}
+                for build in (("ref", "new") if i % 2 == 0 else ("new", "ref")):
+                    bin_dir = BIN if build == "new" else args.baseline_bin_dir
+                    sync = run(tmp, config, backend, whole, f"{backend}-{side}-{build}-{i}", bin_dir)
+                    got[build] = statistics.median(sync)
+                    med[build].append(got[build])
+                ratios.append(got["ref"] / got["new"])
+                print(f"{backend} {side} repeat {i}: baseline {got['ref']:.3f} s, this tree {got['new']:.3f} s",
+                      file=sys.stderr)
+            rows.append((backend, side, spread(med["ref"]), spread(med["new"]), spread(ratios)))
+    print("| backend | sync | baseline (s) | this tree (s) | baseline / this tree (per pair) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
 
 
 if __name__ == "__main__":
