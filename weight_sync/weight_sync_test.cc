@@ -17,6 +17,8 @@
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "dist/cuda_api.h"
+#include "dist/gloo.h"
+#include "dist/store.h"
 #include "weight_sync/testing/weight_sync_testing.h"
 
 namespace rlmesh::weight_sync {
@@ -407,6 +409,69 @@ TEST_CASE("GLOO ReceiveInto with a wrong destination drains the round and stays 
   receiver.join();
   CHECK(first.code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(first.message(), "destinations[model.embed_tokens.weight]"));
+  REQUIRE(second.ok());
+  ExpectBitExact(v2, *second);
+}
+
+TEST_CASE("A GLOO receiver refuses a layout whose slot names a missing bucket, drains the round and stays usable") {
+  auto store = WeightSyncStore::Host("127.0.0.1", 0, 2, 20000);
+  REQUIRE(store.ok());
+  const WeightSyncSpec spec = GlooSpec((*store)->port(), 2, "ws-test-gloo-rogue");
+  absl::Status first;
+  absl::StatusOr<NamedTensors> second;
+  std::thread receiver([&] {
+    WeightSyncSpec s = spec;
+    s.set_rank(1);
+    auto recv = CreateWeightReceiver(s);
+    if (!recv.ok()) {
+      first = recv.status();
+      return;
+    }
+    WeightLayout want;
+    want.set_version(1);
+    first = (*recv)->Receive(want).status();
+    want.set_version(2);
+    second = (*recv)->Receive(want);
+  });
+  // Rank 0 is a bare Gloo group on the wire format (header {version, layout
+  // bytes}, the layout, then each bucket), so it can send a layout no
+  // publisher would build.
+  auto client = dist::MakeTcpStore("127.0.0.1", (*store)->port(), /*is_server=*/false, 2, 20000);
+  REQUIRE(client.ok());
+  dist::GlooGroupOptions opts;
+  opts.timeout_ms = 20000;
+  auto group = dist::CreateGlooGroup(dist::WithPrefix(*client, "weight_sync/ws-test-gloo-rogue"), 0, 2, opts);
+  REQUIRE(group.ok());
+  auto send = [&](void* data, int64_t bytes) {
+    std::vector<at::Tensor> v{at::from_blob(data, {bytes}, at::TensorOptions().dtype(at::kByte))};
+    (*group)->broadcast(v)->wait();
+  };
+  auto send_round = [&](const WeightLayout& layout, const NamedTensors& tensors) {
+    std::string bytes = layout.SerializeAsString();
+    int64_t header[2] = {layout.version(), static_cast<int64_t>(bytes.size())};
+    send(header, sizeof(header));
+    send(bytes.data(), static_cast<int64_t>(bytes.size()));
+    std::vector<std::vector<char>> buckets;
+    for (int64_t b : layout.bucket_bytes()) buckets.emplace_back(static_cast<size_t>(b), 0);
+    for (int i = 0; i < layout.tensors_size() && !tensors.empty(); ++i) {
+      const TensorSlot& slot = layout.tensors(i);
+      at::Tensor t = tensors[i].second.contiguous();
+      std::memcpy(buckets[slot.bucket()].data() + slot.byte_offset(), t.data_ptr(), t.nbytes());
+    }
+    for (auto& b : buckets) send(b.data(), static_cast<int64_t>(b.size()));
+  };
+  auto bad = BuildLayout(MakeTensors(1), 1, 1 << 20);
+  REQUIRE(bad.ok());
+  bad->mutable_tensors(0)->set_bucket(bad->bucket_bytes_size() + 4);  // past the last bucket
+  send_round(*bad, {});
+  const NamedTensors v2 = MakeTensors(2);
+  auto good = BuildLayout(v2, 2, 1 << 20);
+  REQUIRE(good.ok());
+  send_round(*good, v2);
+  receiver.join();
+  CHECK(first.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(first.message(), absl::StrCat("layout.tensors[model.embed_tokens.weight].bucket: ",
+                                                         bad->bucket_bytes_size() + 4, " outside")));
   REQUIRE(second.ok());
   ExpectBitExact(v2, *second);
 }
