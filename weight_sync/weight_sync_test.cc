@@ -413,11 +413,11 @@ TEST_CASE("GLOO ReceiveInto with a wrong destination drains the round and stays 
   ExpectBitExact(v2, *second);
 }
 
-TEST_CASE("A GLOO receiver refuses a layout whose slot names a missing bucket, drains the round and stays usable") {
+TEST_CASE("A GLOO receiver refuses a corrupt layout by name: a missing bucket is drained, a huge one ends the group") {
   auto store = WeightSyncStore::Host("127.0.0.1", 0, 2, 20000);
   REQUIRE(store.ok());
   const WeightSyncSpec spec = GlooSpec((*store)->port(), 2, "ws-test-gloo-rogue");
-  absl::Status first;
+  absl::Status first, third, after;
   absl::StatusOr<NamedTensors> second;
   std::thread receiver([&] {
     WeightSyncSpec s = spec;
@@ -432,6 +432,10 @@ TEST_CASE("A GLOO receiver refuses a layout whose slot names a missing bucket, d
     first = (*recv)->Receive(want).status();
     want.set_version(2);
     second = (*recv)->Receive(want);
+    want.set_version(3);
+    third = (*recv)->Receive(want).status();
+    want.set_version(4);
+    after = (*recv)->Receive(want).status();
   });
   // Rank 0 is a bare Gloo group on the wire format (header {version, layout
   // bytes}, the layout, then each bucket), so it can send a layout no
@@ -468,7 +472,21 @@ TEST_CASE("A GLOO receiver refuses a layout whose slot names a missing bucket, d
   auto good = BuildLayout(v2, 2, 1 << 20);
   REQUIRE(good.ok());
   send_round(*good, v2);
+  // A bucket of a petabyte: the receiver cannot hold it, says so, and is
+  // done with the group (it can no longer follow the wire); no bucket is sent.
+  WeightLayout huge = *good;
+  huge.set_version(3);
+  huge.set_bucket_bytes(0, int64_t{1} << 50);
+  {
+    std::string bytes = huge.SerializeAsString();
+    int64_t header[2] = {3, static_cast<int64_t>(bytes.size())};
+    send(header, sizeof(header));
+    send(bytes.data(), static_cast<int64_t>(bytes.size()));
+  }
   receiver.join();
+  CHECK(third.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(third.message(), "out of memory"));
+  CHECK(after.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(first.code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(first.message(), absl::StrCat("layout.tensors[model.embed_tokens.weight].bucket: ",
                                                          bad->bucket_bytes_size() + 4, " outside")));
