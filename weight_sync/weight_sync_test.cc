@@ -312,6 +312,11 @@ WeightSyncSpec GlooSpec(int port, int world_size, const std::string& group) {
   return spec;
 }
 
+WeightSyncSpec WithRank(WeightSyncSpec spec, int rank) {
+  spec.set_rank(rank);
+  return spec;
+}
+
 // 48 tensors of 1 MiB: 48 buckets of 1 MiB.
 NamedTensors MakePolicy(int seed) {
   at::manual_seed(seed);
@@ -332,9 +337,7 @@ TEST_CASE("GLOO goes bucket by bucket through two buffers: 48 MiB cross with a f
   absl::Status received[2];
   std::atomic<bool> round_one_done{false};
   std::thread receiver([&] {
-    WeightSyncSpec s = spec;
-    s.set_rank(1);
-    auto recv = CreateWeightReceiver(s);
+    auto recv = CreateWeightReceiver(WithRank(spec, 1));
     if (!recv.ok()) {
       received[0] = recv.status();
       round_one_done = true;
@@ -350,9 +353,7 @@ TEST_CASE("GLOO goes bucket by bucket through two buffers: 48 MiB cross with a f
     want.set_version(2);
     received[1] = (*recv)->ReceiveInto(want, buffers);
   });
-  WeightSyncSpec s0 = spec;
-  s0.set_rank(0);
-  auto pub = CreateWeightPublisher(s0);
+  auto pub = CreateWeightPublisher(WithRank(spec, 0));
   REQUIRE(pub.ok());
   auto l1 = (*pub)->Publish(v1, 1);
   REQUIRE(l1.ok());
@@ -384,9 +385,7 @@ TEST_CASE("GLOO ReceiveInto with a wrong destination drains the round and stays 
   absl::Status first;
   absl::StatusOr<NamedTensors> second;
   std::thread receiver([&] {
-    WeightSyncSpec s = spec;
-    s.set_rank(1);
-    auto recv = CreateWeightReceiver(s);
+    auto recv = CreateWeightReceiver(WithRank(spec, 1));
     if (!recv.ok()) {
       first = recv.status();
       return;
@@ -400,9 +399,7 @@ TEST_CASE("GLOO ReceiveInto with a wrong destination drains the round and stays 
     want.set_version(2);
     second = (*recv)->Receive(want);
   });
-  WeightSyncSpec s0 = spec;
-  s0.set_rank(0);
-  auto pub = CreateWeightPublisher(s0);
+  auto pub = CreateWeightPublisher(WithRank(spec, 0));
   REQUIRE(pub.ok());
   REQUIRE((*pub)->Publish(v1, 1).ok());
   REQUIRE((*pub)->Publish(v2, 2).ok());
@@ -420,9 +417,7 @@ TEST_CASE("A GLOO receiver refuses a corrupt layout by name: a missing bucket is
   absl::Status first, third, after;
   absl::StatusOr<NamedTensors> second;
   std::thread receiver([&] {
-    WeightSyncSpec s = spec;
-    s.set_rank(1);
-    auto recv = CreateWeightReceiver(s);
+    auto recv = CreateWeightReceiver(WithRank(spec, 1));
     if (!recv.ok()) {
       first = recv.status();
       return;
