@@ -1,6 +1,10 @@
 #pragma once
 
-// Turning a c10d call that throws into a Status.
+// Turning a c10d call that throws into a Status, and running a collective
+// on a host tensor over a group whose collectives take device tensors.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <exception>
 #include <utility>
@@ -21,6 +25,23 @@ absl::Status Collective(const char* what, F&& f) {
   } catch (const std::exception& e) {
     return absl::AbortedError(absl::StrCat(what, " failed: ", e.what()));
   }
+}
+
+// Collective(what, ...) of f(x) for a host tensor `t` (a statistic, a
+// count) over a group whose collectives run on `device`: on the CPU (Gloo)
+// x is t itself; on a GPU (NCCL takes device tensors only) x is a copy of t
+// there, and f's result is copied back into t.
+template <typename F>
+absl::Status CollectiveOn(const char* what, const c10::Device& device, at::Tensor& t, F&& f) {
+  return Collective(what, [&] {
+    if (device.is_cpu()) {
+      f(t);
+      return;
+    }
+    at::Tensor staged = t.to(device);
+    f(staged);
+    t.copy_(staged);
+  });
 }
 
 }  // namespace rlmesh::dist

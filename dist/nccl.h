@@ -26,9 +26,10 @@ namespace rlmesh::dist {
 std::vector<std::string> NcclBackendCandidates();
 
 // Rank `rank` of a `size`-rank ProcessGroupNCCL rendezvousing through
-// `store`; collectives time out after `timeout_ms`. Each rank uses the
-// current CUDA device of the thread that calls a collective (set it, or
-// give each process one GPU with CUDA_VISIBLE_DEVICES). FAILED_PRECONDITION
+// `store`. Collectives take tensors on the rank's GPU (the communicator is
+// made for the device of the first tensors given; two ranks may not share
+// a GPU). Work::wait blocks and throws once `timeout_ms` passes, as a Gloo
+// group's does (TORCH_NCCL_BLOCKING_WAIT=1 unless set). FAILED_PRECONDITION
 // naming what is missing: LibTorch's CUDA backend, the shared object, or a
 // GPU (ProcessGroupNCCL's own "no GPUs found").
 absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateNcclGroup(const c10::intrusive_ptr<c10d::Store>& store,

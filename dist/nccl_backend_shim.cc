@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include <c10/util/Exception.h>
@@ -17,6 +18,11 @@ extern "C" __attribute__((visibility("default"))) void* rlmesh_new_nccl_backend(
                                                                               long long timeout_ms, char* error,
                                                                               size_t error_len) {
   try {
+    // Work::wait blocks the caller and throws when the timeout passes, as a
+    // Gloo group's does (the caller's dist::Collective makes it ABORTED);
+    // without it ProcessGroupNCCL's watchdog ends the whole process. A value
+    // the user set stands.
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = std::chrono::milliseconds(timeout_ms);
     auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(

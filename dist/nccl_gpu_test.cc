@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "catch2/catch.hpp"
+#include "dist/collective.h"
 #include "dist/device.h"
 
 namespace rlmesh::dist {
@@ -27,6 +28,40 @@ TEST_CASE("One NCCL rank on one GPU: all-reduce and broadcast of device tensors"
   CHECK(at::equal(t.cpu(), at::arange(1024, at::kFloat)));
   (*group)->broadcast(v)->wait();
   CHECK(at::equal(t.cpu(), at::arange(1024, at::kFloat)));
+}
+
+TEST_CASE("CollectiveOn stages a host tensor through a one-rank NCCL group's GPU", "[gpu]") {
+  auto devices = TorchCudaDeviceCount();
+  REQUIRE(devices.ok());
+  INFO(*devices << " CUDA device(s) visible" << (*devices == 0 ? ": no CUDA device" : ""));
+  REQUIRE(*devices >= 1);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = CreateNcclGroup(store, 0, 1, 30000);
+  INFO(group.status().ToString());
+  REQUIRE(group.ok());
+  const c10::Device gpu(c10::kCUDA, 0);
+  at::Tensor count = at::full({1}, 7, at::kLong);
+  c10::Device seen = c10::kCPU;
+  const absl::Status s = CollectiveOn("all-reduce of a count", gpu, count, [&](at::Tensor& x) {
+    seen = x.device();
+    x.add_(5);  // What the collective wrote must come back to the host.
+    std::vector<at::Tensor> v{x};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    (*group)->allreduce(v, o)->wait();
+  });
+  REQUIRE(s.ok());
+  CHECK(seen == gpu);
+  CHECK(count.device().is_cpu());
+  CHECK(count.item<int64_t>() == 12);
+  // Handing NCCL the host tensor itself is what the staging avoids: refused.
+  at::Tensor host = at::ones({2});
+  const absl::Status direct = Collective("all-reduce of a host tensor", [&] {
+    std::vector<at::Tensor> v{host};
+    (*group)->allreduce(v)->wait();
+  });
+  INFO(direct.ToString());
+  CHECK(direct.code() == absl::StatusCode::kAborted);
 }
 
 TEST_CASE("Two NCCL ranks on two GPUs sum a device tensor", "[gpu][multi_gpu]") {
