@@ -188,7 +188,8 @@ absl::StatusOr<double> DataParallel::WeightedSquaredNorm(const at::Tensor& grads
 
 void DataParallel::SumOverModelShards(double& sq) const {
   if (options_.norm_groups.empty()) return;
-  at::Tensor t = at::full({1}, sq, at::TensorOptions().dtype(at::kDouble));
+  // On the parameters' device, where the groups' collectives run.
+  at::Tensor t = at::full({1}, sq, params_[0].options().dtype(at::kDouble));
   for (const auto& g : options_.norm_groups) {
     if (!g) continue;
     std::vector<at::Tensor> v = {t};
@@ -202,8 +203,9 @@ absl::Status DataParallel::AllReduceSum(at::Tensor& t) {
     return absl::InvalidArgumentError("t: expected a defined contiguous CPU tensor");
   }
   if (world_size_ == 1) return absl::OkStatus();
-  return Collective("all-reduce of statistics", [&] {
-    std::vector<at::Tensor> v = {t};
+  // The group's collectives run where the parameters live (NCCL: the GPU).
+  return dist::CollectiveOn("all-reduce of statistics", params_[0].device(), t, [&](at::Tensor& x) {
+    std::vector<at::Tensor> v = {x};
     Wait(group_->allreduce(v));
   });
 }

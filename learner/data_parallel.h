@@ -1,6 +1,9 @@
 #pragma once
 
-// Data-parallel learner shards over a c10d process group (Gloo on CPU).
+// Data-parallel learner shards over a c10d process group: Gloo for
+// parameters on the CPU, NCCL (dist/nccl.h) for parameters on a GPU. Every
+// collective runs on the parameters' device: the flat buffers live there,
+// and host statistics (AllReduceSum) are staged through it.
 //
 // K ranks each hold a full copy of the model and a slice of the global
 // batch. After backward on its slice, every rank calls Step(); gradients are
@@ -127,7 +130,8 @@ class DataParallel {
 
   // Sums `t` (a contiguous CPU tensor, same shape on every rank) over the
   // group in place; a no-op for one process. For small statistics such as
-  // the global whitening moments.
+  // the global whitening moments. With parameters on a GPU the sum runs on
+  // a copy there.
   absl::Status AllReduceSum(at::Tensor& t);
 
   int rank() const { return rank_; }

@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "dist/collective.h"
 #include "dist/device.h"
+#include "dist/nccl.h"
 #include "learner/checkpoint.h"
 #include "learner/trainer_internal.h"
 #include "weight_sync/pieces.h"
@@ -236,8 +237,8 @@ absl::Status ModelSet::AllReduceSum(at::Tensor& t) {
     return absl::InvalidArgumentError("t: expected a defined contiguous CPU tensor");
   }
   if (!group) return absl::OkStatus();
-  return dist::Collective("all-reduce of statistics", [&] {
-    std::vector<at::Tensor> v = {t};
+  return dist::CollectiveOn("all-reduce of statistics", device, t, [&](at::Tensor& x) {
+    std::vector<at::Tensor> v = {x};
     group->allreduce(v)->wait();
   });
 }
@@ -245,8 +246,8 @@ absl::Status ModelSet::AllReduceSum(at::Tensor& t) {
 absl::StatusOr<int64_t> ModelSet::MaxOverGroup(int64_t n) {
   if (!group) return n;
   at::Tensor t = at::full({1}, n, at::kLong);
-  RLMESH_RETURN_IF_ERROR(dist::Collective("all-reduce of a count", [&] {
-    std::vector<at::Tensor> v = {t};
+  RLMESH_RETURN_IF_ERROR(dist::CollectiveOn("all-reduce of a count", device, t, [&](at::Tensor& x) {
+    std::vector<at::Tensor> v = {x};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::MAX;
     group->allreduce(v, o)->wait();
@@ -909,14 +910,19 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   }));
 
   // The process group and the optimizers.
-  if (world_size > 1 && s.device_type != c10::DeviceType::CPU) {
-    // DataParallel's collectives run on Gloo over CPU tensors; a CUDA group
-    // (ProcessGroupNCCL) is not built yet, and staging every gradient
-    // through the host untested would be worse than a clear refusal.
-    return absl::UnimplementedError(absl::StrCat("experiment.model.device: ", exp.model().device(),
-                                                 " with learner.shards = ", world_size,
-                                                 ": data parallelism on GPUs (NCCL) is not built yet; use "
-                                                 "learner.shards: 1 on a GPU, or the CPU"));
+  const bool on_gpu = s.device_type != c10::DeviceType::CPU;
+  if (world_size > 1 && on_gpu) {
+    // Data parallelism (plain or ZeRO-1) runs over NCCL on GPUs; the model
+    // splits build their shards, buffers and subgroups on the host (Gloo).
+    const char* split = stage.learner.zero3 ? "learner.zero: 3" : stage.learner.tp > 1 ? "learner.tp > 1"
+                                                              : stage.learner.ep > 1   ? "learner.ep > 1"
+                                                                                       : nullptr;
+    if (split != nullptr) {
+      return absl::UnimplementedError(absl::StrCat("experiment.", split, " on ", device,
+                                                   ": runs on the CPU so far (its shards and groups are built "
+                                                   "on the host); GPUs take plain data parallelism or "
+                                                   "learner.zero: 1"));
+    }
   }
   if (world_size > 1) {
     const std::string& addr = store_address;
@@ -940,8 +946,10 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
       store = *tcp;
     }
     s.store = dist::WithPrefix(store, store_prefix);
-    auto group = dist::CreateGlooGroup(s.store, rank, world_size, gloo);
-    if (!group.ok()) return group.status();
+    // One group for the shards: NCCL on GPUs (one per rank), Gloo on the CPU.
+    auto group = on_gpu ? dist::CreateNcclGroup(s.store, rank, world_size, gloo.timeout_ms)
+                        : dist::CreateGlooGroup(s.store, rank, world_size, gloo);
+    if (!group.ok()) return PrefixStatus(absl::StrCat("learner shard ", rank, " on ", device), group.status());
     s.group = *group;
   }
   auto make_dp = [&](actor::Transformer& model, const OptimizerOptions& o,

@@ -42,7 +42,8 @@ struct ModelSet {
   // On-policy distillation's frozen teacher (rl.distillation.teacher, its
   // own architecture and size); null otherwise.
   actor::Transformer teacher{nullptr};
-  // world_size > 1 only: the c10d store and the Gloo group of the shards.
+  // world_size > 1 only: the c10d store and the group of the shards (Gloo
+  // on the CPU, NCCL on GPUs: its collectives take tensors on `device`).
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> group;
   // The policy's optimizer (plain DP or ZeRO-1); null under ZeRO-3.

@@ -72,6 +72,10 @@ absl::StatusOr<at::Tensor> TrainToy(c10::intrusive_ptr<c10d::Backend> group,
   const int world = group ? group->getSize() : 1;
   ToyProblem problem = MakeToyProblem();
   std::vector<at::Tensor> params = MakeToyParams(init_seed);
+  if (!options.device.is_cpu()) {
+    for (at::Tensor* t : {&problem.x, &problem.y, &problem.mask}) *t = t->to(options.device);
+    for (at::Tensor& p : params) p = p.detach().to(options.device).requires_grad_(true);
+  }
   RLMESH_ASSIGN_OR_RETURN(auto dp, DataParallel::Create(group, params, options.dp));
   RLMESH_RETURN_IF_ERROR(dp->BroadcastParameters());
   auto [begin, end] = ToyShard(problem.x.size(0), rank, world);
@@ -83,7 +87,7 @@ absl::StatusOr<at::Tensor> TrainToy(c10::intrusive_ptr<c10d::Backend> group,
                             dp->Step(weight, LearningRate(options.lr, step)));
     if (stats.skipped) return absl::InternalError("toy step skipped: non-finite gradient");
   }
-  return FlattenParams(params);
+  return FlattenParams(params).cpu();
 }
 
 }  // namespace rlmesh::learner::testing

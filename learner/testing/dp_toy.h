@@ -51,11 +51,14 @@ struct ToyTrainOptions {
   LrScheduleOptions lr = DefaultToyLr();
   // Data-parallel settings (AdamW with weight decay, clipping that bites).
   DataParallelOptions dp = DefaultToyDp();
+  // Where the parameters and the batch live (drawn on the CPU, then moved):
+  // a GPU for NCCL groups. Default the CPU.
+  c10::Device device{c10::kCPU};
 };
 
 // Trains MakeToyParams(init_seed) on this rank's ToyShard with DataParallel
 // over `group` (null = one process), after broadcasting rank 0's parameters.
-// Returns the final parameters flattened.
+// Returns the final parameters flattened, on the CPU.
 absl::StatusOr<at::Tensor> TrainToy(c10::intrusive_ptr<c10d::Backend> group,
                                     const ToyTrainOptions& options, uint64_t init_seed);
 
