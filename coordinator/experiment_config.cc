@@ -166,6 +166,16 @@ const RlStage* RlSettings(const Stage& stage) {
   return nullptr;
 }
 
+std::vector<int> PlaceLearnerShardsOnGpus(ExperimentConfig* config) {
+  const int shards = config->learner().shards();
+  const absl::StatusOr<int> first = ParseDeviceSpec(config->model().device(), "model.device");
+  if (shards <= 1 || !first.ok() || *first < 0) return {};
+  std::vector<int> gpus;
+  for (int k = 0; k < shards; ++k) gpus.push_back(*first + k);
+  config->mutable_model()->set_device("cuda");
+  return gpus;
+}
+
 bool RolloutSleeps(const RolloutConfig& rollout) {
   return rollout.sleep() == "cache" || rollout.sleep() == "weights";
 }
@@ -333,15 +343,21 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(l->cuda_memory_fraction() == 0 || (!m->device().empty() && m->device() != "cpu"),
             "learner.cuda_memory_fraction", "set but the learners train on the CPU (model.device)");
   {
-    // `coordinator run` puts every learner on model.device and every worker
-    // on rollout.device: their caps share that GPU when the two are one.
+    // `coordinator run` puts learner 0 on model.device (the others on the
+    // GPUs after it: PlaceLearnerShardsOnGpus) and every worker on
+    // rollout.device: their caps share that GPU when the two are one.
     const absl::StatusOr<int> learner_gpu = ParseDeviceSpec(m->device(), "model.device");
     const absl::StatusOr<int> rollout_gpu = ParseDeviceSpec(rollout_device, "rollout.device");
     if (learner_gpu.ok() && rollout_gpu.ok() && *learner_gpu >= 0 && *learner_gpu == *rollout_gpu) {
-      const double sum = l->shards() * l->cuda_memory_fraction() + r->workers() * r->cuda_memory_fraction();
+      const double sum = l->cuda_memory_fraction() + r->workers() * r->cuda_memory_fraction();
       c.Require(sum <= 1 + 1e-9, "rollout.cuda_memory_fraction",
-                absl::StrCat("learner.shards x learner.cuda_memory_fraction + rollout.workers x "
-                             "rollout.cuda_memory_fraction = ", sum, " > 1 on the one GPU they share"));
+                absl::StrCat("learner.cuda_memory_fraction + rollout.workers x rollout.cuda_memory_fraction = ", sum,
+                             " > 1 on the GPU that learner 0 and the workers share"));
+    }
+    if (learner_gpu.ok() && *learner_gpu >= 0) {
+      c.Require(*learner_gpu + l->shards() <= kMaxCudaDevices, "learner.shards",
+                absl::StrCat(l->shards(), " shards from GPU ", *learner_gpu, " (model.device) need GPUs up to ",
+                             *learner_gpu + l->shards() - 1, ", past the last index ", kMaxCudaDevices - 1));
     }
   }
   if (l->micro_batch_tokens() == 0) l->set_micro_batch_tokens(8192);

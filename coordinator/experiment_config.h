@@ -4,6 +4,7 @@
 // (and the YAML line when the key was written in a file).
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/proto_yaml.h"
@@ -24,5 +25,14 @@ const RlStage* RlSettings(const Stage& stage);
 // Whether rollout.sleep asks the workers to sleep while the learner trains
 // ("cache" or "weights"; "" and "off" do not).
 bool RolloutSleeps(const RolloutConfig& rollout);
+
+// `coordinator run`'s learners on GPUs. One shard trains on model.device
+// itself. Several shards (data parallelism over NCCL, which refuses two
+// ranks on one device) take a GPU each: with model.device cuda:i, shard k
+// takes GPU i + k, which its launcher makes its only visible device
+// (CUDA_VISIBLE_DEVICES), so model.device becomes "cuda" for them. Returns
+// the GPU of each shard in order; empty (config unchanged) on the CPU or
+// for one shard. REQUIRES: a normalized config.
+std::vector<int> PlaceLearnerShardsOnGpus(ExperimentConfig* config);
 
 }  // namespace rlmesh

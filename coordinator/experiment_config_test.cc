@@ -358,11 +358,43 @@ TEST_CASE("rollout.sleep, learner.sleep and the CUDA memory fractions are checke
         "learner.cuda_memory_fraction: must be in (0, 1]");
   check("model: {device: \"cuda:0\"}\nlearner: {cuda_memory_fraction: 0.5}\n"
         "rollout: {device: cuda, workers: 2, cuda_memory_fraction: 0.3}\n" + grpo,
-        "= 1.1 > 1 on the one GPU they share");
+        "learner.cuda_memory_fraction + rollout.workers x rollout.cuda_memory_fraction = 1.1 > 1 on the GPU that "
+        "learner 0 and the workers share");
+  // Only learner 0 shares the workers' GPU; shard k trains on the GPU k
+  // after it (PlaceLearnerShardsOnGpus).
+  check("model: {device: \"cuda:0\"}\nlearner: {shards: 2, cuda_memory_fraction: 0.5}\n"
+        "rollout: {device: cuda, workers: 1, cuda_memory_fraction: 0.5}\n" + grpo,
+        "");
+  check("model: {device: \"cuda:62\"}\nlearner: {shards: 3}\n" + grpo,
+        "learner.shards: 3 shards from GPU 62 (model.device) need GPUs up to 64, past the last index 63");
   // On two GPUs each has its own.
   check("model: {device: \"cuda:0\"}\nlearner: {cuda_memory_fraction: 0.9}\n"
         "rollout: {device: \"cuda:1\", cuda_memory_fraction: 0.9}\n" + grpo,
         "");
+}
+
+TEST_CASE("coordinator run gives several learner shards on GPUs one GPU each") {
+  const std::string grpo = "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}}}}]\n";
+  auto place = [&](const std::string& yaml, std::string* device) {
+    ExperimentConfig cfg;
+    const absl::Status s = Normalize("name: x\n" + yaml + grpo, &cfg);
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    std::vector<int> gpus = PlaceLearnerShardsOnGpus(&cfg);
+    *device = cfg.model().device();
+    return gpus;
+  };
+  std::string device;
+  // From model.device's GPU on; inside each shard's process its one GPU is "cuda".
+  CHECK(place("model: {device: \"cuda:2\"}\nlearner: {shards: 3}\n", &device) == std::vector<int>{2, 3, 4});
+  CHECK(device == "cuda");
+  CHECK(place("model: {device: cuda}\nlearner: {shards: 2}\n", &device) == std::vector<int>{0, 1});
+  CHECK(device == "cuda");
+  // One shard trains on model.device itself; the CPU has no GPUs to hand out.
+  CHECK(place("model: {device: \"cuda:2\"}\n", &device).empty());
+  CHECK(device == "cuda:2");
+  CHECK(place("learner: {shards: 2}\n", &device).empty());
+  CHECK(device == "");
 }
 
 TEST_CASE("every shipped config loads and validates") {

@@ -924,6 +924,10 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   }
   co.learner_args = {absl::StrCat("--threads=", threads > 0 ? threads : std::max(1, cores / co.learners)),
                      LearnerWriteRoots(run_dir, &*cfg)};
+  // Several learner shards on this host's GPUs: one each, from
+  // model.device on (the workers' device was taken from model.device above).
+  // Slurm steps see the GPUs their allocation binds.
+  if (!on_slurm) co.learner_gpus = PlaceLearnerShardsOnGpus(&*cfg);
   if (cfg->learner().cuda_memory_fraction() > 0) {
     co.learner_args.push_back(absl::StrCat("--cuda_memory_fraction=", cfg->learner().cuda_memory_fraction()));
   }
