@@ -11,7 +11,8 @@ import json
 import os
 import sys
 
-CHECKS = ["device_test", "memory_gpu_test", "nccl_gpu_test", "weight_sync_gpu_test", "gpu_bench", "weight_sync_bench", "e2e_colocated"]
+CHECKS = ["device_test", "memory_gpu_test", "nccl_gpu_test", "data_parallel_gpu_test", "weight_sync_gpu_test",
+          "gpu_bench", "weight_sync_bench", "e2e_colocated"]
 BENCHES = ("gpu_bench", "weight_sync_bench", "e2e_colocated")  # reported by exit code, not a Catch2 summary
 
 

@@ -34,6 +34,7 @@ BINARIES=(
   dist/memory_gpu_test
   dist/nccl_gpu_test
   dist/libnccl_backend.so
+  learner/data_parallel_gpu_test
   weight_sync/weight_sync_gpu_test
   bench/gpu_bench
   bench/weight_sync_bench
@@ -154,10 +155,14 @@ run() {
   local filter="[gpu]~[multi_gpu]"
   [ "${gpus:-0}" -ge 2 ] && filter="[gpu]"
   local bin="$work/bundle/bin"
+  # ProcessGroupNCCL's shared object, for every binary that makes a group
+  # (the learner's data parallelism, the tests) wherever it sits.
+  export RLMESH_NCCL_BACKEND="$bin/dist/libnccl_backend.so"
   check device_test 60 "$bin/dist/device_test"
   check memory_gpu_test 60 "$bin/dist/memory_gpu_test"
-  # ProcessGroupNCCL from libnccl_backend.so (beside the test, where it is looked for).
   check nccl_gpu_test 60 "$bin/dist/nccl_gpu_test" "$filter"
+  # DataParallel on the GPU; over NCCL against one process where two GPUs exist.
+  check data_parallel_gpu_test 120 "$bin/learner/data_parallel_gpu_test" "$filter"
   check weight_sync_gpu_test 120 "$bin/weight_sync/weight_sync_gpu_test" "$filter"
   check gpu_bench 300 "$bin/bench/gpu_bench"
   # CUDA IPC between two processes on the GPU, against a device copy.
@@ -191,7 +196,8 @@ run() {
     # and no library may be missing or come from outside the bundle.
     local bad=0
     grep -q . "$work/libraries.txt" && { echo "dry run: libraries not from the bundle:"; cat "$work/libraries.txt"; bad=1; }
-    for c in device_test memory_gpu_test nccl_gpu_test weight_sync_gpu_test gpu_bench weight_sync_bench e2e_colocated; do
+    for c in device_test memory_gpu_test nccl_gpu_test data_parallel_gpu_test weight_sync_gpu_test gpu_bench \
+             weight_sync_bench e2e_colocated; do
       rc=$(cat "$work/$c.rc")
       if [ "$c" = device_test ]; then
         # Runs here too: its no-GPU branch must pass.
