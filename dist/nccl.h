@@ -1,19 +1,11 @@
 #pragma once
 // LibTorch's c10d::ProcessGroupNCCL for processes on GPUs: the same
 // c10d::Backend interface as the Gloo groups (dist/gloo.h), over CUDA
-// tensors. The binaries link only LibTorch's CPU libraries, so the group
-// comes from libnccl_backend.so (dist/nccl_backend_shim.cc, which links
-// libtorch_cuda), opened with dlopen the first time one is asked for.
+// tensors, from libtorch_cuda_shim.so (dist/cuda_shim.h).
 //
-// Where the shared object is looked for: $RLMESH_NCCL_BACKEND; beside the
-// executable; in its runfiles (<exe>.runfiles/rlmesh/dist/ or
-// $RUNFILES_DIR/rlmesh/dist/); dist/ under the working directory.
-//
-// Thread-safety: safe for concurrent use; the library is opened once.
+// Thread-safety: safe for concurrent use.
 
 #include <cstdint>
-#include <string>
-#include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -21,9 +13,6 @@
 #include "absl/status/statusor.h"
 
 namespace rlmesh::dist {
-
-// Places libnccl_backend.so is looked for, in order (see above).
-std::vector<std::string> NcclBackendCandidates();
 
 // Rank `rank` of a `size`-rank ProcessGroupNCCL rendezvousing through
 // `store`. Collectives take tensors on the rank's GPU (the communicator is

@@ -1,4 +1,4 @@
-// ProcessGroupNCCL from libnccl_backend.so on GPUs: one rank on one GPU
+// ProcessGroupNCCL from libtorch_cuda_shim.so on GPUs: one rank on one GPU
 // (what the device script can always run), and two ranks on two GPUs.
 #include "dist/nccl.h"
 

@@ -1,6 +1,7 @@
-// libnccl_backend.so loads into a CPU-only binary and LibTorch's
+// libtorch_cuda_shim.so loads into a CPU-only binary and LibTorch's
 // ProcessGroupNCCL runs up to its own device check: here, with no GPU, a
 // FAILED_PRECONDITION in its words. (dist/nccl_gpu_test runs it on a GPU.)
+#include "dist/cuda_shim.h"
 #include "dist/nccl.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -29,13 +30,13 @@ TEST_CASE("An NCCL group without a GPU is refused in ProcessGroupNCCL's words, t
 }
 
 TEST_CASE("The shared object is looked for at the override first, then beside the binary") {
-  setenv("RLMESH_NCCL_BACKEND", "/nowhere/libnccl_backend.so", 1);
-  auto c = NcclBackendCandidates();
-  unsetenv("RLMESH_NCCL_BACKEND");
+  setenv("RLMESH_TORCH_CUDA_SHIM", "/nowhere/libtorch_cuda_shim.so", 1);
+  auto c = TorchCudaShimCandidates();
+  unsetenv("RLMESH_TORCH_CUDA_SHIM");
   REQUIRE(c.size() >= 3);
-  CHECK(c[0] == "/nowhere/libnccl_backend.so");
-  CHECK(absl::EndsWith(c[1], "/libnccl_backend.so"));
-  CHECK(absl::EndsWith(c[2], ".runfiles/rlmesh/dist/libnccl_backend.so"));
+  CHECK(c[0] == "/nowhere/libtorch_cuda_shim.so");
+  CHECK(absl::EndsWith(c[1], "/libtorch_cuda_shim.so"));
+  CHECK(absl::EndsWith(c[2], ".runfiles/rlmesh/dist/libtorch_cuda_shim.so"));
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ def _torch_repository_impl(ctx):
     linkopts += ["-Wl,--no-as-needed", "-ltorch_cpu", "-lc10", "-Wl,--as-needed"]
 
     # LibTorch's CUDA libraries, for the one shared object that must link
-    # them (//dist:libnccl_backend.so, loaded with dlopen): libtorch_cuda and
+    # them (//dist:libtorch_cuda_shim.so, loaded with dlopen): libtorch_cuda and
     # libc10_cuda, and the nvidia wheels they need at run time.
     cuda_rpaths = [lib]
     for sub in ["nvidia/cu13/lib", "nvidia/nccl/lib", "nvidia/cudnn/lib", "nvidia/cusparselt/lib", "nvidia/nvshmem/lib"]:

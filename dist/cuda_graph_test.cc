@@ -1,0 +1,37 @@
+// dist::CudaGraph on a machine without a GPU: the shim loads, its entry
+// points resolve, and a capture fails in LibTorch's words without running
+// the caller's code or crashing. (The graphs run in
+// actor/fixed_decode_gpu_test on a GPU.)
+#include "dist/cuda_graph.h"
+
+#include "absl/strings/match.h"
+#include "catch2/catch.hpp"
+#include "dist/cuda_shim.h"
+#include "dist/device.h"
+
+namespace rlmesh::dist {
+namespace {
+
+TEST_CASE("Without a GPU a capture is refused in LibTorch's words, the shim's entry points resolved") {
+  auto devices = TorchCudaDeviceCount();
+  REQUIRE(devices.ok());  // the wheel is a CUDA build
+  if (*devices > 0) {
+    WARN("a GPU is visible: actor/fixed_decode_gpu_test is the check here");
+    return;
+  }
+  for (const char* symbol : {"rlmesh_cuda_graph_new", "rlmesh_cuda_graph_capture", "rlmesh_cuda_graph_replay",
+                             "rlmesh_cuda_graph_free", "rlmesh_new_nccl_backend"}) {
+    INFO(symbol);
+    CHECK(TorchCudaShimSymbol(symbol).ok());
+  }
+  CHECK(TorchCudaShimSymbol("rlmesh_no_such_entry").status().code() == absl::StatusCode::kFailedPrecondition);
+  int runs = 0;
+  auto graph = CudaGraph::Capture(0, [&](bool) { ++runs; });
+  INFO(graph.status().ToString());
+  REQUIRE(graph.status().code() == absl::StatusCode::kInternal);
+  CHECK(absl::StrContains(graph.status().message(), "CUDA graph capture on cuda:0: "));
+  CHECK(runs == 0);
+}
+
+}  // namespace
+}  // namespace rlmesh::dist
