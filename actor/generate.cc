@@ -13,6 +13,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "absl/strings/str_cat.h"
+#include "actor/fixed_decode.h"
 #include "dist/device.h"
 
 namespace rlmesh::actor {
@@ -212,16 +213,6 @@ void Reserve(KvCache* c, const KvCache& like, int64_t live, int64_t rows, int64_
   *c = std::move(grown);
 }
 
-// Rows [0, n) of `c`, as views: what a decoding step reads and writes.
-KvCache FirstRows(const KvCache& c, int64_t n) {
-  KvCache view;
-  for (size_t i = 0; i < c.k.size(); ++i) {
-    view.k.push_back(c.k[i].narrow(0, 0, n));
-    view.v.push_back(c.v[i].narrow(0, 0, n));
-  }
-  return view;
-}
-
 // Copies row `from`'s first `len` positions over row `to`, in every layer.
 void MoveRow(KvCache* c, int64_t from, int64_t to, int64_t len) {
   for (size_t i = 0; i < c->k.size(); ++i) {
@@ -260,6 +251,8 @@ struct Generator::State {
   KvCache cache;
   int64_t submitted = 0;
   torch::Device device{torch::kCPU};
+  // static_decode / cuda_graphs; null otherwise.
+  std::unique_ptr<FixedShapeDecoder> fixed;
 
   bool IsMoe() const { return model->config().NumMoeLayers() > 0; }
   // Whether a sample of `req` gets its routes recorded.
@@ -533,13 +526,19 @@ struct Generator::State {
       lens[i] = rows[i].len;
       max_len = std::max(max_len, lens[i]);
     }
-    Reserve(&cache, cache, N, N, max_len + 1, options.max_batch, model->config().max_positions);
-    KvCache live = FirstRows(cache, N);
+    // The fixed shapes need every layer's routing and RoPE base to be
+    // independent of the data.
+    const bool fixed_shapes = fixed != nullptr && !IsMoe() && model->config().rope.type != "dynamic";
+    const int64_t step_rows = fixed_shapes ? fixed->Bucket(N) : N;
+    Reserve(&cache, cache, N, step_rows, max_len + 1, options.max_batch, model->config().max_positions);
     MoeRouting routing;
     routing.record = false;
     for (const Row& r : rows) routing.record |= Records(r.group->request);
     torch::Tensor hidden;
-    {
+    if (fixed_shapes) {
+      hidden = fixed->Step(*model, cache, ids, lens);
+    } else {
+      KvCache live = cache.FirstRows(N);
       RoutingScope scope(*model, routing.record ? &routing : nullptr);
       hidden = model->DecodeStep(torch::from_blob(ids.data(), {N}, torch::kInt64).to(device),
                                  torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &live);
@@ -573,6 +572,10 @@ Generator::Generator(std::shared_ptr<GenerationModel> model, GeneratorOptions op
   s_->model = std::move(model);
   s_->options = options;
   s_->device = s_->model->device();
+  if (options.static_decode || options.cuda_graphs) {
+    s_->fixed = std::make_unique<FixedShapeDecoder>(std::max<int64_t>(1, options.max_batch),
+                                                    options.cuda_graphs && s_->device.is_cuda(), s_->device);
+  }
 }
 
 Generator::~Generator() = default;
@@ -580,6 +583,10 @@ Generator::~Generator() = default;
 absl::Status Generator::Submit(GenerationRequest request) {
   absl::Status s = s_->options.Validate();
   if (!s.ok()) return s;
+  if (s_->options.cuda_graphs && !s_->device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat("GeneratorOptions.cuda_graphs: needs the model on a GPU (it is on ",
+                                                   s_->device.str(), ")"));
+  }
   s = request.sampling.Validate();
   if (!s.ok()) return s;
   if (request.prompt.empty()) return absl::InvalidArgumentError("request.prompt: must not be empty");
@@ -630,6 +637,15 @@ absl::Status Generator::Submit(GenerationRequest request) {
 bool Generator::Idle() const { return s_->queue.empty() && s_->rows.empty(); }
 
 int64_t Generator::running() const { return static_cast<int64_t>(s_->rows.size()); }
+
+DecodeGraphStats Generator::graph_stats() const {
+  DecodeGraphStats out;
+  if (s_->fixed == nullptr) return out;
+  out.captures = s_->fixed->captures();
+  out.replays = s_->fixed->replays();
+  out.error = s_->fixed->graph_error();
+  return out;
+}
 
 std::vector<GroupResult> Generator::Abort() { return s_->Abort(); }
 

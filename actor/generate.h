@@ -114,8 +114,29 @@ struct GeneratorOptions {
   // Record each sample's MoE routing in Completion.routes (no effect on a
   // dense model). Default false.
   bool record_routing = false;
+  // Decode at fixed shapes (actor/fixed_decode.h): the running rows padded
+  // to a power of two (at most max_batch), attending over the KV cache's
+  // whole capacity. That is what a CUDA graph replays; alone it only costs
+  // the padding. Dense models with static RoPE only: an MoE model's routing
+  // and dynamic RoPE have data-dependent shapes, and decode as usual.
+  // Default false.
+  bool static_decode = false;
+  // Replay each batch bucket's decode step as a CUDA graph (static_decode's
+  // shapes), captured on its first step and again when the cache grows.
+  // Needs the model on a GPU (Submit refuses it on the CPU). A step that
+  // cannot be captured is logged once and decoding goes on without graphs.
+  // Default false.
+  bool cuda_graphs = false;
 
   absl::Status Validate() const;
+};
+
+// What the decode step's CUDA graphs have done (GeneratorOptions::cuda_graphs).
+struct DecodeGraphStats {
+  int64_t captures = 0;
+  int64_t replays = 0;
+  // Why graphs were given up ("" while they work or are off).
+  std::string error;
 };
 
 // What the Generator needs of a model: prefill and decode over a KV cache,
@@ -201,6 +222,8 @@ class Generator final : public GenerationEngine {
 
   // Sequences decoding now (for tests and metrics).
   int64_t running() const override;
+  // The decode step's CUDA graphs so far.
+  DecodeGraphStats graph_stats() const;
 
   // Stops everything: every queued or running request comes back as a group
   // of all its n samples, finished ones as they ended and the others with

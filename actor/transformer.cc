@@ -351,7 +351,14 @@ TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
 
 std::pair<torch::Tensor, torch::Tensor> TransformerImpl::Rope(const torch::Tensor& positions,
                                                               c10::ScalarType dtype) {
-  return RopeCosSin(config_, RopeFrequencies{inv_freq_, rope_scaling_}, positions, dtype);
+  torch::Tensor inv = inv_freq_;
+  if (positions.device() != inv_freq_.device()) {
+    if (!inv_freq_on_device_.defined() || inv_freq_on_device_.device() != positions.device()) {
+      inv_freq_on_device_ = inv_freq_.to(positions.device());
+    }
+    inv = inv_freq_on_device_;
+  }
+  return RopeCosSin(config_, RopeFrequencies{inv, rope_scaling_}, positions, dtype);
 }
 
 torch::Tensor TransformerImpl::ForwardHidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,

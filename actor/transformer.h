@@ -46,6 +46,15 @@ struct KvCache {
   std::vector<torch::Tensor> v;
   int64_t rows() const { return k.empty() ? 0 : k[0].size(0); }
   int64_t capacity() const { return k.empty() ? 0 : k[0].size(2); }
+  // Rows [0, n), as views: what a decoding step reads and writes.
+  KvCache FirstRows(int64_t n) const {
+    KvCache view;
+    for (size_t i = 0; i < k.size(); ++i) {
+      view.k.push_back(k[i].narrow(0, 0, n));
+      view.v.push_back(v[i].narrow(0, 0, n));
+    }
+    return view;
+  }
 };
 
 class AttentionImpl : public torch::nn::Module {
@@ -262,6 +271,9 @@ class TransformerImpl : public torch::nn::Module {
 
   ModelConfig config_;
   torch::Tensor inv_freq_;     // [D/2] fp32, not a parameter (see rope.h).
+  // inv_freq_ on the device of the last positions off the CPU: a decode
+  // step then copies nothing from the host (which a CUDA graph forbids).
+  torch::Tensor inv_freq_on_device_;
   double rope_scaling_ = 1.0;  // on cos/sin (yarn)
   MoeRouting* routing_ = nullptr;
   bool checkpoint_blocks_ = false;
