@@ -261,6 +261,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "must be in (0, 1] (0 = no cap)");
   c.Require(r->cuda_memory_fraction() == 0 || !rollout_on_cpu, "rollout.cuda_memory_fraction",
             "set but the workers generate on the CPU (rollout.device / model.device)");
+  c.Require(!r->cuda_graphs() || !rollout_on_cpu, "rollout.cuda_graphs",
+            "set but the workers generate on the CPU (rollout.device / model.device)");
 
   // Multi-turn rollouts (the rollout worker checks the same at Submit).
   const EnvironmentConfig& env = config->environment();

@@ -367,6 +367,9 @@ TEST_CASE("rollout.sleep, learner.sleep and the CUDA memory fractions are checke
         "");
   check("model: {device: \"cuda:62\"}\nlearner: {shards: 3}\n" + grpo,
         "learner.shards: 3 shards from GPU 62 (model.device) need GPUs up to 64, past the last index 63");
+  check("rollout: {cuda_graphs: true}\n" + grpo,
+        "rollout.cuda_graphs: set but the workers generate on the CPU (rollout.device / model.device)");
+  check("model: {device: cuda}\nrollout: {cuda_graphs: true}\n" + grpo, "");
   // On two GPUs each has its own.
   check("model: {device: \"cuda:0\"}\nlearner: {cuda_memory_fraction: 0.9}\n"
         "rollout: {device: \"cuda:1\", cuda_memory_fraction: 0.9}\n" + grpo,

@@ -195,6 +195,7 @@ void RolloutWorker::Impl::Loop() {
       actor::GeneratorOptions go;
       go.max_batch = options.max_batch;
       go.max_prefill_tokens = options.max_prefill_tokens;
+      go.cuda_graphs = options.cuda_graphs;
       gen = std::make_unique<actor::Generator>(model, go);
     }
     if (!parked.empty() && gen) {

@@ -30,6 +30,9 @@ ABSL_FLAG(std::string, dtype, "fp32", "Parameter dtype of loaded checkpoints: fp
 ABSL_FLAG(std::string, device, "cpu",
           "Where the policy generates: cpu, cuda or cuda:<index> (of the devices CUDA_VISIBLE_DEVICES shows).");
 ABSL_FLAG(std::string, checkpoint, "", "Hugging Face folder to load at start (version 1); optional.");
+ABSL_FLAG(bool, cuda_graphs, false,
+          "Replay the decode step from CUDA graphs (one per batch bucket); needs --device=cuda and "
+          "--tensor_parallel=1.");
 ABSL_FLAG(int, environment_threads, 16,
           "Threads calling environment servers in multi-turn rollouts (one per turn awaiting its environment).");
 ABSL_FLAG(double, client_timeout_seconds, 30.0, "Deadline of one reward/replay attempt.");
@@ -79,6 +82,7 @@ int main(int argc, char** argv) {
   auto device = rlmesh::dist::ResolveDevice(absl::GetFlag(FLAGS_device), worker_options.name + " --device");
   if (!device.ok()) return fail(device.status());
   worker_options.device = device->str();
+  worker_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   worker_options.environment_threads = absl::GetFlag(FLAGS_environment_threads);
   worker_options.environment_auth_token = options->auth_token;  // one shared cluster token
   auto on_update = rlmesh::rollout::ParseOnUpdate(absl::GetFlag(FLAGS_on_update));

@@ -28,6 +28,10 @@ absl::Status RolloutWorkerOptions::Validate() const {
                                                    " needs device \"cpu\" and dtype \"fp32\" (got \"", device,
                                                    "\", \"", dtype, "\"): the split model runs on the CPU only"));
   }
+  if (cuda_graphs && (device.rfind("cuda", 0) != 0 || tensor_parallel != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda_graphs: needs a CUDA device and tensor_parallel 1 (got \"",
+                                                   device, "\", ", tensor_parallel, ")"));
+  }
   actor::LoadOptions lo;
   lo.dtype = dtype;
   lo.device = device;

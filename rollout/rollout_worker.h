@@ -90,6 +90,9 @@ struct RolloutWorkerOptions {
   // "fp32" and a dense Llama/Qwen model whose heads, KV heads, MLP width
   // and vocabulary divide by it (refused by name at load). Default 1.
   int tensor_parallel = 1;
+  // Replay the decode step from CUDA graphs (actor::GeneratorOptions::
+  // cuda_graphs). Needs a CUDA device and tensor_parallel 1. Default false.
+  bool cuda_graphs = false;
 
   absl::Status Validate() const;
 };

@@ -818,6 +818,14 @@ TEST_CASE("tensor_parallel: what cannot be split is refused by name") {
   CHECK(worker->policy_version() == 0);
 }
 
+TEST_CASE("cuda_graphs is refused by name off a CUDA device or with tensor_parallel") {
+  RolloutWorkerOptions o;
+  o.cuda_graphs = true;
+  CHECK(absl::StrContains(o.Validate().message(), "cuda_graphs: needs a CUDA device and tensor_parallel 1 (got \"cpu\", 1)"));
+  o.device = "cuda:0";
+  CHECK(o.Validate().ok());
+}
+
 class FakeReward : public RewardClient {
  public:
   absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request, absl::Duration timeout) override {
