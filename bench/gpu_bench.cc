@@ -200,29 +200,36 @@ int main(int argc, char** argv) {
   }
 
   // 4. Decode in bf16: batch 1 against the bandwidth roofline (every weight
-  // read once per token), and batch 64.
+  // read once per token), and batch 64; each without and with CUDA graphs
+  // (captured anew in every repeat, as a worker does after each swap).
   model->to(torch::kBFloat16);
   int64_t weight_bytes = 0;
   for (auto& p : model->parameters()) weight_bytes += p.numel() * p.element_size();
   for (int batch : {1, 64}) {
-    const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
-    auto s = Time(dev, repeats, [&] {
-      rlmesh::actor::Generator gen(model, {.max_batch = batch});
-      std::vector<rlmesh::actor::GenerationRequest> reqs(batch);
-      for (int i = 0; i < batch; ++i) {
-        reqs[i].prompt.assign(16, (i * 7) % cfg.vocab_size);
-        reqs[i].sampling.greedy = true;
-        reqs[i].sampling.max_new_tokens = new_tokens;
-      }
-      auto res = gen.Generate(reqs);
-      if (!res.ok()) std::fprintf(stderr, "gpu_bench: decode: %s\n", res.status().ToString().c_str());
-    });
-    const double tps = static_cast<double>(batch) * new_tokens / Median(s);
-    const double roofline = copy_bytes_per_s * 2 / static_cast<double>(weight_bytes);  // read bandwidth / bytes
-    Emit("decode_bf16", absl::StrCat("\"batch\": ", batch, ", \"weight_bytes\": ", weight_bytes,
-                                     ", \"tokens_per_s\": ", tps, ", \"batch1_roofline_tokens_per_s\": ", roofline,
-                                     ", \"fraction_of_roofline_per_sequence\": ", tps / batch / roofline, ", ",
-                                     Spread(s)));
+    for (bool graphs : {false, true}) {
+      const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
+      rlmesh::actor::DecodeGraphStats stats;
+      auto s = Time(dev, repeats, [&] {
+        rlmesh::actor::Generator gen(model, {.max_batch = batch, .cuda_graphs = graphs});
+        std::vector<rlmesh::actor::GenerationRequest> reqs(batch);
+        for (int i = 0; i < batch; ++i) {
+          reqs[i].prompt.assign(16, (i * 7) % cfg.vocab_size);
+          reqs[i].sampling.greedy = true;
+          reqs[i].sampling.max_new_tokens = new_tokens;
+        }
+        auto res = gen.Generate(reqs);
+        if (!res.ok()) std::fprintf(stderr, "gpu_bench: decode: %s\n", res.status().ToString().c_str());
+        stats = gen.graph_stats();
+      });
+      if (!stats.error.empty()) std::fprintf(stderr, "gpu_bench: decode graphs: %s\n", stats.error.c_str());
+      const double tps = static_cast<double>(batch) * new_tokens / Median(s);
+      const double roofline = copy_bytes_per_s * 2 / static_cast<double>(weight_bytes);  // read bandwidth / bytes
+      Emit("decode_bf16", absl::StrCat("\"batch\": ", batch, ", \"cuda_graphs\": ", graphs ? "true" : "false",
+                                       ", \"graph_replays\": ", stats.replays, ", \"weight_bytes\": ", weight_bytes,
+                                       ", \"tokens_per_s\": ", tps, ", \"batch1_roofline_tokens_per_s\": ", roofline,
+                                       ", \"fraction_of_roofline_per_sequence\": ", tps / batch / roofline, ", ",
+                                       Spread(s)));
+    }
   }
   return 0;
 }

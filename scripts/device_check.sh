@@ -33,8 +33,9 @@ BINARIES=(
   dist/device_test
   dist/memory_gpu_test
   dist/nccl_gpu_test
-  dist/libnccl_backend.so
+  dist/libtorch_cuda_shim.so
   learner/data_parallel_gpu_test
+  actor/fixed_decode_gpu_test
   weight_sync/weight_sync_gpu_test
   bench/gpu_bench
   bench/weight_sync_bench
@@ -157,12 +158,14 @@ run() {
   local bin="$work/bundle/bin"
   # ProcessGroupNCCL's shared object, for every binary that makes a group
   # (the learner's data parallelism, the tests) wherever it sits.
-  export RLMESH_NCCL_BACKEND="$bin/dist/libnccl_backend.so"
+  export RLMESH_TORCH_CUDA_SHIM="$bin/dist/libtorch_cuda_shim.so"
   check device_test 60 "$bin/dist/device_test"
   check memory_gpu_test 60 "$bin/dist/memory_gpu_test"
   check nccl_gpu_test 60 "$bin/dist/nccl_gpu_test" "$filter"
   # DataParallel on the GPU; over NCCL against one process where two GPUs exist.
   check data_parallel_gpu_test 120 "$bin/learner/data_parallel_gpu_test" "$filter"
+  # The decode step replayed from CUDA graphs against the eager one.
+  check fixed_decode_gpu_test 120 "$bin/actor/fixed_decode_gpu_test" "$filter"
   check weight_sync_gpu_test 120 "$bin/weight_sync/weight_sync_gpu_test" "$filter"
   check gpu_bench 300 "$bin/bench/gpu_bench"
   # CUDA IPC between two processes on the GPU, against a device copy.
@@ -171,14 +174,14 @@ run() {
   # End to end: the main job's cluster with a 111M-parameter policy
   # (hidden 1024, 10 layers, 16 / 4 heads), the learner and one rollout
   # worker colocated on the GPU in bf16, sleeping in turn, weights over
-  # CUDA IPC; 100 SFT steps, then 20 GRPO steps for the steps/s and the
-  # phase split. The run folder goes under $work; its logs' last lines are
-  # appended to the check's log.
+  # CUDA IPC, decode from CUDA graphs; 100 SFT steps, then 20 GRPO steps
+  # for the steps/s and the phase split. The run folder goes under $work;
+  # its logs' last lines are appended to the check's log.
   (cd "$work" && check e2e_colocated 240 "$bin/coordinator/coordinator" run "$here/configs/grpo_arith_tiny.yaml" \
     --bin_dir="$bin" --set model.hidden=1024 --set model.layers=10 --set model.heads=16 --set model.kv_heads=4 \
     --set model.device=cuda --set learner.autocast=bf16 --set rollout.workers=1 --set rollout.sleep=weights \
-    --set learner.sleep=cache --set weight_sync.backend=cuda_ipc --set 'stages[0].sft.steps=100' \
-    --set 'stages[1].grpo.rl.steps=20')
+    --set learner.sleep=cache --set weight_sync.backend=cuda_ipc --set rollout.cuda_graphs=true \
+    --set 'stages[0].sft.steps=100' --set 'stages[1].grpo.rl.steps=20')
   local metrics
   metrics=$(ls -t "$work"/runs/*/metrics.jsonl 2>/dev/null | head -1)
   [ -n "$metrics" ] && cp "$metrics" "$work/e2e_metrics.jsonl"
@@ -196,8 +199,8 @@ run() {
     # and no library may be missing or come from outside the bundle.
     local bad=0
     grep -q . "$work/libraries.txt" && { echo "dry run: libraries not from the bundle:"; cat "$work/libraries.txt"; bad=1; }
-    for c in device_test memory_gpu_test nccl_gpu_test data_parallel_gpu_test weight_sync_gpu_test gpu_bench \
-             weight_sync_bench e2e_colocated; do
+    for c in device_test memory_gpu_test nccl_gpu_test data_parallel_gpu_test fixed_decode_gpu_test \
+             weight_sync_gpu_test gpu_bench weight_sync_bench e2e_colocated; do
       rc=$(cat "$work/$c.rc")
       if [ "$c" = device_test ]; then
         # Runs here too: its no-GPU branch must pass.
