@@ -9,18 +9,16 @@
 #include <torch/torch.h>
 
 #include "actor/generate.h"
+#include "actor/testing/random_model.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
-#include "dist/device.h"
+#include "dist/testing/require_gpus.h"
 
 namespace rlmesh::actor {
 namespace {
 
 TEST_CASE("Decode replayed from CUDA graphs equals the eager step on the GPU", "[gpu]") {
-  auto devices = dist::TorchCudaDeviceCount();
-  REQUIRE(devices.ok());
-  INFO(*devices << " CUDA device(s) visible" << (*devices == 0 ? ": no CUDA device" : ""));
-  REQUIRE(*devices >= 1);
+  dist::testing::RequireGpus(1);
   ModelConfig c;
   c.arch = "qwen3";
   c.vocab_size = 512;
@@ -31,14 +29,7 @@ TEST_CASE("Decode replayed from CUDA graphs equals the eager step on the GPU", "
   c.num_kv_heads = 2;
   c.head_dim = 32;
   c.max_positions = 256;
-  torch::manual_seed(1);
-  Transformer m(c);
-  {
-    torch::NoGradGuard g;
-    for (auto& p : m->parameters()) {
-      if (p.dim() >= 2) p.normal_(0, 0.2);
-    }
-  }
+  Transformer m = testing::RandomModel(c, /*seed=*/1, /*std=*/0.2);
   m->to(torch::Device(torch::kCUDA, 0));
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 8; ++i) {

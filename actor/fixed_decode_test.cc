@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "actor/fixed_decode.h"
 #include "actor/generate.h"
+#include "actor/testing/random_model.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
 
@@ -33,15 +34,7 @@ ModelConfig Tiny(const std::string& arch = "llama") {
   return c;
 }
 
-Transformer MakeModel(const ModelConfig& c, uint64_t seed = 1) {
-  torch::manual_seed(seed);
-  Transformer m(c);
-  torch::NoGradGuard g;
-  for (auto& p : m->parameters()) {
-    if (p.dim() >= 2) p.normal_(0, 0.3);
-  }
-  return m;
-}
+Transformer MakeModel(const ModelConfig& c) { return testing::RandomModel(c); }
 
 // Records the shape of every decode step the Generator asks for.
 class ShapeRecorder : public TransformerGeneration {

@@ -11,6 +11,7 @@
 
 #include "actor/generate.h"
 #include "actor/logprobs.h"
+#include "actor/testing/random_model.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
 
@@ -31,17 +32,7 @@ ModelConfig Tiny(const std::string& arch = "llama", bool tie = false) {
   return c;
 }
 
-// Random weights large enough that the next-token distribution is far from
-// uniform (so greedy and sampling tests mean something).
-Transformer MakeModel(const ModelConfig& c, uint64_t seed = 1) {
-  torch::manual_seed(seed);
-  Transformer m(c);
-  torch::NoGradGuard g;
-  for (auto& p : m->parameters()) {
-    if (p.dim() >= 2) p.normal_(0, 0.3);
-  }
-  return m;
-}
+Transformer MakeModel(const ModelConfig& c, uint64_t seed = 1) { return testing::RandomModel(c, seed); }
 
 torch::Tensor Positions(int64_t B, int64_t T) { return torch::arange(T).unsqueeze(0).expand({B, T}).contiguous(); }
 

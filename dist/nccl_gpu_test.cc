@@ -9,17 +9,18 @@
 #include "catch2/catch.hpp"
 #include "dist/collective.h"
 #include "dist/device.h"
+#include "dist/testing/require_gpus.h"
 
 namespace rlmesh::dist {
 namespace {
 
+absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> OneRankGroup() {
+  return CreateNcclGroup(c10::make_intrusive<c10d::HashStore>(), 0, 1, 30000);
+}
+
 TEST_CASE("One NCCL rank on one GPU: all-reduce and broadcast of device tensors", "[gpu]") {
-  auto devices = TorchCudaDeviceCount();
-  REQUIRE(devices.ok());
-  INFO(*devices << " CUDA device(s) visible" << (*devices == 0 ? ": no CUDA device" : ""));
-  REQUIRE(*devices >= 1);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto group = CreateNcclGroup(store, 0, 1, 30000);
+  testing::RequireGpus(1);
+  auto group = OneRankGroup();
   INFO(group.status().ToString());
   REQUIRE(group.ok());
   at::Tensor t = at::arange(1024, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0));
@@ -31,12 +32,8 @@ TEST_CASE("One NCCL rank on one GPU: all-reduce and broadcast of device tensors"
 }
 
 TEST_CASE("CollectiveOn stages a host tensor through a one-rank NCCL group's GPU", "[gpu]") {
-  auto devices = TorchCudaDeviceCount();
-  REQUIRE(devices.ok());
-  INFO(*devices << " CUDA device(s) visible" << (*devices == 0 ? ": no CUDA device" : ""));
-  REQUIRE(*devices >= 1);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto group = CreateNcclGroup(store, 0, 1, 30000);
+  testing::RequireGpus(1);
+  auto group = OneRankGroup();
   INFO(group.status().ToString());
   REQUIRE(group.ok());
   const c10::Device gpu(c10::kCUDA, 0);
@@ -65,10 +62,7 @@ TEST_CASE("CollectiveOn stages a host tensor through a one-rank NCCL group's GPU
 }
 
 TEST_CASE("Two NCCL ranks on two GPUs sum a device tensor", "[gpu][multi_gpu]") {
-  auto devices = TorchCudaDeviceCount();
-  REQUIRE(devices.ok());
-  INFO(*devices << " CUDA device(s) visible" << (*devices == 0 ? ": no CUDA device" : ""));
-  REQUIRE(*devices >= 2);
+  testing::RequireGpus(2);
   auto store = c10::make_intrusive<c10d::HashStore>();
   at::Tensor out[2];
   absl::Status status[2];

@@ -2,7 +2,6 @@
 // parameters' GPU (one device), and K = 2 ranks over ProcessGroupNCCL on two
 // GPUs reproducing one process (plain DP and ZeRO-1), with host statistics
 // summed through the device. Tagged gpu + manual: run where GPUs are.
-#include "dist/device.h"
 #include "dist/nccl.h"
 #include "learner/data_parallel.h"
 
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "dist/testing/require_gpus.h"
 #include "learner/testing/dp_toy.h"
 
 namespace rlmesh::learner {
@@ -23,17 +23,8 @@ using testing::ToyTrainOptions;
 
 double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-// Requires `needed` visible GPUs; a failure names the missing device.
-void RequireGpus(int needed) {
-  auto devices = dist::TorchCudaDeviceCount();
-  INFO(devices.status().ToString());
-  REQUIRE(devices.ok());
-  INFO(*devices << " CUDA device(s) visible" << (*devices == 0 ? ": no CUDA device" : ""));
-  REQUIRE(*devices >= needed);
-}
-
 TEST_CASE("DataParallel on one GPU trains the toy problem as on the CPU", "[gpu]") {
-  RequireGpus(1);
+  dist::testing::RequireGpus(1);
   for (bool zero1 : {false, true}) {
     INFO("zero1 " << zero1);
     ToyTrainOptions options;
@@ -96,7 +87,7 @@ std::vector<RankResult> TrainOnGpus(ToyTrainOptions options) {
 }
 
 TEST_CASE("Two ranks over NCCL on two GPUs train as one process", "[gpu][multi_gpu]") {
-  RequireGpus(2);
+  dist::testing::RequireGpus(2);
   for (bool zero1 : {false, true}) {
     INFO("zero1 " << zero1);
     ToyTrainOptions options;
