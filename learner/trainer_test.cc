@@ -599,9 +599,13 @@ TEST_CASE("learner.zero: 3 under bf16 autocast (K=1 and K=2) equals plain bf16: 
                << norm_z << "; K=2 " << norm_k2[0] << " " << norm_k2[1]);
   // bf16 really changes the numbers...
   CHECK(std::abs(norm16 - norm32) > 1e-4 * norm32);
-  // ...and ZeRO-3's recomputed backward gives bf16's, not fp32's.
+  // ...and ZeRO-3's recomputed backward gives bf16's, not fp32's. The
+  // recomputation may sum bf16 products in another order than the first
+  // backward: on an AVX2-only AMD EPYC (no AVX512-BF16) the norms differed by
+  // 1.1e-6 of the norm, 0.6% of the bf16-fp32 gap, so the tolerance is a
+  // twentieth of that gap rather than a fixed epsilon.
   CHECK(loss_z == Approx(loss16).epsilon(1e-6));
-  CHECK(norm_z == Approx(norm16).epsilon(1e-6));
+  CHECK(std::abs(norm_z - norm16) < 0.05 * std::abs(norm16 - norm32));
   // Over two ranks each rank's bf16 matmuls see 3 or 4 rows instead of 7,
   // which moves their rounding (1.6e-5 of the norm here): nearer bf16's
   // norm than a quarter of the way to fp32's.
