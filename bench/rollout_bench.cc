@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -317,7 +318,8 @@ int main(int argc, char** argv) {
   const std::string dir = tmpl;
   int rc = rlmesh::rollout::GenerationBench(dir + "/model");
   if (rc == 0) rc = rlmesh::rollout::SyncBench(dir);
-  std::string cmd = "rm -rf " + dir;
-  (void)std::system(cmd.c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (ec) std::fprintf(stderr, "rollout_bench: could not remove %s: %s\n", dir.c_str(), ec.message().c_str());
   return rc;
 }
