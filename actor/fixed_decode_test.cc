@@ -21,18 +21,7 @@
 namespace rlmesh::actor {
 namespace {
 
-ModelConfig Tiny(const std::string& arch = "llama") {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 50;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_positions = 96;
-  return c;
-}
+ModelConfig Tiny(const std::string& arch = "llama") { return testing::TinyConfig(arch, /*max_positions=*/96); }
 
 Transformer MakeModel(const ModelConfig& c) { return testing::RandomModel(c); }
 

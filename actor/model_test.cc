@@ -19,15 +19,7 @@ namespace rlmesh::actor {
 namespace {
 
 ModelConfig Tiny(const std::string& arch = "llama", bool tie = false) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 50;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_positions = 64;
+  ModelConfig c = testing::TinyConfig(arch, /*max_positions=*/64);
   c.tie_embeddings = tie;
   return c;
 }
