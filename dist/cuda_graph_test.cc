@@ -8,17 +8,13 @@
 #include "catch2/catch.hpp"
 #include "dist/cuda_shim.h"
 #include "dist/device.h"
+#include "dist/testing/require_gpus.h"
 
 namespace rlmesh::dist {
 namespace {
 
 TEST_CASE("Without a GPU a capture is refused in LibTorch's words, the shim's entry points resolved") {
-  auto devices = TorchCudaDeviceCount();
-  REQUIRE(devices.ok());  // the wheel is a CUDA build
-  if (*devices > 0) {
-    WARN("a GPU is visible: actor/fixed_decode_gpu_test is the check here");
-    return;
-  }
+  if (testing::GpuVisible("actor/fixed_decode_gpu_test")) return;
   for (const char* symbol : {"rlmesh_cuda_graph_new", "rlmesh_cuda_graph_capture", "rlmesh_cuda_graph_replay",
                              "rlmesh_cuda_graph_free", "rlmesh_new_nccl_backend"}) {
     INFO(symbol);

@@ -9,17 +9,13 @@
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "dist/device.h"
+#include "dist/testing/require_gpus.h"
 
 namespace rlmesh::dist {
 namespace {
 
 TEST_CASE("An NCCL group without a GPU is refused in ProcessGroupNCCL's words, the shared object loaded") {
-  auto devices = TorchCudaDeviceCount();
-  REQUIRE(devices.ok());  // the wheel is a CUDA build
-  if (*devices > 0) {
-    WARN("a GPU is visible: dist/nccl_gpu_test is the check here");
-    return;
-  }
+  if (testing::GpuVisible("dist/nccl_gpu_test")) return;
   auto store = c10::make_intrusive<c10d::HashStore>();
   auto group = CreateNcclGroup(store, 0, 1, 5000);
   INFO(group.status().ToString());
