@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long chaos run (issue 16): //tests:chaos_test with many more kills,
+# The long chaos run: //tests:chaos_test with many more kills,
 # 5-15 s apart, so one GRPO run sees every role SIGKILLed about 20 times.
 # Appends one JSON line per run to the report file and prints it.
 #

@@ -15,7 +15,7 @@ resume does) and the load's own peak is reported the same way. Theory of a
 load's extra memory: the whole policy's weights, 4 P, on every rank of a
 split layout (each reads the whole model and keeps its part), plus the
 moments: 8 P where a rank rebuilds them whole, about 8 P / dp where a ZeRO-3
-rank without TP reads only its share of them (session 26).
+rank without TP reads only its share of them.
 
 Theory of the extra memory a save needs on a rank (fp32, P parameters, U the
 largest unit of the fully sharded model, the embedding or the head, and the

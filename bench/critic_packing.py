@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A PPO learner step with the critic's values packed like the policy's
-log-probs (session 28) against a build where only the policy's are, A/B
+log-probs against a build where only the policy's are, A/B
 alternated in one script run.
 
   bazel build //bench:learner_step_bench

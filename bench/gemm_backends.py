@@ -2,7 +2,7 @@
 """Decode's matrix products on this CPU: MKL (what torch's `linear`, and so
 both rlmesh's and transformers' decode, use) against oneDNN's linear on
 pre-converted tensors. A second GEMM library that were faster here would move
-the GEMM ceiling of bench/actor.md (Session 15); this measures whether one is.
+the GEMM ceiling of bench/actor.md; this measures whether one is.
 
 Shapes: the bench/actor.md model's decode projections (hidden 512, MLP 1408,
 vocab 2048) at 16 and 64 rows. One thread, A/B alternated per repeat, median

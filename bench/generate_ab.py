@@ -3,7 +3,7 @@
 reference commit and at the working tree, run alternately (order reversed
 every other repeat), same flags, same machine, one script run.
 
-  python3 bench/generate_ab.py --ref 0f7c788 --repeats 5 [--markdown] [-- --requests=128 ...]
+  python3 bench/generate_ab.py --ref REF --repeats 5 [--markdown] [-- --requests=128 ...]
 
 The reference tree is a git worktree under /tmp with this tree's
 generate_bench.cc (and its BUILD rule when missing) copied in, so both sides

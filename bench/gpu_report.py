@@ -4,7 +4,7 @@
 
 WORK_DIR holds machine.txt, libraries.txt and, per check, NAME.log and
 NAME.rc; gpu_bench.log has one JSON object per line. Each figure is set
-against issue 12's target, as a ratio to a reference measured in the same
+against its GPU target, as a ratio to a reference measured in the same
 run on the same GPU.
 """
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A GRPO learner step of a Qwen3-MoE policy with its micro-batches packed
-(session 30) against the same step on padded rows (what every MoE policy
+against the same step on padded rows (what every MoE policy
 got before), A/B alternated in one script run.
 
   bazel build //bench:learner_step_bench

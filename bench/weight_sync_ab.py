@@ -3,7 +3,7 @@
 reference commit and at the working tree (bench/ab_trees.py), run
 alternately (order reversed every other repeat), same flags, one script run.
 
-  python3 bench/weight_sync_ab.py --ref e5c49a8 --repeats 5 [--markdown] [-- --sync_mb=512 ...]
+  python3 bench/weight_sync_ab.py --ref REF --repeats 5 [--markdown] [-- --sync_mb=512 ...]
 
 Each run hands the same fp32 tensors from a publisher to a receiver in a
 second process, several rounds; per side it reports the hand-off time

@@ -1079,7 +1079,7 @@ int main(int argc, char** argv) {
   // microsecond gaps between one process's ops (PASSIVE's 0 made a short
   // run 35% slower alone), but it must stay short: at 100000 (~1 ms) two
   // runs sharing 2 cores took 13x as long as one, at 10000 5x, at 1000
-  // 2.1x, no slower alone than 100000 (docs/decisions.md, Session 10).
+  // 2.1x, no slower alone than 100000 (docs/design/cpu.md).
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
   ::setenv("GOMP_SPINCOUNT", "1000", /*overwrite=*/0);
   // --set may repeat; absl keeps only the last value of a flag, so take them

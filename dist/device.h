@@ -8,7 +8,7 @@
 // when it is loaded) is opened with dlopen the first time a CUDA device is
 // asked for: a CPU process pays nothing for it (linked, it cost every
 // process ~0.3 s at start and ~350 MB of resident memory on these machines;
-// docs/decisions.md, Session 7), and a machine without a GPU, a driver or
+// docs/design/gpu.md), and a machine without a GPU, a driver or
 // the CUDA wheels still runs every binary.
 //
 // Thread-safety: every function is safe for concurrent use; the backend is

@@ -68,8 +68,8 @@ rlmesh::fuzz::RpcFuzzHarness& Harness() {
     o.store_timeout_ms = 200;
     // A fuzzed Configure of world size > 1 whose store answers would wait
     // for peers that never come for Gloo's 300 s default, past its client's
-    // deadline, and hold the server's shutdown (session 19 saw one 60 s
-    // wait there). Every wait the fuzzer can reach is capped.
+    // deadline, and hold the server's shutdown (a 60 s wait there was
+    // seen once). Every wait the fuzzer can reach is capped.
     o.gloo.timeout_ms = 200;
     static rlmesh::learner::Trainer trainer(o);
     static rlmesh::learner::LearnerService service(&trainer, &auth);

@@ -3,7 +3,7 @@
 // with fuzzed sampling, sizes and modes, LoadWeights from fuzzed folders and
 // sync layouts, ConfigureWeightSync with fuzzed groups, Sleep, GetStatus, in any
 // order. This is the mix that once left a worker unable to answer GetStatus
-// for 15 s (issue 16). After each call GetStatus answers within the grace
+// for 15 s. After each call GetStatus answers within the grace
 // period; after every 16th, a small greedy Generate still completes (the
 // worker still has a usable model, whatever was loaded into it; after a
 // Sleep that released the weights, once a checkpoint load brings them back).

@@ -1,4 +1,4 @@
-// MoE routing replay end to end (issue 14, item 3): a Qwen3-MoE-shaped
+// MoE routing replay end to end: a Qwen3-MoE-shaped
 // policy's routes go from the rollout worker's trajectories through the
 // replay buffer's store into the learner's RL step, which replays them; the
 // MoE settings' refusals; the router's load-balancing loss on the learner

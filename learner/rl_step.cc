@@ -258,7 +258,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     // load-balancing loss and its metric) and, under rl.routing_replay,
     // replays the rollout's experts, placed as the micro-batch is (padded
     // rows or packed). The reference and the critic route freely
-    // (docs/decisions.md, Session 6).
+    // (docs/design/model.md).
     auto start_routing = [&](std::optional<MoeForward>* f, int64_t a, int64_t e, int64_t T) {
       if (moe) f->emplace(s.models.PolicyModule(), rl.routing_replay ? &routes : nullptr, a, e, T, packing(a, e, T));
     };

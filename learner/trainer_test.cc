@@ -619,7 +619,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
   // 7 rows a step: at tp=2 x dp=2, replica 0 trains 3 and replica 1 trains 4.
   // lr 1e-3: AdamW's first steps move each weight by about lr whatever its
   // gradient's size, so a gradient summed in TP's order moves a near-zero
-  // entry by up to lr. At 1e-2 that reached 1.15e-5 on session 19's CPU
+  // entry by up to lr. At 1e-2 that reached 1.15e-5 on an AMD EPYC CPU
   // (MKL's AMD kernels); at 1e-3 the same order gives about a tenth.
   *e.add_stages() = SftStageOf(5, 7, 1e-3);
   e.mutable_learner()->set_micro_batch_tokens(24);

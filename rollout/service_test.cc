@@ -288,7 +288,7 @@ TEST_CASE("Gloo weight update between two processes changes the output and bumps
 }
 
 TEST_CASE("a weight sync stuck waiting for its publisher blocks no other call") {
-  // Issue 16 found a worker that could not answer GetStatus for 15 s after a
+  // A worker was once found that could not answer GetStatus for 15 s after a
   // burst of ConfigureWeightSync calls behind a LoadWeights(sync) whose
   // publisher never came: each call waited for the load inline, on the RPC
   // threads. Now they wait off those threads, bounded by their deadlines.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 12, prepared here and run on a lent GPU machine
+# The GPU checks, prepared here and run on a lent GPU machine
 # (which has PyTorch 2.11 + CUDA 13 but no Bazel, gRPC or RocksDB).
 #
 #   scripts/device_check.sh pack      # CPU machine: build, then pack the test

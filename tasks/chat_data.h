@@ -5,7 +5,7 @@
 // line), rendered through a chat template, and the assistant-only loss mask
 // of SFT.
 //
-// Assistant spans (docs/decisions.md, session 6). For each assistant message
+// Assistant spans (docs/design/data.md). For each assistant message
 // i of a conversation M, with R(x, g) the template's rendering of messages x
 // (g = add_generation_prompt):
 //   A = R(M[:i], true)     the conversation so far plus the assistant header

@@ -7,7 +7,7 @@
 // one document, in name order) or any other file (the whole file is one
 // document). Empty documents are skipped.
 //
-// Packing (docs/decisions.md, session 6): each document becomes [bos] (when
+// Packing (docs/design/data.md): each document becomes [bos] (when
 // the tokenizer has one) + Encode(text) + [eos]; the documents are joined in
 // order into one stream and cut into rows of `sequence_length` tokens (the
 // last row may be shorter). A row keeps where each document's piece starts:

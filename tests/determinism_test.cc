@@ -26,7 +26,7 @@ using testing::RunDir;
 using testing::StageCheckpoint;
 
 // A short SFT -> RL run: long enough that an order-dependent sum or an
-// arrival-ordered batch shows (the issue saw runs part after 5 steps).
+// arrival-ordered batch shows (runs were seen to part after 5 steps).
 std::vector<std::string> ShortRun() {
   return {"--set=stages[0].sft.steps=40", "--set=stages[1].grpo.rl.steps=8",
           "--set=stages[1].grpo.rl.prompts_per_step=8", "--set=checkpoint.every=4", "--set=eval.prompts=60",

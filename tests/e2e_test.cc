@@ -84,8 +84,8 @@ TEST_CASE("SFT then GRPO across real processes learns the task") {
   INFO("init " << final_acc["init"] << " sft " << final_acc["sft"] << " grpo " << final_acc["grpo"]);
   // SFT stops at its first check >= 40%. Over 20 GRPO steps the held-out
   // greedy answer moves by less than the 300-prompt eval's noise on some
-  // CPUs: on session 5's machine greedy gained +2.7 to +14.0 points over
-  // seeds 1-5 and 1234; on session 7's (AMD EPYC) seeds 1, 2, 3, 1234 gained
+  // CPUs: on one 2-core VM greedy gained +2.7 to +14.0 points over
+  // seeds 1-5 and 1234; on a 2-core AMD EPYC VM seeds 1, 2, 3, 1234 gained
   // +1.7, +3.7, +4.7, -3.3 greedy, and even sampled pass@1 rose +2.75 with
   // learning broken (eval sampling noise). What GRPO optimises, the reward
   // of its own samples (256 per step), separates the two: the mean of the
