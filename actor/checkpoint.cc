@@ -180,6 +180,39 @@ const char* HfDtypeName(c10::ScalarType dtype) {
   return dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
 }
 
+// generation_config.json: generate() reads its special ids (and sampling
+// defaults) from here, not from config.json. The tokenizer's folder's own
+// file is kept as it is (sampling defaults and all) but for eos_token_id,
+// which becomes every stop id the run used.
+std::string GenerationConfigJson(const ModelConfig& cfg, const Tokenizer* tokenizer) {
+  json gen;
+  if (tokenizer != nullptr && !tokenizer->source_dir().empty()) {
+    std::ifstream in(tokenizer->source_dir() + "/generation_config.json", std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    gen = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    if (!in || gen.is_discarded() || !gen.is_object()) gen = json();
+  }
+  if (gen.is_null()) {
+    gen = {{"_from_model_config", true}};
+    for (auto [key, id] : {std::pair<const char*, int64_t>{"bos_token_id", cfg.bos_token_id},
+                           {"pad_token_id", cfg.pad_token_id}}) {
+      if (id >= 0) gen[key] = id;
+    }
+  }
+  std::vector<int64_t> stop;
+  if (tokenizer != nullptr) {
+    for (int id : tokenizer->stop_ids()) stop.push_back(id);
+  }
+  if (stop.empty() && cfg.eos_token_id >= 0) stop.push_back(cfg.eos_token_id);
+  if (stop.size() == 1) {
+    gen["eos_token_id"] = stop[0];
+  } else if (!stop.empty()) {
+    gen["eos_token_id"] = stop;
+  }
+  return gen.dump(2) + "\n";
+}
+
 // Everything of a saved folder but the weights: config.json,
 // generation_config.json and the tokenizer's files, into `dir` (created).
 absl::Status WriteHfModelFiles(const ModelConfig& cfg, c10::ScalarType dtype, const std::string& dir,
@@ -188,14 +221,7 @@ absl::Status WriteHfModelFiles(const ModelConfig& cfg, c10::ScalarType dtype, co
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", dir, ": ", ec.message()));
   RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", cfg.ToHfConfigJson(HfDtypeName(dtype))));
-  // generate() reads its special ids from here, not from config.json.
-  json gen = {{"_from_model_config", true}};
-  for (auto [key, id] : {std::pair<const char*, int64_t>{"bos_token_id", cfg.bos_token_id},
-                         {"eos_token_id", cfg.eos_token_id},
-                         {"pad_token_id", cfg.pad_token_id}}) {
-    if (id >= 0) gen[key] = id;
-  }
-  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/generation_config.json", gen.dump(2) + "\n"));
+  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/generation_config.json", GenerationConfigJson(cfg, options.tokenizer)));
   if (options.tokenizer != nullptr) {
     for (const auto& [file, text] : HfTokenizerFiles(*options.tokenizer, cfg.max_positions)) {
       RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + file, text));

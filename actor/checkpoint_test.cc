@@ -175,7 +175,14 @@ TEST_CASE("A folder we write opens in transformers with its tokenizer: same ids,
   const std::string chat = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
   std::filesystem::create_directories(dir.File("bpe_src"));
   std::filesystem::copy_file(dir.File("qwen2_tokenizer.json"), dir.File("bpe_src/tokenizer.json"));
-  std::ofstream(dir.File("bpe_src/tokenizer_config.json")) << nlohmann::json({{"chat_template", chat}}).dump();
+  // The tokens named as transformers writes them (AddedToken objects, null).
+  std::ofstream(dir.File("bpe_src/tokenizer_config.json"))
+      << nlohmann::json({{"tokenizer_class", "PreTrainedTokenizerFast"},
+                         {"chat_template", chat},
+                         {"bos_token", nullptr},
+                         {"eos_token", {{"content", "<|im_end|>"}, {"special", true}}},
+                         {"pad_token", "<|endoftext|>"}})
+             .dump();
   auto bpe = LoadTokenizer(dir.File("bpe_src"));
   REQUIRE(bpe.ok());
   CHECK((*bpe)->chat_template() == chat);
@@ -196,8 +203,13 @@ TEST_CASE("A folder we write opens in transformers with its tokenizer: same ids,
     c.num_kv_heads = 1;
     c.max_positions = 64;
     c.bos_token_id = tok->bos_id();
-    c.eos_token_id = tok->eos_id() >= 0 ? tok->eos_id() : tok->TokenId("<|endoftext|>");
-    c.pad_token_id = tok->pad_id() >= 0 ? tok->pad_id() : c.eos_token_id;
+    c.eos_token_id = tok->eos_id();
+    c.pad_token_id = tok->pad_id();
+    if (!is_char) {
+      CHECK(tok->eos_id() == tok->TokenId("<|im_end|>"));
+      CHECK(tok->pad_id() == tok->TokenId("<|endoftext|>"));
+      CHECK(tok->bos_id() == -1);
+    }
     torch::manual_seed(11);
     Transformer m(c);
     {

@@ -8,6 +8,7 @@
 #include <unicode/regex.h>
 #include <unicode/unistr.h>
 
+#include <algorithm>
 #include <climits>
 #include <filesystem>
 #include <fstream>
@@ -16,8 +17,10 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "actor/chat_template.h"
 #include "actor/utf8.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace rlmesh::actor {
@@ -492,16 +495,6 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJsonInternal(con
       return absl::InvalidArgumentError(absl::StrCat("decoder.type \"", type, "\" is not supported"));
     }
   }
-  auto first_of = [&](std::initializer_list<const char*> names) {
-    for (const char* n : names) {
-      if (int id = t->TokenId(n); id >= 0) return id;
-    }
-    return -1;
-  };
-  t->eos_ = first_of({"<|im_end|>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "</s>", "<eos>"});
-  t->bos_ = first_of({"<|begin_of_text|>", "<s>", "<bos>"});
-  t->pad_ = first_of({"<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>"});
-  if (t->pad_ < 0) t->pad_ = t->eos_;
   return t;
 }
 
@@ -625,27 +618,160 @@ std::string BpeTokenizer::Decode(const std::vector<int>& ids, bool skip_special)
   return Utf8Lossy(out);
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec) {
-  if (spec.empty() || spec == "char") return std::unique_ptr<Tokenizer>(new CharTokenizer());
-  std::string path = spec;
-  if (std::filesystem::is_directory(path)) path += "/tokenizer.json";
+namespace {
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::stringstream text;
   text << in.rdbuf();
-  static const std::string* char_json = new std::string(CharTokenizer().HfTokenizerJson());
-  if (text.str() == *char_json) return std::unique_ptr<Tokenizer>(new CharTokenizer());
-  auto t = BpeTokenizer::FromJson(text.str());
-  if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
-  // The chat template travels with the tokenizer into the folders we write.
-  if (auto tmpl = ChatTemplateBeside(std::filesystem::path(path).parent_path().string()); tmpl.ok()) {
-    (*t)->set_chat_template(*tmpl);
+  return text.str();
+}
+
+// A JSON object file beside tokenizer.json; null when the file is absent.
+absl::StatusOr<json> ReadJsonObject(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return json(nullptr);
+  RLMESH_ASSIGN_OR_RETURN(std::string text, ReadWhole(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  return j;
+}
+
+// The special tokens and stop ids of the folder `dir` (tokenizer_config.json
+// and generation_config.json, both optional) for a tokenizer of `vocab`
+// ids, as transformers reads them.
+struct Specials {
+  int bos = -1, eos = -1, pad = -1;
+  std::vector<int> stop;
+  std::string source;
+};
+
+absl::StatusOr<Specials> ReadSpecials(const std::string& dir, const BpeTokenizer& t) {
+  Specials out;
+  std::vector<std::string> read;
+  const std::string tc_path = dir + "/tokenizer_config.json";
+  RLMESH_ASSIGN_OR_RETURN(json tc, ReadJsonObject(tc_path));
+  if (tc.is_object()) {
+    // A token is a string or an AddedToken object {"content": ...}; null or
+    // absent means none.
+    auto token = [&](const char* key, int* id) -> absl::Status {
+      auto it = tc.find(key);
+      if (it == tc.end() || it->is_null()) return absl::OkStatus();
+      std::string content;
+      if (it->is_string()) {
+        content = it->get<std::string>();
+      } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+        content = (*it)["content"].get<std::string>();
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat(tc_path, ": ", key, " must be a string or an object with a string \"content\""));
+      }
+      *id = t.TokenId(content);
+      if (*id < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(tc_path, ": ", key, " ", json(content).dump(), " is not a token of tokenizer.json"));
+      }
+      return absl::OkStatus();
+    };
+    RLMESH_RETURN_IF_ERROR(token("bos_token", &out.bos));
+    RLMESH_RETURN_IF_ERROR(token("eos_token", &out.eos));
+    RLMESH_RETURN_IF_ERROR(token("pad_token", &out.pad));
+    read.push_back(out.eos >= 0 ? absl::StrCat(tc_path, " eos_token ", json(t.Decode({out.eos})).dump())
+                                : absl::StrCat(tc_path, " (no eos_token)"));
+  } else {
+    read.push_back(absl::StrCat(tc_path, " (absent)"));
   }
+  const std::string gc_path = dir + "/generation_config.json";
+  RLMESH_ASSIGN_OR_RETURN(json gc, ReadJsonObject(gc_path));
+  if (gc.is_object()) {
+    auto ids = [&](const char* key, std::vector<int>* into) -> absl::Status {
+      auto it = gc.find(key);
+      if (it == gc.end() || it->is_null()) return absl::OkStatus();
+      std::vector<json> list = it->is_array() ? it->get<std::vector<json>>() : std::vector<json>{*it};
+      for (const json& v : list) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= t.vocab_size()) {
+          return absl::InvalidArgumentError(absl::StrCat(gc_path, ": ", key, " ", v.dump(),
+                                                         " is not a token id of tokenizer.json (0 to ",
+                                                         t.vocab_size() - 1, ")"));
+        }
+        into->push_back(v.get<int>());
+      }
+      return absl::OkStatus();
+    };
+    RLMESH_RETURN_IF_ERROR(ids("eos_token_id", &out.stop));
+    std::vector<int> one;
+    if (out.bos < 0) {
+      RLMESH_RETURN_IF_ERROR(ids("bos_token_id", &one));
+      if (!one.empty()) out.bos = one[0];
+    }
+    one.clear();
+    if (out.pad < 0) {
+      RLMESH_RETURN_IF_ERROR(ids("pad_token_id", &one));
+      if (!one.empty()) out.pad = one[0];
+    }
+    read.push_back(out.stop.empty() ? absl::StrCat(gc_path, " (no eos_token_id)")
+                                    : absl::StrCat(gc_path, " eos_token_id ", json(out.stop).dump()));
+  } else {
+    read.push_back(absl::StrCat(gc_path, " (absent)"));
+  }
+  std::vector<int> stop;
+  for (int id : out.stop) {
+    if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
+  }
+  if (out.eos >= 0 && std::find(stop.begin(), stop.end(), out.eos) == stop.end()) stop.push_back(out.eos);
+  // The primary eos (what SFT appends to a target) is the tokenizer's, else
+  // generation_config.json's first.
+  if (out.eos < 0 && !stop.empty()) out.eos = stop[0];
+  out.stop = std::move(stop);
+  out.source = absl::StrJoin(read, "; ");
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec) {
+  if (spec.empty() || spec == "char") return std::unique_ptr<Tokenizer>(new CharTokenizer());
+  std::string path = spec;
+  if (std::filesystem::is_directory(path)) path += "/tokenizer.json";
+  RLMESH_ASSIGN_OR_RETURN(std::string text, ReadWhole(path));
+  static const std::string* char_json = new std::string(CharTokenizer().HfTokenizerJson());
+  if (text == *char_json) return std::unique_ptr<Tokenizer>(new CharTokenizer());
+  auto t = BpeTokenizer::FromJson(text);
+  if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
+  BpeTokenizer& bpe = **t;
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  RLMESH_ASSIGN_OR_RETURN(Specials specials, ReadSpecials(dir, bpe));
+  bpe.bos_ = specials.bos;
+  bpe.eos_ = specials.eos;
+  bpe.pad_ = specials.pad >= 0 ? specials.pad : specials.eos;
+  bpe.stop_ids_ = std::move(specials.stop);
+  bpe.special_source_ = std::move(specials.source);
+  bpe.source_dir_ = dir;
+  // Equal hashes, equal behaviour: the special ids are part of it.
+  bpe.hash_ = Sha256Hex(absl::StrCat(text, "\nspecials ", bpe.bos_, " ", bpe.eos_, " ", bpe.pad_, " stop ",
+                                     absl::StrJoin(bpe.stop_ids_, ",")));
+  // The chat template travels with the tokenizer into the folders we write.
+  if (auto tmpl = ChatTemplateBeside(dir); tmpl.ok()) bpe.set_chat_template(*tmpl);
   return std::unique_ptr<Tokenizer>(std::move(*t));
 }
 
 std::vector<std::pair<std::string, std::string>> HfTokenizerFiles(const Tokenizer& tokenizer,
                                                                   int64_t model_max_length) {
+  std::vector<std::pair<std::string, std::string>> files = {{"tokenizer.json", tokenizer.HfTokenizerJson()}};
+  // A folder's own files are copied as they are: they may carry fields we do
+  // not read (added_tokens_decoder, named templates, processor settings).
+  const std::string dir = tokenizer.source_dir();
+  if (!dir.empty()) {
+    if (auto config = ReadWhole(dir + "/tokenizer_config.json"); config.ok()) {
+      files.emplace_back("tokenizer_config.json", *std::move(config));
+      for (const char* extra : {"chat_template.jinja", "special_tokens_map.json"}) {
+        if (auto text = ReadWhole(dir + "/" + extra); text.ok()) files.emplace_back(extra, *std::move(text));
+      }
+      return files;
+    }
+  }
   auto token = [&](int id) -> json {
     if (id < 0) return nullptr;
     return tokenizer.Decode({id});
@@ -659,21 +785,8 @@ std::vector<std::pair<std::string, std::string>> HfTokenizerFiles(const Tokenize
   const int unk = tokenizer.TokenId("<unk>");
   if (unk >= 0) cfg["unk_token"] = "<unk>";
   if (!tokenizer.chat_template().empty()) cfg["chat_template"] = tokenizer.chat_template();
-  return {{"tokenizer.json", tokenizer.HfTokenizerJson()}, {"tokenizer_config.json", cfg.dump(2) + "\n"}};
-}
-
-std::string ApplyChatTemplate(const std::vector<ChatMessage>& messages, ChatFormat format,
-                              bool add_generation_prompt) {
-  std::string out;
-  for (const auto& m : messages) {
-    if (format == ChatFormat::kChatMl) {
-      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-    } else {
-      out += m.role + ": " + m.content + "\n";
-    }
-  }
-  if (add_generation_prompt) out += format == ChatFormat::kChatMl ? "<|im_start|>assistant\n" : "assistant:";
-  return out;
+  files.emplace_back("tokenizer_config.json", cfg.dump(2) + "\n");
+  return files;
 }
 
 }  // namespace rlmesh::actor

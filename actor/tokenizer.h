@@ -2,7 +2,8 @@
 
 // Tokenizers: the character-level one of the synthetic tasks and Hugging
 // Face's byte-level BPE (tokenizer.json of the GPT-2 / Llama 3 / Qwen2
-// family), plus a minimal chat/prompt template. No LibTorch here.
+// family), with the special tokens and stop ids of the model folder the
+// tokenizer was read from. No LibTorch here.
 //
 // Tokenizers are immutable after construction: safe for concurrent use.
 
@@ -27,10 +28,26 @@ class Tokenizer {
   // outside the vocabulary are skipped.
   virtual std::string Decode(const std::vector<int>& ids, bool skip_special = false) const = 0;
   virtual int vocab_size() const = 0;
-  // -1 when the tokenizer has no such token.
+  // -1 when the tokenizer has no such token. A BPE tokenizer takes them from
+  // tokenizer_config.json beside tokenizer.json (`bos_token`, `eos_token`,
+  // `pad_token`), never from the tokens' names.
   virtual int bos_id() const = 0;
   virtual int eos_id() const = 0;
   virtual int pad_id() const = 0;
+  // Ids that end a completion, in order, without repeats:
+  // generation_config.json's `eos_token_id` (an int or a list), then
+  // eos_id() if it is not among them. Empty when the folder names none.
+  virtual std::vector<int> stop_ids() const {
+    return eos_id() >= 0 ? std::vector<int>{eos_id()} : std::vector<int>{};
+  }
+  // Where bos/eos/pad and the stop ids came from, for logs and errors, e.g.
+  // "DIR/generation_config.json eos_token_id [7, 9]; DIR/tokenizer_config.json
+  // eos_token \"<|im_end|>\"".
+  virtual std::string special_tokens_source() const { return "built in"; }
+  // The folder the tokenizer was read from; empty when built in. Its
+  // tokenizer_config.json, generation_config.json and chat template are
+  // copied into the model folders written from this tokenizer.
+  virtual std::string source_dir() const { return ""; }
   // Id of an exact token string (special or not); -1 if absent.
   virtual int TokenId(const std::string& token) const = 0;
   // SHA-256 hex of the tokenizer's definition: equal hashes, equal behaviour.
@@ -91,6 +108,9 @@ class BpeTokenizer : public Tokenizer {
   // The file it was read from, unchanged.
   std::string HfTokenizerJson() const override { return json_; }
   std::string chat_template() const override { return chat_template_; }
+  std::vector<int> stop_ids() const override { return stop_ids_; }
+  std::string special_tokens_source() const override { return special_source_; }
+  std::string source_dir() const override { return source_dir_; }
   // Set by LoadTokenizer from the files beside tokenizer.json.
   void set_chat_template(std::string t) { chat_template_ = std::move(t); }
 
@@ -101,7 +121,12 @@ class BpeTokenizer : public Tokenizer {
   static absl::StatusOr<std::unique_ptr<BpeTokenizer>> FromJsonInternal(const std::string& json_text);
   std::unique_ptr<Impl> impl_;
   int vocab_size_ = 0;
+  // Fills the special tokens, stop ids and source folder.
+  friend absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec);
   int bos_ = -1, eos_ = -1, pad_ = -1;
+  std::vector<int> stop_ids_;
+  std::string special_source_ = "none";
+  std::string source_dir_;
   std::string hash_;
   std::string json_;
   std::string chat_template_;
@@ -109,32 +134,23 @@ class BpeTokenizer : public Tokenizer {
 
 // "char" -> CharTokenizer, anything else is a tokenizer.json path (or a
 // folder holding one). A file that is CharTokenizer's own export (a folder
-// we wrote for a char-tokenizer run) gives the CharTokenizer back.
+// we wrote for a char-tokenizer run) gives the CharTokenizer back. A BPE
+// tokenizer's special tokens and stop ids come from tokenizer_config.json
+// and generation_config.json beside it (both optional); a token named there
+// that is not in the vocabulary, or an id outside it, is INVALID_ARGUMENT
+// naming the file and field.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec);
 
 // The files that make a model folder open with transformers' AutoTokenizer,
-// as (file name, contents): tokenizer.json and tokenizer_config.json (the
-// bos/eos/pad tokens by name, `model_max_length`, the chat template if the
-// tokenizer has one).
+// as (file name, contents): tokenizer.json and tokenizer_config.json. A
+// tokenizer read from a folder gives that folder's tokenizer_config.json
+// unchanged (and chat_template.jinja and special_tokens_map.json where
+// present); otherwise tokenizer_config.json is written: the bos/eos/pad
+// tokens by name, `model_max_length`, the chat template if there is one.
 std::vector<std::pair<std::string, std::string>> HfTokenizerFiles(const Tokenizer& tokenizer,
                                                                   int64_t model_max_length);
 
 // SHA-256 of bytes, lower-case hex.
 std::string Sha256Hex(const std::string& bytes);
-
-struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
-  std::string content;
-};
-
-enum class ChatFormat {
-  kChatMl,  // <|im_start|>role\ncontent<|im_end|>\n (Qwen2)
-  kPlain,   // "role: content\n" (char tokenizer tasks)
-};
-
-// The prompt text of a conversation; with add_generation_prompt the opening of
-// the assistant's turn is appended.
-std::string ApplyChatTemplate(const std::vector<ChatMessage>& messages, ChatFormat format,
-                              bool add_generation_prompt = true);
 
 }  // namespace rlmesh::actor

@@ -1,6 +1,8 @@
 #include "actor/tokenizer.h"
 
 #include <cstdlib>
+#include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 
@@ -40,13 +42,6 @@ TEST_CASE("Sha256Hex matches a known digest") {
   CHECK(Sha256Hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
-TEST_CASE("Chat templates") {
-  std::vector<ChatMessage> m = {{"system", "Be brief."}, {"user", "2+2?"}};
-  CHECK(ApplyChatTemplate(m, ChatFormat::kChatMl) ==
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
-  CHECK(ApplyChatTemplate(m, ChatFormat::kPlain, false) == "system: Be brief.\nuser: 2+2?\n");
-}
-
 TEST_CASE("BpeTokenizer rejects malformed and unsupported files by name") {
   auto bad = BpeTokenizer::FromJson("{\"model\": ");
   REQUIRE_FALSE(bad.ok());
@@ -76,7 +71,9 @@ TEST_CASE("BpeTokenizer matches tokenizers on held-out text") {
     std::ifstream in(dir.File(name + "_heldout.json"));
     auto j = nlohmann::json::parse(in);
     CHECK((*tok)->vocab_size() == j["vocab_size"].get<int>());
-    CHECK((*tok)->eos_id() == (*tok)->TokenId("<|im_end|>"));
+    // tokenizer.json alone names no special token: none is guessed.
+    CHECK((*tok)->eos_id() == -1);
+    CHECK((*tok)->stop_ids().empty());
     const auto& texts = j["texts"];
     const auto& want = j["ids"];
     const auto& decoded = j["decoded"];
@@ -106,6 +103,108 @@ TEST_CASE("BpeTokenizer matches tokenizers on held-out text") {
     CHECK(lossy > 10);  // the sample does cut characters
   }
 }
+
+// A folder's special tokens: tokenizer_config.json (strings or AddedToken
+// objects) and generation_config.json's eos_token_id (int or list).
+namespace specials {
+
+constexpr char kVocab[] = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+  "added_tokens": [{"id": 2, "content": "<|begin|>", "special": true},
+                   {"id": 3, "content": "<|end|>", "special": true},
+                   {"id": 4, "content": "<|eot|>", "special": true},
+                   {"id": 5, "content": "<|pad|>", "special": true}]})";
+
+std::string Folder(const testing::TempDir& dir, const std::string& name, const std::string& tokenizer_config,
+                   const std::string& generation_config) {
+  const std::string folder = dir.File(name);
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/tokenizer.json") << kVocab;
+  if (!tokenizer_config.empty()) std::ofstream(folder + "/tokenizer_config.json") << tokenizer_config;
+  if (!generation_config.empty()) std::ofstream(folder + "/generation_config.json") << generation_config;
+  return folder;
+}
+
+bool Says(const absl::Status& s, const std::string& what) {
+  return std::string(s.message()).find(what) != std::string::npos;
+}
+
+TEST_CASE("LoadTokenizer reads stop ids from the folder, never from token names") {
+  testing::TempDir dir;
+  SECTION("generation_config.json's list, then tokenizer_config.json's eos_token") {
+    auto t = LoadTokenizer(Folder(dir, "both", R"({"bos_token": {"content": "<|begin|>", "special": true},
+                                                  "eos_token": "<|end|>", "pad_token": null})",
+                                  R"({"eos_token_id": [4, 3], "temperature": 0.6})"));
+    REQUIRE(t.ok());
+    CHECK((*t)->bos_id() == 2);
+    CHECK((*t)->eos_id() == 3);
+    CHECK((*t)->pad_id() == 3);  // none named: the eos, as transformers pads
+    CHECK((*t)->stop_ids() == std::vector<int>{4, 3});
+    CHECK((*t)->special_tokens_source().find("generation_config.json eos_token_id [4,3]") != std::string::npos);
+  }
+  SECTION("the tokenizer's eos joins generation_config.json's int") {
+    auto t = LoadTokenizer(Folder(dir, "int", R"({"eos_token": "<|end|>", "pad_token": "<|pad|>"})",
+                                  R"({"eos_token_id": 4, "pad_token_id": 1})"));
+    REQUIRE(t.ok());
+    CHECK((*t)->stop_ids() == std::vector<int>{4, 3});
+    CHECK((*t)->pad_id() == 5);  // tokenizer_config.json's, not generation_config.json's
+  }
+  SECTION("generation_config.json alone: its first id is the eos") {
+    auto t = LoadTokenizer(Folder(dir, "gen_only", "", R"({"eos_token_id": [4, 3], "bos_token_id": 2})"));
+    REQUIRE(t.ok());
+    CHECK((*t)->eos_id() == 4);
+    CHECK((*t)->bos_id() == 2);
+    CHECK((*t)->stop_ids() == std::vector<int>{4, 3});
+  }
+  SECTION("neither file: no stop id, and the source says what was read") {
+    const std::string folder = Folder(dir, "bare", "", "");
+    auto t = LoadTokenizer(folder);
+    REQUIRE(t.ok());
+    CHECK((*t)->eos_id() == -1);
+    CHECK((*t)->stop_ids().empty());
+    CHECK((*t)->special_tokens_source().find(folder + "/generation_config.json (absent)") != std::string::npos);
+    CHECK((*t)->special_tokens_source().find(folder + "/tokenizer_config.json (absent)") != std::string::npos);
+  }
+  SECTION("specials change the hash") {
+    auto a = LoadTokenizer(Folder(dir, "a", R"({"eos_token": "<|end|>"})", ""));
+    auto b = LoadTokenizer(Folder(dir, "b", R"({"eos_token": "<|eot|>"})", ""));
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK((*a)->Hash() != (*b)->Hash());
+  }
+}
+
+TEST_CASE("LoadTokenizer refuses special tokens it cannot resolve, naming the file and field") {
+  testing::TempDir dir;
+  auto unknown = LoadTokenizer(Folder(dir, "unknown", R"({"eos_token": "</s>"})", ""));
+  CHECK(unknown.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Says(unknown.status(), "tokenizer_config.json: eos_token \"</s>\" is not a token"));
+  auto shape = LoadTokenizer(Folder(dir, "shape", R"({"bos_token": 7})", ""));
+  CHECK(Says(shape.status(), "tokenizer_config.json: bos_token must be a string"));
+  auto range = LoadTokenizer(Folder(dir, "range", "", R"({"eos_token_id": [3, 6]})"));
+  CHECK(range.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Says(range.status(), "generation_config.json: eos_token_id 6 is not a token id"));
+  auto type = LoadTokenizer(Folder(dir, "type", "", R"({"eos_token_id": "3"})"));
+  CHECK(Says(type.status(), "generation_config.json: eos_token_id \"3\""));
+  auto corrupt = LoadTokenizer(Folder(dir, "corrupt", "{not json", ""));
+  CHECK(Says(corrupt.status(), "tokenizer_config.json: not a JSON object"));
+}
+
+TEST_CASE("HfTokenizerFiles copies the source folder's files as they are") {
+  testing::TempDir dir;
+  const std::string config = R"({"eos_token": "<|end|>", "added_tokens_decoder": {}, "custom": 1})";
+  const std::string folder = Folder(dir, "src", config, "");
+  std::ofstream(folder + "/chat_template.jinja") << "{{ messages }}";
+  auto t = LoadTokenizer(folder);
+  REQUIRE(t.ok());
+  CHECK((*t)->chat_template() == "{{ messages }}");
+  std::map<std::string, std::string> files;
+  for (auto& [name, text] : HfTokenizerFiles(**t, 64)) files[name] = text;
+  CHECK(files["tokenizer_config.json"] == config);
+  CHECK(files["chat_template.jinja"] == "{{ messages }}");
+  CHECK(files.count("tokenizer.json") == 1);
+}
+
+}  // namespace specials
 
 }  // namespace
 }  // namespace rlmesh::actor

@@ -3,7 +3,9 @@
 // How a task's text becomes token ids — the one convention SFT, rollout,
 // the learner and evaluation all share, so that the prompt a policy was
 // trained on is byte-for-byte the prompt it is asked:
-//   prompt ids   = [bos] + Encode(prompt)        (no bos if the tokenizer has none)
+//   prompt ids   = [bos] + Encode(prompt)        (no bos if the tokenizer has none,
+//                                                 or if Encode(prompt) starts with it:
+//                                                 a chat template wrote it)
 //   response ids = Encode(answer) + [eos]        (SFT targets; rollouts stop at eos)
 
 #include <string>
