@@ -46,7 +46,11 @@ SamplingParams RunLoop::Sampling(bool greedy, uint64_t seed) const {
   SamplingParams s = cfg().rollout().sampling();
   s.set_greedy(greedy);
   s.set_seed(seed);
-  if (s.stop_token_ids().empty() && tokenizer_->eos_id() >= 0) s.add_stop_token_ids(tokenizer_->eos_id());
+  // The experiment's own stop ids, else every stop id of the model folder
+  // (RunStages refused a run with neither).
+  if (s.stop_token_ids().empty()) {
+    for (int id : tokenizer_->stop_ids()) s.add_stop_token_ids(id);
+  }
   return s;
 }
 

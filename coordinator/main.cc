@@ -39,11 +39,15 @@
 #include "common/server_flags.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
+#include "actor/model_config.h"
+#include "actor/tokenizer.h"
 #include "coordinator/cluster.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/dashboard_source.h"
 #include "coordinator/hang_watch.h"
 #include "coordinator/k8s_manifests.h"
+#include "coordinator/memory_plan.h"
+#include "coordinator/model_defaults.h"
 #include "coordinator/experiment_config.h"
 #include "coordinator/experiments.h"
 #include "coordinator/prometheus.h"
@@ -97,7 +101,17 @@ ABSL_FLAG(bool, dry_run, false,
           "kubernetes cluster: print its manifests (as `coordinator k8s`). Also --dry-run.");
 ABSL_FLAG(std::string, out, "",
           "k8s: write one file per object into this folder (for `kubectl apply -f DIR`) instead of "
-          "printing one multi-document YAML to stdout.");
+          "printing one multi-document YAML to stdout. eval: the per-sample JSONL (default "
+          "<run dir>/eval_samples.jsonl).");
+ABSL_FLAG(std::string, model, "",
+          "eval: the model folder to evaluate (a Hugging Face folder or a run's checkpoint); sets "
+          "model.init=checkpoint and model.path.");
+ABSL_FLAG(std::string, data, "", "eval: the held-out JSONL (sets task.eval_path; default: the experiment's).");
+ABSL_FLAG(int, workers, 0, "eval: rollout workers (sets rollout.workers; default: the experiment's).");
+ABSL_FLAG(double, gpu_memory_gib, 0,
+          "plan, run --dry-run: memory of each GPU in GiB, to check the GPU roles against (0 = unknown: they are "
+          "planned, not checked).");
+ABSL_FLAG(bool, json, false, "plan: print the plan as JSON.");
 ABSL_FLAG(double, heartbeat_timeout_seconds, 5.0,
           "A registered role without a heartbeat for this long is shown DEAD.");
 ABSL_FLAG(int, metrics_port, -1,
@@ -120,6 +134,14 @@ commands:
   run EXPERIMENT.yaml             launch + submit + follow + clean shutdown
                                   (--cluster SLURM.yaml runs the roles as Slurm steps;
                                   --dry-run prints the batch script)
+  plan EXPERIMENT.yaml [--gpu_memory_gib G] [--json]
+                                  the memory each role needs (weights, gradients, optimizer,
+                                  activations, KV cache) against its device's; exits 1
+                                  naming the roles when it does not fit (also run --dry-run)
+  eval EXPERIMENT.yaml --model DIR [--data FILE] [--workers N] [--out FILE]
+                                  evaluate a model folder with the experiment's task,
+                                  chat template and verifiers: greedy accuracy, pass@k
+                                  (eval.pass_at), every sample written as JSONL
   k8s --cluster K8S.yaml [--out DIR]
                                   render the Kubernetes manifests of a cluster with
                                   launcher: kubernetes (`launch --dry-run` prints them too;
@@ -231,15 +253,19 @@ absl::StatusOr<ExperimentConfig> LoadExperiment(const std::string& path,
   YamlSource src;
   RLMESH_RETURN_IF_ERROR(LoadYamlFile(UserPath(path), &cfg, &src));
   for (const auto& s : sets) RLMESH_RETURN_IF_ERROR(ApplyOverride(s, &cfg, &src));
-  RLMESH_RETURN_IF_ERROR(NormalizeExperiment(&cfg, src));
   // Model folders (the initial model, distillation teachers) are made by
-  // earlier runs, never part of the build: a relative one means where the
-  // user typed the command, and the roles, which run elsewhere, get it
-  // absolute.
+  // earlier runs or downloaded, never part of the build: a relative one
+  // means where the user typed the command, and the roles, which run
+  // elsewhere, get it absolute.
   auto absolute = [](const std::string& p) {
     return p.empty() ? p : std::filesystem::absolute(UserPath(p)).lexically_normal().string();
   };
   if (!cfg.model().path().empty()) cfg.mutable_model()->set_path(absolute(cfg.model().path()));
+  // A Hub folder brings its tokenizer and sampling defaults; say which.
+  std::vector<std::string> notes;
+  RLMESH_RETURN_IF_ERROR(ApplyModelFolderDefaults(&cfg, cfg.model().path(), &notes));
+  for (const std::string& note : notes) std::printf("rlmesh: %s\n", note.c_str());
+  RLMESH_RETURN_IF_ERROR(NormalizeExperiment(&cfg, src));
   // A command verifier's program likewise: the reward server resolves it
   // against its own working directory, and allows it by that name.
   for (VerifierConfig& v : *cfg.mutable_reward()->mutable_verifiers()) {
@@ -822,19 +848,76 @@ int Submit(const std::vector<std::string>& args, const std::vector<std::string>&
   return 0;
 }
 
-int Run(const std::vector<std::string>& args, const std::vector<std::string>& sets) {
+// The policy's shape: the checkpoint's config.json, or the scratch sizes
+// with the tokenizer's vocabulary (as the learner builds it).
+absl::StatusOr<actor::ModelConfig> PolicyShape(const ExperimentConfig& cfg) {
+  const ModelConfig& mc = cfg.model();
+  if (mc.init() == "checkpoint") return actor::ModelConfig::FromHfConfigJson(mc.path() + "/config.json");
+  RLMESH_ASSIGN_OR_RETURN(auto tokenizer, actor::LoadTokenizer(UserPath(mc.tokenizer())));
+  actor::ModelConfig m;
+  m.arch = mc.arch();
+  m.vocab_size = tokenizer->vocab_size();
+  m.hidden_size = mc.hidden();
+  m.intermediate_size = mc.intermediate() != 0 ? mc.intermediate() : (8 * m.hidden_size / 3 + 7) / 8 * 8;
+  m.num_layers = mc.layers();
+  m.num_heads = mc.heads();
+  m.num_kv_heads = mc.kv_heads();
+  m.head_dim = mc.head_dim();
+  m.max_positions = mc.max_positions();
+  m.tie_embeddings = mc.tie_embeddings();
+  return m;
+}
+
+// `coordinator plan` and `run --dry-run` of a local run: the memory plan,
+// and 1 when it does not fit.
+int PrintPlan(const char* command, const ExperimentConfig& cfg) {
+  auto shape = PolicyShape(cfg);
+  if (!shape.ok()) return Fail(command, shape.status());
+  // The context the roles use is the experiment's (validated against the
+  // checkpoint's at load).
+  shape->max_positions = cfg.model().max_positions();
+  PlanCapacity capacity;
+  capacity.host_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  capacity.gpu_bytes = absl::GetFlag(FLAGS_gpu_memory_gib) * (1 << 30);
+  auto plan = PlanMemory(cfg, *shape, capacity);
+  if (!plan.ok()) return Fail(command, plan.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", MemoryPlanJson(*plan).dump(2).c_str());
+  } else {
+    std::printf("%s", FormatMemoryPlan(*plan).c_str());
+  }
+  absl::Status fits = CheckMemoryPlan(*plan);
+  if (!fits.ok()) return Fail(command, fits);
+  return 0;
+}
+
+int Plan(const std::vector<std::string>& args, const std::vector<std::string>& sets) {
+  if (args.size() != 1) return Fail("plan", absl::InvalidArgumentError("expected one experiment YAML"));
+  auto cfg = LoadExperiment(args[0], sets);
+  if (!cfg.ok()) return Fail("plan", cfg.status());
+  return PrintPlan("plan", *cfg);
+}
+
+// `eval_folder`: evaluate that folder instead of running the stages
+// (`coordinator eval`).
+int Run(const std::vector<std::string>& args, const std::vector<std::string>& sets,
+        const std::string& eval_folder = "") {
+  const char* const command = eval_folder.empty() ? "run" : "eval";
   const std::string resume = UserPath(absl::GetFlag(FLAGS_resume));
   // --dry-run prints what would be submitted to Slurm and touches nothing.
   const bool dry_run = absl::GetFlag(FLAGS_dry_run);
+  // A local run's dry run is its memory plan.
   if (dry_run && absl::GetFlag(FLAGS_cluster).empty()) {
-    return Fail("run", absl::InvalidArgumentError("--dry-run: prints the Slurm batch script of a run with --cluster "
-                                                  "(launcher: slurm); a local run has none"));
+    if (args.size() != 1) return Fail(command, absl::InvalidArgumentError("expected one experiment YAML"));
+    auto cfg = LoadExperiment(args[0], sets);
+    if (!cfg.ok()) return Fail(command, cfg.status());
+    return PrintPlan(command, *cfg);
   }
   absl::StatusOr<ExperimentConfig> cfg;
   std::string id, run_dir;
   if (!resume.empty()) {
     // The run's own saved config: a resumed run is the same experiment.
-    if (!args.empty()) return Fail("run", absl::InvalidArgumentError("--resume takes no experiment YAML"));
+    if (!args.empty()) return Fail(command, absl::InvalidArgumentError("--resume takes no experiment YAML"));
     // The original run's --set overrides first, then any given now.
     std::vector<std::string> all_sets;
     std::ifstream overrides(resume + "/overrides.txt");
@@ -843,15 +926,16 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     }
     all_sets.insert(all_sets.end(), sets.begin(), sets.end());
     cfg = LoadExperiment(resume + "/experiment.yaml", all_sets);
-    if (!cfg.ok()) return Fail("run", cfg.status());
+    if (!cfg.ok()) return Fail(command, cfg.status());
     run_dir = std::filesystem::path(resume).lexically_normal().string();
     while (!run_dir.empty() && run_dir.back() == '/') run_dir.pop_back();
     id = std::filesystem::path(run_dir).filename().string();
   } else {
-    if (args.size() != 1) return Fail("run", absl::InvalidArgumentError("expected one experiment YAML"));
+    if (args.size() != 1) return Fail(command, absl::InvalidArgumentError("expected one experiment YAML"));
     cfg = LoadExperiment(args[0], sets);
-    if (!cfg.ok()) return Fail("run", cfg.status());
-    id = absl::StrCat(cfg->name(), "-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+    if (!cfg.ok()) return Fail(command, cfg.status());
+    id = absl::StrCat(cfg->name(), eval_folder.empty() ? "" : "-eval", "-",
+                      absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
     std::string run_root = absl::GetFlag(FLAGS_run_dir);
     if (run_root.empty()) run_root = cfg->run_dir();
     run_dir = UserPath(absl::StrCat(run_root, "/", id));
@@ -866,10 +950,10 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     std::string saved = text.str();
     for (const auto& s : sets) saved += "\n# --set " + s;
     absl::Status w = WriteFileAtomically(run_dir + "/experiment.yaml", saved);
-    if (!w.ok()) return Fail("run", w);
+    if (!w.ok()) return Fail(command, w);
     if (!sets.empty()) {
       absl::Status ws = WriteFileAtomically(run_dir + "/overrides.txt", absl::StrJoin(sets, "\n") + "\n");
-      if (!ws.ok()) return Fail("run", ws);
+      if (!ws.ok()) return Fail(command, ws);
     }
   }
 
@@ -878,9 +962,9 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   const bool on_slurm = !absl::GetFlag(FLAGS_cluster).empty();
   if (on_slurm) {
     auto loaded = LoadCluster(absl::GetFlag(FLAGS_cluster));
-    if (!loaded.ok()) return Fail("run", loaded.status());
+    if (!loaded.ok()) return Fail(command, loaded.status());
     if (loaded->launcher() != "slurm") {
-      return Fail("run", absl::InvalidArgumentError("--cluster: run takes a cluster with launcher: slurm (a local "
+      return Fail(command, absl::InvalidArgumentError("--cluster: run takes a cluster with launcher: slurm (a local "
                                                     "cluster is built from the experiment)"));
     }
     slurm_config = *loaded;
@@ -935,7 +1019,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   // environment.launch: the built-in environment server beside the roles.
   if (cfg->environment().launch()) {
     if (on_slurm) {
-      return Fail("run", absl::UnimplementedError(
+      return Fail(command, absl::UnimplementedError(
                              "environment.launch: on Slurm the environment server is not placed by rlmesh; start "
                              "one and give environment.address"));
     }
@@ -946,7 +1030,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     co.trace_dir = run_dir + "/profile";
     std::error_code ec;
     std::filesystem::create_directories(co.trace_dir, ec);
-    if (ec) return Fail("run", absl::PermissionDeniedError(absl::StrCat("cannot create ", co.trace_dir)));
+    if (ec) return Fail(command, absl::PermissionDeniedError(absl::StrCat("cannot create ", co.trace_dir)));
     EnableTracing(co.trace_dir + "/coordinator.json", "coordinator");
   }
   if (!dry_run) {
@@ -955,7 +1039,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     std::fflush(stdout);
   }
   auto server_options = ServerOptionsFromFlags("coordinator");
-  if (!server_options.ok()) return Fail("run", server_options.status());
+  if (!server_options.ok()) return Fail(command, server_options.status());
   const std::string job_name = "rlmesh-" + id;
   if (dry_run) {
     return PrintDryRun(SlurmOptionsFor(co, slurm_config, job_name,
@@ -966,7 +1050,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   std::unique_ptr<Cluster> local;
   if (!on_slurm) {
     auto cluster = Cluster::Launch(co);
-    if (!cluster.ok()) return Fail("run", cluster.status());
+    if (!cluster.ok()) return Fail(command, cluster.status());
     local = std::move(*cluster);
     if (cfg->environment().launch()) {
       // From here on the experiment names the server it uses, as if the
@@ -981,13 +1065,13 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   CoordinatorServiceImpl service(&server.auth(), local.get(), nullptr, &registry);
   server.AddService(&service);
   absl::Status started = server.Start();
-  if (!started.ok()) return Fail("run", started);
+  if (!started.ok()) return Fail(command, started);
   std::unique_ptr<SlurmCluster> slurm;
   if (on_slurm) {
     auto launched = SlurmCluster::Launch(SlurmOptionsFor(co, slurm_config, job_name, server.address()), &registry);
     if (!launched.ok()) {
       server.Shutdown();
-      return Fail("run", launched.status());
+      return Fail(command, launched.status());
     }
     slurm = std::move(*launched);
     std::printf("rlmesh: roles running as steps of slurm job %s\n", slurm->job_id().c_str());
@@ -995,7 +1079,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     if (!placed.ok()) {
       server.Shutdown();
       slurm->Stop();
-      return Fail("run", placed);
+      return Fail(command, placed);
     }
   }
 
@@ -1012,12 +1096,14 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   ro.auth_token = a.auth_token;
   if (slurm) ro.sync_store_host = a.sync_store_host;
   ro.resume = !resume.empty();
+  ro.evaluate_folder = eval_folder;
+  ro.eval_samples = UserPath(absl::GetFlag(FLAGS_out));
   ExperimentRunner runner(ro);
   std::unique_ptr<MetricsHttpServer> metrics;
   if (cfg->logging().prometheus_port() >= 0) {
     auto m = MetricsHttpServer::Start(server_options->bind_address, cfg->logging().prometheus_port(),
                                       [&runner] { return std::vector<ExperimentStatus>{runner.status()}; });
-    if (!m.ok()) return Fail("run", m.status());
+    if (!m.ok()) return Fail(command, m.status());
     metrics = std::move(*m);
     std::printf("rlmesh: metrics on http://%s:%d/metrics\n", server_options->bind_address.c_str(), metrics->port());
   }
@@ -1034,7 +1120,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   dashboard_addresses.tokenizer = co.tokenizer;
   auto dashboard = StartDashboard([&runner] { return std::vector<ExperimentStatus>{runner.status()}; }, roles,
                                   dashboard_addresses, *server_options, &dashboard_source);
-  if (!dashboard.ok()) return Fail("run", dashboard.status());
+  if (!dashboard.ok()) return Fail(command, dashboard.status());
   std::printf("rlmesh: cluster up (coordinator %s); experiment %s\n", server.address().c_str(), id.c_str());
   std::printf("rlmesh: query it with: bazel-bin/replay_buffer/cli query --address %s --experiment %s --limit 5\n",
               a.replay_buffer.c_str(), id.c_str());
@@ -1057,8 +1143,35 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   if (local) local->Stop();  // the roles write their traces as they stop
   if (slurm) slurm->Stop();
   if (profile) WriteProfile(co.trace_dir, run_dir + "/profile.json");
-  if (!s.ok()) return Fail("run", s);
+  if (!s.ok()) return Fail(command, s);
   return 0;
+}
+
+// `coordinator eval CONFIG --model DIR`: `run` with the model folder as
+// the initial model and no stage run; --data and --workers set the
+// held-out file and the workers.
+int Eval(const std::vector<std::string>& args, std::vector<std::string> sets) {
+  if (args.size() != 1) return Fail("eval", absl::InvalidArgumentError("expected one experiment YAML"));
+  if (!absl::GetFlag(FLAGS_resume).empty()) return Fail("eval", absl::InvalidArgumentError("--resume: not with eval"));
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) return Fail("eval", absl::InvalidArgumentError("--model: required (the folder to evaluate)"));
+  const std::string folder = std::filesystem::absolute(UserPath(model)).lexically_normal().string();
+  std::error_code ec;
+  if (!std::filesystem::exists(folder + "/config.json", ec)) {
+    return Fail("eval", absl::NotFoundError(absl::StrCat("--model: ", folder, "/config.json does not exist")));
+  }
+  sets.push_back("model.init=checkpoint");
+  sets.push_back("model.path=" + folder);
+  if (!absl::GetFlag(FLAGS_data).empty()) {
+    const std::string data = std::filesystem::absolute(UserPath(absl::GetFlag(FLAGS_data))).string();
+    if (!std::filesystem::exists(data, ec)) {
+      return Fail("eval", absl::NotFoundError(absl::StrCat("--data: ", data, " does not exist")));
+    }
+    sets.push_back("task.eval_path=" + data);
+  }
+  if (absl::GetFlag(FLAGS_workers) < 0) return Fail("eval", absl::InvalidArgumentError("--workers: must be >= 1"));
+  if (absl::GetFlag(FLAGS_workers) > 0) sets.push_back(absl::StrCat("rollout.workers=", absl::GetFlag(FLAGS_workers)));
+  return Run(args, sets, folder);
 }
 
 }  // namespace
@@ -1108,6 +1221,8 @@ int main(int argc, char** argv) {
   if (command == "cancel") return Cancel(args);
   if (command == "submit") return Submit(args, sets);
   if (command == "run") return Run(args, sets);
+  if (command == "eval") return Eval(args, sets);
+  if (command == "plan") return Plan(args, sets);
   if (command == "k8s") return K8s();
   std::fprintf(stderr, "coordinator: unknown command '%s'\n%s", command.c_str(), kUsage);
   return 2;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/experiment_config.h"
 
@@ -51,6 +52,40 @@ std::string SummaryLine(const RunSummary& s, const std::string& run_dir) {
   absl::StrAppendFormat(&line, " in %dm%02ds; metrics in %s/metrics.jsonl", static_cast<int>(s.seconds) / 60,
                         static_cast<int>(s.seconds) % 60, run_dir);
   return line;
+}
+
+std::string EvalSummaryTable(const std::vector<nlohmann::json>& samples, double accuracy,
+                             const google::protobuf::Map<std::string, double>& metrics,
+                             const google::protobuf::RepeatedField<int32_t>& pass_at) {
+  struct Kind {
+    int count = 0;
+    double tokens = 0;
+    std::map<std::string, int> finish;
+  };
+  std::map<std::string, Kind> kinds;
+  int prompts = 0;
+  for (const auto& j : samples) {
+    Kind& k = kinds[j.value("kind", std::string("?"))];
+    ++k.count;
+    k.tokens += j.contains("response_token_ids") ? j["response_token_ids"].size() : 0;
+    ++k.finish[j.value("finish_reason", std::string("?"))];
+    if (j.value("kind", std::string()) == "greedy") ++prompts;
+  }
+  std::string out = absl::StrFormat("%-22s %s\n", "prompts", std::to_string(prompts));
+  absl::StrAppendFormat(&out, "%-22s %.1f%%\n", "greedy accuracy", 100 * accuracy);
+  for (int k : pass_at) {
+    auto it = metrics.find(absl::StrCat("pass@", k));
+    if (it != metrics.end()) absl::StrAppendFormat(&out, "%-22s %.1f%%\n", absl::StrCat("pass@", k), 100 * it->second);
+  }
+  for (const auto& [name, k] : kinds) {
+    std::string ends;
+    for (const auto& [reason, n] : k.finish) {
+      absl::StrAppendFormat(&ends, "%s%s %.0f%%", ends.empty() ? "" : ", ", reason, 100.0 * n / k.count);
+    }
+    absl::StrAppendFormat(&out, "%-22s %d samples, %.1f tokens on average; ended by %s\n", name, k.count,
+                          k.tokens / k.count, ends);
+  }
+  return out;
 }
 
 }  // namespace rlmesh

@@ -5,8 +5,10 @@
 // summary. Pure functions: the runner decides where they go.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "coordinator/runner_options.h"
 #include "nlohmann/json.hpp"
@@ -20,5 +22,13 @@ std::optional<std::string> ProgressLine(const Stage& stage, int64_t step, int64_
 
 // "done: held-out accuracy 0.0% (init) → 45.0% (sft) in 1m05s; metrics in ..."
 std::string SummaryLine(const RunSummary& summary, const std::string& run_dir);
+
+// `coordinator eval`'s table: prompts, greedy accuracy, each pass@k of
+// `pass_at` (from `metrics`, "pass@K"), and per kind of sample (greedy,
+// sampled) the mean completion length and how completions ended. `samples`
+// are the per-sample records (kind, response_token_ids, finish_reason).
+std::string EvalSummaryTable(const std::vector<nlohmann::json>& samples, double accuracy,
+                             const google::protobuf::Map<std::string, double>& metrics,
+                             const google::protobuf::RepeatedField<int32_t>& pass_at);
 
 }  // namespace rlmesh

@@ -81,6 +81,9 @@ class RunLoop {
 
  private:
   // --- stages.cc ----------------------------------------------------------
+  // Refuses a run whose model folder names no stop token (and whose
+  // experiment sets none); prints the stop ids and where they came from.
+  absl::Status CheckStopTokens();
   absl::Status RunStages();
   absl::Status RunStage(int index, std::string* init);
   // Thread-safe (status_ under mu_).
@@ -152,7 +155,18 @@ class RunLoop {
                                             int64_t step, int64_t round, int64_t min_version) const;
 
   // --- evaluation.cc ------------------------------------------------------
-  absl::StatusOr<double> Evaluate(const std::string& label, int64_t step, bool final, bool pass_at = true);
+  // `samples`, when given, gets one JSON object per generated sample
+  // (greedy and pass@k draws), as `coordinator eval` writes them.
+  absl::StatusOr<double> Evaluate(const std::string& label, int64_t step, bool final, bool pass_at = true,
+                                  std::vector<nlohmann::json>* samples = nullptr);
+  void RecordEvalSamples(const std::string& kind, const std::vector<TrajectoryGroup>& groups,
+                         const ScoreResponse& scores, const std::vector<bool>& right,
+                         std::vector<nlohmann::json>* out) const;
+  // One JSON line per sample into `path` (its folder created), atomically.
+  absl::Status WriteEvalSamples(const std::string& path, const std::vector<nlohmann::json>& samples) const;
+  // RunnerOptions.evaluate_folder: loads the folder into the rollout
+  // workers, evaluates it, writes the samples and prints a summary table.
+  absl::Status EvaluateFolder(const std::string& folder);
 
   // --- recovery.cc --------------------------------------------------------
   // Runs `step` until the stage is done, recovering from a dead role at most

@@ -36,6 +36,12 @@ struct RunnerOptions {
   // progress resumes from its learners' newest checkpoint, and rollout
   // rounds keep counting from where they were (trajectory ids stay unique).
   bool resume = false;
+  // `coordinator eval`: evaluate this model folder on the experiment's
+  // held-out set and stop; no stage runs. Empty = run the stages.
+  std::string evaluate_folder;
+  // Where evaluate_folder's per-sample JSONL goes; empty =
+  // <run_dir>/eval_samples.jsonl.
+  std::string eval_samples;
 
   absl::Status Validate() const;
 };

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
@@ -120,6 +121,25 @@ int64_t RunLoop::StageSteps(const Stage& s) {
   return 0;
 }
 
+// Generation ends at the model folder's stop ids; a folder that names none
+// would generate to max_new_tokens every time, so the run is refused.
+absl::Status RunLoop::CheckStopTokens() {
+  const auto& own = cfg().rollout().sampling().stop_token_ids();
+  if (!own.empty()) {
+    Print(absl::StrCat("model: stop ids [", absl::StrJoin(own, ", "), "] from rollout.sampling.stop_token_ids"));
+    return absl::OkStatus();
+  }
+  const std::vector<int> ids = tokenizer_->stop_ids();
+  if (ids.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model.tokenizer ", cfg().model().tokenizer(), ": no stop token: read ", tokenizer_->special_tokens_source(),
+        ". Name one as generation_config.json's eos_token_id or tokenizer_config.json's eos_token, or set "
+        "rollout.sampling.stop_token_ids"));
+  }
+  Print(absl::StrCat("model: stop ids [", absl::StrJoin(ids, ", "), "] from ", tokenizer_->special_tokens_source()));
+  return absl::OkStatus();
+}
+
 absl::Status RunLoop::RunStages() {
   RLMESH_RETURN_IF_ERROR(o_.Validate());
   std::error_code ec;
@@ -127,6 +147,7 @@ absl::Status RunLoop::RunStages() {
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", o_.run_dir, ": ", ec.message()));
   RLMESH_RETURN_IF_ERROR(metrics_.Open(o_.run_dir, !cfg().logging().no_jsonl(), cfg().logging().tensorboard()));
   RLMESH_ASSIGN_OR_RETURN(tokenizer_, actor::LoadTokenizer(cfg().model().tokenizer()));
+  RLMESH_RETURN_IF_ERROR(CheckStopTokens());
   RLMESH_ASSIGN_OR_RETURN(task_, MakeTask(cfg().task(), cfg().seed(), cfg().model().tokenizer()));
   if (clients_ == nullptr) {
     RLMESH_ASSIGN_OR_RETURN(RoleClients c, ConnectRoles({.replay_buffer = o_.replay_buffer,
@@ -140,6 +161,7 @@ absl::Status RunLoop::RunStages() {
     absl::MutexLock lock(&mu_);
     status_.set_state("RUNNING");
   }
+  if (!o_.evaluate_folder.empty()) return EvaluateFolder(o_.evaluate_folder);
 
   std::string init = cfg().model().init() == "checkpoint" ? cfg().model().path() : "";
   if (o_.resume) {
@@ -197,7 +219,9 @@ absl::Status RunLoop::RunStage(int i, std::string* init) {
     if (o_.resume && previous.ok()) {
       init_accuracy = *previous;
     } else {
-      RLMESH_ASSIGN_OR_RETURN(init_accuracy, Evaluate("init", 0, /*final=*/true));
+      std::vector<nlohmann::json> samples;
+      RLMESH_ASSIGN_OR_RETURN(init_accuracy, Evaluate("init", 0, /*final=*/true, /*pass_at=*/true, &samples));
+      RLMESH_RETURN_IF_ERROR(WriteEvalSamples(absl::StrCat(o_.run_dir, "/eval/init.jsonl"), samples));
       RLMESH_RETURN_IF_ERROR(files_.WriteInitAccuracy(*init_accuracy));
     }
     AddAccuracy("init", *init_accuracy);
@@ -216,7 +240,9 @@ absl::Status RunLoop::RunStage(int i, std::string* init) {
     return absl::OkStatus();
   }
   RLMESH_ASSIGN_OR_RETURN(*init, SaveAll());
-  RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), stage_step_, /*final=*/true));
+  std::vector<nlohmann::json> samples;
+  RLMESH_ASSIGN_OR_RETURN(double acc, Evaluate(StageName(stage), stage_step_, /*final=*/true, /*pass_at=*/true, &samples));
+  RLMESH_RETURN_IF_ERROR(WriteEvalSamples(absl::StrCat(o_.run_dir, "/eval/", i, "-", StageName(stage), ".jsonl"), samples));
   RLMESH_RETURN_IF_ERROR(
       files_.WriteStageMarker(i, {.checkpoint = *init, .accuracy = acc, .init_accuracy = init_accuracy}));
   AddAccuracy(StageName(stage), acc);

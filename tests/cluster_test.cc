@@ -494,7 +494,7 @@ TEST_CASE("GPU lists that put two processes on one GPU are refused by name") {
   }
 }
 
-TEST_CASE("coordinator run --dry-run prints the Slurm job and writes nothing; a local run has none") {
+TEST_CASE("coordinator run --dry-run prints the Slurm job, or a local run's memory plan, and writes nothing") {
   TempDir dir;
   std::ofstream(dir.File("slurm.yaml")) << "name: s\nlauncher: slurm\nrollout_workers: 1\nslurm: {nodes: 2, "
                                            "learner_nodes: [0], rollout_worker_nodes: [1], coordinator_address: "
@@ -518,9 +518,20 @@ TEST_CASE("coordinator run --dry-run prints the Slurm job and writes nothing; a 
   CHECK(script.find("--job-name=learner-0") != std::string::npos);
   CHECK(script.find("--coordinator=10.0.0.1:") != std::string::npos);
   CHECK(!std::filesystem::exists(dir.File("runs")));  // no run folder, no profile folder
-  CHECK(run({}, "local.out") != 0);
-  CHECK(ReadAll(dir.File("local.out")).find("--dry-run: prints the Slurm batch script of a run with --cluster") !=
-        std::string::npos);
+  // A local run's dry run is its memory plan: it fits here.
+  CHECK(run({}, "local.out") == 0);
+  const std::string plan = ReadAll(dir.File("local.out"));
+  INFO(plan);
+  CHECK(plan.find("learner ") != std::string::npos);
+  CHECK(plan.find("rollout_worker") != std::string::npos);
+  CHECK(plan.find("cpu ") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir.File("runs")));
+  // One that cannot fit is refused, naming the device and the roles.
+  CHECK(run({"--set", "model.hidden=8192", "--set", "model.layers=64", "--set", "model.heads=64"}, "big.out") != 0);
+  const std::string big = ReadAll(dir.File("big.out"));
+  INFO(big);
+  CHECK(big.find("does not fit: cpu needs") != std::string::npos);
+  CHECK(big.find("learner x1") != std::string::npos);
   CHECK(!std::filesystem::exists(dir.File("runs")));
 }
 

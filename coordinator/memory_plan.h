@@ -1,0 +1,99 @@
+#pragma once
+
+// Will it fit? The memory each role of an experiment needs, from the
+// model's shape, the stages and the layout, against the memory of the
+// device it runs on: what `coordinator plan` prints (and `run --dry-run`
+// for a local run). Pure arithmetic, no LibTorch.
+//
+// The learner's terms are the theory bench/learner_memory.md and
+// bench/learner_layouts.md measure (fp32 masters, P parameters):
+//   weights 4 P, DataParallel's flat weights and gradients 8 P, AdamW's
+//   moments 8 P (ZeRO-1: / dp), the parameters' gradients 4 P; ZeRO-3 holds
+//   all of it / dp, plus the gathered policy (4 P) on rank 0;
+//   a frozen reference 4 P (RL with kl.coef > 0, DPO); PPO's critic its own
+//   state and activations;
+//   activations of one micro-batch of N tokens in R rows (N = the stage's
+//   sequences per shard x model.max_positions, at most
+//   learner.micro_batch_tokens): N x L x 4 x (9H + 4KV + 4I + A + 4) in the
+//   layers (with activation checkpointing each layer keeps its input, 4H
+//   per token, and one layer is recomputed at a time), N x 4 x 3H around
+//   them, and one chunk of R x 64 logits x 3 (values, softmax, gradient).
+// A rollout worker holds the weights in model.dtype, a KV cache of
+// rollout.max_batch sequences of model.max_positions tokens, and a batch of
+// logits. Every process adds the runtime it starts with (LibTorch).
+// Tensor and expert parallelism are not planned (UNIMPLEMENTED, by field).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actor/model_config.h"
+#include "nlohmann/json.hpp"
+#include "proto/config.pb.h"
+
+namespace rlmesh {
+
+// The memory of the devices the roles run on. Bytes.
+struct PlanCapacity {
+  // This host's memory: the roles of a local run share it. Must be > 0.
+  double host_bytes = 0;
+  // Memory of each GPU; 0 = unknown (GPU roles are planned, not checked).
+  double gpu_bytes = 0;
+  // Resident memory of a process that has loaded LibTorch and its
+  // libraries, before any model. Default: measured by bench/memory_plan.py.
+  double runtime_bytes = 380.0 * (1 << 20);
+
+  absl::Status Validate() const;
+};
+
+struct MemoryPart {
+  std::string name;
+  double bytes = 0;
+};
+
+// One kind of process: `count` of them on `device`, each needing `parts`.
+struct RoleMemory {
+  std::string role;    // "learner", "learner 0" (ZeRO-3's rank 0), "rollout_worker"
+  std::string device;  // "cpu" or "cuda:<i>"
+  int count = 1;
+  std::vector<MemoryPart> parts;
+
+  double Each() const;
+};
+
+struct DeviceUse {
+  std::string device;
+  double used = 0;
+  double capacity = 0;  // 0 = unknown
+};
+
+struct MemoryPlan {
+  int64_t parameters = 0;
+  // Tokens of the largest micro-batch a learner rank trains on, and its rows.
+  int64_t micro_batch_tokens = 0;
+  int64_t micro_batch_rows = 0;
+  std::vector<RoleMemory> roles;
+  std::vector<DeviceUse> devices;
+};
+
+// Parameters of a model of this shape, as Hugging Face counts them (a tied
+// lm_head once).
+int64_t ParameterCount(const actor::ModelConfig& model);
+
+// REQUIRES: `experiment` normalized (NormalizeExperiment); `model` the
+// policy's shape (config.json of model.path, or the scratch sizes with the
+// tokenizer's vocabulary).
+absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& experiment, const actor::ModelConfig& model,
+                                      const PlanCapacity& capacity);
+
+// The table a person reads.
+std::string FormatMemoryPlan(const MemoryPlan& plan);
+nlohmann::json MemoryPlanJson(const MemoryPlan& plan);
+
+// RESOURCE_EXHAUSTED naming each device whose roles need more than it has,
+// and those roles; OK when everything fits or a capacity is unknown.
+absl::Status CheckMemoryPlan(const MemoryPlan& plan);
+
+}  // namespace rlmesh

@@ -1,0 +1,168 @@
+#include "coordinator/memory_plan.h"
+
+#include "catch2/catch.hpp"
+#include "common/proto_yaml.h"
+#include "coordinator/experiment_config.h"
+
+namespace rlmesh {
+namespace {
+
+constexpr double kGib = 1 << 30;
+
+actor::ModelConfig Llama(int64_t vocab, int64_t layers) {
+  actor::ModelConfig m;
+  m.vocab_size = vocab;
+  m.hidden_size = 512;
+  m.intermediate_size = 1408;
+  m.num_layers = layers;
+  m.num_heads = 8;
+  m.num_kv_heads = 4;
+  m.max_positions = 256;
+  return m;
+}
+
+ExperimentConfig Experiment(const std::string& yaml) {
+  ExperimentConfig cfg;
+  YamlSource src;
+  REQUIRE(MergeYaml("name: plan\ntask: {kind: arithmetic}\n" + yaml, &cfg, &src).ok());
+  absl::Status s = NormalizeExperiment(&cfg, src);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  return cfg;
+}
+
+const RoleMemory& Role(const MemoryPlan& plan, const std::string& name) {
+  for (const auto& r : plan.roles) {
+    if (r.role == name) return r;
+  }
+  FAIL("no role " << name);
+  return plan.roles[0];
+}
+
+double Part(const RoleMemory& r, const std::string& prefix) {
+  for (const auto& p : r.parts) {
+    if (p.name.rfind(prefix, 0) == 0) return p.bytes;
+  }
+  return -1;
+}
+
+TEST_CASE("ParameterCount counts as transformers does") {
+  // The two Llamas of bench/learner_memory.md and bench/learner_layouts.md,
+  // whose parameters transformers counted: 13.9M and 56.4M.
+  CHECK(ParameterCount(Llama(2048, 4)) == 13898240);
+  CHECK(ParameterCount(Llama(32000, 8)) == 56369664);
+  actor::ModelConfig tiny;
+  tiny.vocab_size = 100;
+  tiny.hidden_size = 8;
+  tiny.intermediate_size = 16;
+  tiny.num_layers = 1;
+  tiny.num_heads = 2;
+  tiny.num_kv_heads = 1;
+  CHECK(ParameterCount(tiny) == 2200);  // 2 x 800 + 8 + 16 + 64 + 64 + 64 + 384
+  tiny.tie_embeddings = true;
+  CHECK(ParameterCount(tiny) == 1400);
+  tiny.arch = "qwen2";  // q/k/v biases: 8 + 4 + 4
+  CHECK(ParameterCount(tiny) == 1416);
+  tiny.arch = "qwen3";  // QK-norm: 2 x 4, no biases
+  CHECK(ParameterCount(tiny) == 1408);
+  tiny.arch = "qwen3_moe";  // 4 experts of width 6 and a router
+  tiny.num_experts = 4;
+  tiny.num_experts_per_tok = 2;
+  tiny.moe_intermediate_size = 6;
+  CHECK(ParameterCount(tiny) == 1408 - 384 + 4 * 8 + 4 * 3 * 8 * 6);
+}
+
+TEST_CASE("The learner's state follows the layout") {
+  const actor::ModelConfig m = Llama(2048, 4);
+  const double p = ParameterCount(m);
+  PlanCapacity cap;
+  cap.host_bytes = 64 * kGib;
+  const std::string grpo =
+      "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, samples_per_prompt: 4, optimizer: {lr: 1.0e-5}}}}]\n";
+  auto plain = PlanMemory(Experiment(grpo), m, cap);
+  REQUIRE(plain.ok());
+  const RoleMemory& one = Role(*plain, "learner");
+  CHECK(one.count == 1);
+  CHECK(Part(one, "weights") == 4 * p);
+  CHECK(Part(one, "flat weights and gradients") == 8 * p);
+  CHECK(Part(one, "AdamW moments") == 8 * p);
+  CHECK(Part(one, "gradients") == 4 * p);
+  CHECK(Part(one, "frozen reference") == -1);  // kl.coef 0
+  CHECK(Part(one, "runtime") == cap.runtime_bytes);
+  // 32 sequences of 256 tokens, capped at micro_batch_tokens (8192).
+  CHECK(plain->micro_batch_tokens == 8192);
+  CHECK(plain->micro_batch_rows == 32);
+
+  auto zero1 = PlanMemory(Experiment(grpo + "learner: {shards: 2, zero: 1}\n"), m, cap);
+  REQUIRE(zero1.ok());
+  CHECK(Role(*zero1, "learner").count == 2);
+  CHECK(Part(Role(*zero1, "learner"), "AdamW moments") == 4 * p);
+
+  auto zero3 = PlanMemory(Experiment(grpo + "learner: {shards: 2, zero: 3}\n"), m, cap);
+  REQUIRE(zero3.ok());
+  CHECK(Part(Role(*zero3, "learner 0"), "gathered policy") == 4 * p);
+  CHECK(Part(Role(*zero3, "learner"), "training state") == 10 * p);
+  CHECK(Part(Role(*zero3, "learner"), "gathered policy") == -1);
+
+  auto kl = PlanMemory(Experiment("stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, optimizer: {lr: 1.0e-5}, "
+                                  "kl: {coef: 0.01}}}}]\n"),
+                       m, cap);
+  REQUIRE(kl.ok());
+  CHECK(Part(Role(*kl, "learner"), "frozen reference") == 4 * p);
+
+  // Checkpointing keeps a layer's input instead of its activations.
+  auto ckpt = PlanMemory(Experiment(grpo + "learner: {gradient_checkpointing: true}\n"), m, cap);
+  REQUIRE(ckpt.ok());
+  CHECK(Part(Role(*ckpt, "learner"), "activations (checkpointed)") < 0.5 * Part(one, "activations"));
+
+  auto tp = PlanMemory(Experiment(grpo + "learner: {shards: 2, tp: 2}\n"), m, cap);
+  CHECK(tp.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(tp.status().message()).find("learner.tp") != std::string::npos);
+}
+
+TEST_CASE("The rollout worker's KV cache and a plan that does not fit") {
+  actor::ModelConfig m = Llama(2048, 4);
+  PlanCapacity cap;
+  cap.host_bytes = 64 * kGib;
+  auto plan = PlanMemory(Experiment("stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"
+                                    "rollout: {workers: 2, max_batch: 16}\n"),
+                         m, cap);
+  REQUIRE(plan.ok());
+  const RoleMemory& r = Role(*plan, "rollout_worker");
+  CHECK(r.count == 2);
+  // 2 (k, v) x 4 layers x 4 KV heads x 64 wide x 16 rows x 256 tokens x 4 B.
+  CHECK(Part(r, "KV cache") == 2.0 * 4 * 4 * 64 * 16 * 256 * 4);
+  REQUIRE(plan->devices.size() == 1);
+  CHECK(plan->devices[0].used == Approx(Role(*plan, "learner").Each() + 2 * r.Each()));
+  CHECK(CheckMemoryPlan(*plan).ok());
+
+  cap.host_bytes = 0.5 * kGib;
+  auto small = PlanMemory(Experiment("stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"), m, cap);
+  REQUIRE(small.ok());
+  absl::Status s = CheckMemoryPlan(*small);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(s.message()).find("cpu needs") != std::string::npos);
+  CHECK(std::string(s.message()).find("learner x1") != std::string::npos);
+  CHECK(std::string(s.message()).find("rollout_worker x1") != std::string::npos);
+  CHECK(FormatMemoryPlan(*small).find("DOES NOT FIT") != std::string::npos);
+
+  // GPUs: one per learner shard; their memory unknown means not checked.
+  cap.host_bytes = 64 * kGib;
+  auto gpu = PlanMemory(Experiment("model: {device: \"cuda:1\"}\nlearner: {shards: 2}\n"
+                                   "stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"),
+                        m, cap);
+  REQUIRE(gpu.ok());
+  CHECK(Role(*gpu, "learner 0").device == "cuda:1");
+  CHECK(Role(*gpu, "learner 1").device == "cuda:2");
+  CHECK(Role(*gpu, "rollout_worker").device == "cuda:1");
+  CHECK(CheckMemoryPlan(*gpu).ok());
+  cap.gpu_bytes = 0.1 * kGib;
+  auto tight = PlanMemory(Experiment("model: {device: \"cuda:1\"}\nlearner: {shards: 2}\n"
+                                     "stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"),
+                          m, cap);
+  REQUIRE(tight.ok());
+  CHECK(std::string(CheckMemoryPlan(*tight).message()).find("cuda:2 needs") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace rlmesh
