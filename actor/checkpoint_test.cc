@@ -180,7 +180,9 @@ TEST_CASE("A folder we write opens in transformers with its tokenizer: same ids,
       << nlohmann::json({{"tokenizer_class", "PreTrainedTokenizerFast"},
                          {"chat_template", chat},
                          {"bos_token", nullptr},
-                         {"eos_token", {{"content", "<|im_end|>"}, {"special", true}}},
+                         {"eos_token",
+                          {{"__type", "AddedToken"}, {"content", "<|im_end|>"}, {"lstrip", false},
+                           {"normalized", false}, {"rstrip", false}, {"single_word", false}, {"special", true}}},
                          {"pad_token", "<|endoftext|>"}})
              .dump();
   auto bpe = LoadTokenizer(dir.File("bpe_src"));

@@ -131,7 +131,7 @@ bool Says(const absl::Status& s, const std::string& what) {
 TEST_CASE("LoadTokenizer reads stop ids from the folder, never from token names") {
   testing::TempDir dir;
   SECTION("generation_config.json's list, then tokenizer_config.json's eos_token") {
-    auto t = LoadTokenizer(Folder(dir, "both", R"({"bos_token": {"content": "<|begin|>", "special": true},
+    auto t = LoadTokenizer(Folder(dir, "both", R"({"bos_token": {"__type": "AddedToken", "content": "<|begin|>"},
                                                   "eos_token": "<|end|>", "pad_token": null})",
                                   R"({"eos_token_id": [4, 3], "temperature": 0.6})"));
     REQUIRE(t.ok());

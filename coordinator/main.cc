@@ -54,6 +54,8 @@
 #include "coordinator/registry.h"
 #include "coordinator/runner.h"
 #include "coordinator/slurm_launcher.h"
+#include "tasks/encoding.h"
+#include "tasks/task.h"
 #include "proto/config.pb.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -868,6 +870,35 @@ absl::StatusOr<actor::ModelConfig> PolicyShape(const ExperimentConfig& cfg) {
   return m;
 }
 
+// The longest rows the experiment trains on and generates, from its task's
+// prompts and targets as the run encodes them. Preference pairs (DPO,
+// reward models) and corpora are bounded by model.max_positions (0).
+absl::StatusOr<PlanSequences> LongestSequences(const ExperimentConfig& cfg) {
+  const std::string spec = UserPath(cfg.model().tokenizer());
+  RLMESH_ASSIGN_OR_RETURN(auto tokenizer, actor::LoadTokenizer(spec));
+  RLMESH_ASSIGN_OR_RETURN(auto task, MakeTask(cfg.task(), cfg.seed(), spec));
+  int64_t prompt = 0, target = 0;
+  for (const auto* split : {&task->train(), &task->eval()}) {
+    for (const Example& e : *split) {
+      prompt = std::max<int64_t>(prompt, EncodePrompt(*tokenizer, e.prompt).size());
+      target = std::max<int64_t>(target, EncodeResponse(*tokenizer, e.answer).size());
+    }
+  }
+  if (prompt == 0) return PlanSequences{};
+  const int64_t generate = prompt + cfg.rollout().sampling().max_new_tokens();
+  PlanSequences out{.train = 0, .generate = generate};
+  for (const Stage& stage : cfg.stages()) {
+    if (stage.has_sft()) {
+      out.train = std::max(out.train, prompt + target);
+    } else if (RlSettings(stage) != nullptr) {
+      out.train = std::max(out.train, generate);
+    } else {
+      return PlanSequences{.train = 0, .generate = generate};  // pairs: the bound
+    }
+  }
+  return out;
+}
+
 // `coordinator plan` and `run --dry-run` of a local run: the memory plan,
 // and 1 when it does not fit.
 int PrintPlan(const char* command, const ExperimentConfig& cfg) {
@@ -876,10 +907,12 @@ int PrintPlan(const char* command, const ExperimentConfig& cfg) {
   // The context the roles use is the experiment's (validated against the
   // checkpoint's at load).
   shape->max_positions = cfg.model().max_positions();
+  auto sequences = LongestSequences(cfg);
+  if (!sequences.ok()) return Fail(command, sequences.status());
   PlanCapacity capacity;
   capacity.host_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   capacity.gpu_bytes = absl::GetFlag(FLAGS_gpu_memory_gib) * (1 << 30);
-  auto plan = PlanMemory(cfg, *shape, capacity);
+  auto plan = PlanMemory(cfg, *shape, *sequences, capacity);
   if (!plan.ok()) return Fail(command, plan.status());
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", MemoryPlanJson(*plan).dump(2).c_str());

@@ -15,6 +15,11 @@ namespace {
 constexpr double kFp32 = 4;
 // Time steps per log-prob chunk (TrainerOptions.logprob_chunk).
 constexpr int64_t kLogprobChunk = 64;
+// Chunk-sized [rows, chunk, vocabulary] fp32 tensors alive at once in the
+// log-prob backward (actor/logprobs.cc): the recomputed logits, their
+// scaling, log p, p, the gradient and its temporaries (-p g, p (log p + H),
+// the difference).
+constexpr double kChunkTensors = 8;
 
 std::string Gib(double bytes) { return absl::StrFormat("%.2f GiB", bytes / (1 << 30)); }
 
@@ -55,6 +60,7 @@ absl::Status PlanCapacity::Validate() const {
   if (!(host_bytes > 0)) return absl::InvalidArgumentError("PlanCapacity.host_bytes: must be > 0");
   if (gpu_bytes < 0) return absl::InvalidArgumentError("PlanCapacity.gpu_bytes: must be >= 0");
   if (runtime_bytes < 0) return absl::InvalidArgumentError("PlanCapacity.runtime_bytes: must be >= 0");
+  if (replay_buffer_bytes < 0) return absl::InvalidArgumentError("PlanCapacity.replay_buffer_bytes: must be >= 0");
   return absl::OkStatus();
 }
 
@@ -89,7 +95,7 @@ int64_t ParameterCount(const actor::ModelConfig& m) {
 }
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::ModelConfig& m,
-                                      const PlanCapacity& capacity) {
+                                      const PlanSequences& lengths, const PlanCapacity& capacity) {
   if (absl::Status s = capacity.Validate(); !s.ok()) return s;
   const LearnerConfig& lc = e.learner();
   if (lc.tp() > 1) return absl::UnimplementedError("learner.tp: coordinator plan does not plan tensor parallelism yet");
@@ -101,7 +107,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
   const double p = static_cast<double>(ParameterCount(m));
   plan.parameters = static_cast<int64_t>(p);
   const int dp = std::max(1, lc.shards());
-  const int64_t context = m.max_positions;
+  auto bounded = [&](int64_t n) { return n > 0 ? std::min<int64_t>(n, m.max_positions) : m.max_positions; };
+  const int64_t context = bounded(lengths.train);
+  const int64_t generated = bounded(lengths.generate);
 
   // The largest micro-batch over the stages, and what the stages keep.
   bool reference = false, critic = false;
@@ -122,7 +130,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
                           ? tokens * (m.num_layers * kFp32 * m.hidden_size + layer)
                           : tokens * m.num_layers * layer;
   const double activations = kept + tokens * kFp32 * 3 * m.hidden_size +
-                             plan.micro_batch_rows * kLogprobChunk * m.vocab_size * kFp32 * 3;
+                             plan.micro_batch_rows * kLogprobChunk * m.vocab_size * kFp32 * kChunkTensors;
 
   auto learner_parts = [&](bool rank0) {
     std::vector<MemoryPart> parts;
@@ -133,7 +141,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
     } else {
       parts.push_back({"weights", 4 * p});
       parts.push_back({"flat weights and gradients", 8 * p});
-      parts.push_back({lc.zero() == 1 ? "AdamW moments (ZeRO-1, / dp)" : "AdamW moments", 8 * p / (lc.zero() == 1 ? dp : 1)});
+      if (lc.zero() == 1) {
+        parts.push_back({"AdamW moments (ZeRO-1, / dp)", 8 * p / dp});
+        parts.push_back({"shard of gradients and weights (/ dp)", 8 * p / dp});
+      } else {
+        parts.push_back({"AdamW moments", 8 * p});
+      }
       parts.push_back({"gradients", 4 * p});
     }
     if (reference) parts.push_back({"frozen reference", 4 * p});
@@ -176,11 +189,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
   const int64_t max_batch = e.rollout().max_batch() > 0 ? e.rollout().max_batch() : 64;
   RoleMemory rollout{"rollout_worker", rollout_device, std::max(1, e.rollout().workers()), {}};
   rollout.parts.push_back({"weights", kFp32 * p});
-  rollout.parts.push_back({absl::StrCat("KV cache (", max_batch, " x ", context, " tokens)"),
-                           2.0 * m.num_layers * m.num_kv_heads * m.HeadDim() * max_batch * context * kFp32});
+  rollout.parts.push_back({absl::StrCat("KV cache (", max_batch, " x ", generated, " tokens)"),
+                           2.0 * m.num_layers * m.num_kv_heads * m.HeadDim() * max_batch * generated * kFp32});
   rollout.parts.push_back({"logits", 2.0 * max_batch * m.vocab_size * kFp32});
   if (rollout_device == "cpu") rollout.parts.push_back({"runtime", capacity.runtime_bytes});
   plan.roles.push_back(rollout);
+  // The host's other roles: reward servers and the replay buffer.
+  std::vector<MemoryPart> reward = {{"runtime", capacity.runtime_bytes}};
+  if (!e.reward().reward_model().empty()) reward.push_back({"reward model (not planned)", 0});
+  plan.roles.push_back({"reward_server", "cpu", std::max(1, e.reward().servers()), reward});
+  plan.roles.push_back({"replay_buffer", "cpu", 1, {{"runtime", capacity.replay_buffer_bytes}}});
 
   // Sum per device.
   std::map<std::string, double> used;

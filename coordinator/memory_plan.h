@@ -8,19 +8,23 @@
 // The learner's terms are the theory bench/learner_memory.md and
 // bench/learner_layouts.md measure (fp32 masters, P parameters):
 //   weights 4 P, DataParallel's flat weights and gradients 8 P, AdamW's
-//   moments 8 P (ZeRO-1: / dp), the parameters' gradients 4 P; ZeRO-3 holds
-//   all of it / dp, plus the gathered policy (4 P) on rank 0;
+//   moments 8 P (ZeRO-1: 8 P / dp, plus the rank's shard of gradients and
+//   weights, 8 P / dp), the parameters' gradients 4 P; ZeRO-3 holds 24 P /
+//   dp, plus the gathered policy (4 P) on rank 0;
 //   a frozen reference 4 P (RL with kl.coef > 0, DPO); PPO's critic its own
 //   state and activations;
 //   activations of one micro-batch of N tokens in R rows (N = the stage's
-//   sequences per shard x model.max_positions, at most
+//   sequences per shard x the longest training sequence, at most
 //   learner.micro_batch_tokens): N x L x 4 x (9H + 4KV + 4I + A + 4) in the
 //   layers (with activation checkpointing each layer keeps its input, 4H
 //   per token, and one layer is recomputed at a time), N x 4 x 3H around
-//   them, and one chunk of R x 64 logits x 3 (values, softmax, gradient).
-// A rollout worker holds the weights in model.dtype, a KV cache of
-// rollout.max_batch sequences of model.max_positions tokens, and a batch of
-// logits. Every process adds the runtime it starts with (LibTorch).
+//   them, and eight [R, 64, V] fp32 tensors of the log-prob chunk's
+//   backward (actor/logprobs.cc: the recomputed logits, log p, p, the
+//   gradient and its temporaries).
+// A rollout worker holds the weights (fp32), a KV cache of
+// rollout.max_batch sequences of the longest generated sequence, and a
+// batch of logits. Every process on the host adds the runtime it starts
+// with (LibTorch).
 // Tensor and expert parallelism are not planned (UNIMPLEMENTED, by field).
 
 #include <cstdint>
@@ -41,11 +45,25 @@ struct PlanCapacity {
   double host_bytes = 0;
   // Memory of each GPU; 0 = unknown (GPU roles are planned, not checked).
   double gpu_bytes = 0;
-  // Resident memory of a process that has loaded LibTorch and its
-  // libraries, before any model. Default: measured by bench/memory_plan.py.
-  double runtime_bytes = 380.0 * (1 << 20);
+  // Resident memory of a role process that has loaded LibTorch and its
+  // libraries, before any model. Default 135 MiB: idle learners, rollout
+  // workers and reward servers measured 127-131 MiB on a 2-core x86 VM
+  // (bench/memory_plan.md).
+  double runtime_bytes = 135.0 * (1 << 20);
+  // The replay buffer process before it holds data (no LibTorch). Default
+  // 28 MiB, measured as above; RocksDB's memtables and cache come on top.
+  double replay_buffer_bytes = 28.0 * (1 << 20);
 
   absl::Status Validate() const;
+};
+
+// The longest sequences, in tokens; 0 = model.max_positions (the bound).
+struct PlanSequences {
+  // A training row: the longest prompt plus the longest target (SFT) or
+  // rollout.sampling.max_new_tokens (RL), whichever stages there are.
+  int64_t train = 0;
+  // A generated row: the longest prompt plus max_new_tokens.
+  int64_t generate = 0;
 };
 
 struct MemoryPart {
@@ -86,7 +104,7 @@ int64_t ParameterCount(const actor::ModelConfig& model);
 // policy's shape (config.json of model.path, or the scratch sizes with the
 // tokenizer's vocabulary).
 absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& experiment, const actor::ModelConfig& model,
-                                      const PlanCapacity& capacity);
+                                      const PlanSequences& sequences, const PlanCapacity& capacity);
 
 // The table a person reads.
 std::string FormatMemoryPlan(const MemoryPlan& plan);

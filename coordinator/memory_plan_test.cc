@@ -79,7 +79,7 @@ TEST_CASE("The learner's state follows the layout") {
   cap.host_bytes = 64 * kGib;
   const std::string grpo =
       "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, samples_per_prompt: 4, optimizer: {lr: 1.0e-5}}}}]\n";
-  auto plain = PlanMemory(Experiment(grpo), m, cap);
+  auto plain = PlanMemory(Experiment(grpo), m, {}, cap);
   REQUIRE(plain.ok());
   const RoleMemory& one = Role(*plain, "learner");
   CHECK(one.count == 1);
@@ -93,12 +93,14 @@ TEST_CASE("The learner's state follows the layout") {
   CHECK(plain->micro_batch_tokens == 8192);
   CHECK(plain->micro_batch_rows == 32);
 
-  auto zero1 = PlanMemory(Experiment(grpo + "learner: {shards: 2, zero: 1}\n"), m, cap);
+  auto zero1 = PlanMemory(Experiment(grpo + "learner: {shards: 2, zero: 1}\n"), m, {}, cap);
   REQUIRE(zero1.ok());
   CHECK(Role(*zero1, "learner").count == 2);
   CHECK(Part(Role(*zero1, "learner"), "AdamW moments") == 4 * p);
+  CHECK(Part(Role(*zero1, "learner"), "shard of gradients and weights") == 4 * p);
+  CHECK(Role(*zero1, "learner").Each() < Role(*plain, "learner").Each());
 
-  auto zero3 = PlanMemory(Experiment(grpo + "learner: {shards: 2, zero: 3}\n"), m, cap);
+  auto zero3 = PlanMemory(Experiment(grpo + "learner: {shards: 2, zero: 3}\n"), m, {}, cap);
   REQUIRE(zero3.ok());
   CHECK(Part(Role(*zero3, "learner 0"), "gathered policy") == 4 * p);
   CHECK(Part(Role(*zero3, "learner"), "training state") == 10 * p);
@@ -106,16 +108,24 @@ TEST_CASE("The learner's state follows the layout") {
 
   auto kl = PlanMemory(Experiment("stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, optimizer: {lr: 1.0e-5}, "
                                   "kl: {coef: 0.01}}}}]\n"),
-                       m, cap);
+                       m, {}, cap);
   REQUIRE(kl.ok());
   CHECK(Part(Role(*kl, "learner"), "frozen reference") == 4 * p);
 
   // Checkpointing keeps a layer's input instead of its activations.
-  auto ckpt = PlanMemory(Experiment(grpo + "learner: {gradient_checkpointing: true}\n"), m, cap);
+  auto ckpt = PlanMemory(Experiment(grpo + "learner: {gradient_checkpointing: true}\n"), m, {}, cap);
   REQUIRE(ckpt.ok());
   CHECK(Part(Role(*ckpt, "learner"), "activations (checkpointed)") < 0.5 * Part(one, "activations"));
 
-  auto tp = PlanMemory(Experiment(grpo + "learner: {shards: 2, tp: 2}\n"), m, cap);
+  // The longest sequences bound the micro-batch and the KV cache, not the
+  // context window.
+  auto short_rows = PlanMemory(Experiment(grpo), m, {.train = 64, .generate = 48}, cap);
+  REQUIRE(short_rows.ok());
+  CHECK(short_rows->micro_batch_tokens == 32 * 64);
+  CHECK(short_rows->micro_batch_rows == 32);
+  CHECK(Part(Role(*short_rows, "rollout_worker"), "KV cache") == 2.0 * 4 * 4 * 64 * 64 * 48 * 4);
+
+  auto tp = PlanMemory(Experiment(grpo + "learner: {shards: 2, tp: 2}\n"), m, {}, cap);
   CHECK(tp.status().code() == absl::StatusCode::kUnimplemented);
   CHECK(std::string(tp.status().message()).find("learner.tp") != std::string::npos);
 }
@@ -126,18 +136,19 @@ TEST_CASE("The rollout worker's KV cache and a plan that does not fit") {
   cap.host_bytes = 64 * kGib;
   auto plan = PlanMemory(Experiment("stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"
                                     "rollout: {workers: 2, max_batch: 16}\n"),
-                         m, cap);
+                         m, {}, cap);
   REQUIRE(plan.ok());
   const RoleMemory& r = Role(*plan, "rollout_worker");
   CHECK(r.count == 2);
   // 2 (k, v) x 4 layers x 4 KV heads x 64 wide x 16 rows x 256 tokens x 4 B.
   CHECK(Part(r, "KV cache") == 2.0 * 4 * 4 * 64 * 16 * 256 * 4);
   REQUIRE(plan->devices.size() == 1);
-  CHECK(plan->devices[0].used == Approx(Role(*plan, "learner").Each() + 2 * r.Each()));
+  CHECK(plan->devices[0].used == Approx(Role(*plan, "learner").Each() + 2 * r.Each() +
+                                        Role(*plan, "reward_server").Each() + cap.replay_buffer_bytes));
   CHECK(CheckMemoryPlan(*plan).ok());
 
   cap.host_bytes = 0.5 * kGib;
-  auto small = PlanMemory(Experiment("stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"), m, cap);
+  auto small = PlanMemory(Experiment("stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"), m, {}, cap);
   REQUIRE(small.ok());
   absl::Status s = CheckMemoryPlan(*small);
   CHECK(s.code() == absl::StatusCode::kResourceExhausted);
@@ -150,7 +161,7 @@ TEST_CASE("The rollout worker's KV cache and a plan that does not fit") {
   cap.host_bytes = 64 * kGib;
   auto gpu = PlanMemory(Experiment("model: {device: \"cuda:1\"}\nlearner: {shards: 2}\n"
                                    "stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"),
-                        m, cap);
+                        m, {}, cap);
   REQUIRE(gpu.ok());
   CHECK(Role(*gpu, "learner 0").device == "cuda:1");
   CHECK(Role(*gpu, "learner 1").device == "cuda:2");
@@ -159,7 +170,7 @@ TEST_CASE("The rollout worker's KV cache and a plan that does not fit") {
   cap.gpu_bytes = 0.1 * kGib;
   auto tight = PlanMemory(Experiment("model: {device: \"cuda:1\"}\nlearner: {shards: 2}\n"
                                      "stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"),
-                          m, cap);
+                          m, {}, cap);
   REQUIRE(tight.ok());
   CHECK(std::string(CheckMemoryPlan(*tight).message()).find("cuda:2 needs") != std::string::npos);
 }
