@@ -69,14 +69,12 @@ torch::Tensor FixedShapeDecoder::Step(GenerationModel& model, const KvCache& cac
     (capturing ? c.hidden : out) = run();
   });
   if (!graph.ok()) {
-    graphs_ = false;
+    // Asked for graphs, the run gets graphs or fails: decoding on eagerly
+    // would pass a GPU check with the feature off.
     graph_error_ = graph.status().ToString();
     by_bucket_.clear();
-    RLMESH_LOG(WARNING) << "decode runs without CUDA graphs from here on: " << graph_error_;
-    // The warm-up may have run before the capture failed; its step is the
-    // one to keep, as a second run would write the cache twice (harmless,
-    // the same values) but cost a step.
-    return (out.defined() ? out : run()).narrow(0, 0, n);
+    TORCH_CHECK(false, "rollout.cuda_graphs: capturing the decode step of ", bucket, " rows on ", device_.str(),
+                " failed: ", graph_error_);
   }
   c.graph = std::move(*graph);
   ++captures_;

@@ -40,15 +40,16 @@ class FixedShapeDecoder {
   // Final hidden states [n, H] of one decode step of the n live rows (the
   // token each feeds, `ids`, at position `lens`), through rows
   // [0, Bucket(n)) of `cache`, which must hold that many. Throws what the
-  // model throws; a graph that cannot be captured is reported once
-  // (graph_error) and the steps run without graphs from then on.
+  // model throws, and c10::Error naming rollout.cuda_graphs when a graph
+  // cannot be captured (graph_error keeps why): asked for graphs, decoding
+  // never goes on without them.
   torch::Tensor Step(GenerationModel& model, const KvCache& cache, const std::vector<int64_t>& ids,
                      const std::vector<int64_t>& lens);
 
   // Graphs captured and replayed so far.
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
-  // Why graphs were given up ("" while they work or are off).
+  // Why a capture failed ("" while graphs work or are off).
   const std::string& graph_error() const { return graph_error_; }
 
  private:

@@ -215,6 +215,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.WeightSyncConfig.bucket_mb", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.timeout_ms", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.whole_model", "weight_sync/pieces.cc"},
+    {"rlmesh.WeightSyncConfig.fallback", "coordinator/weights.cc"},
     {"rlmesh.ExperimentConfig.checkpoint", "coordinator/rl_loop.cc"},
     {"rlmesh.CheckpointConfig.every", "coordinator/rl_loop.cc"},
     {"rlmesh.CheckpointConfig.keep", "learner/stage_options.cc"},

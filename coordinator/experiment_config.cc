@@ -373,6 +373,9 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(b.max_bytes() >= 0, "buffer.max_bytes", "must be >= 0");
   c.Require(config->weight_sync().bucket_mb() >= 0 && config->weight_sync().bucket_mb() <= 4096,
             "weight_sync.bucket_mb", "must be in [0, 4096] (0 = 64)");
+  if (config->weight_sync().fallback().empty()) config->mutable_weight_sync()->set_fallback("none");
+  c.Require(config->weight_sync().fallback() == "none" || config->weight_sync().fallback() == "checkpoint",
+            "weight_sync.fallback", "must be none or checkpoint");
   c.Require(config->weight_sync().timeout_ms() >= 0 && config->weight_sync().timeout_ms() <= 3'600'000,
             "weight_sync.timeout_ms", "must be in [0, 3600000] (an hour)");
 

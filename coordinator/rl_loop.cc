@@ -154,6 +154,9 @@ absl::Status RunLoop::AfterStep(const Stage& stage, int64_t total, nlohmann::jso
   if (!reward_model) {
     RLMESH_RETURN_IF_ERROR(SyncWeights());
     (*j)["seconds_sync"] = last_sync_seconds_;
+    // How the weights travelled: the configured backend, or checkpoint
+    // folders (weight_sync.fallback).
+    (*j)["weight_sync"] = WeightSyncName();
   }
   if (!reward_model && ShouldEval(cfg(), stage_step_, total)) {
     const absl::Time t = absl::Now();

@@ -114,6 +114,9 @@ class RunLoop {
   // --- weights.cc ---------------------------------------------------------
   absl::Status SyncWeights(bool through_checkpoint = false);
   absl::Status SyncThroughGroup();
+  // "shm", "gloo", "nccl", "cuda_ipc", "auto" (the configured backend), or
+  // "checkpoint" once weight_sync.fallback took over.
+  std::string WeightSyncName() const;
   // The port of the c10d store learner 0 hosts (asked once, then cached
   // until recovery). `timeout_ms`: the store server's wait timeout.
   absl::StatusOr<int> LearnerStorePort(int64_t timeout_ms);

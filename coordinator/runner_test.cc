@@ -162,6 +162,47 @@ std::vector<int64_t> AsyncLags(int k, FakeCluster* cluster, const std::string& r
   return lags;
 }
 
+// A backend that cannot run here fails the run by name, unless the
+// experiment asked for checkpoint folders instead; the step metrics say
+// which way the weights went.
+TEST_CASE("weight sync: an unavailable backend is refused, or replaced by checkpoint folders only when asked") {
+  testing::TempDir dir;
+  {
+    FakeCluster cluster({});
+    cluster.FailNext("rollout.ConfigureWeightSync", absl::UnimplementedError("no NCCL in this build"));
+    ExperimentRunner runner(Options(Config(kGrpo, "weight_sync: {backend: WEIGHT_SYNC_NCCL}\n"), dir.File("a")),
+                            cluster.MakeClients());
+    absl::Status s = runner.Run();
+    INFO(s.ToString());
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("weight_sync.backend nccl cannot run here: no NCCL in this build") !=
+          std::string::npos);
+    CHECK(std::string(s.message()).find("weight_sync.fallback: checkpoint") != std::string::npos);
+  }
+  {
+    FakeCluster cluster({});
+    cluster.FailNext("rollout.ConfigureWeightSync", absl::UnimplementedError("no NCCL in this build"));
+    ExperimentRunner runner(
+        Options(Config(kGrpo, "weight_sync: {backend: WEIGHT_SYNC_NCCL, fallback: checkpoint}\n"), dir.File("b")),
+        cluster.MakeClients());
+    absl::Status s = runner.Run();
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    const auto steps = Records(dir.File("b"), "step");
+    REQUIRE(steps.size() == 3);
+    for (const auto& j : steps) CHECK(j["weight_sync"] == "checkpoint");
+    int from_folder = 0;
+    for (const auto& l : cluster.loads()) from_folder += l.from_checkpoint ? 1 : 0;
+    CHECK(from_folder == 4);  // the stage's start and each of the three steps
+  }
+  {
+    FakeCluster cluster({});
+    ExperimentRunner runner(Options(Config(kGrpo), dir.File("c")), cluster.MakeClients());
+    REQUIRE(runner.Run().ok());
+    for (const auto& j : Records(dir.File("c"), "step")) CHECK(j["weight_sync"] == "auto");
+  }
+}
+
 TEST_CASE("async RL: rollout runs ahead of the learner, never more than max_staleness versions") {
   for (int k : {1, 2}) {
     INFO("max_staleness " << k);

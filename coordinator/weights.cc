@@ -7,7 +7,9 @@
 #include <vector>
 #include <unistd.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -38,11 +40,20 @@ absl::Status RunLoop::SyncWeights(bool through_checkpoint) {
     }
     // A backend this build or host cannot run (UNIMPLEMENTED; NCCL or
     // CUDA_IPC without a GPU or library: FAILED_PRECONDITION on the first
-    // try) falls back to checkpoint folders; later failures are errors.
+    // try) fails the run, unless the experiment asked for checkpoint
+    // folders instead; later failures are errors either way.
     const bool unavailable = s.code() == absl::StatusCode::kUnimplemented ||
                              (s.code() == absl::StatusCode::kFailedPrecondition && !group_sync_worked_);
     if (!unavailable) return s;
-    RLMESH_LOG(WARNING) << "weight-sync group unavailable (" << s.message() << "); syncing through checkpoint folders";
+    if (cfg().weight_sync().fallback() != "checkpoint") {
+      // Not a step to retry (the step loop retries FAILED_PRECONDITION):
+      // the configuration names what this host cannot do.
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight_sync.backend ", WeightSyncName(), " cannot run here: ", s.message(),
+                       " (set weight_sync.fallback: checkpoint to sync through checkpoint folders instead)"));
+    }
+    RLMESH_LOG(WARNING) << "weight-sync group unavailable (" << s.message()
+                        << "); syncing through checkpoint folders (weight_sync.fallback: checkpoint)";
     sync_unavailable_ = true;
   }
   const std::string dir = absl::StrCat(o_.run_dir, "/weights/v", versions_.learner());
@@ -54,6 +65,11 @@ absl::Status RunLoop::SyncWeights(bool through_checkpoint) {
   last_weights_dir_ = saved;
   last_sync_seconds_ = Seconds(start);
   return absl::OkStatus();
+}
+
+std::string RunLoop::WeightSyncName() const {
+  if (sync_unavailable_) return "checkpoint";
+  return absl::AsciiStrToLower(absl::StripPrefix(WeightSyncBackend_Name(cfg().weight_sync().backend()), "WEIGHT_SYNC_"));
 }
 
 absl::Status RunLoop::SyncThroughGroup() {
