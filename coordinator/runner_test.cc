@@ -5,6 +5,7 @@
 #include "coordinator/runner.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -160,6 +161,35 @@ std::vector<int64_t> AsyncLags(int k, FakeCluster* cluster, const std::string& r
   }
   REQUIRE(lags.size() == 8);
   return lags;
+}
+
+// A model folder that names no stop token would generate to
+// max_new_tokens every time: the run is refused before anything starts,
+// naming what it read; the experiment's own stop ids are enough.
+TEST_CASE("a tokenizer folder without a stop token is refused, naming the files read") {
+  testing::TempDir dir;
+  const std::string folder = dir.File("tok");
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/tokenizer.json")
+      << R"({"model": {"type": "BPE", "vocab": {"1": 0, "+": 1, "=": 2, "2": 3}, "merges": []},
+            "added_tokens": [{"id": 4, "content": "</s>", "special": true}]})";
+  std::ofstream(folder + "/tokenizer_config.json") << R"({"bos_token": null})";
+  ExperimentConfig cfg = Config(kGrpo);
+  cfg.mutable_model()->set_tokenizer(folder);
+  {
+    FakeCluster cluster({});
+    ExperimentRunner runner(Options(cfg, dir.File("a")), cluster.MakeClients());
+    absl::Status s = runner.Run();
+    INFO(s.ToString());
+    CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(std::string(s.message()).find("no stop token: read " + folder + "/tokenizer_config.json (no eos_token); " +
+                                        folder + "/generation_config.json (absent)") != std::string::npos);
+    CHECK(cluster.events().empty());
+  }
+  cfg.mutable_rollout()->mutable_sampling()->add_stop_token_ids(4);
+  FakeCluster cluster({});
+  ExperimentRunner runner(Options(cfg, dir.File("b")), cluster.MakeClients());
+  CHECK(runner.Run().ok());
 }
 
 // A backend that cannot run here fails the run by name, unless the
