@@ -167,12 +167,27 @@ def one(root, work, arch):
           f"pass@4 {in_run['pass@4']:.3f}); max |log-prob - transformers| {worst:.2g}", flush=True)
 
 
+def refusals(root, work):
+    """coordinator eval refuses what it cannot evaluate, naming the flag."""
+    coordinator = os.path.join(root, "coordinator/coordinator")
+    config = os.path.join(root, "configs/grpo_hf_model.yaml")
+    for args, expected in (([], "--model: required"),
+                           (["--model", os.path.join(work, "nowhere")], "config.json does not exist"),
+                           (["--model", os.path.join(work, "llama3", "hub"), "--data", os.path.join(work, "no.jsonl")],
+                            "--data: ")):
+        p = subprocess.run([coordinator, "eval", config, "--bin_dir=" + root] + args, capture_output=True, text=True,
+                           timeout=60)
+        check(p.returncode != 0 and expected in p.stderr + p.stdout,
+              f"eval {args}: exit {p.returncode}, {(p.stderr + p.stdout)[-300:]!r} lacks {expected!r}")
+
+
 def main():
     root, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
     archs = sys.argv[3:] or ARCHS
     for arch in archs:
         one(root, work, arch)
+    refusals(root, work)
     if failures:
         print(f"{len(failures)} failures")
         sys.exit(1)
