@@ -170,7 +170,7 @@ def main():
         f"Load average (1 min) before/after: {load_before[0]:.1f} / {load_after[0]:.1f} on {os.cpu_count()} cores.",
         "The machine is shared with other engineers' builds and tests; under such load 2 OpenMP threads",
         "collapse (a descheduled thread stalls every barrier), so the 1-thread table is the steadier comparison.",
-        "Targets from issue 3: decode >= 2x transformers, training step >= Python eager, >= 60% of the matmul rate.",
+        "Targets: decode >= 2x transformers, training step >= Python eager, >= 60% of the matmul rate.",
         "",
         "## Notes",
         "",

@@ -28,7 +28,7 @@
 #include "dist/device.h"
 
 ABSL_FLAG(std::string, device, "cuda", "Device to measure: cuda or cuda:<index>.");
-ABSL_FLAG(int, hidden, 1024, "Model width (the ~0.5B-shaped model of issue 12: >= 1024).");
+ABSL_FLAG(int, hidden, 1024, "Model width (a ~0.5B-shaped model: >= 1024).");
 ABSL_FLAG(int, layers, 24, "Decoder layers.");
 ABSL_FLAG(int, heads, 16, "Attention heads.");
 ABSL_FLAG(int, kv_heads, 4, "Key/value heads.");
