@@ -4,4 +4,4 @@
 set -euo pipefail
 PY="${RLMESH_PYTHON:-python3}"
 ROOT="$TEST_SRCDIR/$TEST_WORKSPACE"
-exec "$PY" "$ROOT/scripts/gen_config_reference.py" --root "$ROOT" --check "$ROOT/docs/configuration.md"
+exec "$PY" "$ROOT/docs/gen_config_reference.py" --root "$ROOT" --check "$ROOT/docs/configuration.md"

@@ -1,0 +1,1 @@
+../scripts/gen_config_reference.py
