@@ -73,6 +73,7 @@ WeightSyncSpec Spec(int port, int rank, const std::string& prefix) {
   spec.set_timeout_ms(300000);
   spec.set_shm_prefix(prefix);
   spec.set_bucket_mb(absl::GetFlag(FLAGS_bucket_mb));
+  if (backend == "cuda_ipc") spec.set_device(absl::GetFlag(FLAGS_device));
   return spec;
 }
 

@@ -161,7 +161,10 @@ grpc::ServerUnaryReactor* LearnerService::PublishWeights(grpc::CallbackServerCon
     const std::string serialized = spec.SerializeAsString();
     if (!slot.publisher || serialized != slot.spec) {
       slot.publisher.reset();
-      auto pub = weight_sync::CreateWeightPublisher(spec);
+      // NCCL and CUDA IPC run on the device the policy lives on.
+      WeightSyncSpec own = spec;
+      if (!tensors.empty() && tensors.front().second.is_cuda()) own.set_device(tensors.front().second.device().str());
+      auto pub = weight_sync::CreateWeightPublisher(own);
       if (!pub.ok()) return pub.status();
       slot.publisher = *std::move(pub);
       slot.spec = serialized;

@@ -120,7 +120,10 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
   return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};
 }
 
-absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& spec, absl::Time deadline) {
+absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& given, absl::Time deadline) {
+  // NCCL and CUDA IPC run on this worker's own device.
+  WeightSyncSpec spec = given;
+  if (!impl_->options.device.empty() && impl_->options.device != "cpu") spec.set_device(impl_->options.device);
   std::unique_ptr<weight_sync::WeightReceiver> receiver;
   std::vector<std::unique_ptr<weight_sync::WeightReceiver>> pieces;
   const int tp = impl_->options.tensor_parallel;

@@ -276,7 +276,7 @@ absl::StatusOr<std::unique_ptr<BroadcastGroup>> MakeBroadcastGroup(const WeightS
   if (!nccl.ok()) return absl::FailedPreconditionError(absl::StrCat("NCCL backend: ", nccl.status().message()));
   RLMESH_ASSIGN_OR_RETURN(const CudaRuntimeApi* cuda, RequireCuda("NCCL"));
   RLMESH_ASSIGN_OR_RETURN(int devices, CudaDeviceCount());
-  const int device = spec.rank() % devices;
+  RLMESH_ASSIGN_OR_RETURN(const int device, CudaDeviceOf(spec, devices));
   // The buckets are LibTorch tensors on that GPU: its CUDA backend must load.
   RLMESH_RETURN_IF_ERROR(
       dist::ResolveDevice(absl::StrCat("cuda:", device), absl::StrCat("NCCL backend rank ", spec.rank())).status());

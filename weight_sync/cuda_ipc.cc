@@ -117,8 +117,8 @@ absl::StatusOr<IpcManifest> DecodeIpcManifest(const std::string& text, const std
 
 class CudaIpcPublisher final : public WeightPublisher {
  public:
-  CudaIpcPublisher(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda)
-      : spec_(spec), prefix_(ShmPrefix(spec)), cuda_(cuda) {}
+  CudaIpcPublisher(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda, int device)
+      : spec_(spec), prefix_(ShmPrefix(spec)), cuda_(cuda), device_(device) {}
   ~CudaIpcPublisher() override {
     for (int64_t v : manifests_) unlink(IpcManifestPath(prefix_, v).c_str());
     if (seq_.data() != nullptr) unlink(IpcSeqPath(prefix_).c_str());
@@ -185,7 +185,7 @@ class CudaIpcPublisher final : public WeightPublisher {
   absl::Status Init() {
     if (seq_.data() == nullptr) RLMESH_RETURN_IF_ERROR(seq_.Create(IpcSeqPath(prefix_), 2 * sizeof(int64_t)));
     if (stream_ != nullptr) return CudaCall("cudaSetDevice", cuda_->SetDevice(device_));
-    // The learner's rank 0 uses the first visible device.
+    // The device the learner's policy lives on (spec.device).
     RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device_)));
     char bus[32] = {0};
     RLMESH_RETURN_IF_ERROR(CudaCall("cudaDeviceGetPCIBusId", cuda_->DeviceGetPCIBusId(bus, sizeof(bus) - 1, device_)));
@@ -251,7 +251,7 @@ class CudaIpcPublisher final : public WeightPublisher {
   const WeightSyncSpec spec_;
   const std::string prefix_;
   const CudaRuntimeApi* const cuda_;
-  const int device_ = 0;
+  const int device_;  // spec.device's index
   std::string bus_id_;
   cudaStream_t stream_ = nullptr;
   int64_t last_ = 0;
@@ -466,8 +466,9 @@ absl::StatusOr<const CudaRuntimeApi*> RequireCuda(const char* backend) {
   return *cuda;
 }
 
-std::unique_ptr<WeightPublisher> NewCudaIpcPublisher(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda) {
-  return std::make_unique<CudaIpcPublisher>(spec, cuda);
+std::unique_ptr<WeightPublisher> NewCudaIpcPublisher(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda,
+                                                     int device) {
+  return std::make_unique<CudaIpcPublisher>(spec, cuda, device);
 }
 
 std::unique_ptr<WeightReceiver> NewCudaIpcReceiver(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda) {

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "common/device_spec.h"
 #include "weight_sync/internal.h"
 
 namespace rlmesh::weight_sync {
@@ -65,6 +66,22 @@ WeightSyncBackend ResolveBackend(const WeightSyncSpec& spec) {
   return one_host ? WEIGHT_SYNC_SHM : WEIGHT_SYNC_GLOO;
 }
 
+absl::StatusOr<int> CudaDeviceOf(const WeightSyncSpec& spec, int visible_devices) {
+  const std::string who = absl::StrCat("weight sync rank ", spec.rank(), " spec.device");
+  absl::StatusOr<int> index = ParseDeviceSpec(spec.device(), who);
+  if (!index.ok()) return absl::FailedPreconditionError(index.status().message());
+  if (*index < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": ", WeightSyncBackend_Name(ResolveBackend(spec)), " moves weights between GPUs, but this process's are on ",
+        spec.device().empty() ? "the CPU (no device given)" : spec.device()));
+  }
+  if (*index >= visible_devices) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": ", spec.device(), " but this process sees ", visible_devices, " CUDA device(s)"));
+  }
+  return *index;
+}
+
 absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const WeightSyncSpec& spec) {
   RLMESH_RETURN_IF_ERROR(ValidateSpec(spec));
   switch (ResolveBackend(spec)) {
@@ -80,7 +97,9 @@ absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const Wei
     }
     case WEIGHT_SYNC_CUDA_IPC: {
       RLMESH_ASSIGN_OR_RETURN(const CudaRuntimeApi* cuda, RequireCuda("CUDA_IPC"));
-      return std::unique_ptr<WeightPublisher>(NewCudaIpcPublisher(spec, cuda).release());
+      RLMESH_ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
+      RLMESH_ASSIGN_OR_RETURN(const int device, CudaDeviceOf(spec, devices));
+      return std::unique_ptr<WeightPublisher>(NewCudaIpcPublisher(spec, cuda, device).release());
     }
     default:
       return absl::InvalidArgumentError(

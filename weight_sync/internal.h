@@ -207,7 +207,8 @@ std::unique_ptr<WeightPublisher> NewInProcessPublisher(const WeightSyncSpec& spe
 std::unique_ptr<WeightReceiver> NewInProcessReceiver(const WeightSyncSpec& spec);
 std::unique_ptr<WeightPublisher> NewShmPublisher(const WeightSyncSpec& spec);
 std::unique_ptr<WeightReceiver> NewShmReceiver(const WeightSyncSpec& spec);
-std::unique_ptr<WeightPublisher> NewCudaIpcPublisher(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda);
+std::unique_ptr<WeightPublisher> NewCudaIpcPublisher(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda,
+                                                     int device);
 std::unique_ptr<WeightReceiver> NewCudaIpcReceiver(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda);
 // GLOO and NCCL: the publisher (rank 0) and receivers over `group`.
 std::unique_ptr<WeightPublisher> NewCollectivePublisher(const WeightSyncSpec& spec, WeightSyncBackend backend,

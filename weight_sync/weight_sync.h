@@ -179,4 +179,10 @@ class WeightSyncStore {
   int port_;
 };
 
+// The CUDA device index a process joins NCCL or CUDA IPC with: its own
+// (spec.device), never one derived from its rank. FAILED_PRECONDITION
+// naming the rank when spec.device is empty, a CPU, or not among the
+// `visible_devices` this process sees.
+absl::StatusOr<int> CudaDeviceOf(const WeightSyncSpec& spec, int visible_devices);
+
 }  // namespace rlmesh::weight_sync

@@ -122,6 +122,7 @@ TEST_CASE("CUDA_IPC round trip on one GPU is bit-exact; an overtaken reader gets
 WeightSyncSpec IpcSpecAt(const std::string& dir) {
   WeightSyncSpec spec;
   spec.set_backend(WEIGHT_SYNC_CUDA_IPC);
+  spec.set_device("cuda");
   spec.set_shm_prefix(dir + "/w-");
   spec.set_bucket_mb(1);
   spec.set_timeout_ms(30000);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -589,6 +590,32 @@ TEST_CASE("NCCL and CUDA_IPC without a GPU refuse to start, naming what is missi
   }
   // Nothing was left behind under the prefix.
   CHECK(access(dir.File("w-ipc-seq").c_str(), F_OK) != 0);
+}
+
+// NCCL and CUDA IPC run on the device the process names, never on one its
+// rank picks (rank r on GPU r % count put a colocated worker of GPU 0 on
+// GPU r).
+TEST_CASE("CudaDeviceOf is the process's own device, refused by name when it has none") {
+  WeightSyncSpec spec = NcclSpec(1, 3);
+  spec.set_device("cuda:1");
+  auto on = CudaDeviceOf(spec, 4);
+  REQUIRE(on.ok());
+  CHECK(*on == 1);  // not 3 % 4
+  spec.set_device("cuda");
+  CHECK(*CudaDeviceOf(spec, 4) == 0);
+  for (const auto& [device, count, says] :
+       std::vector<std::tuple<std::string, int, std::string>>{
+           {"", 4, "weight sync rank 3 spec.device: WEIGHT_SYNC_NCCL moves weights between GPUs, but this process's "
+                   "are on the CPU (no device given)"},
+           {"cpu", 4, "are on cpu"},
+           {"cuda:2", 2, "weight sync rank 3 spec.device: cuda:2 but this process sees 2 CUDA device(s)"},
+           {"gpu0", 4, "\"gpu0\" is not cpu, cuda or cuda:<index>"}}) {
+    INFO(device);
+    spec.set_device(device);
+    auto s = CudaDeviceOf(spec, count).status();
+    CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(std::string(s.message()).find(says) != std::string::npos);
+  }
 }
 
 }  // namespace

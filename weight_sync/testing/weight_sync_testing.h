@@ -65,6 +65,7 @@ inline WeightSyncSpec NcclSpec(int port, int rank) {
   spec.set_group_name("ws-test-nccl");
   spec.set_timeout_ms(30000);
   spec.set_bucket_mb(1);
+  spec.set_device("cuda");
   return spec;
 }
 
@@ -72,6 +73,7 @@ inline WeightSyncSpec IpcSpec(const testing::TempDir& dir) {
   WeightSyncSpec spec = ShmSpec(dir);
   spec.set_backend(WEIGHT_SYNC_CUDA_IPC);
   spec.set_timeout_ms(10000);
+  spec.set_device("cuda");
   return spec;
 }
 
