@@ -1,10 +1,8 @@
 #include "dist/device.h"
 
-#include <dlfcn.h>
 #include <malloc.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <fstream>
 
@@ -17,31 +15,10 @@
 
 namespace rlmesh::dist {
 
-namespace {
-std::atomic<bool> cuda_backend_asked{false};
-}  // namespace
-
 // gperftools' TCMalloc, where the process links it (the learner): its
 // free pages go back with its own call, which glibc's malloc_trim cannot
 // reach. Null otherwise.
 extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
-
-absl::Status LoadCudaBackend() {
-  cuda_backend_asked = true;
-  static const absl::Status* loaded = [] {
-    // libtorch_cuda.so resolves its own CUDA libraries (cuBLAS, cuDNN,
-    // NCCL...) through its RPATH into the nvidia wheels beside torch.
-    void* h = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL);
-    if (h == nullptr) {
-      const char* e = dlerror();
-      return new absl::Status(absl::FailedPreconditionError(absl::StrCat(
-          "libtorch_cuda.so not found (dlopen: ", e != nullptr ? e : "unknown error",
-          "); the torch wheel must be a CUDA build and its lib/ on the library path")));
-    }
-    return new absl::Status();
-  }();
-  return *loaded;
-}
 
 absl::StatusOr<int> TorchCudaDeviceCount() {
   absl::Status s = LoadCudaBackend();
@@ -108,7 +85,7 @@ absl::Status SetCudaMemoryFraction(double fraction, absl::string_view who) {
   if (!(fraction > 0 && fraction <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": ", fraction, " is not in (0, 1]"));
   }
-  if (cuda_backend_asked) {
+  if (CudaBackendRequested()) {
     return absl::FailedPreconditionError(
         absl::StrCat(who, ": the CUDA backend is already loaded; the memory fraction must be set before"));
   }

@@ -3,13 +3,8 @@
 // Where a role computes: "cpu", "cuda" or "cuda:<index>", resolved once per
 // process with an error that names the role and the device.
 //
-// The binaries link only LibTorch's CPU libraries. LibTorch's CUDA backend
-// (libtorch_cuda.so, which registers the CUDA kernels with the dispatcher
-// when it is loaded) is opened with dlopen the first time a CUDA device is
-// asked for: a CPU process pays nothing for it (linked, it cost every
-// process ~0.3 s at start and ~350 MB of resident memory on these machines;
-// docs/design/gpu.md), and a machine without a GPU, a driver or
-// the CUDA wheels still runs every binary.
+// LibTorch's CUDA backend is opened with dlopen the first time a CUDA device
+// is asked for (LoadCudaBackend in dist/cuda_backend.h, included here).
 //
 // Thread-safety: every function is safe for concurrent use; the backend is
 // loaded at most once per process.
@@ -23,14 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "dist/cuda_backend.h"
 
 namespace rlmesh::dist {
-
-// Opens LibTorch's CUDA backend (RTLD_GLOBAL, kept for the process's life).
-// The first call's result is kept. FAILED_PRECONDITION
-// "libtorch_cuda.so not found (dlopen: ...)" when the wheel has no CUDA
-// build or the library is not on the search path.
-absl::Status LoadCudaBackend();
 
 // Devices torch sees once the backend is loaded (0 without a GPU or driver).
 // Loads the backend; its error when that fails.
