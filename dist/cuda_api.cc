@@ -5,12 +5,15 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dist/cuda_backend.h"
 
 namespace rlmesh::dist {
 namespace {
 
 // dlopen of the first name that opens; the first failure's reason is kept
-// for the message (it names the library the user most likely expects).
+// for the message (it names the library the user most likely expects), with
+// the other places tried after it.
 absl::StatusOr<void*> OpenFirst(const std::vector<std::string>& names, std::string* opened) {
   if (names.empty()) return absl::InvalidArgumentError("library names: empty");
   std::string first_error;
@@ -23,7 +26,25 @@ absl::StatusOr<void*> OpenFirst(const std::vector<std::string>& names, std::stri
     const char* e = dlerror();
     if (first_error.empty()) first_error = e != nullptr ? e : "unknown error";
   }
-  return absl::FailedPreconditionError(absl::StrCat(names[0], " not found (dlopen: ", first_error, ")"));
+  std::string message = absl::StrCat(names[0], " not found (dlopen: ", first_error);
+  if (names.size() > 1) {
+    absl::StrAppend(&message, "; also tried ", absl::StrJoin(names.begin() + 1, names.end(), ", "));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(message, ")"));
+}
+
+// <site-packages>/<sub>/<file> for a LibTorch in <site-packages>/torch/lib,
+// appended to `out`; nothing when `torch_lib_dir` is not that deep.
+void AddWheelCandidates(absl::string_view torch_lib_dir, const std::vector<const char*>& subs,
+                        std::vector<std::string>* out) {
+  std::string dir(torch_lib_dir);
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  for (int up = 0; up < 2; ++up) {  // lib/, then torch/
+    const size_t slash = dir.rfind('/');
+    if (slash == std::string::npos || slash == 0) return;
+    dir.resize(slash);
+  }
+  for (const char* sub : subs) out->push_back(absl::StrCat(dir, "/", sub));
 }
 
 // Resolves `name` into `*fn`; false (and `*missing` = name) when absent.
@@ -54,12 +75,36 @@ std::string NcclApi::Error(const char* call, ncclResult_t r, ncclComm_t comm) co
   return out;
 }
 
-std::vector<std::string> DefaultCudaRuntimeNames() {
-  return {"libcudart.so.13", "libcudart.so", "/usr/local/cuda/lib64/libcudart.so.13"};
+std::string NcclVersionString(int version) {
+  if (version <= 0) return "unknown";
+  // NCCL_VERSION(X, Y, Z): X*1000 + Y*100 + Z up to 2.8, X*10000 + Y*100 + Z
+  // from 2.9.
+  const int major_unit = version < 10000 ? 1000 : 10000;
+  return absl::StrCat(version / major_unit, ".", (version % major_unit) / 100, ".", version % 100);
 }
 
-std::vector<std::string> DefaultNcclNames() {
-  return {"libnccl.so.2", "libnccl.so", "/usr/local/cuda/lib64/libnccl.so.2"};
+absl::Status CheckNcclVersion(absl::string_view library, int version) {
+  if (version >= kMinNcclVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(library, " is NCCL ", NcclVersionString(version),
+                                                    "; rlmesh needs NCCL ", NcclVersionString(kMinNcclVersion),
+                                                    " or newer (ncclCommInitRankConfig)"));
+}
+
+std::vector<std::string> CudaRuntimeCandidates(absl::string_view torch_lib_dir) {
+  std::vector<std::string> out = {"libcudart.so.13"};
+  AddWheelCandidates(torch_lib_dir, {"nvidia/cu13/lib/libcudart.so.13", "nvidia/cuda_runtime/lib/libcudart.so.13"},
+                     &out);
+  out.push_back("libcudart.so");
+  out.push_back("/usr/local/cuda/lib64/libcudart.so.13");
+  return out;
+}
+
+std::vector<std::string> NcclCandidates(absl::string_view torch_lib_dir) {
+  std::vector<std::string> out = {"libnccl.so.2"};
+  AddWheelCandidates(torch_lib_dir, {"nvidia/nccl/lib/libnccl.so.2"}, &out);
+  out.push_back("libnccl.so");
+  out.push_back("/usr/local/cuda/lib64/libnccl.so.2");
+  return out;
 }
 
 absl::StatusOr<const CudaRuntimeApi*> OpenCudaRuntime(const std::vector<std::string>& names) {
@@ -109,26 +154,34 @@ absl::StatusOr<const NcclApi*> OpenNccl(const std::vector<std::string>& names) {
     return absl::FailedPreconditionError(absl::StrCat(api->library, ": symbol ", missing, " missing"));
   }
   if (api->GetVersion(&api->version) != ncclSuccess) api->version = 0;
-  // ncclConfig_t grew over releases; NCCL accepts an older struct from a
-  // newer library but not the reverse, so refuse a library older than the
-  // headers compiled in.
-  if (api->version < NCCL_VERSION_CODE) {
+  if (absl::Status s = CheckNcclVersion(api->library, api->version); !s.ok()) {
     dlclose(*lib);
-    return absl::FailedPreconditionError(absl::StrCat(api->library, " is NCCL ", api->version,
-                                                      ", older than the headers this was built with (",
-                                                      NCCL_VERSION_CODE, ")"));
+    return s;
   }
   return api.release();
 }
 
+namespace {
+
+// LibTorch's CUDA backend first: once it is loaded, the sonames resolve to
+// the libraries it loaded. Without it (a CPU wheel, a binary without
+// LibTorch) the other candidates are still tried.
+std::vector<std::string> ProcessCandidates(std::vector<std::string> (*candidates)(absl::string_view)) {
+  LoadCudaBackend().IgnoreError();
+  return candidates(LoadedTorchLibDir());
+}
+
+}  // namespace
+
 absl::StatusOr<const CudaRuntimeApi*> LoadCudaRuntime() {
-  static const auto* loaded = new absl::StatusOr<const CudaRuntimeApi*>(OpenCudaRuntime(DefaultCudaRuntimeNames()));
-  return *loaded;
+  static auto* loader = new LibraryLoader<CudaRuntimeApi>([] { return ProcessCandidates(CudaRuntimeCandidates); },
+                                                          OpenCudaRuntime);
+  return loader->Load();
 }
 
 absl::StatusOr<const NcclApi*> LoadNccl() {
-  static const auto* loaded = new absl::StatusOr<const NcclApi*>(OpenNccl(DefaultNcclNames()));
-  return *loaded;
+  static auto* loader = new LibraryLoader<NcclApi>([] { return ProcessCandidates(NcclCandidates); }, OpenNccl);
+  return loader->Load();
 }
 
 absl::StatusOr<int> CudaDeviceCount() {

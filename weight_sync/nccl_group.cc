@@ -143,6 +143,10 @@ class NcclGroup final : public BroadcastGroup {
           absl::StrCat(What(), ": exchanging the NCCL id through the store failed (rank 0 not there within ",
                        TimeoutMs(spec_), " ms?): ", e.what()));
     }
+    // Only `blocking` is set, which NCCL 2.14 has (dist::kMinNcclVersion).
+    // The initializer stamps the size and version of the header's struct; a
+    // library older than the header copies the prefix its own struct spans,
+    // so it takes this config as it is.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     const ncclResult_t r = nccl_->CommInitRankConfig(&comm_, spec_.world_size(), id, spec_.rank(), &config);
