@@ -14,9 +14,11 @@
 
 namespace rlmesh::dist {
 
-// Runs f(); an exception (a collective's timeout, a peer that closed the
-// connection) becomes ABORTED "<what> failed: ...": the group is unusable
-// and the caller must rebuild it at a higher level.
+// Runs f(); an exception (a Gloo collective's timeout, a peer that closed
+// the connection, a collective refused at once) becomes ABORTED "<what>
+// failed: ...": the group is unusable and the caller must rebuild it at a
+// higher level. An NCCL collective's timeout throws nothing: the group's
+// watchdog ends the process (dist/nccl.h).
 template <typename F>
 absl::Status Collective(const char* what, F&& f) {
   try {
@@ -30,7 +32,8 @@ absl::Status Collective(const char* what, F&& f) {
 // Collective(what, ...) of f(x) for a host tensor `t` (a statistic, a
 // count) over a group whose collectives run on `device`: on the CPU (Gloo)
 // x is t itself; on a GPU (NCCL takes device tensors only) x is a copy of t
-// there, and f's result is copied back into t.
+// there, and f's result is copied back into t (that copy waits for the
+// collective).
 template <typename F>
 absl::Status CollectiveOn(const char* what, const c10::Device& device, at::Tensor& t, F&& f) {
   return Collective(what, [&] {

@@ -17,10 +17,24 @@ namespace rlmesh::dist {
 // Rank `rank` of a `size`-rank ProcessGroupNCCL rendezvousing through
 // `store`. Collectives take tensors on the rank's GPU (the communicator is
 // made for the device of the first tensors given; two ranks may not share
-// a GPU). Work::wait blocks and throws once `timeout_ms` passes, as a Gloo
-// group's does (TORCH_NCCL_BLOCKING_WAIT=1 unless set). FAILED_PRECONDITION
-// naming what is missing: LibTorch's CUDA backend, the shared object, or a
-// GPU (ProcessGroupNCCL's own "no GPUs found").
+// a GPU). FAILED_PRECONDITION naming what is missing: LibTorch's CUDA
+// backend, the shared object, or a GPU (ProcessGroupNCCL's own "no GPUs
+// found").
+//
+// Timeouts differ from a Gloo group's. Work::wait makes the current CUDA
+// stream wait for the collective and returns without blocking the host;
+// whatever reads the result on the host (a copy to the CPU, item()) waits
+// for it. A collective still unfinished `timeout_ms` after it was queued (a
+// peer gone or stuck) is caught by ProcessGroupNCCL's watchdog thread, which
+// logs "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=...,
+// OpType=..., Timeout(ms)=...)" and ends the process with SIGABRT (PyTorch's
+// default TORCH_NCCL_ASYNC_ERROR_HANDLING=3, which skips ncclCommAbort since
+// that can hang too). So a timeout never comes back as a Status: the
+// coordinator restarts the role like any that dies, and the step is retried
+// from the newest checkpoint (docs/reliability.md). What NCCL refuses at once
+// (a host tensor) still throws, which dist::Collective makes ABORTED.
+// TORCH_NCCL_BLOCKING_WAIT and TORCH_NCCL_ASYNC_ERROR_HANDLING are left as
+// the user set them.
 absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateNcclGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                                  int rank, int size, int64_t timeout_ms);
 

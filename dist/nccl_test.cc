@@ -6,6 +6,8 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <cstdlib>
+
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "dist/device.h"
@@ -23,6 +25,20 @@ TEST_CASE("An NCCL group without a GPU is refused in ProcessGroupNCCL's words, t
   CHECK(absl::StrContains(group.status().message(), "NCCL group (rank 0 of 1): "));
   // Only the constructor inside the shared object says this.
   CHECK(absl::StrContains(group.status().message(), "ProcessGroupNCCL is only supported with GPUs"));
+}
+
+// TORCH_NCCL_BLOCKING_WAIT=1 would block the host in every Work::wait and
+// leave no watchdog; the group must not set it (or anything that turns the
+// watchdog's error handling off).
+TEST_CASE("Making an NCCL group leaves ProcessGroupNCCL's wait and error handling at PyTorch's defaults") {
+  unsetenv("TORCH_NCCL_BLOCKING_WAIT");
+  unsetenv("NCCL_BLOCKING_WAIT");
+  unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  auto group = CreateNcclGroup(c10::make_intrusive<c10d::HashStore>(), 0, 1, 5000);
+  INFO(group.status().ToString());  // refused here without a GPU, after the options are made
+  CHECK(std::getenv("TORCH_NCCL_BLOCKING_WAIT") == nullptr);
+  CHECK(std::getenv("NCCL_BLOCKING_WAIT") == nullptr);
+  CHECK(std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr);
 }
 
 TEST_CASE("The shared object is looked for at the override first, then beside the binary") {

@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -48,11 +47,11 @@ extern "C" __attribute__((visibility("default"))) void* rlmesh_new_nccl_backend(
                                                                               long long timeout_ms, char* error,
                                                                               size_t error_len) {
   try {
-    // Work::wait blocks the caller and throws when the timeout passes, as a
-    // Gloo group's does (the caller's dist::Collective makes it ABORTED);
-    // without it ProcessGroupNCCL's watchdog ends the whole process. A value
-    // the user set stands.
-    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+    // Work::wait only makes the current CUDA stream wait for the collective;
+    // the host goes on. ProcessGroupNCCL's watchdog thread watches every
+    // collective against `timeout_ms` and, under its default error handling
+    // (TORCH_NCCL_ASYNC_ERROR_HANDLING=3), ends the process once one is past
+    // it (dist/nccl.h). The TORCH_NCCL_* variables are left to the user.
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = std::chrono::milliseconds(timeout_ms);
     auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
