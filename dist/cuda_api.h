@@ -153,13 +153,15 @@ class LibraryLoader {
 // The process-wide tables: LoadCudaBackend() (its failure only leaves
 // LibTorch's libraries out), then Open*(…Candidates(LoadedTorchLibDir())),
 // through a LibraryLoader (a success is kept, a failure retried by the next
-// call).
+// call). Loading the backend fixes the CUDA allocator's settings:
+// dist::SetCudaMemoryFraction must come before.
 absl::StatusOr<const CudaRuntimeApi*> LoadCudaRuntime();
 absl::StatusOr<const NcclApi*> LoadNccl();
 
 // The number of CUDA devices this process sees (>= 1), or
 // FAILED_PRECONDITION naming what is missing: "libcudart.so.13 not found
-// (...)" or "no CUDA device (cudaGetDeviceCount: ...)".
+// (...)" or "no CUDA device (cudaGetDeviceCount: ...)". Goes through
+// LoadCudaRuntime (and so loads LibTorch's CUDA backend).
 absl::StatusOr<int> CudaDeviceCount();
 
 }  // namespace rlmesh::dist
