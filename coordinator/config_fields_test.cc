@@ -175,6 +175,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.RolloutConfig.sleep", "coordinator/weights.cc"},
     {"rlmesh.RolloutConfig.cuda_memory_fraction", "coordinator/main.cc"},
     {"rlmesh.RolloutConfig.cuda_graphs", "coordinator/main.cc"},
+    {"rlmesh.RolloutConfig.dtype", "coordinator/weights.cc"},
     {"rlmesh.ExperimentConfig.reward", "coordinator/rl_loop.cc"},
     {"rlmesh.RewardConfig.servers", "coordinator/main.cc"},
     {"rlmesh.RewardConfig.verifiers", "coordinator/evaluation.cc"},

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/device_spec.h"
 
@@ -180,6 +181,18 @@ bool RolloutSleeps(const RolloutConfig& rollout) {
   return rollout.sleep() == "cache" || rollout.sleep() == "weights";
 }
 
+std::string RolloutDtype(const RolloutConfig& rollout, const std::string& device) {
+  if (!rollout.dtype().empty()) return rollout.dtype();
+  return absl::StartsWith(device, "cuda") ? "bf16" : "fp32";
+}
+
+std::string WeightSyncDtypeName(const std::string& config_dtype) {
+  if (config_dtype == "fp32") return "f32";
+  if (config_dtype == "bf16") return "bf16";
+  if (config_dtype == "fp16") return "f16";
+  return "";
+}
+
 absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& source) {
   Checker c(source);
   c.Require(!config->name().empty(), "name", "required");
@@ -210,8 +223,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(m->kv_heads() > 0 && m->heads() % m->kv_heads() == 0, "model.kv_heads", "must divide model.heads");
   c.Require(m->max_positions() > 1, "model.max_positions", "must be > 1");
   if (m->tokenizer().empty()) m->set_tokenizer("char");
-  c.Require(m->dtype().empty() || m->dtype() == "fp32" || m->dtype() == "bf16" || m->dtype() == "fp16",
-            "model.dtype", "must be fp32, bf16 or fp16");
+  c.Require(m->dtype().empty() || m->dtype() == "fp32", "model.dtype",
+            "must be fp32: the learners train fp32 master weights (set rollout.dtype for bf16 or fp16 generation)");
   {
     // The learner resolves the device when it loads the model (dist/device.h):
     // here only the text, with the same rule.
@@ -251,6 +264,10 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(r->tp() >= 1 && r->tp() <= 64, "rollout.tp", "must be in [1, 64]");
   c.Require(r->tp() == 1 || rollout_on_cpu, "rollout.tp",
             "> 1 generates on the CPU only (rollout.device / model.device is not cpu)");
+  c.Require(r->dtype().empty() || r->dtype() == "fp32" || r->dtype() == "bf16" || r->dtype() == "fp16",
+            "rollout.dtype", "must be fp32, bf16 or fp16");
+  c.Require(r->tp() == 1 || r->dtype().empty() || r->dtype() == "fp32", "rollout.dtype",
+            "must be fp32 with rollout.tp > 1 (the split model generates in fp32)");
   c.Require(r->on_timeout().empty() || r->on_timeout() == "redispatch" || r->on_timeout() == "drop",
             "rollout.on_timeout", "must be redispatch or drop");
   c.Require(r->on_timeout().empty() || r->request_timeout_ms() > 0, "rollout.on_timeout",

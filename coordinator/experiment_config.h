@@ -25,6 +25,12 @@ const RlStage* RlSettings(const Stage& stage);
 // Whether rollout.sleep asks the workers to sleep while the learner trains
 // ("cache" or "weights"; "" and "off" do not).
 bool RolloutSleeps(const RolloutConfig& rollout);
+// The parameter dtype `coordinator run`'s workers on `device` generate in:
+// rollout.dtype, else "bf16" on a CUDA device and "fp32" on the CPU.
+std::string RolloutDtype(const RolloutConfig& rollout, const std::string& device);
+// The weight-sync (TensorSlot) name of a config dtype: "fp32" -> "f32",
+// "bf16" -> "bf16", "fp16" -> "f16"; "" for any other text.
+std::string WeightSyncDtypeName(const std::string& config_dtype);
 
 // `coordinator run`'s learners on GPUs. One shard trains on model.device
 // itself. Several shards (data parallelism over NCCL, which refuses two

@@ -68,13 +68,11 @@ class GrpcRolloutClient : public RolloutClient {
  public:
   explicit GrpcRolloutClient(RpcClient c) : c_(std::move(c)) {}
 
-  absl::Status ConfigureWeightSync(const ConfigureWeightSyncRequest& req) override {
+  absl::StatusOr<ConfigureWeightSyncResponse> ConfigureWeightSync(const ConfigureWeightSyncRequest& req) override {
     return Unary<ConfigureWeightSyncResponse>(
-               c_, absl::Minutes(1),
-               [&](grpc::ClientContext* ctx, ConfigureWeightSyncResponse* resp) {
-                 return RolloutService::NewStub(c_.channel())->ConfigureWeightSync(ctx, req, resp);
-               })
-        .status();
+        c_, absl::Minutes(1), [&](grpc::ClientContext* ctx, ConfigureWeightSyncResponse* resp) {
+          return RolloutService::NewStub(c_.channel())->ConfigureWeightSync(ctx, req, resp);
+        });
   }
   absl::Status LoadWeights(const LoadWeightsRequest& req) override {
     return Unary<LoadWeightsResponse>(c_, absl::Minutes(5),

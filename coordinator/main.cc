@@ -1032,6 +1032,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
     co.rollout_args.push_back(absl::StrCat("--cuda_memory_fraction=", cfg->rollout().cuda_memory_fraction()));
   }
   if (cfg->rollout().cuda_graphs()) co.rollout_args.push_back("--cuda_graphs");
+  co.rollout_args.push_back("--dtype=" + RolloutDtype(cfg->rollout(), rollout_device));
   co.reward_args = {"--tokenizer=" + tokenizer};
   for (std::string& a : RewardAllowedCommands(&*cfg)) co.reward_args.push_back(std::move(a));
   if (!cfg->reward().reward_model().empty()) {

@@ -182,15 +182,17 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
     }
   }
 
-  // Rollout workers: the weights as loaded (fp32), the KV cache of
-  // max_batch sequences of the whole context, and one batch of logits.
+  // Rollout workers: the weights in rollout.dtype, the KV cache (the same
+  // type) of max_batch sequences of the whole context, and one batch of
+  // logits.
   const std::string rollout_spec = !e.rollout().device().empty() ? e.rollout().device() : e.model().device();
   const std::string rollout_device = DeviceOf(rollout_spec);
+  const double rollout_bytes = RolloutDtype(e.rollout(), rollout_spec) == "fp32" ? kFp32 : kFp32 / 2;
   const int64_t max_batch = e.rollout().max_batch() > 0 ? e.rollout().max_batch() : 64;
   RoleMemory rollout{"rollout_worker", rollout_device, std::max(1, e.rollout().workers()), {}};
-  rollout.parts.push_back({"weights", kFp32 * p});
+  rollout.parts.push_back({"weights", rollout_bytes * p});
   rollout.parts.push_back({absl::StrCat("KV cache (", max_batch, " x ", generated, " tokens)"),
-                           2.0 * m.num_layers * m.num_kv_heads * m.HeadDim() * max_batch * generated * kFp32});
+                           2.0 * m.num_layers * m.num_kv_heads * m.HeadDim() * max_batch * generated * rollout_bytes});
   rollout.parts.push_back({"logits", 2.0 * max_batch * m.vocab_size * kFp32});
   if (rollout_device == "cpu") rollout.parts.push_back({"runtime", capacity.runtime_bytes});
   plan.roles.push_back(rollout);

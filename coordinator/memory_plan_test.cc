@@ -167,6 +167,15 @@ TEST_CASE("The rollout worker's KV cache and a plan that does not fit") {
   CHECK(Role(*gpu, "learner 1").device == "cuda:2");
   CHECK(Role(*gpu, "rollout_worker").device == "cuda:1");
   CHECK(CheckMemoryPlan(*gpu).ok());
+  // Workers on a GPU hold bf16 weights and KV cache unless rollout.dtype says.
+  const double bf16_kv = 2.0 * 4 * 4 * 64 * 64 * 256 * 2;
+  CHECK(Part(Role(*gpu, "rollout_worker"), "KV cache") == bf16_kv);
+  CHECK(Part(Role(*gpu, "rollout_worker"), "weights") == Part(Role(*gpu, "learner 0"), "weights") / 2);
+  auto fp32 = PlanMemory(Experiment("model: {device: \"cuda:1\"}\nrollout: {dtype: fp32}\n"
+                                    "stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"),
+                         m, {}, cap);
+  REQUIRE(fp32.ok());
+  CHECK(Part(Role(*fp32, "rollout_worker"), "KV cache") == 2 * bf16_kv);
   cap.gpu_bytes = 0.1 * kGib;
   auto tight = PlanMemory(Experiment("model: {device: \"cuda:1\"}\nlearner: {shards: 2}\n"
                                      "stages: [{sft: {steps: 1, batch: 4, optimizer: {lr: 1.0e-3}}}]\n"),

@@ -123,6 +123,22 @@ void RunLoop::RecordStragglers(const StragglerCounts& c, nlohmann::json* j) {
   }
 }
 
+absl::Status RunLoop::RecordGraphs(nlohmann::json* j) {
+  if (!cfg().rollout().cuda_graphs()) return absl::OkStatus();
+  int64_t captures = 0, replays = 0;
+  for (size_t i = 0; i < clients_->rollouts.size(); ++i) {
+    absl::StatusOr<RolloutStatus> st = clients_->rollouts[i]->GetStatus();
+    if (!st.ok()) return absl::Status(st.status().code(), absl::StrCat("rollout ", i, " GetStatus: ", st.status().message()));
+    captures += st->cuda_graph_captures();
+    replays += st->cuda_graph_replays();
+  }
+  // The workers count since they started: the step's share is the change.
+  (*j)["cuda_graph_captures"] = static_cast<double>(captures - graph_totals_.first);
+  (*j)["cuda_graph_replays"] = static_cast<double>(replays - graph_totals_.second);
+  graph_totals_ = {captures, replays};
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> RunLoop::GroupsToTrain(const RlStage& rl, int groups, const StragglerCounts& c) const {
   const bool refill = rl.dynamic_sampling().mode() == "refill";
   if (!refill && c.missing() == 0) return 0;
@@ -157,6 +173,7 @@ absl::Status RunLoop::AfterStep(const Stage& stage, int64_t total, nlohmann::jso
     // How the weights travelled: the configured backend, or checkpoint
     // folders (weight_sync.fallback).
     (*j)["weight_sync"] = WeightSyncName();
+    RLMESH_RETURN_IF_ERROR(RecordGraphs(j));
   }
   if (!reward_model && ShouldEval(cfg(), stage_step_, total)) {
     const absl::Time t = absl::Now();

@@ -46,7 +46,9 @@ class LearnerClient {
 class RolloutClient {
  public:
   virtual ~RolloutClient() = default;
-  virtual absl::Status ConfigureWeightSync(const ConfigureWeightSyncRequest& request) = 0;
+  // The answer names the dtype the worker's parameters have.
+  virtual absl::StatusOr<ConfigureWeightSyncResponse> ConfigureWeightSync(
+      const ConfigureWeightSyncRequest& request) = 0;
   virtual absl::Status LoadWeights(const LoadWeightsRequest& request) = 0;
   virtual absl::StatusOr<RolloutStatus> GetStatus() = 0;
   // Frees the worker's memory while it is idle (rollout.sleep); the next

@@ -191,6 +191,9 @@ class RunLoop {
   // when rollout.request_timeout_ms is set; reward_dropped_groups under
   // on_failure drop_group) and the status's running totals.
   void RecordStragglers(const StragglerCounts& counts, nlohmann::json* record);
+  // With rollout.cuda_graphs: the step's captures and replays over every
+  // worker (cuda_graph_captures, cuda_graph_replays).
+  absl::Status RecordGraphs(nlohmann::json* record);
   // How many groups the learner takes for a step that generated `groups`:
   // 0 (prompts_per_step) unless refilling or some prompts yield no group;
   // UNAVAILABLE when none is left to train on.
@@ -235,6 +238,10 @@ class RunLoop {
   bool sync_unavailable_ = false;
   bool group_sync_worked_ = false;
   bool sync_configured_ = false;
+  // The dtype every publish casts to: what the workers said they hold.
+  std::string sync_dtype_;
+  // The workers' CUDA-graph captures and replays at the last step (summed).
+  std::pair<int64_t, int64_t> graph_totals_{0, 0};
   int sync_generation_ = 0;
   double last_sync_seconds_ = 0;
   std::string last_weights_dir_;
@@ -250,6 +257,11 @@ class RunLoop {
 
 // Errors a restarted role explains (recovery.cc).
 bool Recoverable(const absl::Status& s);
+
+// The dtype the weight sync carries: the one every rollout worker reports
+// holding (`dtypes`, weight-sync names, "" = unsaid). INVALID_ARGUMENT when
+// two workers differ, or when rollout.dtype is set and differs from theirs.
+absl::StatusOr<std::string> AgreedRolloutDtype(const RolloutConfig& rollout, const std::vector<std::string>& dtypes);
 
 // Runs fn(i) for i in [0, n) on n threads; returns the first error.
 absl::Status ParallelFor(int n, const std::function<absl::Status(int)>& fn);

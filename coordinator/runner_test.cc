@@ -229,7 +229,78 @@ TEST_CASE("weight sync: an unavailable backend is refused, or replaced by checkp
     FakeCluster cluster({});
     ExperimentRunner runner(Options(Config(kGrpo), dir.File("c")), cluster.MakeClients());
     REQUIRE(runner.Run().ok());
-    for (const auto& j : Records(dir.File("c"), "step")) CHECK(j["weight_sync"] == "auto");
+    for (const auto& j : Records(dir.File("c"), "step")) {
+      CHECK(j["weight_sync"] == "auto");
+      CHECK_FALSE(j.contains("cuda_graph_replays"));
+    }
+  }
+}
+
+// With rollout.cuda_graphs each step says how many graphs its generation
+// replayed (the change in the workers' totals, not the totals).
+TEST_CASE("rollout.cuda_graphs: each step records the graphs its generation captured and replayed") {
+  testing::TempDir dir;
+  ExperimentConfig cfg = Config(kGrpo);
+  cfg.mutable_model()->set_device("cuda");
+  cfg.mutable_rollout()->set_cuda_graphs(true);
+  FakeCluster cluster({});
+  ExperimentRunner runner(Options(cfg, dir.File("a")), cluster.MakeClients());
+  absl::Status s = runner.Run();
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  const auto steps = Records(dir.File("a"), "step");
+  REQUIRE(steps.size() == 3);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    INFO("step " << i);
+    CHECK(steps[i]["cuda_graph_replays"] == 10.0);
+    CHECK(steps[i]["cuda_graph_captures"] == (i == 0 ? 1.0 : 0.0));
+  }
+}
+
+// The learner sends what the workers hold (a bf16 rollout gets bf16 from the
+// fp32 masters); workers that disagree, or a rollout.dtype the workers do not
+// hold, fail the run by name at the first sync.
+TEST_CASE("weight sync carries the rollout workers' dtype; a disagreement is refused by name") {
+  testing::TempDir dir;
+  FakeCluster::Options two;
+  two.rollouts = 2;
+  auto options = [&](const std::string& run, const std::string& dtype) {
+    ExperimentConfig cfg = Config(kGrpo);
+    cfg.mutable_rollout()->set_workers(2);
+    cfg.mutable_rollout()->set_dtype(dtype);
+    RunnerOptions o = Options(cfg, dir.File(run));
+    o.rollout_workers = {"fake:3", "fake:5"};
+    return o;
+  };
+  {
+    FakeCluster cluster(two);
+    cluster.SetRolloutDtype(0, "bf16");
+    cluster.SetRolloutDtype(1, "bf16");
+    ExperimentRunner runner(options("a", "bf16"), cluster.MakeClients());
+    absl::Status s = runner.Run();
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    const std::vector<std::string> sent = cluster.published_dtypes();
+    CHECK(sent.size() == 3);  // each of the three steps
+    for (const std::string& d : sent) CHECK(d == "bf16");
+  }
+  {
+    FakeCluster cluster(two);
+    cluster.SetRolloutDtype(1, "bf16");
+    ExperimentRunner runner(options("b", ""), cluster.MakeClients());
+    absl::Status s = runner.Run();
+    INFO(s.ToString());
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("different dtypes (f32 and bf16 on worker 1)") != std::string::npos);
+    CHECK(cluster.published_dtypes().empty());
+  }
+  {
+    FakeCluster cluster(two);
+    ExperimentRunner runner(options("c", "bf16"), cluster.MakeClients());
+    absl::Status s = runner.Run();
+    INFO(s.ToString());
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find("rollout.dtype: bf16, but the rollout workers hold f32") != std::string::npos);
   }
 }
 

@@ -106,14 +106,19 @@ absl::Status RunLoop::SyncThroughGroup() {
                                                        : absl::StrCat("learner.tp=", slices))
                        << ", rollout.tp=" << std::max(cfg().rollout().tp(), 1) << ")";
     }
+    std::vector<std::string> dtypes(n);
     RLMESH_RETURN_IF_ERROR(ParallelFor(n, [&](int i) -> absl::Status {
       ConfigureWeightSyncRequest req;
       *req.mutable_spec() = spec;
       req.mutable_spec()->set_rank(i + 1);
-      return clients_->rollouts[i]->ConfigureWeightSync(req);
+      RLMESH_ASSIGN_OR_RETURN(ConfigureWeightSyncResponse resp, clients_->rollouts[i]->ConfigureWeightSync(req));
+      dtypes[i] = resp.dtype();
+      return absl::OkStatus();
     }));
+    RLMESH_ASSIGN_OR_RETURN(sync_dtype_, AgreedRolloutDtype(cfg().rollout(), dtypes));
     sync_configured_ = true;
   }
+  spec.set_dtype(sync_dtype_);
   // Publishers and receivers run at the same time: for Gloo each group is
   // one collective. The data carries its layout, so receivers need only the
   // learner's version. Each publishing learner rank sends its pieces in
@@ -141,6 +146,25 @@ absl::Status RunLoop::SyncThroughGroup() {
   for (auto& t : threads) t.join();
   for (const absl::Status& s : publish_status) RLMESH_RETURN_IF_ERROR(s);
   return load_status;
+}
+
+absl::StatusOr<std::string> AgreedRolloutDtype(const RolloutConfig& rollout, const std::vector<std::string>& dtypes) {
+  std::string agreed;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (dtypes[i].empty()) continue;  // a worker that does not say takes what comes
+    if (agreed.empty()) agreed = dtypes[i];
+    if (dtypes[i] != agreed) {
+      return absl::InvalidArgumentError(absl::StrCat("the rollout workers hold different dtypes (", agreed,
+                                                        " and ", dtypes[i], " on worker ", i,
+                                                        "): start them with the same --dtype"));
+    }
+  }
+  const std::string wanted = WeightSyncDtypeName(rollout.dtype());
+  if (!wanted.empty() && !agreed.empty() && wanted != agreed) {
+    return absl::InvalidArgumentError(absl::StrCat("rollout.dtype: ", rollout.dtype(), ", but the rollout workers hold ",
+                                                   agreed, " (their own --dtype)"));
+  }
+  return agreed;
 }
 
 absl::Status RunLoop::SleepRollouts(nlohmann::json* j) {

@@ -314,6 +314,8 @@ TEST_CASE("mismatch correction: token-level TIS, MIS, IcePop and the KL metrics"
   // .094535 + .193147 = 1.505361; k1: -mean ln w = .105361 / 5.
   CHECK(tis.metrics.at("mismatch_kl") == Approx(1.505361 / 5).epsilon(1e-5));
   CHECK(tis.metrics.at("mismatch_k1") == Approx(0.105361 / 5).epsilon(1e-4));
+  // The raw weights are 3, .4, 1, 1.5, .5: |ln w| sums to 3.113515.
+  CHECK(tis.metrics.at("mismatch_abs_diff") == Approx(3.113515 / 5).epsilon(1e-5));
 
   auto mis = c.Run(MismatchMode::kMis, MismatchLevel::kToken, 0, 2);
   CHECK(Diff(mis.weight, T2({{0, 0.4, 1}, {1.5, 0.5, 0}})) < 1e-6);

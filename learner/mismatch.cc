@@ -88,6 +88,7 @@ absl::StatusOr<MismatchWeights> MismatchCorrection(const at::Tensor& old_logp, c
     Metrics& mt = out.metrics;
     mt["mismatch_kl"] = MeanOver(raw_w - 1.0 - log_w, on);
     mt["mismatch_k1"] = MeanOver(-log_w, on);
+    mt["mismatch_abs_diff"] = MeanOver(log_w.abs(), on);
 
     // The quantity compared with the bounds, in log space: per token, or the
     // row's summed log-weight broadcast over its tokens.

@@ -61,6 +61,9 @@ struct MismatchWeights {
   //   mismatch_kl      KL(pi_rollout || pi_old) by the k3 estimator,
   //                    mean of (w - 1 - log w) (>= 0, 0 when equal);
   //   mismatch_k1      mean of (behaviour_logp - old_logp);
+  //   mismatch_abs_diff  mean of |behaviour_logp - old_logp|, the
+  //                    rollout/learner log-prob gap (a bf16 rollout's
+  //                    numerics, a stale version);
   //   mismatch_masked_frac     fraction of tokens masked out;
   //   mismatch_truncated_frac  fraction whose weight was truncated (kTis);
   //   mismatch_weight_mean     mean weight over the kept tokens (1 if none).

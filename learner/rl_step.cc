@@ -654,7 +654,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
     for (auto& [k, v] : vals) m[k] = v;
     // Stable names present on every step (0 when the term is off).
     for (const char* k : {"loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "mismatch_kl",
-                          "mismatch_k1", "mismatch_masked_frac", "mismatch_truncated_frac"}) {
+                          "mismatch_k1", "mismatch_abs_diff", "mismatch_masked_frac", "mismatch_truncated_frac"}) {
       if (!m.count(k)) m[k] = 0.0;
     }
     if (!m.count("mismatch_weight_mean")) m["mismatch_weight_mean"] = 1.0;

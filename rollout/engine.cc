@@ -16,6 +16,18 @@
 namespace rlmesh::rollout {
 
 // Generator callback (engine thread, mu not held).
+void RolloutWorker::Impl::CountGraphs(const actor::GenerationEngine& engine) {
+  const actor::DecodeGraphStats now = engine.graph_stats();
+  if (&engine != graphs_of || now.captures < graphs_seen.captures || now.replays < graphs_seen.replays) {
+    graphs_of = &engine;
+    graphs_seen = actor::DecodeGraphStats();
+  }
+  absl::MutexLock lock(&mu);
+  graph_captures += now.captures - graphs_seen.captures;
+  graph_replays += now.replays - graphs_seen.replays;
+  graphs_seen = now;
+}
+
 void RolloutWorker::Impl::OnGroup(actor::GroupResult result) {
   Inflight entry;
   int64_t tokens = 0;
@@ -234,6 +246,7 @@ void RolloutWorker::Impl::Loop() {
     if (gen && !gen->Idle()) {
       absl::Status s = gen->Step([this](actor::GroupResult r) { OnGroup(std::move(r)); });
       active_sequences = static_cast<int>(gen->running());
+      CountGraphs(*gen);
       if (!s.ok()) {
         RLMESH_LOG(ERROR) << "generation step failed: " << s.message();
         FailAllInflight(s);

@@ -26,7 +26,9 @@ ABSL_FLAG(int, tensor_parallel, 1,
 ABSL_FLAG(std::string, on_update, "finish",
           "Weight update during generation: 'finish' in-flight sequences on the old weights, 'abort' them and "
           "regenerate on the new ones, or 'partial': continue them from their tokens on the new ones.");
-ABSL_FLAG(std::string, dtype, "fp32", "Parameter dtype of loaded checkpoints: fp32, bf16 or fp16.");
+ABSL_FLAG(std::string, dtype, "",
+          "Parameter dtype the policy generates in: fp32, bf16 or fp16; every weight sync must carry it. "
+          "Default: bf16 on a CUDA device, fp32 on the CPU.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the policy generates: cpu, cuda or cuda:<index> (of the devices CUDA_VISIBLE_DEVICES shows).");
 ABSL_FLAG(std::string, checkpoint, "", "Hugging Face folder to load at start (version 1); optional.");
@@ -76,12 +78,13 @@ int main(int argc, char** argv) {
   worker_options.max_queue = absl::GetFlag(FLAGS_max_queue);
   worker_options.max_batch = absl::GetFlag(FLAGS_max_batch);
   worker_options.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
-  worker_options.dtype = absl::GetFlag(FLAGS_dtype);
   // Resolved before anything loads, so a missing GPU fails the start with
   // the worker and the device named, not the first weight load.
   auto device = rlmesh::dist::ResolveDevice(absl::GetFlag(FLAGS_device), worker_options.name + " --device");
   if (!device.ok()) return fail(device.status());
   worker_options.device = device->str();
+  worker_options.dtype = absl::GetFlag(FLAGS_dtype);
+  if (worker_options.dtype.empty()) worker_options.dtype = device->is_cuda() ? "bf16" : "fp32";
   worker_options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   worker_options.environment_threads = absl::GetFlag(FLAGS_environment_threads);
   worker_options.environment_auth_token = options->auth_token;  // one shared cluster token

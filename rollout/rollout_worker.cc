@@ -111,6 +111,8 @@ RolloutStatus RolloutWorker::Status() const {
   s.set_active_sequences(impl_->active_sequences.load());
   s.set_queued_requests(static_cast<int32_t>(impl_->pending.size()));
   s.set_generated_tokens(impl_->generated_tokens);
+  s.set_cuda_graph_captures(impl_->graph_captures);
+  s.set_cuda_graph_replays(impl_->graph_replays);
   s.set_failed_groups(impl_->failed_groups);
   s.set_dropped_groups(impl_->dropped_groups);
   if (impl_->update) s.set_pending_update_version(impl_->update->version);

@@ -170,6 +170,9 @@ class RolloutWorker {
                                             absl::Time deadline = absl::InfiniteFuture());
   // Joins (or replaces) the weight-sync group.
   absl::Status ConfigureWeightSync(const WeightSyncSpec& spec, absl::Time deadline = absl::InfiniteFuture());
+  // The parameters' dtype as the weight sync names it ("f32", "bf16",
+  // "f16"): what every sync must carry (a different one is refused).
+  std::string WeightDtype() const;
   // Receives `layout` (at least its version; `version` overrides it when
   // non-zero) through the configured group and swaps it in at the fence.
   // REQUIRES: weights loaded once (shape) and ConfigureWeightSync.

@@ -466,6 +466,67 @@ TEST_CASE("weights through the in-process sync change the output and bump the ve
   CHECK(worker->policy_version() == 5);
 }
 
+// A bf16 worker says so, takes bf16 from a publisher that casts its fp32
+// weights, generates with them, and refuses fp32 by name.
+TEST_CASE("a bf16 worker: the sync must carry bf16, which the publisher casts to") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());
+  REQUIRE(WriteTinyCheckpoint(dir.File("v2"), 2).ok());
+  RolloutWorkerOptions o;
+  o.dtype = "bf16";
+  auto worker = MakeWorker(o);
+  CHECK(worker->WeightDtype() == "bf16");
+  CHECK(MakeWorker()->WeightDtype() == "f32");
+  REQUIRE(worker->LoadCheckpoint(dir.File("v1"), 1).ok());
+  const NamedTensors fp32 = CheckpointWeights(dir.File("v2"));
+
+  auto plain = InProcessSync(*worker, "rw-bf16-plain");
+  REQUIRE(plain->Publish(fp32, 2).ok());
+  WeightLayout v2;
+  v2.set_version(2);
+  auto refused = worker->LoadFromSync(v2, 0);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(refused.status().message(), "].dtype: Float but this worker's model holds BFloat16"));
+  CHECK(worker->policy_version() == 1);
+
+  WeightSyncSpec spec;
+  spec.set_backend(WEIGHT_SYNC_IN_PROCESS);
+  spec.set_group_name("rw-bf16-cast");
+  spec.set_timeout_ms(5000);
+  REQUIRE(worker->ConfigureWeightSync(spec).ok());
+  spec.set_dtype(worker->WeightDtype());
+  auto cast = CreateWeightPublisher(spec);
+  REQUIRE(cast.ok());
+  REQUIRE((*cast)->Publish(fp32, 3).ok());
+  WeightLayout v3;
+  v3.set_version(3);
+  auto loaded = worker->LoadFromSync(v3, 0);
+  REQUIRE(loaded.ok());
+  int64_t fp32_bytes = 0;
+  for (const auto& [n, t] : fp32) fp32_bytes += static_cast<int64_t>(t.nbytes());
+  CHECK(loaded->bytes * 2 == fp32_bytes);
+
+  // It generates what a bf16 load of the same folder generates.
+  RolloutWorkerOptions ref_options;
+  ref_options.dtype = "bf16";
+  auto reference = MakeWorker(ref_options);
+  REQUIRE(reference->LoadCheckpoint(dir.File("v2"), 3).ok());
+  GenerateRequest req = MakeRequest({"abc"}, 2, 10, 3);
+  Collector a, b;
+  REQUIRE(worker->Submit(req, a.Sink(), a.Done()).ok());
+  REQUIRE(a.Wait().ok());
+  REQUIRE(reference->Submit(req, b.Sink(), b.Done()).ok());
+  REQUIRE(b.Wait().ok());
+  const TrajectoryGroup& got = *a.Find("q0");
+  const TrajectoryGroup& want = *b.Find("q0");
+  REQUIRE(got.samples_size() == want.samples_size());
+  for (int i = 0; i < got.samples_size(); ++i) {
+    CHECK(std::vector<int>(got.samples(i).response_token_ids().begin(), got.samples(i).response_token_ids().end()) ==
+          std::vector<int>(want.samples(i).response_token_ids().begin(), want.samples(i).response_token_ids().end()));
+    CHECK(got.samples(i).policy_version() == 3);
+  }
+}
+
 TEST_CASE("tensor_parallel=2: the split policy generates the whole model's tokens, across a fence and a sync") {
   ::rlmesh::testing::TempDir dir;
   REQUIRE(WriteTinyCheckpoint(dir.File("v1"), 1).ok());

@@ -5,6 +5,7 @@
 
 #include "common/grpc_status.h"
 #include "common/rpc_handler.h"
+#include "common/status_macros.h"
 #include "dist/device.h"
 
 namespace rlmesh::rollout {
@@ -204,12 +205,14 @@ grpc::ServerUnaryReactor* RolloutServiceImpl::OffThread(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* RolloutServiceImpl::ConfigureWeightSync(grpc::CallbackServerContext* ctx,
                                                                   const ConfigureWeightSyncRequest* request,
-                                                                  ConfigureWeightSyncResponse*) {
+                                                                  ConfigureWeightSyncResponse* response) {
   // Joining a group may connect to its store and must wait for a load in
   // progress: off the callback thread, bounded by the call's deadline, so a
   // stuck sync never ties up the threads GetStatus and Generate need.
-  return OffThread(ctx, absl::OkStatus(), [this, request](absl::Time deadline) {
-    return worker_->ConfigureWeightSync(request->spec(), deadline);
+  return OffThread(ctx, absl::OkStatus(), [this, request, response](absl::Time deadline) {
+    RLMESH_RETURN_IF_ERROR(worker_->ConfigureWeightSync(request->spec(), deadline));
+    response->set_dtype(worker_->WeightDtype());
+    return absl::OkStatus();
   });
 }
 

@@ -238,6 +238,7 @@ TEST_CASE("Gloo weight update between two processes changes the output and bumps
     ConfigureWeightSyncResponse cresp;
     auto ctx = client->NewContext(absl::Seconds(10));
     REQUIRE(stub->ConfigureWeightSync(ctx.get(), cr, &cresp).ok());
+    CHECK(cresp.dtype() == "f32");  // what the publisher must send
   }
   auto v2 = actor::LoadHfModel(dir.File("v2"));
   REQUIRE(v2.ok());

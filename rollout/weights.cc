@@ -85,6 +85,7 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
   for (const auto& [name, t] : model->NamedParameters()) {
     bytes += static_cast<int64_t>(t.nbytes());
     params[name].shape = t.sizes().vec();
+    params[name].dtype = t.scalar_type();
   }
   if (impl_->tokenizer && impl_->tokenizer->vocab_size() > model->config().vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint_path: model vocab_size ", model->config().vocab_size,
@@ -152,6 +153,11 @@ absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& given, abs
   return absl::OkStatus();
 }
 
+std::string RolloutWorker::WeightDtype() const {
+  const std::string& d = impl_->options.dtype;
+  return d == "bf16" ? "bf16" : d == "fp16" ? "f16" : "f32";
+}
+
 absl::StatusOr<std::vector<NamedTensors>> RolloutWorker::Impl::ReceivePieces(
     int64_t version, const std::map<std::string, ParamInfo>& shapes) {
   const int tp = options.tensor_parallel;
@@ -216,6 +222,11 @@ absl::Status RolloutWorker::Impl::CheckAgainstModel(const NamedTensors& tensors,
     std::vector<int64_t> want = it->second.shape;
     const int dim = tp > 1 ? learner::TensorParallelSplitDim(name) : -1;
     if (dim >= 0 && dim < static_cast<int>(want.size())) want[dim] /= tp;
+    if (t.scalar_type() != it->second.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sync.tensors[", name, "].dtype: ", c10::toString(t.scalar_type()), " but this worker's model holds ",
+          c10::toString(it->second.dtype), " (its --dtype); the publisher must send that (WeightSyncSpec.dtype)"));
+    }
     if (t.sizes().vec() != want) {
       return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "].shape: ", c10::str(t.sizes()),
                                                      " does not match the model's ", c10::str(want),
@@ -423,7 +434,7 @@ absl::StatusOr<LoadResult> RolloutWorker::Impl::FinishSync(std::shared_ptr<Updat
                                                            absl::Time start) {
   const int64_t v = u->version;
   RLMESH_RETURN_IF_ERROR(PostUpdate(std::move(u)));
-  RLMESH_LOG(INFO) << "received weights version=" << v << " bytes=" << bytes
+  RLMESH_LOG(INFO) << "received weights version=" << v << " bytes=" << bytes << " dtype=" << options.dtype
                    << " tensor_parallel=" << options.tensor_parallel
                    << " pieces=" << std::max<size_t>(piece_receivers.size(), 1);
   return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};

@@ -113,6 +113,7 @@ struct EpisodeGroup {
 struct RolloutWorker::Impl {
   struct ParamInfo {
     std::vector<int64_t> shape;
+    at::ScalarType dtype = at::kFloat;
   };
   // A weight swap waiting for the fence; applied on the engine thread.
   struct Update {
@@ -176,6 +177,13 @@ struct RolloutWorker::Impl {
   // them back: requests are refused, the engine builds no generator.
   bool weights_released ABSL_GUARDED_BY(mu) = false;
   int64_t generated_tokens ABSL_GUARDED_BY(mu) = 0;
+  // CUDA graphs of the decode step since start, over every generator.
+  int64_t graph_captures ABSL_GUARDED_BY(mu) = 0;
+  int64_t graph_replays ABSL_GUARDED_BY(mu) = 0;
+  // Engine thread only: the generator last counted and its counts then (a
+  // generator's counts only grow; a new one starts from zero).
+  const actor::GenerationEngine* graphs_of = nullptr;
+  actor::DecodeGraphStats graphs_seen;
   int64_t failed_groups ABSL_GUARDED_BY(mu) = 0;
   int64_t dropped_groups ABSL_GUARDED_BY(mu) = 0;
   int64_t pipeline_busy ABSL_GUARDED_BY(mu) = 0;
@@ -333,6 +341,8 @@ struct RolloutWorker::Impl {
 
   // Generator callback (engine thread, mu not held).
   void OnGroup(actor::GroupResult result);
+  // Adds what `engine`'s CUDA graphs did since last counted to the totals.
+  void CountGraphs(const actor::GenerationEngine& engine) ABSL_LOCKS_EXCLUDED(mu);
 
   void Loop();
 

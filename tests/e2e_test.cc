@@ -158,6 +158,59 @@ TEST_CASE("asynchronous GRPO (rollout one version ahead) on K=2 learner shards, 
   CHECK(final_acc["grpo"] >= 0.2);
 }
 
+// rollout.dtype: bf16 with fp32 master weights: each sync carries half the
+// bytes of the fp32 checkpoint, the workers say they hold bf16, and every
+// step logs the rollout/learner log-prob gap (exactly 0 when both are fp32,
+// about 0.01 here in bf16), which the default truncated IS corrects.
+TEST_CASE("bf16 rollout: the sync sends bf16 cast from the fp32 masters, and the log-prob gap is logged") {
+  testing::TempDir dir;
+  auto run = Subprocess::Start({testing::Runfile("coordinator/coordinator"), "run",
+                                testing::Runfile("configs/grpo_arith_e2e.yaml"), "--run_dir=" + dir.File("runs"),
+                                "--bin_dir=" + testing::Runfile(""), "--set=rollout.dtype=bf16",
+                                "--set=stages[1].grpo.rl.steps=5", "--set=logging.tensorboard=false"},
+                               dir.File("out"));
+  REQUIRE(run.ok());
+  auto st = run->Wait(absl::Minutes(10));
+  const std::string out = ReadAll(dir.File("out"));
+  INFO(out);
+  REQUIRE(st.ok());
+  REQUIRE(*st == 0);
+  const std::string run_dir = RunDir(dir.File("runs"));
+  REQUIRE(!run_dir.empty());
+  int grpo_steps = 0;
+  std::istringstream metrics(ReadAll(run_dir + "/metrics.jsonl"));
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] != "step" || j["stage"] != "grpo") continue;
+    ++grpo_steps;
+    INFO(line);
+    CHECK(j["weight_sync"] == "shm");
+    CHECK(j["mismatch_abs_diff"].get<double>() > 1e-3);
+    CHECK(j["mismatch_abs_diff"].get<double>() < 0.2);
+  }
+  CHECK(grpo_steps == 5);
+  // The fp32 checkpoint the SFT stage ended with, against what each sync
+  // carried (the file adds only its JSON header).
+  int64_t fp32_bytes = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(run_dir + "/checkpoints/0-sft")) {
+    if (e.path().filename() == "model.safetensors") fp32_bytes = static_cast<int64_t>(e.file_size());
+  }
+  REQUIRE(fp32_bytes > 0);
+  std::istringstream log(ReadAll(run_dir + "/logs/rollout-0.log"));
+  int syncs = 0;
+  for (std::string line; std::getline(log, line);) {
+    const size_t at = line.find("received weights version=");
+    if (at == std::string::npos) continue;
+    ++syncs;
+    INFO(line);
+    CHECK(line.find(" dtype=bf16 ") != std::string::npos);
+    const int64_t bytes = std::stoll(line.substr(line.find(" bytes=") + 7));
+    CHECK(2 * bytes <= fp32_bytes);
+    CHECK(2 * bytes >= fp32_bytes - 65536);
+  }
+  CHECK(syncs >= 5);  // every SFT and GRPO step syncs the workers
+}
+
 TEST_CASE("weight sync in pieces: learner tp=2 to rollout tp=2, Gloo and shared memory, the rollout's weights are "
           "the learner's") {
   // GRPO from a scratch model, no SFT: what is checked is that each step's

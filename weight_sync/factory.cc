@@ -38,6 +38,9 @@ absl::Status ValidateSpec(const WeightSyncSpec& spec) {
         absl::StrCat("spec.piece: ", spec.piece(), " is outside [0, pieces=", std::max(spec.pieces(), 1), ")"));
   }
   if (!WeightSyncBackend_IsValid(spec.backend())) return absl::InvalidArgumentError("spec.backend: unknown value");
+  if (!spec.dtype().empty() && !DtypeFromName(spec.dtype()).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.dtype: unknown \"", spec.dtype(), "\" (f32, bf16 or f16)"));
+  }
   const WeightSyncBackend backend = ResolveBackend(spec);
   if (backend == WEIGHT_SYNC_GLOO || backend == WEIGHT_SYNC_NCCL) {
     if (spec.store_host().empty()) {
@@ -82,8 +85,38 @@ absl::StatusOr<int> CudaDeviceOf(const WeightSyncSpec& spec, int visible_devices
   return *index;
 }
 
-absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const WeightSyncSpec& spec) {
-  RLMESH_RETURN_IF_ERROR(ValidateSpec(spec));
+absl::StatusOr<NamedTensors> CastForSync(const NamedTensors& tensors, const std::string& dtype) {
+  if (dtype.empty()) return tensors;
+  RLMESH_ASSIGN_OR_RETURN(const at::ScalarType to, DtypeFromName(dtype));
+  NamedTensors out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    const bool cast = t.defined() && t.is_floating_point() && t.scalar_type() != to;
+    out.emplace_back(name, cast ? t.to(to) : t);
+  }
+  return out;
+}
+
+namespace {
+
+// Publishes through `inner` what CastForSync(spec.dtype) makes of the
+// tensors: the cast runs on the tensors' device, one whole copy at a time.
+class CastingPublisher final : public WeightPublisher {
+ public:
+  CastingPublisher(std::unique_ptr<WeightPublisher> inner, std::string dtype)
+      : inner_(std::move(inner)), dtype_(std::move(dtype)) {}
+  absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) override {
+    RLMESH_ASSIGN_OR_RETURN(NamedTensors cast, CastForSync(tensors, dtype_));
+    return inner_->Publish(cast, version);
+  }
+  WeightSyncBackend backend() const override { return inner_->backend(); }
+
+ private:
+  std::unique_ptr<WeightPublisher> inner_;
+  const std::string dtype_;
+};
+
+absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateBackendPublisher(const WeightSyncSpec& spec) {
   switch (ResolveBackend(spec)) {
     case WEIGHT_SYNC_SHM: return std::unique_ptr<WeightPublisher>(NewShmPublisher(spec).release());
     case WEIGHT_SYNC_IN_PROCESS: return std::unique_ptr<WeightPublisher>(NewInProcessPublisher(spec).release());
@@ -105,6 +138,15 @@ absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const Wei
       return absl::InvalidArgumentError(
           absl::StrCat("spec.backend: ", WeightSyncBackend_Name(ResolveBackend(spec)), " has no publisher"));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WeightPublisher>> CreateWeightPublisher(const WeightSyncSpec& spec) {
+  RLMESH_RETURN_IF_ERROR(ValidateSpec(spec));
+  RLMESH_ASSIGN_OR_RETURN(std::unique_ptr<WeightPublisher> publisher, CreateBackendPublisher(spec));
+  if (spec.dtype().empty()) return publisher;
+  return std::unique_ptr<WeightPublisher>(new CastingPublisher(std::move(publisher), spec.dtype()));
 }
 
 absl::StatusOr<std::unique_ptr<WeightReceiver>> CreateWeightReceiver(const WeightSyncSpec& spec) {

@@ -110,6 +110,11 @@ WeightSyncBackend ResolveBackend(const WeightSyncSpec& spec);
 // Element type name used in TensorSlot.dtype ("f32", "bf16", "f16") and back.
 absl::StatusOr<std::string> DtypeName(const at::Tensor& t);
 
+// `tensors` with every floating-point tensor of another type cast to
+// `dtype` ("f32", "bf16", "f16"; "" = unchanged), on its own device; others
+// are shared, not copied. What a publisher with spec.dtype sends.
+absl::StatusOr<NamedTensors> CastForSync(const NamedTensors& tensors, const std::string& dtype);
+
 // Packs `tensors` in order into buckets of at most `bucket_bytes` (a larger
 // tensor gets a bucket of its own), offsets aligned to kSlotAlignment.
 // INVALID_ARGUMENT for an empty list, an empty or duplicate name, or an
@@ -126,7 +131,8 @@ class WeightPublisher {
  public:
   virtual ~WeightPublisher() = default;
   // Publishes `tensors` (any device; fp32/bf16/f16) as `version`, which must
-  // exceed every version published before. Returns the layout sent.
+  // exceed every version published before; with spec.dtype set, floating
+  // tensors go as that type (CastForSync). Returns the layout sent.
   virtual absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) = 0;
   // The backend actually used (AUTO resolved).
   virtual WeightSyncBackend backend() const = 0;

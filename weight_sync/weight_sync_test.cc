@@ -232,6 +232,45 @@ TEST_CASE("SHM receiver waits for a version published after it asked") {
   ExpectBitExact(tensors, *got);
 }
 
+// A bf16 rollout gets bf16 from fp32 masters: the publisher casts, the
+// buckets carry half the bytes, and what arrives is the cast bit for bit.
+TEST_CASE("spec.dtype: the publisher sends every floating tensor as that type") {
+  testing::TempDir dir;
+  WeightSyncSpec spec = ShmSpec(dir);
+  spec.set_dtype("bf16");
+  auto pub = CreateWeightPublisher(spec);
+  auto recv = CreateWeightReceiver(spec);
+  REQUIRE(pub.ok());
+  REQUIRE(recv.ok());
+  const NamedTensors tensors = MakeTensors(5);
+  auto layout = (*pub)->Publish(tensors, 1);
+  REQUIRE(layout.ok());
+  for (const TensorSlot& slot : layout->tensors()) CHECK(slot.dtype() == "bf16");
+  auto got = (*recv)->Receive(*layout);
+  REQUIRE(got.ok());
+  auto want = CastForSync(tensors, "bf16");
+  REQUIRE(want.ok());
+  ExpectBitExact(*want, *got);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    INFO(tensors[i].first);
+    CHECK((*got)[i].second.scalar_type() == at::kBFloat16);
+    CHECK(at::equal((*got)[i].second, tensors[i].second.to(at::kBFloat16)));
+  }
+  auto full = BuildLayout(tensors, 1, int64_t{64} << 20);
+  REQUIRE(full.ok());
+  int64_t sent = 0, whole = 0;
+  for (int64_t b : layout->bucket_bytes()) sent += b;
+  for (int64_t b : full->bucket_bytes()) whole += b;
+  CHECK(sent < whole * 0.6);  // the f32 tensors dominate: about half
+
+  // Unchanged without a dtype; an unknown one is refused by name.
+  auto same = CastForSync(tensors, "");
+  REQUIRE(same.ok());
+  CHECK((*same)[0].second.is_same(tensors[0].second));
+  spec.set_dtype("f64");
+  CHECK(absl::StrContains(CreateWeightPublisher(spec).status().message(), "spec.dtype: unknown \"f64\""));
+}
+
 TEST_CASE("IN_PROCESS round trip") {
   WeightSyncSpec spec;
   spec.set_backend(WEIGHT_SYNC_IN_PROCESS);

@@ -52,6 +52,27 @@ void FakeCluster::CrashLearnerAt(int rank, int64_t step, absl::Status status) {
   crash_at_[rank] = {step, std::move(status)};
 }
 
+void FakeCluster::SetRolloutDtype(int index, const std::string& dtype) {
+  absl::MutexLock lock(&mu_);
+  rollout_dtypes_[index] = dtype;
+}
+
+std::string FakeCluster::RolloutDtype(int index) const {
+  absl::MutexLock lock(&mu_);
+  auto it = rollout_dtypes_.find(index);
+  return it != rollout_dtypes_.end() ? it->second : "f32";
+}
+
+void FakeCluster::RecordPublish(const std::string& dtype) {
+  absl::MutexLock lock(&mu_);
+  published_dtypes_.push_back(dtype);
+}
+
+std::vector<std::string> FakeCluster::published_dtypes() const {
+  absl::MutexLock lock(&mu_);
+  return published_dtypes_;
+}
+
 std::vector<std::string> FakeCluster::events() const {
   absl::MutexLock lock(&mu_);
   return events_;
@@ -179,6 +200,7 @@ class FakeCluster::Learner : public LearnerClient {
 
   absl::StatusOr<PublishWeightsResponse> PublishWeights(const PublishWeightsRequest& req, absl::Duration) override {
     RLMESH_RETURN_IF_ERROR(c_->Enter("learner.PublishWeights", "", log()));
+    c_->RecordPublish(req.spec().dtype());
     absl::MutexLock lock(&mu_);
     if (!configured_) return absl::FailedPreconditionError("fake learner: not configured");
     return PublishWeightsResponse();
@@ -202,8 +224,11 @@ class FakeCluster::Rollout : public RolloutClient {
  public:
   Rollout(FakeCluster* c, int index) : c_(c), index_(index) {}
 
-  absl::Status ConfigureWeightSync(const ConfigureWeightSyncRequest&) override {
-    return c_->Enter("rollout.ConfigureWeightSync", "", log());
+  absl::StatusOr<ConfigureWeightSyncResponse> ConfigureWeightSync(const ConfigureWeightSyncRequest&) override {
+    RLMESH_RETURN_IF_ERROR(c_->Enter("rollout.ConfigureWeightSync", "", log()));
+    ConfigureWeightSyncResponse resp;
+    resp.set_dtype(c_->RolloutDtype(index_));
+    return resp;
   }
 
   absl::Status LoadWeights(const LoadWeightsRequest& req) override {
@@ -238,6 +263,10 @@ class FakeCluster::Rollout : public RolloutClient {
     absl::MutexLock lock(&mu_);
     RolloutStatus st;
     st.set_policy_version(held_ < 0 ? 0 : held_);
+    // A stand-in for a worker with CUDA graphs: one capture, then ten
+    // replays per training generation.
+    st.set_cuda_graph_captures(pipeline_calls_ > 0 ? 1 : 0);
+    st.set_cuda_graph_replays(10 * pipeline_calls_);
     return st;
   }
 
@@ -245,6 +274,10 @@ class FakeCluster::Rollout : public RolloutClient {
                         const std::function<absl::Status(GenerateResponse&)>& on_response) override {
     const absl::Time deadline = absl::Now() + timeout;
     RLMESH_RETURN_IF_ERROR(c_->Enter("rollout.Generate", req.pipeline() ? "pipeline" : "eval", log()));
+    if (req.pipeline()) {
+      absl::MutexLock lock(&mu_);
+      ++pipeline_calls_;
+    }
     std::vector<GenerateResponse> out;
     // Groups a hung call holds back (stored late with store_late).
     std::vector<Group> late;
@@ -323,6 +356,7 @@ class FakeCluster::Rollout : public RolloutClient {
   // Lock order: c_->mu_ before mu_.
   mutable absl::Mutex mu_;
   int64_t held_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no weights yet
+  int64_t pipeline_calls_ ABSL_GUARDED_BY(mu_) = 0;
   bool released_ ABSL_GUARDED_BY(mu_) = false;  // Sleep(release_weights) until the next load
 };
 

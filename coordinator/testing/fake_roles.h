@@ -102,6 +102,13 @@ class FakeCluster {
   // its saved checkpoints. Once.
   void CrashLearnerAt(int rank, int64_t step, absl::Status status = absl::UnavailableError("fake learner: died"));
 
+  // The parameter dtype worker `index` reports at ConfigureWeightSync
+  // ("f32" unless set).
+  void SetRolloutDtype(int index, const std::string& dtype) ABSL_LOCKS_EXCLUDED(mu_);
+  std::string RolloutDtype(int index) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The WeightSyncSpec.dtype of every PublishWeights call, in order.
+  std::vector<std::string> published_dtypes() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // "learner.Configure stage=0 step=0", "rollout.Generate pipeline",
   // "learner.TrainStep", "learner.PublishWeights", "rollout.LoadWeights",
   // "rollout.Sleep weights", "reward.Score", "learner.Save", "health.Wait",
@@ -124,6 +131,7 @@ class FakeCluster {
   class Admin;
   class Health;
 
+  void RecordPublish(const std::string& dtype) ABSL_LOCKS_EXCLUDED(mu_);
   // Checks FailNext; records the event.
   absl::Status Enter(const std::string& method, const std::string& detail, bool log)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -159,6 +167,8 @@ class FakeCluster {
   int stale_skipped_ ABSL_GUARDED_BY(mu_) = 0;
   int duplicate_puts_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, Hang> hangs_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::string> rollout_dtypes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> published_dtypes_ ABSL_GUARDED_BY(mu_);
   // Newest checkpoint per checkpoint dir (what a restarted learner resumes
   // from), and every folder saved by path.
   std::map<std::string, Checkpoint> newest_ ABSL_GUARDED_BY(mu_);
