@@ -149,5 +149,30 @@ TEST_CASE("cuda_graphs is refused by name for a model on the CPU") {
   CHECK(gen.Idle());
 }
 
+// Asked for graphs, a policy whose decode cannot be captured is refused, not
+// decoded without them (checked before the device, so it holds here too).
+TEST_CASE("cuda_graphs is refused by name for MoE and dynamic-RoPE policies") {
+  ModelConfig moe = Tiny("qwen3_moe");
+  moe.num_experts = 4;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 16;
+  ModelConfig dynamic = Tiny();
+  dynamic.rope.type = "dynamic";
+  dynamic.rope.factor = 2.0;
+  for (const auto& [config, why] :
+       std::vector<std::pair<ModelConfig, std::string>>{{moe, "MoE routing"}, {dynamic, "dynamic RoPE"}}) {
+    INFO(why);
+    REQUIRE(config.Validate().ok());
+    Generator gen(MakeModel(config), {.cuda_graphs = true});
+    GenerationRequest r;
+    r.prompt = {1, 2};
+    const absl::Status s = gen.Submit(r);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(s.message(), "rollout.cuda_graphs"));
+    CHECK(absl::StrContains(s.message(), "(" + why + ")"));
+    CHECK(gen.Idle());
+  }
+}
+
 }  // namespace
 }  // namespace rlmesh::actor

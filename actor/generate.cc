@@ -583,6 +583,11 @@ Generator::~Generator() = default;
 absl::Status Generator::Submit(GenerationRequest request) {
   absl::Status s = s_->options.Validate();
   if (!s.ok()) return s;
+  if (s_->options.cuda_graphs && (s_->IsMoe() || s_->model->config().rope.type == "dynamic")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GeneratorOptions.cuda_graphs (rollout.cuda_graphs): the policy's decode has data-dependent shapes (",
+        s_->IsMoe() ? "MoE routing" : "dynamic RoPE", ") and cannot be captured; turn cuda_graphs off"));
+  }
   if (s_->options.cuda_graphs && !s_->device.is_cuda()) {
     return absl::InvalidArgumentError(absl::StrCat("GeneratorOptions.cuda_graphs: needs the model on a GPU (it is on ",
                                                    s_->device.str(), ")"));

@@ -123,9 +123,10 @@ struct GeneratorOptions {
   bool static_decode = false;
   // Replay each batch bucket's decode step as a CUDA graph (static_decode's
   // shapes), captured on its first step and again when the cache grows.
-  // Needs the model on a GPU (Submit refuses it on the CPU). A step that
-  // cannot be captured is logged once and decoding goes on without graphs.
-  // Default false.
+  // Needs a dense model with static RoPE on a GPU (Submit refuses the
+  // others by name); a step that cannot be captured fails the Step, naming
+  // rollout.cuda_graphs: decoding never goes on without the graphs asked
+  // for. Default false.
   bool cuda_graphs = false;
 
   absl::Status Validate() const;
@@ -195,6 +196,8 @@ class GenerationEngine {
   virtual absl::Status Step(const GroupCallback& on_group) = 0;
   virtual int64_t running() const = 0;
   virtual std::vector<GroupResult> Abort() = 0;
+  // The decode step's CUDA graphs so far (none unless cuda_graphs).
+  virtual DecodeGraphStats graph_stats() const { return {}; }
 };
 
 class Generator final : public GenerationEngine {
@@ -223,7 +226,7 @@ class Generator final : public GenerationEngine {
   // Sequences decoding now (for tests and metrics).
   int64_t running() const override;
   // The decode step's CUDA graphs so far.
-  DecodeGraphStats graph_stats() const;
+  DecodeGraphStats graph_stats() const override;
 
   // Stops everything: every queued or running request comes back as a group
   // of all its n samples, finished ones as they ended and the others with
