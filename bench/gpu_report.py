@@ -2,10 +2,16 @@
 
     python3 bench/gpu_report.py WORK_DIR DRY_RUN(0|1) > gpu.md
 
-WORK_DIR holds machine.txt, libraries.txt and, per check, NAME.log and
-NAME.rc; gpu_bench.log has one JSON object per line. Each figure is set
-against its GPU target, as a ratio to a reference measured in the same
-run on the same GPU.
+WORK_DIR holds machine.txt, libraries.txt, gpus.txt (the device count)
+and, per check, NAME.log and NAME.rc; gpu_bench.log has one JSON object per
+line. Each figure is set against its GPU target, as a ratio to a reference
+measured in the same run on the same GPU.
+
+The colocated GRPO run's step metrics are asserted, not just printed: every
+step's weights went over CUDA IPC (no fallback), its decode replayed CUDA
+graphs, and the bf16 rollout's log-prob gap to the fp32 learner is
+positive and small. Exits 3 when an assertion fails (after writing the
+report), 0 otherwise.
 """
 import json
 import os
@@ -126,12 +132,41 @@ def main():
             if v:
                 out.append(f"| {key[8:]} | {med(v):.3f} | {100 * med(v) / step_s:.0f}% |")
         out.append("")
+    failed = e2e_assertions(steps, out)
+    gpus = read(os.path.join(work, "gpus.txt"), "0").strip()
+    if gpus in ("0", "1"):
+        out.append("Cases that need two GPUs (NCCL weight sync and data parallelism between two ranks, the "
+                   f"two-rank NCCL group): **not run: {'one GPU' if gpus == '1' else 'no GPU'}**.\n")
     out.append("## Logs (last lines)\n")
     for c in CHECKS:
         tail = "\n".join(read(os.path.join(work, c + ".log")).splitlines()[-15:])
         out.append(f"### {c}\n\n```\n{tail}\n```\n")
     print("\n".join(out))
+    return 3 if failed else 0
+
+
+def e2e_assertions(steps, out):
+    """Appends the colocated run's assertions to `out`; returns how many failed."""
+    med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
+    gaps = [d.get("mismatch_abs_diff", 0.0) for d in steps]
+    rows = [
+        ("GRPO steps ran", f"{len(steps)}", len(steps) >= 2),
+        ("every step's weights went over CUDA IPC (`weight_sync`)",
+         ", ".join(sorted({str(d.get("weight_sync")) for d in steps})) or "none",
+         bool(steps) and all(d.get("weight_sync") == "cuda_ipc" for d in steps)),
+        ("every step's decode replayed CUDA graphs (`cuda_graph_replays`)",
+         f"median {med([d.get('cuda_graph_replays', 0) for d in steps])}",
+         bool(steps) and all(d.get("cuda_graph_replays", 0) > 0 for d in steps)),
+        ("bf16 rollout vs fp32 learner log-prob gap (`mismatch_abs_diff`) in (0, 0.5)",
+         f"median {med(gaps):.3g}", bool(steps) and all(0 < g < 0.5 for g in gaps)),
+    ]
+    out.append("## Asserted in the colocated run\n")
+    out.append("| assertion | seen | holds |\n|---|---|---|")
+    for what, seen, ok in rows:
+        out.append(f"| {what} | {seen} | {'yes' if ok else '**no**'} |")
+    out.append("")
+    return sum(1 for _, _, ok in rows if not ok)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -151,6 +151,7 @@ run() {
   done
   local gpus
   gpus=$("${RLMESH_PYTHON:-python3}" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  echo "${gpus:-0}" >"$work/gpus.txt"
   # [gpu] names the real cases (not the hidden publisher case the two-process
   # test starts); NCCL's needs two GPUs.
   local filter="[gpu]~[multi_gpu]"
@@ -180,7 +181,7 @@ run() {
   (cd "$work" && check e2e_colocated 240 "$bin/coordinator/coordinator" run "$here/configs/grpo_arith_tiny.yaml" \
     --bin_dir="$bin" --set model.hidden=1024 --set model.layers=10 --set model.heads=16 --set model.kv_heads=4 \
     --set model.device=cuda --set learner.autocast=bf16 --set rollout.workers=1 --set rollout.sleep=weights \
-    --set learner.sleep=cache --set weight_sync.backend=cuda_ipc --set rollout.cuda_graphs=true \
+    --set learner.sleep=cache --set weight_sync.backend=cuda_ipc --set rollout.cuda_graphs=true --set rollout.dtype=bf16 \
     --set 'stages[0].sft.steps=100' --set 'stages[1].grpo.rl.steps=20')
   local metrics
   metrics=$(ls -t "$work"/runs/*/metrics.jsonl 2>/dev/null | head -1)
@@ -190,8 +191,10 @@ run() {
   done >>"$work/e2e_colocated.log"
   local out="${OUT:-$root/.device}"
   mkdir -p "$out"
-  "${RLMESH_PYTHON:-python3}" "$here/bench/gpu_report.py" "$work" "${DRY_RUN:-0}" >"$out/gpu.md" ||
-    die "report failed"
+  "${RLMESH_PYTHON:-python3}" "$here/bench/gpu_report.py" "$work" "${DRY_RUN:-0}" >"$out/gpu.md"
+  local report_rc=$?
+  # 3: the report was written but an assertion on the colocated run failed.
+  [ "$report_rc" = 0 ] || [ "$report_rc" = 3 ] || die "report failed (rc $report_rc)"
   echo "device_check: report in $out/gpu.md"
   cat "$out/gpu.md"
   if [ "${DRY_RUN:-0}" = 1 ]; then
@@ -211,11 +214,14 @@ run() {
           { echo "dry run: $c did not name the missing device:"; tail -5 "$work/$c.log"; bad=1; }
       fi
     done
+    # Nothing ran, so the run's assertions must all fail (never pass vacuously).
+    [ "$report_rc" = 3 ] || { echo "dry run: the colocated run's assertions did not fail (rc $report_rc)"; bad=1; }
     rm -rf "$work"
     [ "$bad" = 0 ] && echo "device_check: dry run ok" || die "dry run found problems"
     return
   fi
   rm -rf "$work"
+  [ "$report_rc" = 0 ] || die "the colocated run broke an assertion (see the report)"
 }
 
 case "$mode" in
