@@ -29,8 +29,10 @@
 // Collectives: every rank must call BroadcastParameters and Step the same
 // number of times in the same order. An argument error is returned before
 // any collective, which leaves the peers waiting until the group's timeout;
-// a failed collective (timeout, peer gone) returns ABORTED and the group must
-// be rebuilt.
+// a failed collective returns ABORTED and the group must be rebuilt. On
+// Gloo a collective past the group's timeout is such a failure; on NCCL
+// the host does not wait for the device, and ProcessGroupNCCL's watchdog
+// ends the process instead (dist/nccl.h), which the coordinator restarts.
 //
 // Not thread-safe: one DataParallel per rank, used by one thread.
 

@@ -8,8 +8,8 @@ namespace rlmesh::weight_sync::internal {
 namespace {
 
 
-// NCCL: rank r uses CUDA device r % device_count (launch one rank per GPU,
-// e.g. with CUDA_VISIBLE_DEVICES). Rank 0's ncclUniqueId travels through the
+// NCCL: each rank uses its own process's device (spec.device, CudaDeviceOf;
+// one rank per GPU). Rank 0's ncclUniqueId travels through the
 // group's TCPStore (key "nccl_id" under "weight_sync/<group>/nccl"). The
 // communicator is non-blocking, so forming it and every broadcast can be
 // waited on with a deadline: at the deadline, or on an asynchronous NCCL

@@ -23,8 +23,8 @@
 //               neither side holds more than two buckets besides the
 //               tensors. Publish and Receive are collectives: every rank
 //               must call them for the same version at the same time.
-//   NCCL        ncclBroadcast from rank 0, one rank per GPU (rank r uses
-//               device r % device count), same wire order, pipelining and
+//   NCCL        ncclBroadcast from rank 0, one rank per GPU (each on its
+//               own spec.device, CudaDeviceOf), same wire order, pipelining and
 //               collective contract as GLOO; rank 0's ncclUniqueId goes
 //               through the same TCPStore. The buckets are device tensors on
 //               the rank's GPU, broadcast in place: the publisher copies its
