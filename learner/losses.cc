@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/status_macros.h"
+#include "learner/device_metrics.h"
 #include "learner/tensor_checks.h"
 
 namespace rlmesh::learner {
@@ -14,20 +15,11 @@ using internal::CatchTorch;
 using internal::CheckSameShape;
 using internal::CheckTensor;
 
-double Scalar(const at::Tensor& t) { return t.detach().to(at::kDouble).item<double>(); }
-
 // Zero where `on` is false. Through where(), the masked-out positions of `x`
 // get an exactly-zero gradient even if they hold NaN or inf, which `x * m`
 // would not give.
 at::Tensor Keep(const at::Tensor& x, const at::Tensor& on) {
   return at::where(on, x, at::zeros({}, x.options()));
-}
-
-// Mean of x over the masked positions, as a double (metrics only).
-double MaskedMean(const at::Tensor& x, const at::Tensor& on) {
-  const double n = Scalar(on.sum());
-  if (n == 0) return 0.0;
-  return Scalar(Keep(x.detach().to(at::kDouble), on).sum()) / n;
 }
 
 // Aggregation over validated inputs; `l` is already 0 where `on` is false.
@@ -206,7 +198,7 @@ absl::StatusOr<LossOutput> PolicyLoss(const PolicyLossInputs& in,
     const at::Tensor old_logp = Keep(in.old_logp.detach(), on);
     const at::Tensor adv = Keep(in.advantages.detach(), on);
     LossOutput out;
-    Metrics& mt = out.metrics;
+    DeviceMetrics dm;
 
     at::Tensor ratio, pg, took_clip;
     at::Tensor dual_taken = at::zeros_like(on);
@@ -244,43 +236,48 @@ absl::StatusOr<LossOutput> PolicyLoss(const PolicyLossInputs& in,
     if (in.is_weight.defined()) {
       at::Tensor w = Keep(in.is_weight.detach(), on);
       pg = pg * w;
-      mt["is_weight_mean"] = MaskedMean(w, on);
+      dm.AddMaskedMean("is_weight_mean", w, on);
     } else if (in.behaviour_logp.defined()) {
       at::Tensor raw_w = at::exp(old_logp - Keep(in.behaviour_logp.detach(), on));
       at::Tensor w = options.importance_cap > 0 ? raw_w.clamp_max(options.importance_cap) : raw_w;
       pg = pg * w;
-      mt["is_weight_mean"] = MaskedMean(w, on);
-      mt["is_capped_frac"] =
-          options.importance_cap > 0 ? MaskedMean(raw_w.gt(options.importance_cap), on) : 0.0;
+      dm.AddMaskedMean("is_weight_mean", w, on);
+      if (options.importance_cap > 0) {
+        dm.AddMaskedMean("is_capped_frac", raw_w.gt(options.importance_cap), on);
+      } else {
+        out.metrics["is_capped_frac"] = 0.0;
+      }
     }
 
     at::Tensor pg_loss = Aggregate(Keep(pg, on), on, options.agg, options.agg_normalizer);
     at::Tensor loss = pg_loss;
-    mt["pg_loss"] = Scalar(pg_loss);
-    mt["clip_frac"] = MaskedMean(took_clip, on);
-    mt["clip_frac_high"] = MaskedMean(took_clip.logical_and(ratio.gt(1.0)), on);
-    mt["clip_frac_low"] = MaskedMean(took_clip.logical_and(ratio.lt(1.0)), on);
-    mt["dual_clip_frac"] = MaskedMean(dual_taken, on);
-    mt["ratio_mean"] = MaskedMean(ratio, on);
+    dm.Add("pg_loss", pg_loss);
+    dm.AddMaskedMean("clip_frac", took_clip, on);
+    dm.AddMaskedMean("clip_frac_high", took_clip.logical_and(ratio.gt(1.0)), on);
+    dm.AddMaskedMean("clip_frac_low", took_clip.logical_and(ratio.lt(1.0)), on);
+    dm.AddMaskedMean("dual_clip_frac", dual_taken, on);
+    dm.AddMaskedMean("ratio_mean", ratio, on);
     const double inf = std::numeric_limits<double>::infinity();
-    const bool any = Scalar(on.sum()) > 0;
-    at::Tensor rd = ratio.detach().to(at::kDouble);
-    mt["ratio_max"] = any ? Scalar(at::where(on, rd, at::full({}, -inf, rd.options())).max()) : 1.0;
-    mt["ratio_min"] = any ? Scalar(at::where(on, rd, at::full({}, inf, rd.options())).min()) : 1.0;
-    mt["ppo_kl"] = MaskedMean(old_logp - logp, on);
+    const at::Tensor any = on.any();
+    const at::Tensor rd = ratio.detach().to(at::kDouble);
+    const at::Tensor one = at::ones({}, rd.options());
+    dm.Add("ratio_max", at::where(any, at::where(on, rd, at::full({}, -inf, rd.options())).max(), one));
+    dm.Add("ratio_min", at::where(any, at::where(on, rd, at::full({}, inf, rd.options())).min(), one));
+    dm.AddMaskedMean("ppo_kl", old_logp - logp, on);
 
     if (in.ref_logp.defined()) {
       at::Tensor kl = Keep(KlImpl(logp, Keep(in.ref_logp.detach(), on), options.kl_estimator), on);
       at::Tensor kl_agg = Aggregate(kl, on, options.agg, options.agg_normalizer);
-      mt["kl"] = Scalar(kl_agg);
+      dm.Add("kl", kl_agg);
       if (options.kl_coef > 0) loss = loss + options.kl_coef * kl_agg;
     }
     if (in.entropy.defined()) {
       at::Tensor ent = Aggregate(Keep(in.entropy, on), on, options.agg, options.agg_normalizer);
-      mt["entropy"] = Scalar(ent);
+      dm.Add("entropy", ent);
       if (options.entropy_coef > 0) loss = loss - options.entropy_coef * ent;
     }
-    mt["loss"] = Scalar(loss);
+    dm.Add("loss", loss);
+    dm.ReadInto(&out.metrics);
     out.loss = loss;
     return out;
   });
@@ -302,19 +299,21 @@ absl::StatusOr<LossOutput> ValueLoss(const at::Tensor& values, const at::Tensor&
     at::Tensor err = (v - ret).pow(2);
     at::Tensor l = err;
     LossOutput out;
-    double clip_frac = 0.0;
+    DeviceMetrics dm;
     if (clip > 0) {
       at::Tensor v_clip = old_v + (v - old_v).clamp(-clip, clip);
       at::Tensor err_clip = (v_clip - ret).pow(2);
       l = at::maximum(err, err_clip);
-      clip_frac = MaskedMean(err_clip.gt(err), on);
+      dm.AddMaskedMean("vf_clip_frac", err_clip.gt(err), on);
+    } else {
+      out.metrics["vf_clip_frac"] = 0.0;
     }
     at::Tensor loss = Aggregate(Keep(0.5 * l, on), on, agg, 0.0);
     out.loss = loss;
-    out.metrics["vf_loss"] = Scalar(loss);
-    out.metrics["vf_clip_frac"] = clip_frac;
-    out.metrics["value_mean"] = MaskedMean(v, on);
-    out.metrics["return_mean"] = MaskedMean(ret, on);
+    dm.Add("vf_loss", loss);
+    dm.AddMaskedMean("value_mean", v, on);
+    dm.AddMaskedMean("return_mean", ret, on);
+    dm.ReadInto(&out.metrics);
     return out;
   });
 }
@@ -369,10 +368,12 @@ absl::StatusOr<LossOutput> SftLoss(const at::Tensor& logp, const at::Tensor& mas
     at::Tensor nll = Keep(-logp, on);
     LossOutput out;
     out.loss = Aggregate(nll, on, agg, 0.0);
-    const double token_mean = MaskedMean(nll, on);
-    out.metrics["sft_loss"] = Scalar(out.loss);
-    out.metrics["ppl"] = std::exp(token_mean);
-    out.metrics["tokens"] = Scalar(on.sum());
+    DeviceMetrics dm;
+    dm.AddMaskedMean("ppl", nll, on);  // the token mean; exponentiated below
+    dm.Add("sft_loss", out.loss);
+    dm.Add("tokens", on.sum());
+    dm.ReadInto(&out.metrics);
+    out.metrics["ppl"] = std::exp(out.metrics["ppl"]);
     return out;
   });
 }
@@ -386,9 +387,11 @@ absl::StatusOr<LossOutput> RewardModelLoss(const at::Tensor& chosen_scores,
     LossOutput out;
     out.loss = -at::log_sigmoid(d).mean();
     at::Tensor dd = d.detach().to(at::kDouble);
-    out.metrics["rm_loss"] = Scalar(out.loss);
-    out.metrics["rm_accuracy"] = Scalar((dd.gt(0).to(at::kDouble) + 0.5 * dd.eq(0)).mean());
-    out.metrics["rm_margin"] = Scalar(dd.mean());
+    DeviceMetrics dm;
+    dm.Add("rm_loss", out.loss);
+    dm.Add("rm_accuracy", (dd.gt(0).to(at::kDouble) + 0.5 * dd.eq(0)).mean());
+    dm.Add("rm_margin", dd.mean());
+    dm.ReadInto(&out.metrics);
     return out;
   });
 }
@@ -407,11 +410,13 @@ absl::StatusOr<LossOutput> DpoLoss(const DpoInputs& in, double beta) {
     at::Tensor margin = rc - rr;
     LossOutput out;
     out.loss = -at::log_sigmoid(margin).mean();
-    out.metrics["dpo_loss"] = Scalar(out.loss);
-    out.metrics["reward_chosen"] = Scalar(rc.mean());
-    out.metrics["reward_rejected"] = Scalar(rr.mean());
-    out.metrics["reward_margin"] = Scalar(margin.mean());
-    out.metrics["reward_accuracy"] = Scalar(margin.detach().gt(0).to(at::kDouble).mean());
+    DeviceMetrics dm;
+    dm.Add("dpo_loss", out.loss);
+    dm.Add("reward_chosen", rc.mean());
+    dm.Add("reward_rejected", rr.mean());
+    dm.Add("reward_margin", margin.mean());
+    dm.Add("reward_accuracy", margin.detach().gt(0).to(at::kDouble).mean());
+    dm.ReadInto(&out.metrics);
     return out;
   });
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "learner/device_metrics.h"
 #include "learner/mismatch.h"
 #include "learner/schedule.h"
 
@@ -529,6 +530,54 @@ TEST_CASE("toy objectives: SFT memorises, DPO raises the margin, RM ranks held-o
   CHECK(rm(w, test_c, test_r).metrics.at("rm_accuracy") == 0.5);  // all ties
   AdamSteps(w, 30, 0.1, [&](const at::Tensor& p) { return rm(p, train_c, train_r).loss; });
   CHECK(rm(w, test_c, test_r).metrics.at("rm_accuracy") > 0.9);
+}
+
+}  // namespace
+}  // namespace rlmesh::learner
+
+namespace rlmesh::learner {
+namespace {
+
+// Every metric of a loss call comes back in one copy to the host, with the
+// values one .item() each would give.
+TEST_CASE("DeviceMetrics: one read for all the values, equal to reading each") {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({4, 5});
+  const at::Tensor on = at::rand({4, 5}).gt(0.4);
+  DeviceMetrics dm;
+  dm.Add("sum", x.sum());
+  dm.Add("count", on.sum());
+  dm.AddMaskedMean("mean", x, on);
+  dm.AddMaskedMean("none", x, at::zeros({4, 5}, at::kBool), 7.0);
+  Metrics got;
+  dm.ReadInto(&got);
+  CHECK(dm.reads() == 1);
+  CHECK(got.at("sum") == x.sum().to(at::kDouble).item<double>());
+  CHECK(got.at("count") == static_cast<double>(on.sum().item<int64_t>()));
+  const double n = on.sum().to(at::kDouble).item<double>();
+  CHECK(got.at("mean") == at::where(on, x.to(at::kDouble), 0.0).sum().item<double>() / n);
+  CHECK(got.at("none") == 7.0);
+  dm.ReadInto(&got);  // nothing left to read: no copy
+  CHECK(dm.reads() == 1);
+
+  // The policy loss reports its metrics through it, the empty-mask
+  // defaults included.
+  PolicyLossInputs in;
+  in.mask = on;
+  in.logp = at::randn({4, 5}) * 0.1 - 1;
+  in.old_logp = in.logp + at::randn({4, 5}) * 0.05;
+  in.advantages = at::randn({4, 5});
+  in.behaviour_logp = in.old_logp + at::randn({4, 5}) * 0.05;
+  auto loss = PolicyLoss(in, PolicyLossOptions());
+  REQUIRE(loss.ok());
+  CHECK(loss->metrics.size() >= 12);
+  CHECK(loss->metrics.at("ratio_max") >= loss->metrics.at("ratio_min"));
+  in.mask = at::zeros({4, 5}, at::kBool);
+  auto empty = PolicyLoss(in, PolicyLossOptions());
+  REQUIRE(empty.ok());
+  CHECK(empty->metrics.at("ratio_max") == 1.0);
+  CHECK(empty->metrics.at("ratio_min") == 1.0);
+  CHECK(empty->metrics.at("clip_frac") == 0.0);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "learner/device_metrics.h"
 #include "learner/tensor_checks.h"
 
 namespace rlmesh::learner {
@@ -14,15 +15,6 @@ namespace {
 using internal::CatchTorch;
 using internal::CheckSameShape;
 using internal::CheckTensor;
-
-double Scalar(const at::Tensor& t) { return t.detach().to(at::kDouble).item<double>(); }
-
-// Mean of x over `on` as a double; 0 (or `empty`) when nothing is on.
-double MeanOver(const at::Tensor& x, const at::Tensor& on, double empty = 0.0) {
-  const double n = Scalar(on.sum());
-  if (n == 0) return empty;
-  return Scalar(at::where(on, x.to(at::kDouble), at::zeros({}, at::kDouble)).sum()) / n;
-}
 
 }  // namespace
 
@@ -85,10 +77,10 @@ absl::StatusOr<MismatchWeights> MismatchCorrection(const at::Tensor& old_logp, c
         at::where(on, old_logp.detach(), zero) - at::where(on, behaviour_logp.detach(), zero);
     const at::Tensor raw_w = at::exp(log_w);
     MismatchWeights out;
-    Metrics& mt = out.metrics;
-    mt["mismatch_kl"] = MeanOver(raw_w - 1.0 - log_w, on);
-    mt["mismatch_k1"] = MeanOver(-log_w, on);
-    mt["mismatch_abs_diff"] = MeanOver(log_w.abs(), on);
+    DeviceMetrics dm;
+    dm.AddMaskedMean("mismatch_kl", raw_w - 1.0 - log_w, on);
+    dm.AddMaskedMean("mismatch_k1", -log_w, on);
+    dm.AddMaskedMean("mismatch_abs_diff", log_w.abs(), on);
 
     // The quantity compared with the bounds, in log space: per token, or the
     // row's summed log-weight broadcast over its tokens.
@@ -125,9 +117,10 @@ absl::StatusOr<MismatchWeights> MismatchCorrection(const at::Tensor& old_logp, c
     }
     out.weight = at::where(keep, w, zero);
     out.keep = keep;
-    mt["mismatch_masked_frac"] = MeanOver(on.logical_and(keep.logical_not()), on);
-    mt["mismatch_truncated_frac"] = MeanOver(truncated, on);
-    mt["mismatch_weight_mean"] = MeanOver(out.weight, keep, 1.0);
+    dm.AddMaskedMean("mismatch_masked_frac", on.logical_and(keep.logical_not()), on);
+    dm.AddMaskedMean("mismatch_truncated_frac", truncated, on);
+    dm.AddMaskedMean("mismatch_weight_mean", out.weight, keep, 1.0);
+    dm.ReadInto(&out.metrics);
     return out;
   });
 }
