@@ -1,10 +1,15 @@
 // Every field of ExperimentConfig (and of ClusterConfig) is honoured or refused: this test walks
 // the schema (proto/config.proto, through its descriptor) and fails for a
 // field that has no entry below naming the file that reads it, and for an
-// entry whose file does not read it (no `.field(`, `->field(` or
-// `.field_size(` there). Adding a field to the schema without code that reads
-// it therefore fails here. A field that is refused rather than honoured
-// points at coordinator/experiment_config.cc, where the refusal is.
+// entry whose file does not read it. A file reads `rlmesh.RolloutConfig.dtype`
+// when it has `.dtype(`, `->dtype(` or `.dtype_size(` and also names the
+// parent message: its C++ type (`RolloutConfig`) or the accessor of a field
+// of that type (`rollout(`, `mutable_rollout(`), so a file that reads only
+// `model().dtype()` does not count. Fields of the root message need no parent
+// (code reaches the root through whatever holds it: `cfg()`, `config->`).
+// Adding a field to the schema without code that reads it therefore fails
+// here. A field that is refused rather than honoured points at
+// coordinator/experiment_config.cc, where the refusal is.
 #include <fstream>
 #include <map>
 #include <regex>
@@ -200,7 +205,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.BufferConfig.sample_mode", "coordinator/learners.cc"},
     {"rlmesh.BufferConfig.keep_steps", "coordinator/rl_loop.cc"},
     {"rlmesh.BufferConfig.max_bytes", "coordinator/rl_loop.cc"},
-    {"rlmesh.ExperimentConfig.learner", "coordinator/rl_loop.cc"},
+    {"rlmesh.ExperimentConfig.learner", "coordinator/runner_options.cc"},
     {"rlmesh.LearnerConfig.shards", "coordinator/runner_options.cc"},
     {"rlmesh.LearnerConfig.zero", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.micro_batch_tokens", "learner/stage_options.cc"},
@@ -305,12 +310,23 @@ const std::map<std::string, std::string>& ClusterReaders() {
   return *readers;
 }
 
-void Walk(const google::protobuf::Descriptor* m, std::set<std::string>* seen, std::set<std::string>* fields) {
-  if (!seen->insert(m->full_name()).second) return;
+// The fields reachable from a root message, and for each message of the
+// schema the names of the fields whose type it is (its accessors).
+struct Schema {
+  std::map<std::string, const google::protobuf::FieldDescriptor*> fields;  // by full name
+  std::map<const google::protobuf::Descriptor*, std::set<std::string>> accessors;
+};
+
+void Walk(const google::protobuf::Descriptor* m, std::set<const google::protobuf::Descriptor*>* seen,
+          Schema* schema) {
+  if (!seen->insert(m).second) return;
   for (int i = 0; i < m->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* f = m->field(i);
-    fields->insert(f->full_name());
-    if (f->message_type() != nullptr) Walk(f->message_type(), seen, fields);
+    schema->fields[f->full_name()] = f;
+    if (f->message_type() != nullptr) {
+      schema->accessors[f->message_type()].insert(f->name());
+      Walk(f->message_type(), seen, schema);
+    }
   }
 }
 
@@ -321,17 +337,36 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// protoc's C++ name of a message: "rlmesh.Outer.Inner" -> "Outer_Inner".
+std::string CppTypeName(const google::protobuf::Descriptor* m) {
+  const std::string& package = m->file()->package();
+  std::string name = m->full_name().substr(package.empty() ? 0 : package.size() + 1);
+  for (char& c : name) {
+    if (c == '.') c = '_';
+  }
+  return name;
+}
+
+// Matches a mention of `parent` in source text: its C++ type name, or a read
+// of a field of that type (`rollout(`, `->mutable_rollout(`). A field named
+// like a C++ keyword is read through its accessor with a trailing '_'.
+std::regex ParentMention(const google::protobuf::Descriptor* parent, const std::set<std::string>& accessors) {
+  std::string alternatives = "\\b" + CppTypeName(parent) + "\\b";
+  for (const std::string& a : accessors) alternatives += "|[.>](mutable_)?" + a + "_?\\(";
+  return std::regex(alternatives);
+}
+
 // Fails for a field of `root`'s schema without an entry in `readers`, for
-// an entry whose file does not read the field, and for a stale entry. A
-// field named like a C++ keyword is read through its accessor with a
-// trailing '_' (namespace_()).
+// an entry whose file does not read the field (of its own message), and for
+// a stale entry.
 void CheckReaders(const google::protobuf::Descriptor* root, const std::map<std::string, std::string>& readers,
                   size_t at_least) {
-  std::set<std::string> seen, fields;
-  Walk(root, &seen, &fields);
-  REQUIRE(fields.size() > at_least);
+  std::set<const google::protobuf::Descriptor*> seen;
+  Schema schema;
+  Walk(root, &seen, &schema);
+  REQUIRE(schema.fields.size() > at_least);
   std::map<std::string, std::string> sources;
-  for (const std::string& f : fields) {
+  for (const auto& [f, field] : schema.fields) {
     INFO("field " << f);
     auto it = readers.find(f);
     // A new field: honour it (and name the file here) or refuse it.
@@ -339,15 +374,20 @@ void CheckReaders(const google::protobuf::Descriptor* root, const std::map<std::
     std::string& text = sources[it->second];
     if (text.empty()) text = ReadFile(testing::Runfile(it->second));
     REQUIRE(!text.empty());
-    const std::string name = f.substr(f.rfind('.') + 1);
-    const std::regex read("[.>]" + name + "_?(_size)?\\(");
     INFO("file " << it->second);
+    const std::regex read("[.>]" + field->name() + "_?(_size)?\\(");
     CHECK(std::regex_search(text, read));
+    const google::protobuf::Descriptor* parent = field->containing_type();
+    if (parent != root) {
+      INFO("parent " << parent->full_name() << ": the file names neither " << CppTypeName(parent)
+                     << " nor a field of that type");
+      CHECK(std::regex_search(text, ParentMention(parent, schema.accessors.at(parent))));
+    }
   }
   // No entry for a field that no longer exists.
   for (const auto& [f, file] : readers) {
     INFO("entry " << f);
-    CHECK(fields.count(f) == 1);
+    CHECK(schema.fields.count(f) == 1);
   }
 }
 
