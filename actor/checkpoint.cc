@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actor/safetensors.h"
+#include "common/json_file.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -187,11 +188,10 @@ const char* HfDtypeName(c10::ScalarType dtype) {
 std::string GenerationConfigJson(const ModelConfig& cfg, const Tokenizer* tokenizer) {
   json gen;
   if (tokenizer != nullptr && !tokenizer->source_dir().empty()) {
-    std::ifstream in(tokenizer->source_dir() + "/generation_config.json", std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    gen = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-    if (!in || gen.is_discarded() || !gen.is_object()) gen = json();
+    // Absent (or, had the folder changed since the tokenizer read it, no
+    // longer an object): written from the model config below.
+    absl::StatusOr<json> source = ReadJsonObjectFile(tokenizer->source_dir() + "/generation_config.json");
+    if (source.ok()) gen = *std::move(source);
   }
   if (gen.is_null()) {
     gen = {{"_from_model_config", true}};

@@ -269,6 +269,47 @@ void WriteAll(const std::string& path, const std::string& bytes) {
   out << bytes;
 }
 
+TEST_CASE("generation_config.json is the tokenizer folder's own but for eos_token_id, else the model config's") {
+  testing::TempDir dir;
+  auto folder = [&](const std::string& name, const std::string& generation_config) {
+    const std::string f = dir.File(name);
+    std::filesystem::create_directories(f);
+    std::ofstream(f + "/tokenizer.json")
+        << R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+               "added_tokens": [{"id": 2, "content": "<|begin|>", "special": true},
+                                {"id": 3, "content": "<|end|>", "special": true},
+                                {"id": 4, "content": "<|eot|>", "special": true}]})";
+    std::ofstream(f + "/tokenizer_config.json") << R"({"eos_token": "<|end|>"})";
+    if (!generation_config.empty()) std::ofstream(f + "/generation_config.json") << generation_config;
+    return f;
+  };
+  ModelConfig c;
+  c.vocab_size = 5;
+  c.hidden_size = 8;
+  c.intermediate_size = 16;
+  c.num_layers = 1;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.max_positions = 16;
+  c.bos_token_id = 2;
+  c.eos_token_id = 3;
+  Transformer m(c);
+  auto saved = [&](const Tokenizer* tok, const std::string& name) {
+    REQUIRE(SaveHfModel(m, dir.File(name), {.tokenizer = tok}).ok());
+    return nlohmann::json::parse(ReadAll(dir.File(name + "/generation_config.json")));
+  };
+
+  auto own = LoadTokenizer(folder("own_src", R"({"eos_token_id": [4, 3], "temperature": 0.6, "top_k": 7})"));
+  REQUIRE(own.ok());
+  CHECK(saved(own->get(), "own") ==
+        nlohmann::json({{"eos_token_id", {4, 3}}, {"temperature", 0.6}, {"top_k", 7}}));
+
+  auto none = LoadTokenizer(folder("none_src", ""));
+  REQUIRE(none.ok());
+  CHECK(saved(none->get(), "none") ==
+        nlohmann::json({{"_from_model_config", true}, {"bos_token_id", 2}, {"eos_token_id", 3}}));
+}
+
 TEST_CASE("safetensors errors name the tensor or the byte offset") {
   testing::TempDir dir;
   const std::string good = dir.File("good.safetensors");

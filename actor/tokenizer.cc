@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "actor/chat_template.h"
 #include "actor/utf8.h"
+#include "common/json_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -628,16 +629,6 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path) {
   return text.str();
 }
 
-// A JSON object file beside tokenizer.json; null when the file is absent.
-absl::StatusOr<json> ReadJsonObject(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return json(nullptr);
-  RLMESH_ASSIGN_OR_RETURN(std::string text, ReadWhole(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
-  return j;
-}
-
 // The special tokens and stop ids of the folder `dir` (tokenizer_config.json
 // and generation_config.json, both optional) for a tokenizer of `vocab`
 // ids, as transformers reads them.
@@ -651,8 +642,10 @@ absl::StatusOr<Specials> ReadSpecials(const std::string& dir, const BpeTokenizer
   Specials out;
   std::vector<std::string> read;
   const std::string tc_path = dir + "/tokenizer_config.json";
-  RLMESH_ASSIGN_OR_RETURN(json tc, ReadJsonObject(tc_path));
-  if (tc.is_object()) {
+  absl::StatusOr<json> tc_file = ReadJsonObjectFile(tc_path);
+  if (!tc_file.ok() && !absl::IsNotFound(tc_file.status())) return tc_file.status();
+  if (tc_file.ok()) {
+    const json& tc = *tc_file;
     // A token is a string or an AddedToken object {"content": ...}; null or
     // absent means none.
     auto token = [&](const char* key, int* id) -> absl::Status {
@@ -683,8 +676,10 @@ absl::StatusOr<Specials> ReadSpecials(const std::string& dir, const BpeTokenizer
     read.push_back(absl::StrCat(tc_path, " (absent)"));
   }
   const std::string gc_path = dir + "/generation_config.json";
-  RLMESH_ASSIGN_OR_RETURN(json gc, ReadJsonObject(gc_path));
-  if (gc.is_object()) {
+  absl::StatusOr<json> gc_file = ReadJsonObjectFile(gc_path);
+  if (!gc_file.ok() && !absl::IsNotFound(gc_file.status())) return gc_file.status();
+  if (gc_file.ok()) {
+    const json& gc = *gc_file;
     auto ids = [&](const char* key, std::vector<int>* into) -> absl::Status {
       auto it = gc.find(key);
       if (it == gc.end() || it->is_null()) return absl::OkStatus();

@@ -1,11 +1,10 @@
 #include "coordinator/model_defaults.h"
 
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -22,18 +21,6 @@ absl::StatusOr<std::optional<double>> Number(const json& j, const std::string& p
   return std::optional<double>(it->get<double>());
 }
 
-// A JSON object file; null when absent.
-absl::StatusOr<json> ReadObject(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return json(nullptr);
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (!in || j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
-  return j;
-}
-
 }  // namespace
 
 absl::Status ApplyModelFolderDefaults(ExperimentConfig* config, const std::string& folder,
@@ -48,9 +35,10 @@ absl::Status ApplyModelFolderDefaults(ExperimentConfig* config, const std::strin
   // The context window is the checkpoint's (config.json), unless set.
   if (m->max_positions() == 0) {
     const std::string config_path = folder + "/config.json";
-    RLMESH_ASSIGN_OR_RETURN(const json config, ReadObject(config_path));
-    if (config.is_object()) {
-      auto value = Number(config, config_path, "max_position_embeddings");
+    const absl::StatusOr<json> hf_config = ReadJsonObjectFile(config_path);
+    if (!hf_config.ok() && !absl::IsNotFound(hf_config.status())) return hf_config.status();
+    if (hf_config.ok()) {
+      auto value = Number(*hf_config, config_path, "max_position_embeddings");
       if (!value.ok()) return value.status();
       if (value->has_value()) {
         if (**value < 2 || **value > (1 << 30)) {
@@ -62,8 +50,10 @@ absl::Status ApplyModelFolderDefaults(ExperimentConfig* config, const std::strin
     }
   }
   const std::string path = folder + "/generation_config.json";
-  RLMESH_ASSIGN_OR_RETURN(const json j, ReadObject(path));
-  if (j.is_null()) return absl::OkStatus();
+  const absl::StatusOr<json> file = ReadJsonObjectFile(path);
+  if (absl::IsNotFound(file.status())) return absl::OkStatus();
+  RLMESH_RETURN_IF_ERROR(file.status());
+  const json& j = *file;
 
   SamplingParams* s = config->mutable_rollout()->mutable_sampling();
   struct Field {
