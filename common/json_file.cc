@@ -31,7 +31,9 @@ absl::StatusOr<nlohmann::json> ReadJsonObjectFile(const std::string& path) {
     }
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object (", what, ")"));
   }
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object (", j.type_name(), ")"));
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object (", j.type_name(), ")"));
+  }
   return j;
 }
 
