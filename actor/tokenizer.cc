@@ -3,7 +3,6 @@
 // Unicode tables; they are one reader of one file format.
 #include "actor/tokenizer.h"
 
-#include <openssl/evp.h>
 #include <unicode/normalizer2.h>
 #include <unicode/regex.h>
 #include <unicode/unistr.h>
@@ -21,25 +20,13 @@
 #include "actor/chat_template.h"
 #include "actor/utf8.h"
 #include "common/json_file.h"
+#include "common/sha256.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace rlmesh::actor {
 
 using nlohmann::json;
-
-std::string Sha256Hex(const std::string& bytes) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(bytes.data(), bytes.size(), md, &n, EVP_sha256(), nullptr);
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < n; ++i) {
-    out.push_back(kHex[md[i] >> 4]);
-    out.push_back(kHex[md[i] & 15]);
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------- CharTokenizer
 

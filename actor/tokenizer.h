@@ -150,7 +150,4 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& spec
 std::vector<std::pair<std::string, std::string>> HfTokenizerFiles(const Tokenizer& tokenizer,
                                                                   int64_t model_max_length);
 
-// SHA-256 of bytes, lower-case hex.
-std::string Sha256Hex(const std::string& bytes);
-
 }  // namespace rlmesh::actor

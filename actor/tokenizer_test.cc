@@ -38,10 +38,6 @@ TEST_CASE("CharTokenizer encodes the task alphabet and round-trips") {
   CHECK(t.Hash().size() == 64);
 }
 
-TEST_CASE("Sha256Hex matches a known digest") {
-  CHECK(Sha256Hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-}
-
 TEST_CASE("BpeTokenizer rejects malformed and unsupported files by name") {
   auto bad = BpeTokenizer::FromJson("{\"model\": ");
   REQUIRE_FALSE(bad.ok());

@@ -1,7 +1,6 @@
 #include "learner/checkpoint.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -19,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "actor/safetensors.h"
 #include "common/atomic_file.h"
+#include "common/sha256.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -114,10 +113,7 @@ absl::StatusOr<TrainerState> TrainerStateFromJson(const std::string& text) {
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
-    return absl::InternalError("sha256: EVP init failed");
-  }
+  Sha256 hash;
   FileDigest d;
   std::vector<char> buf(1 << 20);
   while (in) {
@@ -125,14 +121,10 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
     std::streamsize n = in.gcount();
     if (n <= 0) break;
     d.size += n;
-    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
+    hash.Update(buf.data(), static_cast<size_t>(n));
   }
   if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx.get(), md, &len);
-  d.sha256.reserve(2 * len);
-  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&d.sha256, "%02x", md[i]);
+  d.sha256 = hash.HexDigest();
   return d;
 }
 
