@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actor/safetensors.h"
+#include "common/atomic_file.h"
 #include "common/json_file.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -220,11 +221,12 @@ absl::Status WriteHfModelFiles(const ModelConfig& cfg, c10::ScalarType dtype, co
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", dir, ": ", ec.message()));
-  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", cfg.ToHfConfigJson(HfDtypeName(dtype))));
-  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/generation_config.json", GenerationConfigJson(cfg, options.tokenizer)));
+  RLMESH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/config.json", cfg.ToHfConfigJson(HfDtypeName(dtype))));
+  RLMESH_RETURN_IF_ERROR(
+      WriteFileAtomically(dir + "/generation_config.json", GenerationConfigJson(cfg, options.tokenizer)));
   if (options.tokenizer != nullptr) {
     for (const auto& [file, text] : HfTokenizerFiles(*options.tokenizer, cfg.max_positions)) {
-      RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + file, text));
+      RLMESH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/" + file, text));
     }
   }
   return absl::OkStatus();
@@ -291,7 +293,7 @@ absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveO
     RLMESH_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + file, shards[i], SafetensorsMetadata()));
     for (const auto& [name, t] : shards[i]) index["weight_map"][name] = file;
   }
-  RLMESH_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kIndex, index.dump(2) + "\n"));
+  RLMESH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/" + kIndex, index.dump(2) + "\n"));
   std::error_code ec;
   fs::remove(dir + "/" + kSingle, ec);
   return absl::OkStatus();

@@ -202,10 +202,6 @@ absl::StatusOr<at::Tensor> SafetensorsFile::ReadFlatRange(const std::string& nam
   return t;
 }
 
-absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
-  return WriteFileAtomically(path, contents);
-}
-
 struct SafetensorsWriter::State {
   explicit State(const std::string& path) : file(path) {}
   AtomicFileWriter file;

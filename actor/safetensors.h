@@ -122,10 +122,6 @@ class SafetensorsWriter {
   std::unique_ptr<State> state_;
 };
 
-// rlmesh::WriteFileAtomically (common/atomic_file.h) under its old name, for
-// actor/checkpoint.cc; new code calls that directly.
-absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
-
 // "F32" <-> at::kFloat etc.; INVALID_ARGUMENT for others.
 absl::StatusOr<c10::ScalarType> SafetensorsDtype(const std::string& name);
 absl::StatusOr<std::string> SafetensorsDtypeName(c10::ScalarType t);
