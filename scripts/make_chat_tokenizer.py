@@ -10,10 +10,8 @@ import json
 import os
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+import byte_level_bpe
 
-PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-           r"\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML: every turn framed by <|im_start|>role ... <|im_end|>; a default
 # system turn when the conversation has none; the assistant's header last
@@ -45,15 +43,7 @@ def main():
     data = os.path.join(here, "..", "configs", "data")
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(data, "chat_tokenizer")
     os.makedirs(out, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(list(texts(data)), trainer)
+    tok = byte_level_bpe.train(texts(data), 400, SPECIALS)
     tok.save(os.path.join(out, "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

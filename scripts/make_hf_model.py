@@ -30,10 +30,8 @@ import json
 import os
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-           r"\s*[\r\n]+|\s+(?!\S)|\s+")
+import byte_level_bpe
 
 # ChatML with tools: a system turn listing the tools (JSON) when given, tool
 # calls of an assistant turn as <tool_call> JSON, tool results as a user turn.
@@ -104,19 +102,6 @@ def texts(data):
             yield row["prompt"]
             yield row["answer"]
     yield "system user assistant tool Tools: name arguments parameters calculator expression"
-
-
-def train_tokenizer(family, data, vocab):
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=family["specials"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(list(texts(data)), trainer)
-    return tok
 
 
 def model_config(arch, vocab, ids, args):
@@ -199,7 +184,7 @@ def main():
 
     family = FAMILIES["llama3" if args.arch == "llama3" else "qwen"]
     torch.manual_seed(args.seed)
-    tok = train_tokenizer(family, args.data, args.vocab)
+    tok = byte_level_bpe.train(texts(args.data), args.vocab, family["specials"])
     vocab = tok.get_vocab_size()
     ids = {k: (tok.token_to_id(family[k]) if family[k] else None) for k in ("bos", "eos", "pad")}
     ids["stop"] = [tok.token_to_id(t) for t in family["stop"]]
