@@ -2,60 +2,38 @@
 cannot drift from the product: every fenced `bash` block, in order, in a
 scratch directory holding the repository's configs/ and scripts/.
 
-Translations (the test runs inside Bazel, which it cannot call):
-`bazel run //coordinator --` becomes the built coordinator with the role
-binaries beside it; `scripts/setup.sh` and `bazel build` lines are skipped
-(the test's dependencies are the build); `python3` is the test's
-interpreter; /tmp/ becomes the test's own temporary folder.
+The test runs inside Bazel, which it cannot call: docs/doc_commands.py
+translates each command (the built coordinator for `bazel run //coordinator
+--`, the test's interpreter for `python3`, its own temporary folder for
+/tmp/; `scripts/setup.sh` and `bazel build` are skipped).
 
 Usage: quickstart_doc_test.py ROOT WORKDIR (ROOT: the runfiles tree).
 """
 import os
-import re
-import shlex
 import subprocess
 import sys
 
 
-def blocks(markdown):
-    return re.findall(r"```bash\n(.*?)```", markdown, flags=re.S)
-
-
-def commands(block):
-    text = block.replace("\\\n", " ")
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
-
-
 def main():
     root, work = sys.argv[1], sys.argv[2]
-    os.makedirs(work, exist_ok=True)
-    for name in ("configs", "scripts"):
-        link = os.path.join(work, name)
-        if not os.path.exists(link):
-            os.symlink(os.path.join(root, name), link)
-    tmp = os.path.join(work, "tmp") + "/"
-    os.makedirs(tmp, exist_ok=True)
+    sys.path.insert(0, os.path.join(root, "docs"))
+    import doc_commands  # the translations, shared with //docs:doc_commands_test
+
+    tmp = doc_commands.scratch_dir(root, work, names=("configs", "scripts"))
     page = open(os.path.join(root, "docs/quickstart.md")).read()
     ran = 0
-    for block in blocks(page):
-        for cmd in commands(block):
-            if cmd.startswith("scripts/setup.sh") or cmd.startswith("bazel build"):
+    for block in doc_commands.bash_blocks(page, "docs/quickstart.md"):
+        for command in doc_commands.commands(block):
+            try:
+                cmd = doc_commands.translate(command.text, root, tmp)
+            except doc_commands.Skipped:
                 continue
-            cmd = cmd.replace("/tmp/", tmp)
-            argv = shlex.split(cmd)
-            if argv[:3] == ["bazel", "run", "//coordinator"]:
-                assert argv[3] == "--", cmd
-                argv = [os.path.join(root, "coordinator/coordinator"), argv[4], "--bin_dir=" + root] + argv[5:]
-            elif argv[0] == "python3":
-                argv[0] = sys.executable
-            else:
-                sys.exit(f"docs/quickstart.md: no translation for {cmd!r}")
-            print("$", cmd, flush=True)
-            p = subprocess.run(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               timeout=600)
+            print("$", command.text, flush=True)
+            p = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], cwd=work, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=600)
             print(p.stdout[-3000:], flush=True)
             if p.returncode != 0:
-                sys.exit(f"docs/quickstart.md: {cmd!r} exited {p.returncode}")
+                sys.exit(f"docs/quickstart.md:{command.line}: {command.text!r} exited {p.returncode}")
             ran += 1
     # What the page says the run leaves behind.
     runs = os.path.join(work, "runs")
