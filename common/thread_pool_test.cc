@@ -112,6 +112,43 @@ TEST_CASE("Stop from several threads at once returns in each after the join") {
   pool.Stop();  // idempotent
 }
 
+TEST_CASE("a bounded pool holds threads + max_queued tasks and refuses the rest at once") {
+  absl::Notification gate;
+  std::atomic<int> ran{0};
+  ThreadPool pool(2, "bounded", /*max_queued=*/3);
+  CHECK(pool.max_queued() == 3);
+  auto blocked = [&] {
+    gate.WaitForNotificationWithTimeout(kDeadline);
+    ran.fetch_add(1);
+  };
+  // Two running (or about to) and three waiting: the limit holds exactly,
+  // whether or not the threads have picked their tasks up yet.
+  for (int i = 0; i < 5; ++i) REQUIRE(pool.TrySchedule(blocked).ok());
+  CHECK(pool.unfinished() == 5);
+  absl::Status full = pool.TrySchedule(blocked);
+  CHECK(full.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(full.message().find("bounded: all 2 threads busy and 3 tasks queued") != absl::string_view::npos);
+  CHECK_FALSE(pool.Schedule(blocked));
+  // Finished tasks free their slots.
+  gate.Notify();
+  const absl::Time deadline = absl::Now() + kDeadline;
+  while (pool.unfinished() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  REQUIRE(pool.unfinished() == 0);
+  CHECK(ran.load() == 5);
+  for (int i = 0; i < 5; ++i) CHECK(pool.TrySchedule([&] { ran.fetch_add(1); }).ok());
+  pool.Stop();
+  CHECK(ran.load() == 10);
+  CHECK(pool.TrySchedule([] {}).code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("max_queued 0 runs one task per thread and queues none") {
+  absl::Notification gate;
+  ThreadPool pool(1, "no-queue", /*max_queued=*/0);
+  REQUIRE(pool.TrySchedule([&] { gate.WaitForNotificationWithTimeout(kDeadline); }).ok());
+  CHECK(pool.TrySchedule([] {}).code() == absl::StatusCode::kResourceExhausted);
+  gate.Notify();
+}
+
 TEST_CASE("pool threads carry the pool's name, cut to 15 characters") {
   std::string name;
   {
