@@ -1,17 +1,10 @@
 #include "coordinator/slurm_launcher.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,8 +13,6 @@
 #include "common/atomic_file.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-
-extern char** environ;
 
 namespace rlmesh {
 namespace {
@@ -48,13 +39,6 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 int NodeOf(const std::vector<int>& nodes, int index) {
   return nodes.empty() ? 0 : nodes[index % nodes.size()];
 }
@@ -68,65 +52,22 @@ std::string PortOf(const std::string& address) {
 
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
   if (argv.empty()) return absl::InvalidArgumentError("empty command");
-  const std::string exe = FindInPath(argv[0]);
-  if (exe.empty()) return absl::NotFoundError(absl::StrCat(argv[0], ": not found on PATH"));
-  char out_tmpl[] = "/tmp/rlmesh-cmd-out-XXXXXX";
-  char err_tmpl[] = "/tmp/rlmesh-cmd-err-XXXXXX";
-  const int out_fd = ::mkstemp(out_tmpl);
-  const int err_fd = ::mkstemp(err_tmpl);
-  if (out_fd < 0 || err_fd < 0) return absl::InternalError("mkstemp failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
-  posix_spawn_file_actions_adddup2(&actions, err_fd, 2);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  // The child must not inherit our blocked SIGTERM/SIGINT.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv[0] = const_cast<char*>(exe.c_str());
-  cargv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &actions, &attr, cargv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  ::close(out_fd);
-  ::close(err_fd);
-  auto cleanup = [&] {
-    std::remove(out_tmpl);
-    std::remove(err_tmpl);
-  };
-  if (rc != 0) {
-    cleanup();
-    return absl::InternalError(absl::StrCat("cannot start ", exe, ": ", std::strerror(rc)));
+  SubprocessOptions o;
+  o.argv = argv;
+  o.stdin_stream = Stdio::DevNull();
+  o.stdout_stream = Stdio::Pipe();
+  o.stderr_stream = Stdio::Pipe();
+  RLMESH_ASSIGN_OR_RETURN(RunResult r, Run(o, "", absl::Now() + timeout));
+  if (r.timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat(absl::StrJoin(argv, " "), ": no answer within ",
+                                                    absl::FormatDuration(timeout)));
   }
-  const absl::Time deadline = absl::Now() + timeout;
-  int status = 0;
-  while (true) {
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (absl::Now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      cleanup();
-      return absl::DeadlineExceededError(absl::StrCat(absl::StrJoin(argv, " "), ": no answer within ",
-                                                      absl::FormatDuration(timeout)));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
+  if (!r.success()) {
+    return absl::UnavailableError(
+        absl::StrCat(argv[0], " failed (", DescribeWaitStatus(r.wait_status), "): ",
+                     absl::StripAsciiWhitespace(r.stderr_text.empty() ? r.stdout_text : r.stderr_text)));
   }
-  const std::string out = ReadFile(out_tmpl);
-  const std::string err = ReadFile(err_tmpl);
-  cleanup();
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::UnavailableError(absl::StrCat(argv[0], " failed (", DescribeWaitStatus(status), "): ",
-                                               absl::StripAsciiWhitespace(err.empty() ? out : err)));
-  }
-  return out;
+  return r.stdout_text;
 }
 
 absl::Status CheckWeightSyncPlacement(WeightSyncBackend backend, const std::vector<RoleInfo>& roles) {
