@@ -1,60 +1,20 @@
 #include "reward_server/verifiers.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cmath>
-#include <cstring>
 #include <regex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/subprocess.h"
 #include "nlohmann/json.hpp"
 
 namespace rlmesh {
 namespace {
-
-// Writes what it can of `data` to a pipe before `deadline`. SIGPIPE, sent to
-// this thread when the reader is gone, is blocked around the write and, if
-// the write raised it, consumed: a verifier command that exits without
-// reading its input must not kill the reward server.
-void WriteUntil(int fd, const std::string& data, absl::Time deadline) {
-  sigset_t pipe_only, old;
-  sigemptyset(&pipe_only);
-  sigaddset(&pipe_only, SIGPIPE);
-  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
-  sigset_t pending;
-  sigpending(&pending);
-  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EAGAIN) break;  // EPIPE: the child is gone
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (ms <= 0) break;
-    pollfd p{fd, POLLOUT, 0};
-    ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
-  }
-  if (!was_pending) {
-    const timespec zero{0, 0};
-    while (::sigtimedwait(&pipe_only, nullptr, &zero) == SIGPIPE) {
-    }
-  }
-  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-}
 
 std::string Trim(const std::string& s) { return std::string(absl::StripAsciiWhitespace(s)); }
 
@@ -315,7 +275,8 @@ class Length final : public Verifier {
   double penalty_;
 };
 
-// Runs an external program per completion; it is SIGKILLed at the deadline.
+// Runs an external program per completion with the JSON on its stdin; it
+// and whatever it started (its process group) are SIGKILLed at the deadline.
 class Command final : public Verifier {
  public:
   Command(std::string label, std::vector<std::string> argv) : label_(std::move(label)), argv_(std::move(argv)) {}
@@ -327,65 +288,22 @@ class Command final : public Verifier {
                         {"completion", in.completion},
                         {"reference_answer", in.reference_answer}};
     const std::string input = j.dump() + "\n";
-    int to_child[2], from_child[2];
-    if (::pipe2(to_child, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
-    if (::pipe2(from_child, O_CLOEXEC) != 0) {
-      ::close(to_child[0]);
-      ::close(to_child[1]);
-      return absl::InternalError("pipe failed");
-    }
-    std::vector<char*> cargv;
-    for (const auto& a : argv_) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(to_child[0], STDIN_FILENO);
-      ::dup2(from_child[1], STDOUT_FILENO);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      ::execv(cargv[0], cargv.data());
-      ::_exit(127);
-    }
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    if (pid < 0) {
-      ::close(to_child[1]);
-      ::close(from_child[0]);
-      return absl::ResourceExhaustedError("fork failed");
-    }
-    // A child may exit, or never read, before it has its input: the write
-    // neither kills the process (SIGPIPE) nor blocks past the deadline.
-    WriteUntil(to_child[1], input, deadline);
-    ::close(to_child[1]);
-    std::string out;
-    bool timed_out = false;
-    char buf[4096];
-    while (true) {
-      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (ms <= 0) {
-        timed_out = true;
-        break;
-      }
-      pollfd p{from_child[0], POLLIN, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r == 0) continue;
-      const ssize_t n = ::read(from_child[0], buf, sizeof(buf));
-      if (n <= 0) break;
-      out.append(buf, static_cast<size_t>(n));
-      if (out.size() > (1 << 20)) break;
-    }
-    ::close(from_child[0]);
-    if (timed_out) ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (timed_out) {
+    SubprocessOptions o;
+    o.argv = argv_;
+    o.stdin_stream = Stdio::Pipe();
+    o.stdout_stream = Stdio::Pipe();
+    // A number is expected; a MiB of anything else is plenty to show.
+    absl::StatusOr<RunResult> run = Run(o, input, deadline, int64_t{1} << 20);
+    // Not the request's fault whatever the reason (argv[0] gone, no fork).
+    if (!run.ok()) return absl::InternalError(absl::StrCat(label_, ": ", run.status().message()));
+    if (run->timed_out) {
       return absl::DeadlineExceededError(absl::StrCat(label_, ": killed at its deadline"));
     }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      return absl::InternalError(absl::StrCat(label_, ": command failed with status ", status));
+    if (!run->success()) {
+      return absl::InternalError(
+          absl::StrCat(label_, ": command failed (", DescribeWaitStatus(run->wait_status), ")"));
     }
+    const std::string& out = run->stdout_text;
     double v;
     if (!absl::SimpleAtod(Trim(out), &v) || !std::isfinite(v)) {
       return absl::InternalError(absl::StrCat(label_, ": command printed '", Trim(out), "', not a number"));

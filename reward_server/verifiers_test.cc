@@ -199,6 +199,18 @@ TEST_CASE("command verifiers: a number on stdout, killed at the deadline") {
   auto st = Make(stuck)->Score(In(big), absl::Now() + absl::Milliseconds(300));
   CHECK(st.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(absl::Now() - t0 < absl::Seconds(5));
+
+  // A command that closes its stdout and keeps running, and one whose
+  // background child holds stdout open: both end at the deadline.
+  for (const char* body : {"exec >&-; sleep 30", "sleep 30 & echo 1"}) {
+    VerifierConfig lingering;
+    lingering.set_name("command");
+    lingering.add_command(testing::WriteScript(dir, "lingering.sh", body));
+    const absl::Time t1 = absl::Now();
+    auto l = Make(lingering)->Score(In("x"), absl::Now() + absl::Milliseconds(300));
+    CHECK(l.status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(absl::Now() - t1 < absl::Seconds(5));
+  }
 }
 
 }  // namespace
