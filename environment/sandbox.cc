@@ -1,25 +1,19 @@
 #include "environment/sandbox.h"
 
-#include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
-#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <sys/types.h>
 #include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/subprocess.h"
 
 namespace rlmesh::environment {
 namespace {
@@ -73,24 +67,16 @@ bool InstallFilter() {
 #endif
 }
 
-// Child side, between fork and exec: only async-signal-safe calls.
-[[noreturn]] void RunChild(char* const* argv, int in_fd, int out_fd, int err_fd, const SandboxLimits& limits) {
+// The child hook (arg: the SandboxLimits), after the common setup (own
+// process group, no signal blocked, stdio on pipes, every other descriptor
+// closed, empty environment) and before exec: async-signal-safe calls only.
+int ConfineChild(const void* arg) {
+  const SandboxLimits& limits = *static_cast<const SandboxLimits*>(arg);
   // A namespace first (it may need a process count the limits forbid).
-  bool isolated = ::unshare(CLONE_NEWNET) == 0 || ::unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0;
-  // Its own process group, so the parent can kill whatever it left behind.
-  ::setpgid(0, 0);
-  // The server blocks termination signals in its threads; the child starts
-  // with none blocked, and a write past RLIMIT_FSIZE fails (EFBIG) instead
-  // of killing it with SIGXFSZ.
-  sigset_t none;
-  ::sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  const bool isolated = ::unshare(CLONE_NEWNET) == 0 || ::unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0;
+  // A write past RLIMIT_FSIZE fails (EFBIG) instead of killing the child
+  // with SIGXFSZ.
   ::signal(SIGXFSZ, SIG_IGN);
-  ::dup2(in_fd, 0);
-  ::dup2(out_fd, 1);
-  ::dup2(err_fd, 2);
-  // Everything else the server had open (listening sockets, files) goes.
-  for (int fd = 3; fd < 1024; ++fd) ::close(fd);
   struct rlimit r;
   r.rlim_cur = r.rlim_max = static_cast<rlim_t>(limits.cpu_seconds);
   ::setrlimit(RLIMIT_CPU, &r);
@@ -104,21 +90,15 @@ bool InstallFilter() {
   ::setrlimit(RLIMIT_NOFILE, &r);
   // Last: the filter forbids what the steps above needed.
   const bool filtered = InstallFilter();
-  if (!isolated && !filtered && limits.require_network_isolation) _exit(kNoNetworkExit);
-  char* const env[] = {nullptr};
-  ::execve(argv[0], argv, env);
-  _exit(kExecFailedExit);
+  if (!isolated && !filtered && limits.require_network_isolation) return kNoNetworkExit;
+  return 0;
 }
 
-// Appends what is readable on `fd` to `out` (up to `cap` kept); false at EOF.
-bool Drain(int fd, std::string* out, int64_t cap) {
-  char buf[4096];
-  ssize_t n = ::read(fd, buf, sizeof(buf));
-  if (n < 0) return errno == EINTR || errno == EAGAIN;
-  if (n == 0) return false;
-  const int64_t room = cap - static_cast<int64_t>(out->size());
-  if (room > 0) out->append(buf, static_cast<size_t>(std::min<int64_t>(room, n)));
-  return true;
+// The child hook of NetworkIsolationWorks: 0 (go on to exec) when the child
+// could be cut off the network, else 1.
+int ProbeIsolation(const void*) {
+  const bool ns = ::unshare(CLONE_NEWNET) == 0 || ::unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0;
+  return ns || InstallFilter() ? 0 : 1;
 }
 
 }  // namespace
@@ -148,93 +128,46 @@ absl::StatusOr<SandboxResult> RunSandboxed(const std::vector<std::string>& argv,
     return absl::InvalidArgumentError("argv[0]: must be an absolute path");
   }
   if (absl::Status s = limits.Validate(); !s.ok()) return s;
-  // Everything the child needs is built before fork (no allocation after).
-  std::vector<std::string> args = argv;
-  std::vector<char*> cargv;
-  for (auto& a : args) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  int in[2], out[2], err[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    ::close(in[0]);
-    ::close(in[1]);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    for (int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) ::close(fd);
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  }
-  if (pid == 0) RunChild(cargv.data(), in[0], out[1], err[1], limits);
-  ::close(in[0]);
-  ::close(out[1]);
-  ::close(err[1]);
-  // The input is small (an expression); a child that does not read it gets
-  // EPIPE on our side, not a hang: the write end is non-blocking.
-  ::fcntl(in[1], F_SETFL, O_NONBLOCK);
-  ::signal(SIGPIPE, SIG_IGN);
-  (void)!::write(in[1], input.data(), input.size());
-  ::close(in[1]);
-
+  SubprocessOptions o;
+  o.argv = argv;
+  o.inherit_env = false;
+  o.stdin_stream = Stdio::Pipe();
+  o.stdout_stream = Stdio::Pipe();
+  o.stderr_stream = Stdio::Pipe();
+  o.own_process_group = true;  // killed whole at the deadline
+  o.close_other_fds = true;    // listening sockets, files
+  o.child_hook = ConfineChild;
+  o.child_hook_arg = &limits;
+  absl::StatusOr<RunResult> run = Run(o, input, absl::Now() + limits.wall_timeout, limits.max_output_bytes);
   SandboxResult result;
-  const absl::Time deadline = absl::Now() + limits.wall_timeout;
-  bool out_open = true, err_open = true;
-  while (out_open || err_open) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      result.timed_out = true;
-      break;
-    }
-    struct pollfd fds[2] = {{out_open ? out[0] : -1, POLLIN, 0}, {err_open ? err[0] : -1, POLLIN, 0}};
-    const int ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)));
-    const int ready = ::poll(fds, 2, ms);
-    if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) continue;
-    if (out_open && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-      out_open = Drain(out[0], &result.stdout_text, limits.max_output_bytes);
-    }
-    if (err_open && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
-      err_open = Drain(err[0], &result.stderr_text, limits.max_output_bytes);
+  if (!run.ok()) {
+    switch (run.status().code()) {
+      case absl::StatusCode::kNotFound:
+      case absl::StatusCode::kPermissionDenied:
+      case absl::StatusCode::kFailedPrecondition:
+        // The evaluator could not be exec'd: a result, as if it had run.
+        result.exit_code = kExecFailedExit;
+        return result;
+      default:
+        return absl::InternalError(run.status().message());
     }
   }
-  ::close(out[0]);
-  ::close(err[0]);
-  if (result.timed_out) ::kill(-pid, SIGKILL);
-  int status = 0;
-  // The child closed its output (or was killed): it ends promptly; a child
-  // that closed stdout and kept running is killed at the deadline.
-  while (true) {
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) break;
-    if (w < 0 && errno != EINTR) break;
-    if (absl::Now() > deadline) {
-      result.timed_out = true;
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  result.timed_out = run->timed_out;
+  result.stdout_text = std::move(run->stdout_text);
+  result.stderr_text = std::move(run->stderr_text);
+  if (WIFEXITED(run->wait_status)) result.exit_code = WEXITSTATUS(run->wait_status);
+  if (WIFSIGNALED(run->wait_status)) result.signal = WTERMSIG(run->wait_status);
   return result;
 }
 
 bool NetworkIsolationWorks() {
-  const pid_t pid = ::fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    const bool ns = ::unshare(CLONE_NEWNET) == 0 || ::unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0;
-    _exit(ns || InstallFilter() ? 0 : 1);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  SubprocessOptions o;
+  o.argv = {"/bin/true"};
+  o.inherit_env = false;
+  o.stdin_stream = Stdio::DevNull();
+  o.child_hook = ProbeIsolation;
+  absl::StatusOr<RunResult> run = Run(o, "", absl::Now() + absl::Seconds(10));
+  return run.ok() && run->success();
 }
 
 }  // namespace rlmesh::environment

@@ -20,9 +20,10 @@
 // refuses to run without either.
 // The child cannot hurt the caller: whatever it does comes back as a
 // SandboxResult. Thread-safe (pipes are O_CLOEXEC, so concurrent runs do
-// not leak descriptors into each other's children). The first run sets
-// SIGPIPE to ignored process-wide (a child that exits without reading its
-// input must not kill the caller).
+// not leak descriptors into each other's children). A child that exits
+// without reading its input does not kill the caller: the child is run by
+// common/subprocess.h's Run, which blocks SIGPIPE in the calling thread
+// while it writes.
 
 #include <cstdint>
 #include <string>
