@@ -275,9 +275,11 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SubprocessOptions& o) {
       case kStageStdio:
         return ErrnoStatus(report[1], "dup2 of a standard stream");
       default: {
+        // ENOMEM or E2BIG here say more about the program (or a limit the
+        // hook set) than about this process: FAILED_PRECONDITION.
         absl::Status s = ErrnoStatus(report[1], absl::StrCat("argv[0] ", exe, ": execve"));
-        if (s.code() == absl::StatusCode::kInternal) return absl::FailedPreconditionError(s.message());
-        return s;
+        if (s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kPermissionDenied) return s;
+        return absl::FailedPreconditionError(s.message());
       }
     }
   }
