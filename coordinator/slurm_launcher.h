@@ -147,8 +147,10 @@ class SlurmCluster {
 // picks Gloo across hosts by itself).
 absl::Status CheckWeightSyncPlacement(WeightSyncBackend backend, const std::vector<RoleInfo>& roles);
 
-// Runs `argv` to the end (at most `timeout`) and returns its stdout; an error
-// with its output when it fails.
+// Runs `argv` (argv[0] a path or a name on $PATH, stdin /dev/null) to the
+// end and returns its stdout (up to 1 MiB); UNAVAILABLE with its stderr (or
+// stdout) when it fails, DEADLINE_EXCEEDED when it runs past `timeout` (its
+// process group is killed), Subprocess::Spawn's error when it cannot start.
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);
 
 }  // namespace rlmesh
