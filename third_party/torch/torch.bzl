@@ -40,7 +40,11 @@ def _torch_repository_impl(ctx):
     linkopts.append("-Wl,--disable-new-dtags")
     for r in rpaths:
         linkopts.append("-Wl,-rpath," + r)
-    linkopts += ["-Wl,--no-as-needed", "-ltorch_cpu", "-lc10", "-Wl,--as-needed"]
+    # push/pop, not a bare --as-needed after them: that would switch every
+    # library linked later to --as-needed, and a system library that only
+    # our shared objects use (libgrpc++ under the *_cc_grpc libraries) would
+    # be dropped from a binary that then fails to start.
+    linkopts += ["-Wl,--push-state,--no-as-needed", "-ltorch_cpu", "-lc10", "-Wl,--pop-state"]
 
     # LibTorch's CUDA libraries, for the one shared object that must link
     # them (//dist:libtorch_cuda_shim.so, loaded with dlopen): libtorch_cuda and
@@ -51,7 +55,7 @@ def _torch_repository_impl(ctx):
         if ctx.path(p).exists:
             cuda_rpaths.append(p)
     cuda_linkopts = ["-L" + lib, "-Wl,--disable-new-dtags"] + ["-Wl,-rpath," + r for r in cuda_rpaths]
-    cuda_linkopts += ["-Wl,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--as-needed"]
+    cuda_linkopts += ["-Wl,--push-state,--no-as-needed", "-ltorch_cuda", "-lc10_cuda", "-Wl,--pop-state"]
 
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
