@@ -74,7 +74,8 @@ absl::Status CallWithRetry(const RpcClient& client, const RetryOptions& retry, c
     absl::Status s = FromGrpcStatus(call(ctx.get()));
     if (s.ok()) return s;
     const bool retryable =
-        s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded;
+        s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded ||
+        (retry.retry_resource_exhausted && s.code() == absl::StatusCode::kResourceExhausted);
     if (!retryable || absl::Now() + backoff >= give_up) return s;
     RLMESH_LOG(WARNING) << peer << " " << client.address() << " attempt=" << attempt << " failed: " << s.message()
                         << "; retrying";

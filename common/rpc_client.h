@@ -88,12 +88,18 @@ struct RetryOptions {
   // First backoff, doubled up to max_backoff. Defaults 50 ms and 2 s.
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
+  // Also retry RESOURCE_EXHAUSTED, for a peer that answers it while its
+  // queue is full (a reward server past --score_queue). A message over the
+  // size limit is RESOURCE_EXHAUSTED too and is then retried until
+  // total_timeout. Default false.
+  bool retry_resource_exhausted = false;
 };
 
 // Calls `call` with a fresh context per attempt (deadline = attempt_timeout,
 // capped by what is left of total_timeout; wait_for_ready, so a restarting
 // peer is waited for instead of failing fast) until it succeeds or fails
-// with something other than UNAVAILABLE / DEADLINE_EXCEEDED, backing off
+// with something other than UNAVAILABLE / DEADLINE_EXCEEDED (and
+// RESOURCE_EXHAUSTED when retry.retry_resource_exhausted), backing off
 // exponentially between attempts. Only for idempotent calls. `peer` names
 // the peer in retry logs ("reward server").
 absl::Status CallWithRetry(const RpcClient& client, const RetryOptions& retry, const std::string& peer,

@@ -13,7 +13,10 @@ namespace {
 class GrpcRewardClient final : public RewardClient {
  public:
   GrpcRewardClient(RpcClient client, RetryOptions retry)
-      : client_(std::move(client)), retry_(retry), stub_(RewardService::NewStub(client_.channel())) {}
+      : client_(std::move(client)), retry_(retry), stub_(RewardService::NewStub(client_.channel())) {
+    // A full server refuses at once and is free again after a backoff.
+    retry_.retry_resource_exhausted = true;
+  }
 
   absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request, absl::Duration timeout) override {
     RetryOptions retry = retry_;

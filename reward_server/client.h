@@ -26,8 +26,10 @@ class RewardClient {
 };
 
 // Retries UNAVAILABLE and DEADLINE_EXCEEDED attempts (a restarting server)
-// with exponential backoff (CallWithRetry) within retry.total_timeout and
-// the call's `timeout`, whichever ends first; other errors return at once.
+// and RESOURCE_EXHAUSTED ones (a server past its --score_queue, or whose
+// verifier queue is full) with exponential backoff (CallWithRetry) within
+// retry.total_timeout and the call's `timeout`, whichever ends first; other
+// errors return at once. The last failure is what the call returns.
 std::unique_ptr<RewardClient> MakeGrpcRewardClient(RpcClient client, RetryOptions retry = {});
 
 }  // namespace rlmesh
