@@ -3,7 +3,6 @@
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,7 +12,7 @@
 namespace rlmesh {
 namespace {
 
-// Result slot shared with a verifier thread that may outlive the wait.
+// Result slot shared with a verifier pool task that may outlive the wait.
 struct Pending {
   std::mutex mu;
   std::condition_variable cv;
@@ -30,8 +29,15 @@ absl::Status ScorerOptions::Validate() const {
     return absl::InvalidArgumentError("reward_model_timeout: must be > 0");
   }
   if (!std::isfinite(reward_model_weight)) return absl::InvalidArgumentError("reward_model_weight: must be finite");
+  if (verifier_threads <= 0) return absl::InvalidArgumentError("verifier_threads: must be > 0");
+  if (verifier_queue < 0) return absl::InvalidArgumentError("verifier_queue: must be >= 0");
   return absl::OkStatus();
 }
+
+RewardScorer::RewardScorer(ScorerOptions options, const actor::Tokenizer* tokenizer)
+    : options_(std::move(options)),
+      tokenizer_(tokenizer),
+      verifier_pool_(options_.verifier_threads, "rs-verify", options_.verifier_queue) {}
 
 absl::StatusOr<std::unique_ptr<RewardScorer>> RewardScorer::Create(ScorerOptions options,
                                                                    const actor::Tokenizer* tokenizer) {
@@ -129,10 +135,21 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, a
     in.max_new_tokens = item.max_new_tokens();
   }
 
-  // Blocking verifiers run on their own threads, all at once, under one
-  // deadline; a call still running then is abandoned and counted.
+  // Blocking verifiers run on the verifier pool, all of a request's calls
+  // queued at once under one deadline. A call still running at the deadline
+  // is counted as timed out; its worker finishes it and moves on.
   const size_t nv = set->verifiers.size();
+  int64_t blocking_calls = 0;
+  for (const auto& verifier : set->verifiers) blocking_calls += verifier->may_block() ? n : 0;
+  if (blocking_calls > int64_t{options_.verifier_threads} + options_.verifier_queue) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "items: ", n, " items need ", blocking_calls, " blocking verifier calls, more than this server holds (",
+        options_.verifier_threads, " verifier_threads + ", options_.verifier_queue,
+        " verifier_queue); send fewer items or raise --verifier_queue"));
+  }
   const absl::Time deadline = absl::Now() + timeout;
+  // Set when this call stops waiting early: its queued calls are skipped.
+  auto abandoned = std::make_shared<std::atomic<bool>>(false);
   std::vector<std::vector<absl::StatusOr<double>>> scores(n, std::vector<absl::StatusOr<double>>(nv, 0.0));
   std::vector<std::pair<std::pair<int, size_t>, std::shared_ptr<Pending>>> pending;
   for (int i = 0; i < n; ++i) {
@@ -143,20 +160,30 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, a
         continue;
       }
       auto p = std::make_shared<Pending>();
-      // The set and input are copied into the thread so an abandoned thread
-      // never touches freed memory.
-      std::thread([p, set, v, in = inputs[i], deadline] {
-        auto r = set->verifiers[v]->Score(in, deadline);
+      // The set and input are copied into the task, so one still running
+      // after this call has returned never touches freed memory.
+      absl::Status queued = verifier_pool_.TrySchedule([p, set, v, in = inputs[i], deadline, abandoned] {
+        absl::StatusOr<double> r = absl::DeadlineExceededError("verifier exceeded its deadline");
+        // A call that waited past its deadline (or whose request gave up)
+        // would only be discarded: skip it and free the thread.
+        if (!abandoned->load() && absl::Now() < deadline) r = set->verifiers[v]->Score(in, deadline);
         std::lock_guard<std::mutex> l(p->mu);
         p->result = std::move(r);
         p->done = true;
         p->cv.notify_all();
-      }).detach();
+      });
+      if (!queued.ok()) {
+        abandoned->store(true);
+        if (queued.code() != absl::StatusCode::kResourceExhausted) return queued;
+        return absl::ResourceExhaustedError(
+            absl::StrCat("reward server busy: all ", options_.verifier_threads, " verifier_threads busy and ",
+                         options_.verifier_queue, " blocking verifier calls queued (verifier_queue); retry later"));
+      }
       pending.push_back({{i, v}, p});
     }
   }
   // The reward model runs (batched with other callers) while the blocking
-  // verifiers run on their threads.
+  // verifiers run on the pool.
   std::vector<double> rm_scores;
   if (options_.reward_model != nullptr) {
     std::vector<RewardModelItem> rm_items(n);
@@ -172,7 +199,8 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, a
     auto scored = options_.reward_model->Score(
         rm_items, std::min(rpc_deadline, absl::Now() + options_.reward_model_timeout));
     if (!scored.ok()) {
-      // Abandon the verifier threads still running (they hold their own state).
+      // Calls still queued are skipped; running ones hold their own state.
+      abandoned->store(true);
       return scored.status();
     }
     rm_scores = *std::move(scored);

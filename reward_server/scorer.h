@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "actor/tokenizer.h"
+#include "common/thread_pool.h"
 #include "proto/config.pb.h"
 #include "proto/reward.pb.h"
 #include "reward_server/reward_model.h"
@@ -48,10 +49,27 @@ struct ScorerOptions {
   // PERMISSION_DENIED, so a caller cannot make the server run a program of
   // its choosing. Default empty (only the defaults' programs).
   std::vector<std::string> allowed_commands;
+  // Threads running blocking verifiers (`command`, `format`): at most this
+  // many such calls run at once across all requests. Default 64.
+  int verifier_threads = 64;
+  // Blocking verifier calls (one per item and blocking verifier) that may
+  // wait for a verifier thread. A request whose calls do not all fit fails
+  // RESOURCE_EXHAUSTED; one that needs more than verifier_threads +
+  // verifier_queue calls could never fit and fails INVALID_ARGUMENT.
+  // Default 8192.
+  int verifier_queue = 8192;
 
   absl::Status Validate() const;
 };
 
+// Blocking verifiers run on a pool of options.verifier_threads threads. A
+// call that misses its deadline is reported as timed out; its thread
+// finishes it (each verifier honours the deadline itself) and moves on, and
+// a call whose deadline passed while it waited is skipped. When every
+// thread is busy and verifier_queue calls wait, further requests are
+// refused RESOURCE_EXHAUSTED: the pool never grows. The destructor runs or
+// skips what is queued and joins the threads.
+//
 // Safe for concurrent use.
 class RewardScorer {
  public:
@@ -63,6 +81,9 @@ class RewardScorer {
   // `deadline`: the caller's (RPC) deadline; bounds the reward model's wait.
   absl::StatusOr<ScoreResponse> Score(const ScoreRequest& request, absl::Time deadline = absl::InfiniteFuture());
   RewardStatus GetStatus() const;
+  // Blocking verifier calls accepted and not yet finished, running or
+  // queued (at most verifier_threads + verifier_queue).
+  int blocking_calls_held() const { return verifier_pool_.unfinished(); }
 
  private:
   struct VerifierSet {
@@ -70,8 +91,7 @@ class RewardScorer {
     std::vector<double> weights;
     std::string source;
   };
-  RewardScorer(ScorerOptions options, const actor::Tokenizer* tokenizer)
-      : options_(std::move(options)), tokenizer_(tokenizer) {}
+  RewardScorer(ScorerOptions options, const actor::Tokenizer* tokenizer);
   // `from_request`: the configs came in a Score request, so their
   // `command` programs must be allowed ones.
   absl::StatusOr<std::shared_ptr<const VerifierSet>> Verifiers(
@@ -86,6 +106,10 @@ class RewardScorer {
   std::map<std::string, std::shared_ptr<const VerifierSet>> cache_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> scored_{0};
   std::atomic<int64_t> timeouts_{0};
+  // Runs blocking verifier calls. Its tasks hold their own state (the
+  // verifier set, a copy of the input, the result slot), never `this`; last
+  // so that it is joined before the members above go.
+  ThreadPool verifier_pool_;
 };
 
 }  // namespace rlmesh

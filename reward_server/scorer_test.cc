@@ -2,6 +2,7 @@
 
 
 #include <fstream>
+#include <thread>
 
 #include "catch2/catch.hpp"
 #include "common/rpc_server.h"
@@ -18,6 +19,16 @@ VerifierConfig V(const std::string& name, double weight) {
   c.set_name(name);
   c.set_weight(weight);
   return c;
+}
+
+// Threads of this process, from /proc/self/status.
+int ProcessThreads() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
 }
 
 ScoreItem Item(const actor::Tokenizer& tok, const std::string& completion, const std::string& answer) {
@@ -91,6 +102,52 @@ TEST_CASE("a verifier past its deadline is counted and does not stall the batch"
   CHECK(resp->results(3).timed_out_size() == 1);
   CHECK(resp->results(3).timed_out(0) == "command");
   CHECK((*scorer)->GetStatus().verifier_timeouts() == 8);
+}
+
+TEST_CASE("when every verifier thread is stuck the verifier queue fills and requests are refused") {
+  testing::TempDir dir;
+  const std::string slow = testing::WriteScript(dir, "slow.sh", "exec sleep 30");
+  actor::CharTokenizer tok;
+  ScorerOptions options;
+  options.allowed_commands = {slow};
+  options.verifier_threads = 2;
+  options.verifier_queue = 2;
+  auto scorer = RewardScorer::Create(options, &tok);
+  REQUIRE(scorer.ok());
+  VerifierConfig cmd = V("command", 1.0);
+  cmd.add_command(slow);
+  auto request = [&](int items, absl::Duration timeout) {
+    ScoreRequest req;
+    for (int i = 0; i < items; ++i) *req.add_items() = Item(tok, std::to_string(i), "3");
+    *req.add_verifiers() = cmd;
+    req.set_verifier_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    return req;
+  };
+  // More calls than the pool could ever hold: a refusal retrying cannot fix.
+  auto too_big = (*scorer)->Score(request(5, absl::Seconds(1)));
+  CHECK(too_big.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(too_big.status().message().find("5 blocking verifier calls") != absl::string_view::npos);
+
+  // Four calls fill both threads and the queue until their deadline.
+  const int idle_threads = ProcessThreads();
+  absl::StatusOr<ScoreResponse> held;
+  std::thread holder([&] { held = (*scorer)->Score(request(4, absl::Seconds(3))); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while ((*scorer)->blocking_calls_held() < 4 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  REQUIRE((*scorer)->blocking_calls_held() == 4);
+  CHECK(ProcessThreads() == idle_threads + 1);  // the holder; no thread per call
+  auto probe = (*scorer)->Score(request(1, absl::Seconds(1)));
+  CHECK(probe.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(probe.status().message() ==
+        "reward server busy: all 2 verifier_threads busy and 2 blocking verifier calls queued (verifier_queue); "
+        "retry later");
+  holder.join();
+  REQUIRE(held.ok());
+  // The two that waited had passed their deadline when a thread came free:
+  // all four are timed out, and the pool takes calls again.
+  for (const ScoreResult& r : held->results()) CHECK(r.timed_out_size() == 1);
+  auto after = (*scorer)->Score(request(1, absl::Milliseconds(1)));
+  CHECK(after.ok());
 }
 
 TEST_CASE("a request may run only the programs the server allows or was started with") {
