@@ -38,6 +38,16 @@ ABSL_FLAG(std::vector<std::string>, allowed_commands, {},
           "Programs a Score request may run as a `command` verifier (comma-separated paths). The "
           "--experiment's own command verifiers are always allowed; any other program a request names "
           "is refused. Default none.");
+ABSL_FLAG(int, score_threads, 32,
+          "Threads running Score calls; a call holds one while its verifiers and the reward model run.");
+ABSL_FLAG(int, score_queue, 128,
+          "Score calls that may wait for a score thread; a call past --score_threads + --score_queue is "
+          "answered RESOURCE_EXHAUSTED at once (clients retry it with backoff).");
+ABSL_FLAG(int, verifier_threads, 64,
+          "Threads running blocking verifier calls (command, format), one call per item and verifier.");
+ABSL_FLAG(int, verifier_queue, 8192,
+          "Blocking verifier calls that may wait for a verifier thread; a request whose calls do not fit "
+          "is answered RESOURCE_EXHAUSTED.");
 ABSL_FLAG(double, reward_model_weight, 0,
           "Weight of the reward model's score in the summed reward; 0 = the experiment's, else 1.");
 
@@ -57,6 +67,12 @@ int main(int argc, char** argv) {
   scorer_options.verifier_timeout = absl::Seconds(absl::GetFlag(FLAGS_verifier_timeout_seconds));
   scorer_options.reward_model_timeout = absl::Seconds(absl::GetFlag(FLAGS_reward_model_timeout_seconds));
   scorer_options.allowed_commands = absl::GetFlag(FLAGS_allowed_commands);
+  scorer_options.verifier_threads = absl::GetFlag(FLAGS_verifier_threads);
+  scorer_options.verifier_queue = absl::GetFlag(FLAGS_verifier_queue);
+  rlmesh::RewardServiceOptions service_options;
+  service_options.score_threads = absl::GetFlag(FLAGS_score_threads);
+  service_options.score_queue = absl::GetFlag(FLAGS_score_queue);
+  if (absl::Status s = service_options.Validate(); !s.ok()) return fail(s);
   std::string rm_dir = absl::GetFlag(FLAGS_reward_model);
   if (!absl::GetFlag(FLAGS_experiment).empty()) {
     rlmesh::ExperimentConfig experiment;
@@ -93,7 +109,7 @@ int main(int argc, char** argv) {
   auto scorer = rlmesh::RewardScorer::Create(scorer_options, tokenizer->get());
   if (!scorer.ok()) return fail(scorer.status());
   rlmesh::RpcServer server(*options);
-  rlmesh::RewardServiceImpl service(&server.auth(), scorer->get());
+  rlmesh::RewardServiceImpl service(&server.auth(), scorer->get(), service_options);
   server.AddService(&service);
   return rlmesh::ServeUntilSignal(server);
 }
