@@ -230,7 +230,8 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const SubprocessOptions& o) {
   if (o.inherit_env) {
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string kv(*e);
-      const std::string prefix = kv.substr(0, kv.find('=') + 1);
+      const size_t eq = kv.find('=');
+      const std::string prefix = eq == std::string::npos ? kv + "=" : kv.substr(0, eq + 1);
       bool replaced = false;
       for (const std::string& v : o.env) replaced = replaced || v.compare(0, prefix.size(), prefix) == 0;
       if (!replaced) child_env.push_back(kv);
