@@ -366,6 +366,8 @@ class Evaluator {
     return v;
   }
 
+  // Long because: one switch over every expression kind, each case a few lines; split, the
+  // evaluator's dispatch would be scattered.
   absl::StatusOr<Value> EvalUnchecked(const Expr& e) {
     switch (e.kind) {
       case ExprKind::kLiteral: return e.literal;

@@ -327,6 +327,8 @@ absl::Status CheckSignature(absl::string_view name, const CallArgs& args) {
 bool IsKnownFilter(absl::string_view name) { return In(kFilters, name); }
 bool IsKnownTest(absl::string_view name) { return In(kTests, name); }
 
+// Long because: one branch per built-in filter, each a few lines (the longer filters have functions
+// of their own).
 absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& v, const CallArgs& args,
                                   const BuiltinEnv& env) {
   RLMESH_RETURN_IF_ERROR(CheckSignature(name, args));

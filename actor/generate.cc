@@ -325,6 +325,9 @@ struct Generator::State {
     for (size_t i = 0; i < n; ++i) (*finished)[first + i] = Accept(rows[first + i], tok[i], lp[i]);
   }
 
+  // Long because: one admission pass (take units off the queue, prefill them as one batch, fan each
+  // out to its sample rows, grow the KV cache) over the same units, logits and routes; split, each
+  // step would take most of them as arguments.
   void Admit(const GroupCallback& cb, std::vector<bool>* finished) {
     // One sequence to prefill and the sample rows it fans out to: a fresh
     // request is one unit (its prompt, computed once, for all n samples); a

@@ -333,6 +333,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(const std::
   }
 }
 
+// Long because: reads tokenizer.json's sections in file order (model, merges, added tokens,
+// normalizer, pre-tokenizers, decoder) into one Impl, validating each where it is read.
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJsonInternal(const std::string& text) {
   json j;
   try {

@@ -90,6 +90,7 @@ int64_t NonEmbeddingParams(Transformer& m) {
 
 }  // namespace
 
+// Long because: a benchmark script: setup, then each measurement run and printed in order.
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   auto resolved = rlmesh::dist::ResolveDevice(absl::GetFlag(FLAGS_device), "gpu_bench --device");

@@ -164,6 +164,7 @@ bool MeasureOwnPeak(const char* what, const std::function<absl::Status()>& op) {
   return true;
 }
 
+// Long because: a benchmark script: setup, then each measurement run and printed in order.
 int Run() {
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   if (dir.empty()) {

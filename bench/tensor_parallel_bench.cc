@@ -122,6 +122,7 @@ absl::Status TimeSteps(int warmup, int steps, double* first_loss, std::vector<do
   return absl::OkStatus();
 }
 
+// Long because: a benchmark script: setup, then each measurement run and printed in order.
 int Main() {
   at::set_num_threads(absl::GetFlag(FLAGS_threads));
   const int tp = absl::GetFlag(FLAGS_tp), rank = absl::GetFlag(FLAGS_rank);

@@ -60,6 +60,8 @@ struct AsyncRollout {
 
 }  // namespace
 
+// Long because: the producer (a lambda on its own thread) and the step loop that consumes what it
+// generates share the state declared at the top; the producer is a third of it.
 absl::Status RunLoop::RunRlAsync(const Stage& stage) {
   const RlStage& rl = *RlSettings(stage);
   const int64_t total = rl.steps();

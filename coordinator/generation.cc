@@ -54,6 +54,8 @@ SamplingParams RunLoop::Sampling(bool greedy, uint64_t seed) const {
   return s;
 }
 
+// Long because: the per-worker dispatch threads (a lambda), the redispatch of a timed-out worker's
+// prompts and the final check share the call's state declared at the top.
 absl::StatusOr<std::vector<TrajectoryGroup>> RunLoop::Generate(const std::vector<Prompt>& prompts, int n,
                                                                const SamplingParams& sampling, bool pipeline,
                                                                int64_t round, int64_t min_version,

@@ -191,6 +191,8 @@ absl::Status ValidateFullySharded(const actor::ModelConfig& c) {
 
 FullyShardedModel::~FullyShardedModel() = default;
 
+// Long because: one pass over the units (collect them, check the parameter order, shard each),
+// commented step by step in place.
 absl::StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
     const actor::ModelConfig& config, c10::intrusive_ptr<c10d::Backend> group, const FullyShardedOptions& options) {
   RLMESH_RETURN_IF_ERROR(ValidateFullySharded(config));

@@ -869,6 +869,9 @@ absl::Status SplitPolicyExpertParallel(const StageOptions& stage, int rank, int 
 
 }  // namespace
 
+// Long because: builds every model of a stage (policy, reference, critic, reward model, teacher)
+// for whichever of plain DP, ZeRO-1/3, TP and EP is on, in the order their process groups and
+// broadcasts require.
 absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions& stage,
                                  const actor::ModelConfig& cfg, const std::string& store_address,
                                  const std::string& store_prefix, int rank,

@@ -23,6 +23,8 @@
 
 namespace rlmesh::learner {
 
+// Long because: draws the global batch, builds its rows for each task kind (prompts, chat or text
+// items) and runs the micro-batch loop over them.
 absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
   State& s = *s_;
   const auto t_start = Clock::now();

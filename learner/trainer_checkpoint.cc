@@ -169,6 +169,9 @@ absl::Status StreamSplit(ModelSet& m, const Streamed& policy, const Streamed* cr
 
 }  // namespace
 
+// Long because: the phases of a collective save (each rank's files, rank 0's state and commit,
+// cleanup after a failure), each agreed over the group by one lambda over shared locals; every rank
+// must run the same collectives in the same order, which reads clearest in one place.
 absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
   if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
   RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, path, "path"));

@@ -73,6 +73,8 @@ void AddAggregates(const std::map<int64_t, StepAcc>& acc, QueryResponse* respons
 
 }  // namespace
 
+// Long because: candidate selection (prompt index or step order), the catalog filters and the
+// paging share one cursor, then the page's bodies are read.
 absl::StatusOr<QueryResponse> ReplayStore::Query(const QueryRequest& request) {
   const TrajectoryFilter& f = request.filter();
   RLMESH_RETURN_IF_ERROR(ValidateFilter(f));

@@ -230,6 +230,8 @@ absl::StatusOr<PutGroupsResponse> ReplayStore::PutGroups(const PutGroupsRequest&
   return WriteGroups(request);
 }
 
+// Long because: reservation of the ids, the idempotency lookup and the one synced batch write
+// happen in that order under the same reservation.
 absl::StatusOr<PutGroupsResponse> ReplayStore::WriteGroups(const PutGroupsRequest& request) {
   const int n = request.groups_size();
   // Reserve every group id and trajectory id of the request at once, so that

@@ -79,6 +79,10 @@ bool EngineHasWork(RolloutWorker::Impl* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) 
 
 }  // namespace
 
+// Long because: the engine thread's loop: under one lock it takes a weight update or the next
+// pending requests, then outside the lock interrupts, swaps weights, resumes parked groups, admits
+// and steps; the per-iteration locals carry what was decided under the lock to what runs outside
+// it.
 void RolloutWorker::Impl::Loop() {
   while (true) {
     std::vector<std::pair<uint64_t, actor::GenerationRequest>> admit;
