@@ -91,6 +91,9 @@ absl::StatusOr<std::shared_ptr<const RewardScorer::VerifierSet>> RewardScorer::V
   return std::shared_ptr<const VerifierSet>(set);
 }
 
+// Long because: one request end to end (pick the verifiers, decode and validate every item, queue the
+// blocking verifier calls on the pool under one deadline, run the reward model meanwhile, wait, combine);
+// the pool's calls and the combination share the per-request state declared along the way.
 absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, absl::Time rpc_deadline) {
   if (request.items_size() > options_.max_items) {
     return absl::InvalidArgumentError(
