@@ -129,7 +129,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.RlStage.entropy_coef", "learner/stage_options.cc"},
     {"rlmesh.RlStage.loss_agg", "learner/stage_options.cc"},
     {"rlmesh.RlStage.max_staleness", "coordinator/rl_loop.cc"},
-    {"rlmesh.RlStage.importance_cap", "learner/stage_options.cc"},
+    {"rlmesh.RlStage.importance_cap", "coordinator/experiment_config.cc"},
     {"rlmesh.RlStage.epochs", "learner/stage_options.cc"},
     {"rlmesh.RlStage.mini_batches", "learner/stage_options.cc"},
     {"rlmesh.RlStage.drop_zero_variance", "learner/stage_options.cc"},

@@ -22,23 +22,72 @@ class Checker {
   absl::Status status_;
 };
 
-void CheckOptimizer(Checker& c, const OptimizerConfig& o, const std::string& path) {
-  c.Require(o.lr() > 0 && o.lr() < 1, path + ".lr", "must be in (0, 1)");
-  c.Require(o.weight_decay() >= 0, path + ".weight_decay", "must be >= 0");
-  c.Require(o.beta1() >= 0 && o.beta1() < 1, path + ".beta1", "must be in [0, 1)");
-  c.Require(o.beta2() >= 0 && o.beta2() < 1, path + ".beta2", "must be in [0, 1)");
-  c.Require(o.warmup_steps() >= 0, path + ".warmup_steps", "must be >= 0");
-  c.Require(o.schedule().empty() || o.schedule() == "constant" || o.schedule() == "cosine",
-            path + ".schedule", "must be constant or cosine");
-  c.Require(o.grad_clip() >= 0, path + ".grad_clip", "must be >= 0");
+// Defaults an optimizer's zero fields (proto/config.proto) and checks it.
+void CheckOptimizer(Checker& c, OptimizerConfig* o, const std::string& path) {
+  if (o->beta1() == 0) o->set_beta1(0.9);
+  if (o->beta2() == 0) o->set_beta2(0.999);
+  if (o->eps() == 0) o->set_eps(1e-8);
+  if (o->grad_clip() == 0) o->set_grad_clip(1.0);
+  if (o->schedule().empty()) o->set_schedule("constant");
+  c.Require(o->lr() > 0 && o->lr() < 1, path + ".lr", "must be in (0, 1)");
+  c.Require(o->weight_decay() >= 0 && std::isfinite(o->weight_decay()), path + ".weight_decay", "must be >= 0");
+  c.Require(o->beta1() > 0 && o->beta1() < 1, path + ".beta1", "must be in (0, 1) (0 = the default 0.9)");
+  c.Require(o->beta2() > 0 && o->beta2() < 1, path + ".beta2", "must be in (0, 1) (0 = the default 0.999)");
+  c.Require(o->eps() > 0 && o->eps() < 1, path + ".eps", "must be in (0, 1) (0 = the default 1e-8)");
+  c.Require(o->warmup_steps() >= 0, path + ".warmup_steps", "must be >= 0");
+  c.Require(o->schedule() == "constant" || o->schedule() == "cosine", path + ".schedule",
+            "must be constant or cosine");
+  c.Require(o->min_lr_ratio() >= 0 && o->min_lr_ratio() <= 1, path + ".min_lr_ratio", "must be in [0, 1]");
+  c.Require(o->grad_clip() == -1 || (o->grad_clip() > 0 && std::isfinite(o->grad_clip())), path + ".grad_clip",
+            "must be > 0, or -1 for no clipping (0 = the default 1.0)");
 }
 
-void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method) {
-  const DistillationConfig& dc = rl->distillation();
-  const bool distill = !dc.teacher().empty();
-  c.Require(distill || (dc.coef() == 0 && !dc.task_reward()), path + ".distillation.teacher",
+// Checks the mismatch correction (rl.mismatch, rl.importance_cap), then
+// writes each unset value the mode defaults to. tis's cap ends up in
+// mismatch.high (importance_cap is its other name, cleared).
+void CheckMismatch(Checker& c, RlStage* rl, const std::string& path) {
+  MismatchConfig* mm = rl->mutable_mismatch();
+  c.Require(mm->mode().empty() || mm->mode() == "none" || mm->mode() == "tis" || mm->mode() == "mis" ||
+                mm->mode() == "icepop",
+            path + ".mismatch.mode", "must be none, tis, mis or icepop");
+  c.Require(mm->level().empty() || mm->level() == "token" || mm->level() == "sequence", path + ".mismatch.level",
+            "must be token or sequence");
+  const bool tis = mm->mode().empty() || mm->mode() == "tis";
+  c.Require(rl->importance_cap() >= 0 && std::isfinite(rl->importance_cap()), path + ".importance_cap",
+            "must be >= 0");
+  c.Require(rl->importance_cap() == 0 || tis, path + ".importance_cap", "only used with mismatch.mode tis");
+  c.Require(rl->importance_cap() == 0 || mm->high() == 0, path + ".mismatch.high",
+            "importance_cap is the tis cap already; set one of them");
+  c.Require(mm->low() == 0 || mm->mode() == "icepop", path + ".mismatch.low", "only mode icepop has a lower bound");
+  c.Require(mm->low() >= 0 && mm->low() <= 1, path + ".mismatch.low", "must be in [0, 1] (0 = the default 0.5)");
+  c.Require(mm->high() == 0 || mm->mode() != "none", path + ".mismatch.high", "not used with mode none");
+  c.Require(mm->high() == 0 || tis || mm->high() >= 1, path + ".mismatch.high", "must be >= 1 (0 = the default)");
+  c.Require(mm->high() >= 0 && std::isfinite(mm->high()), path + ".mismatch.high",
+            "must be >= 0 (0 = the default)");
+  if (mm->mode().empty()) mm->set_mode("tis");
+  if (mm->level().empty()) mm->set_level("token");
+  if (mm->mode() == "tis" && mm->high() == 0) {
+    mm->set_high(rl->importance_cap() != 0 ? rl->importance_cap() : 2.0);
+    rl->set_importance_cap(0);
+  }
+  if (mm->mode() == "mis" && mm->high() == 0) mm->set_high(2.0);
+  if (mm->mode() == "icepop") {
+    if (mm->low() == 0) mm->set_low(0.5);
+    if (mm->high() == 0) mm->set_high(5.0);
+  }
+}
+
+// `default_loss_agg`: the advantage estimator's (Dr.GRPO does not normalise
+// by length). `max_new_tokens`: rollout.sampling's, after its default.
+void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method,
+             const std::string& default_loss_agg, int max_new_tokens) {
+  DistillationConfig* dc = rl->mutable_distillation();
+  const bool distill = !dc->teacher().empty();
+  c.Require(distill || (dc->coef() == 0 && !dc->task_reward()), path + ".distillation.teacher",
             "required when distillation.coef or task_reward is set");
-  c.Require(dc.coef() >= 0 && std::isfinite(dc.coef()), path + ".distillation.coef", "must be > 0 (0 = the default 1)");
+  c.Require(dc->coef() >= 0 && std::isfinite(dc->coef()), path + ".distillation.coef",
+            "must be > 0 (0 = the default 1)");
+  if (distill && dc->coef() == 0) dc->set_coef(1.0);
   c.Require(rl->steps() > 0, path + ".steps", "must be > 0");
   c.Require(rl->prompts_per_step() > 0, path + ".prompts_per_step", "must be > 0");
   if (rl->samples_per_prompt() == 0) rl->set_samples_per_prompt(group_method ? 8 : 1);
@@ -46,50 +95,47 @@ void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method
             "must be in [1, 256]");
   // Pure distillation trains on the teacher's per-token term only: one
   // sample per prompt is enough (the default stays the stage's).
-  if (group_method && !(distill && !dc.task_reward())) {
+  if (group_method && !(distill && !dc->task_reward())) {
     c.Require(rl->samples_per_prompt() >= 2, path + ".samples_per_prompt",
               "must be >= 2 for group-relative advantages");
   }
-  CheckOptimizer(c, rl->optimizer(), path + ".optimizer");
+  CheckOptimizer(c, rl->mutable_optimizer(), path + ".optimizer");
   if (rl->clip_low() == 0) rl->set_clip_low(0.2);
   if (rl->clip_high() == 0) rl->set_clip_high(rl->clip_low());
   c.Require(rl->clip_low() > 0 && rl->clip_low() < 1, path + ".clip_low", "must be in (0, 1)");
   c.Require(rl->clip_high() > 0 && rl->clip_high() < 10, path + ".clip_high", "must be in (0, 10)");
-  c.Require(rl->dual_clip() == 0 || rl->dual_clip() > 1, path + ".dual_clip", "must be 0 (off) or > 1");
-  c.Require(rl->kl().coef() >= 0, path + ".kl.coef", "must be >= 0");
+  c.Require(rl->dual_clip() == 0 || (rl->dual_clip() > 1 && std::isfinite(rl->dual_clip())), path + ".dual_clip",
+            "must be 0 (off) or > 1");
+  c.Require(rl->kl().coef() >= 0 && std::isfinite(rl->kl().coef()), path + ".kl.coef", "must be >= 0");
+  if (rl->kl().estimator().empty()) rl->mutable_kl()->set_estimator("k3");
   const std::string& est = rl->kl().estimator();
-  c.Require(est.empty() || est == "k1" || est == "k2" || est == "k3", path + ".kl.estimator",
-            "must be k1, k2 or k3");
-  c.Require(rl->entropy_coef() >= 0, path + ".entropy_coef", "must be >= 0");
-  const std::string& agg = rl->loss_agg();
-  c.Require(agg.empty() || agg == "token-mean" || agg == "seq-mean-token-mean" || agg == "seq-mean-token-sum",
-            path + ".loss_agg", "must be token-mean, seq-mean-token-mean or seq-mean-token-sum");
-  c.Require(rl->max_staleness() >= 0 && rl->max_staleness() <= 16, path + ".max_staleness", "must be in [0, 16]");
-  c.Require(rl->importance_cap() >= 0, path + ".importance_cap", "must be >= 0");
-  c.Require(rl->epochs() >= 0 && rl->epochs() <= 16, path + ".epochs", "must be in [0, 16]");
-  c.Require(rl->mini_batches() >= 0 && rl->mini_batches() <= 64, path + ".mini_batches", "must be in [0, 64]");
-  c.Require(rl->overlong_buffer() >= 0, path + ".overlong_buffer", "must be >= 0");
-  c.Require(!rl->has_router_aux_loss_coef() || rl->router_aux_loss_coef() >= 0, path + ".router_aux_loss_coef",
-            "must be >= 0");
+  c.Require(est == "k1" || est == "k2" || est == "k3", path + ".kl.estimator", "must be k1, k2 or k3");
+  c.Require(rl->entropy_coef() >= 0 && std::isfinite(rl->entropy_coef()), path + ".entropy_coef", "must be >= 0");
+  if (rl->policy_loss().empty()) rl->set_policy_loss("ppo");
   const std::string& pl = rl->policy_loss();
-  c.Require(pl.empty() || pl == "ppo" || pl == "gspo" || pl == "cispo", path + ".policy_loss",
-            "must be ppo, gspo or cispo");
+  c.Require(pl == "ppo" || pl == "gspo" || pl == "cispo", path + ".policy_loss", "must be ppo, gspo or cispo");
   c.Require(pl != "cispo" || rl->dual_clip() == 0, path + ".dual_clip", "not used by policy_loss cispo");
-  const MismatchConfig& mm = rl->mismatch();
-  c.Require(mm.mode().empty() || mm.mode() == "none" || mm.mode() == "tis" || mm.mode() == "mis" ||
-                mm.mode() == "icepop",
-            path + ".mismatch.mode", "must be none, tis, mis or icepop");
-  c.Require(mm.level().empty() || mm.level() == "token" || mm.level() == "sequence", path + ".mismatch.level",
-            "must be token or sequence");
-  const bool tis = mm.mode().empty() || mm.mode() == "tis";
-  c.Require(rl->importance_cap() == 0 || tis, path + ".importance_cap", "only used with mismatch.mode tis");
-  c.Require(rl->importance_cap() == 0 || mm.high() == 0, path + ".mismatch.high",
-            "importance_cap is the tis cap already; set one of them");
-  c.Require(mm.low() == 0 || mm.mode() == "icepop", path + ".mismatch.low", "only mode icepop has a lower bound");
-  c.Require(mm.low() >= 0 && mm.low() <= 1, path + ".mismatch.low", "must be in [0, 1] (0 = the default 0.5)");
-  c.Require(mm.high() == 0 || mm.mode() != "none", path + ".mismatch.high", "not used with mode none");
-  c.Require(mm.high() == 0 || tis || mm.high() >= 1, path + ".mismatch.high", "must be >= 1 (0 = the default)");
-  c.Require(mm.high() >= 0, path + ".mismatch.high", "must be >= 0 (0 = the default)");
+  // GSPO's paper averages token means over sequences.
+  if (rl->loss_agg().empty()) rl->set_loss_agg(pl == "gspo" ? "seq-mean-token-mean" : default_loss_agg);
+  const std::string& agg = rl->loss_agg();
+  c.Require(agg == "token-mean" || agg == "seq-mean-token-mean" || agg == "seq-mean-token-sum" ||
+                agg == "seq-mean-token-sum-norm",
+            path + ".loss_agg",
+            "must be token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm");
+  c.Require(rl->max_staleness() >= 0 && rl->max_staleness() <= 16, path + ".max_staleness", "must be in [0, 16]");
+  if (rl->epochs() == 0) rl->set_epochs(1);
+  if (rl->mini_batches() == 0) rl->set_mini_batches(1);
+  c.Require(rl->epochs() >= 1 && rl->epochs() <= 16, path + ".epochs", "must be in [1, 16] (0 = the default 1)");
+  c.Require(rl->mini_batches() >= 1 && rl->mini_batches() <= 64, path + ".mini_batches",
+            "must be in [1, 64] (0 = the default 1)");
+  c.Require(rl->overlong_buffer() >= 0 && rl->overlong_buffer() <= max_new_tokens, path + ".overlong_buffer",
+            "must be in [0, rollout.sampling.max_new_tokens]");
+  c.Require(rl->overlong_penalty() >= 0 && std::isfinite(rl->overlong_penalty()), path + ".overlong_penalty",
+            "must be >= 0");
+  c.Require(!rl->has_router_aux_loss_coef() ||
+                (rl->router_aux_loss_coef() >= 0 && std::isfinite(rl->router_aux_loss_coef())),
+            path + ".router_aux_loss_coef", "must be >= 0");
+  CheckMismatch(c, rl, path);
   const DynamicSamplingConfig& ds = rl->dynamic_sampling();
   c.Require(ds.mode().empty() || ds.mode() == "drop" || ds.mode() == "refill", path + ".dynamic_sampling.mode",
             "must be drop or refill");
@@ -101,7 +147,7 @@ void CheckRl(Checker& c, RlStage* rl, const std::string& path, bool group_method
             "must be in [0, 64] (0 = 4)");
   // Pure distillation trains on the teacher's term alone: settings that
   // act on the task reward would be silently ignored.
-  const bool pure = distill && !dc.task_reward();
+  const bool pure = distill && !dc->task_reward();
   c.Require(!pure || (ds.mode().empty() && !rl->drop_zero_variance()), path + ".dynamic_sampling",
             "dropping groups by reward variance needs distillation.task_reward");
   c.Require(!pure || rl->overlong_buffer() == 0, path + ".overlong_buffer",
@@ -357,6 +403,8 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
             "with learner.ep > 1 is not built (not for MoE policies)");
   c.Require(l->sleep().empty() || l->sleep() == "off" || l->sleep() == "cache", "learner.sleep",
             "must be off or cache");
+  c.Require(l->autocast().empty() || l->autocast() == "fp32" || l->autocast() == "bf16", "learner.autocast",
+            "must be fp32 or bf16");
   c.Require(l->cuda_memory_fraction() >= 0 && l->cuda_memory_fraction() <= 1, "learner.cuda_memory_fraction",
             "must be in (0, 1] (0 = no cap)");
   c.Require(l->cuda_memory_fraction() == 0 || (!m->device().empty() && m->device() != "cpu"),
@@ -396,6 +444,7 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   c.Require(config->weight_sync().timeout_ms() >= 0 && config->weight_sync().timeout_ms() <= 3'600'000,
             "weight_sync.timeout_ms", "must be in [0, 3600000] (an hour)");
 
+  c.Require(config->checkpoint().keep() >= 0, "checkpoint.keep", "must be >= 0 (0 = the default 3)");
   if (config->checkpoint().keep() == 0) config->mutable_checkpoint()->set_keep(3);
   c.Require(config->checkpoint().every() >= 0, "checkpoint.every", "must be >= 0");
   c.Require(config->eval().every() >= 0, "eval.every", "must be >= 0");
@@ -418,7 +467,7 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
       case Stage::kSft:
         c.Require(st->sft().steps() > 0, p + ".sft.steps", "must be > 0");
         c.Require(st->sft().batch() > 0, p + ".sft.batch", "must be > 0");
-        CheckOptimizer(c, st->sft().optimizer(), p + ".sft.optimizer");
+        CheckOptimizer(c, st->mutable_sft()->mutable_optimizer(), p + ".sft.optimizer");
         c.Require(st->sft().until().eval_accuracy() >= 0 && st->sft().until().eval_accuracy() <= 1,
                   p + ".sft.until.eval_accuracy", "must be in [0, 1] (0 = no stop rule)");
         c.Require(st->sft().until().every() >= 0, p + ".sft.until.every", "must be >= 0");
@@ -431,7 +480,9 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
         const std::string& adv = st->grpo().advantage();
         c.Require(adv.empty() || adv == "grpo" || adv == "dr_grpo" || adv == "rloo" || adv == "reinforce_pp",
                   p + ".grpo.advantage", "must be grpo, dr_grpo, rloo or reinforce_pp");
-        CheckRl(c, st->mutable_grpo()->mutable_rl(), p + ".grpo.rl", adv != "reinforce_pp");
+        if (adv.empty()) st->mutable_grpo()->set_advantage("grpo");
+        CheckRl(c, st->mutable_grpo()->mutable_rl(), p + ".grpo.rl", adv != "reinforce_pp",
+                adv == "dr_grpo" ? "seq-mean-token-sum-norm" : "token-mean", s->max_new_tokens());
         // The learner takes a refill step's groups first-in first-out: a
         // uniform or prioritized draw would mix in other steps' groups.
         c.Require(st->grpo().rl().dynamic_sampling().mode() != "refill" || b.sample_mode().empty() ||
@@ -443,29 +494,38 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
         c.Require(!RolloutSleeps(*r) || st->ppo().rl().max_staleness() == 0, "rollout.sleep",
                   absl::StrCat("needs synchronous RL (", p, ".ppo.rl.max_staleness > 0 generates while the "
                                "learner trains)"));
-        CheckRl(c, st->mutable_ppo()->mutable_rl(), p + ".ppo.rl", false);
+        CheckRl(c, st->mutable_ppo()->mutable_rl(), p + ".ppo.rl", false, "token-mean", s->max_new_tokens());
         c.Require(st->ppo().rl().distillation().teacher().empty(), p + ".ppo.rl.distillation",
                   "only GRPO-family stages distil (not built for PPO's critic)");
         c.Require(st->ppo().rl().dynamic_sampling().mode() != "refill" || b.sample_mode().empty() ||
                       b.sample_mode() == "fifo",
                   p + ".ppo.rl.dynamic_sampling.mode", "refill needs buffer.sample_mode fifo");
-        c.Require(st->ppo().gamma() >= 0 && st->ppo().gamma() <= 1, p + ".ppo.gamma", "must be in [0, 1]");
-        c.Require(st->ppo().lam() >= 0 && st->ppo().lam() <= 1, p + ".ppo.lam", "must be in [0, 1]");
+        if (st->ppo().gamma() == 0) st->mutable_ppo()->set_gamma(1.0);
+        if (st->ppo().lam() == 0) st->mutable_ppo()->set_lam(0.95);
+        if (st->ppo().value_clip() == 0) st->mutable_ppo()->set_value_clip(0.2);
+        if (st->ppo().vf_coef() == 0) st->mutable_ppo()->set_vf_coef(0.5);
+        c.Require(st->ppo().gamma() > 0 && st->ppo().gamma() <= 1, p + ".ppo.gamma",
+                  "must be in (0, 1] (0 = the default 1)");
+        c.Require(st->ppo().lam() > 0 && st->ppo().lam() <= 1, p + ".ppo.lam", "must be in (0, 1] (0 = the default 0.95)");
+        c.Require(st->ppo().value_clip() > 0 && std::isfinite(st->ppo().value_clip()), p + ".ppo.value_clip",
+                  "must be > 0 (0 = the default 0.2)");
+        c.Require(st->ppo().vf_coef() > 0 && std::isfinite(st->ppo().vf_coef()), p + ".ppo.vf_coef",
+                  "must be > 0 (0 = the default 0.5)");
         if (st->ppo().has_critic_optimizer()) {
-          CheckOptimizer(c, st->ppo().critic_optimizer(), p + ".ppo.critic_optimizer");
+          CheckOptimizer(c, st->mutable_ppo()->mutable_critic_optimizer(), p + ".ppo.critic_optimizer");
         }
         break;
       case Stage::kDpo:
         c.Require(st->dpo().steps() > 0, p + ".dpo.steps", "must be > 0");
         c.Require(st->dpo().batch() > 0, p + ".dpo.batch", "must be > 0");
-        CheckOptimizer(c, st->dpo().optimizer(), p + ".dpo.optimizer");
+        CheckOptimizer(c, st->mutable_dpo()->mutable_optimizer(), p + ".dpo.optimizer");
         if (st->dpo().beta() == 0) st->mutable_dpo()->set_beta(0.1);
-        c.Require(st->dpo().beta() > 0, p + ".dpo.beta", "must be > 0");
+        c.Require(st->dpo().beta() > 0 && std::isfinite(st->dpo().beta()), p + ".dpo.beta", "must be > 0 (0 = the default 0.1)");
         break;
       case Stage::kRewardModel:
         c.Require(st->reward_model().steps() > 0, p + ".reward_model.steps", "must be > 0");
         c.Require(st->reward_model().batch() > 0, p + ".reward_model.batch", "must be > 0");
-        CheckOptimizer(c, st->reward_model().optimizer(), p + ".reward_model.optimizer");
+        CheckOptimizer(c, st->mutable_reward_model()->mutable_optimizer(), p + ".reward_model.optimizer");
         break;
       default:
         c.Require(false, p, "names no stage kind (sft, grpo, ppo, dpo, reward_model)");

@@ -101,6 +101,7 @@ ConfigureRequest MoeRequest(const std::string& ckpt, bool replay, std::optional<
   Stage s;
   auto* rl = s.mutable_grpo()->mutable_rl();
   rl->set_steps(3);
+  rl->set_prompts_per_step(4);
   rl->mutable_optimizer()->set_lr(1e-3);
   rl->set_routing_replay(replay);
   if (aux_coef) rl->set_router_aux_loss_coef(*aux_coef);
@@ -427,6 +428,7 @@ TEST_CASE("learner.ep: 2 (one group, and 2 groups) equals one process on GRPO st
   one.mutable_experiment()->mutable_learner()->set_micro_batch_tokens(24);
   auto* rl = one.mutable_experiment()->mutable_stages(0)->mutable_grpo()->mutable_rl();
   rl->set_steps(5);
+  rl->set_prompts_per_step(4);
   rl->mutable_kl()->set_coef(0.05);
   one.set_checkpoint_dir(dir.File("ckpt_one"));
   Trainer single, untrained;
@@ -579,16 +581,16 @@ TEST_CASE("learner.ep is refused by name where it is not built") {
   };
   ConfigureRequest r = MoeRequest(dir.File("moe"), false);
   r.mutable_experiment()->mutable_learner()->set_ep(2);
-  CHECK(absl::StrContains(refusal(r, 3), "learner.ep: 2 does not divide the learner world size (3)"));
+  CHECK(absl::StrContains(refusal(r, 3), "learner.ep: must divide learner.shards (3)"));
   ConfigureRequest tp = r;
   tp.mutable_experiment()->mutable_learner()->set_tp(2);
-  CHECK(absl::StrContains(refusal(tp, 2), "learner.ep: 2 with learner.tp > 1 or learner.zero: 1/3 is not built"));
+  CHECK(absl::StrContains(refusal(tp, 2), "learner.ep: expert parallelism with learner.tp > 1 or learner.zero: 1/3 is not built"));
   ConfigureRequest rm = r;  // a policy with a value head
   auto* stage = rm.mutable_experiment()->mutable_stages(0)->mutable_reward_model();
   stage->set_steps(1);
   stage->set_batch(2);
   stage->mutable_optimizer()->set_lr(1e-3);
-  CHECK(absl::StrContains(refusal(rm, 2), "learner.ep: 2 is built for sft, dpo, grpo and ppo stages"));
+  CHECK(absl::StrContains(refusal(rm, 2), "learner.ep > 1 is built for sft, dpo, grpo and ppo stages"));
   // A dense policy: both ranks form the group, then refuse by name.
   ConfigureRequest dense = r;
   dense.mutable_experiment()->mutable_model()->set_init("scratch");
@@ -598,7 +600,7 @@ TEST_CASE("learner.ep is refused by name where it is not built") {
   for (int k = 0; k < 2; ++k) {
     INFO(results[k].ToString());
     CHECK(absl::StrContains(results[k].message(), "experiment.learner.ep"));
-    CHECK(absl::StrContains(results[k].message(), "needs MoE layers"));
+    CHECK(absl::StrContains(results[k].message(), "needs a policy with MoE layers"));
   }
 }
 

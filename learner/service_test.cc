@@ -270,6 +270,7 @@ TEST_CASE("service: GRPO step samples its slice from the buffer and acks it") {
   ExperimentConfig e = Tiny();
   auto* rl = e.add_stages()->mutable_grpo()->mutable_rl();
   rl->set_steps(2);
+  rl->set_prompts_per_step(4);
   rl->mutable_optimizer()->set_lr(1e-3);
   ConfigureResponse cr;
   REQUIRE(Call(*s.stub, *s.client, Configure(e, ""), &cr).ok());

@@ -1,11 +1,14 @@
 #pragma once
 
 // Stage options: what one stage of an experiment asks of the learner, read
-// from the ExperimentConfig once and validated there, so the training steps
+// from an ExperimentConfig that NormalizeExperiment (coordinator/
+// experiment_config.h) has checked and defaulted, so the training steps
 // switch on an enum and read plain fields instead of strings and protos.
-// Zero in the config means the documented default; every error is
+// The normaliser is the one place that validates the config; these
+// functions only convert it, plus the checks that need the learner's own
+// world (the batch against the data-parallel replicas). Errors are
 // INVALID_ARGUMENT naming the config field ("experiment.stages[1].grpo.rl.
-// optimizer.lr: must be > 0").
+// optimizer.lr: must be in (0, 1)").
 //
 // Plain values; no thread-safety concerns.
 
@@ -38,14 +41,12 @@ enum class Advantage { kGrpo, kDrGrpo, kRloo, kReinforcePp, kPpo };
 struct OptimizerOptions {
   AdamWOptions adamw;
   LrScheduleOptions schedule;
-  // Global gradient-norm clip; < 0: no clipping. Default 1.0.
+  // Global gradient-norm clip; < 0 (config -1): no clipping. Default 1.0.
   double grad_clip = 1.0;
 };
 
-// OptimizerConfig -> options for `total_steps` optimizer steps; errors name
-// `field` ("experiment.stages[0].sft.optimizer.lr: ...").
-absl::StatusOr<OptimizerOptions> MakeOptimizerOptions(const OptimizerConfig& config,
-                                                      const std::string& field, int64_t total_steps);
+// A normalised OptimizerConfig -> options for `total_steps` optimizer steps.
+OptimizerOptions MakeOptimizerOptions(const OptimizerConfig& config, int64_t total_steps);
 
 // Learner-wide settings of the experiment (experiment.learner, checkpoint,
 // and the rollout sampling the learner must reproduce).
@@ -181,11 +182,17 @@ struct StageOptions {
   }
 };
 
-// Reads and validates experiment.learner, checkpoint.keep, the rollout
-// sampling and experiment.stages[stage_index] for a learner of `shards`
-// processes (learner.tp must divide it; the batch checks count the
-// shards / tp data-parallel replicas). REQUIRES: stage_index is inside
-// experiment.stages.
+// Normalises `exp` for a learner of `world_size` processes: sets
+// learner.shards to it, then NormalizeExperiment, with errors prefixed
+// "experiment.". The coordinator sends normalised configs; this refuses a
+// config that did not come through it the same way, and is a no-op on one
+// that did.
+absl::Status NormalizeForLearner(ExperimentConfig* exp, int world_size);
+
+// Reads experiment.learner, checkpoint.keep, the rollout sampling and
+// experiment.stages[stage_index] for a learner of `shards` processes.
+// REQUIRES: NormalizeForLearner(&exp, shards) returned OK; stage_index is
+// inside experiment.stages.
 absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& experiment, int stage_index,
                                               int shards);
 

@@ -169,6 +169,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   }
   s.rank = req.rank();
   s.world = req.world_size();
+  RLMESH_RETURN_IF_ERROR(NormalizeForLearner(s.request.mutable_experiment(), s.world));
   RLMESH_ASSIGN_OR_RETURN(s.opt, MakeStageOptions(exp, req.stage_index(), s.world));
   s.data_rank = s.rank / s.opt.learner.tp;
   s.data_world = s.world / s.opt.learner.tp;

@@ -52,6 +52,7 @@ Stage GrpoStageOf(int steps, double lr) {
   Stage s;
   auto* rl = s.mutable_grpo()->mutable_rl();
   rl->set_steps(steps);
+  rl->set_prompts_per_step(4);
   rl->mutable_optimizer()->set_lr(lr);
   return s;
 }
@@ -831,7 +832,7 @@ TEST_CASE("learner.tp is refused by name where it is not built") {
   auto r = t.Configure(req);
   REQUIRE(!r.ok());
   INFO(r.status().ToString());
-  CHECK(std::string(r.status().message()).find("learner.tp > 1 with learner.autocast: bf16 is not built") !=
+  CHECK(std::string(r.status().message()).find("learner.autocast: bf16 with learner.tp > 1 is not built") !=
         std::string::npos);
   ExperimentConfig odd = Tiny();
   odd.mutable_learner()->set_tp(2);
@@ -841,11 +842,14 @@ TEST_CASE("learner.tp is refused by name where it is not built") {
   three.set_store_address("file:/nonexistent/never-used");
   auto r2 = t.Configure(three);
   REQUIRE(!r2.ok());
-  CHECK(std::string(r2.status().message()).find("learner.tp: 2 does not divide the learner world size (3)") !=
+  CHECK(std::string(r2.status().message()).find("learner.tp: must divide learner.shards (3)") !=
         std::string::npos);
   odd.mutable_learner()->set_zero(3);
   odd.mutable_learner()->set_sequence_parallel(true);
-  auto r3 = t.Configure(Request(odd));
+  ConfigureRequest two = Request(odd);
+  two.set_world_size(2);
+  two.set_store_address("file:/nonexistent/never-used");
+  auto r3 = t.Configure(two);
   REQUIRE(!r3.ok());
   CHECK(std::string(r3.status().message()).find("learner.sequence_parallel: with learner.zero: 3 is not built") !=
         std::string::npos);
@@ -1066,6 +1070,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     Stage s;
     auto* rl = s.mutable_ppo()->mutable_rl();
     rl->set_steps(3);
+    rl->set_prompts_per_step(4);
     rl->set_mini_batches(2);
     rl->mutable_optimizer()->set_lr(kLr);
     *p.add_stages() = s;
@@ -1166,6 +1171,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     Stage s;
     auto* rl = s.mutable_ppo()->mutable_rl();
     rl->set_steps(2);
+    rl->set_prompts_per_step(4);
     rl->mutable_optimizer()->set_lr(kLr);
     *p.add_stages() = s;
     CHECK(ShardedRlDiff(p, groups, dir.File("store_ppo")) <= 1e-5);
@@ -1536,6 +1542,7 @@ TEST_CASE("on-policy distillation: the advantage is the teacher's per-token term
     CHECK(t.Configure(Request(bad)).status().message().find("rl.distillation.teacher") != std::string::npos);
     ExperimentConfig ppo = e;
     ppo.mutable_stages(0)->mutable_ppo()->mutable_rl()->set_steps(2);
+    ppo.mutable_stages(0)->mutable_ppo()->mutable_rl()->set_prompts_per_step(4);
     ppo.mutable_stages(0)->mutable_ppo()->mutable_rl()->mutable_optimizer()->set_lr(1e-3);
     ppo.mutable_stages(0)->mutable_ppo()->mutable_rl()->mutable_distillation()->set_teacher(other);
     CHECK(t.Configure(Request(ppo)).status().message().find("ppo.rl.distillation") != std::string::npos);
@@ -1838,6 +1845,7 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
     Stage st;
     auto* rl = st.mutable_ppo()->mutable_rl();
     rl->set_steps(3);
+    rl->set_prompts_per_step(4);
     rl->mutable_optimizer()->set_lr(1e-2);
     rl->set_mini_batches(2);  // the no-grad pass computes the old values
     *e.add_stages() = st;
@@ -1962,6 +1970,7 @@ TEST_CASE("PPO with a critic trains and resumes its critic") {
   Stage s;
   auto* rl = s.mutable_ppo()->mutable_rl();
   rl->set_steps(4);
+  rl->set_prompts_per_step(4);
   rl->mutable_optimizer()->set_lr(1e-3);
   rl->set_epochs(2);
   *e.add_stages() = s;
@@ -2004,6 +2013,7 @@ TEST_CASE("learner.gradient_checkpointing: SFT, GRPO (with KL) and PPO steps are
         Stage s;
         auto* rl = k == "grpo" ? s.mutable_grpo()->mutable_rl() : s.mutable_ppo()->mutable_rl();
         rl->set_steps(3);
+        rl->set_prompts_per_step(4);
         rl->mutable_optimizer()->set_lr(1e-2);
         rl->set_epochs(2);
         if (k == "grpo") rl->mutable_kl()->set_coef(0.1);
@@ -2047,6 +2057,7 @@ TEST_CASE("learner.sleep: cache hands memory back after each step and trains bit
   ExperimentConfig e = Tiny(37);
   Stage s;
   s.mutable_grpo()->mutable_rl()->set_steps(3);
+  s.mutable_grpo()->mutable_rl()->set_prompts_per_step(4);
   s.mutable_grpo()->mutable_rl()->mutable_optimizer()->set_lr(1e-2);
   *e.add_stages() = s;
   ExperimentConfig sleepy = e;
@@ -2096,6 +2107,7 @@ TEST_CASE("learner.gradient_checkpointing under learner.tp: 2 (with and without 
         Stage s;
         auto* rl = s.mutable_ppo()->mutable_rl();
         rl->set_steps(3);
+        rl->set_prompts_per_step(4);
         rl->mutable_optimizer()->set_lr(1e-2);
         *e.add_stages() = s;
       } else {
