@@ -9,7 +9,7 @@
 // (code reaches the root through whatever holds it: `cfg()`, `config->`).
 // Adding a field to the schema without code that reads it therefore fails
 // here. A field that is refused rather than honoured points at
-// coordinator/experiment_config.cc, where the refusal is.
+// schema/experiment.cc, where the refusal is.
 #include <fstream>
 #include <map>
 #include <regex>
@@ -81,7 +81,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.EnvironmentConfig.stop_markers", "rollout/episodes.cc"},
     {"rlmesh.EnvironmentConfig.timeout_ms", "rollout/episodes.cc"},
     {"rlmesh.EnvironmentConfig.reward_weight", "rollout/episodes.cc"},
-    {"rlmesh.Stage.name", "coordinator/experiment_config.cc"},
+    {"rlmesh.Stage.name", "schema/experiment.cc"},
     {"rlmesh.Stage.sft", "learner/stage_options.cc"},
     {"rlmesh.SftStage.steps", "coordinator/stages.cc"},
     {"rlmesh.SftStage.batch", "learner/stage_options.cc"},
@@ -129,7 +129,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.RlStage.entropy_coef", "learner/stage_options.cc"},
     {"rlmesh.RlStage.loss_agg", "learner/stage_options.cc"},
     {"rlmesh.RlStage.max_staleness", "coordinator/rl_loop.cc"},
-    {"rlmesh.RlStage.importance_cap", "coordinator/experiment_config.cc"},
+    {"rlmesh.RlStage.importance_cap", "schema/experiment.cc"},
     {"rlmesh.RlStage.epochs", "learner/stage_options.cc"},
     {"rlmesh.RlStage.mini_batches", "learner/stage_options.cc"},
     {"rlmesh.RlStage.drop_zero_variance", "learner/stage_options.cc"},
@@ -168,8 +168,8 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.SamplingParams.top_p", "rollout/requests.cc"},
     {"rlmesh.SamplingParams.max_new_tokens", "coordinator/generation.cc"},
     {"rlmesh.SamplingParams.stop_token_ids", "coordinator/generation.cc"},
-    {"rlmesh.SamplingParams.seed", "coordinator/experiment_config.cc"},
-    {"rlmesh.SamplingParams.greedy", "coordinator/experiment_config.cc"},
+    {"rlmesh.SamplingParams.seed", "schema/experiment.cc"},
+    {"rlmesh.SamplingParams.greedy", "schema/experiment.cc"},
     {"rlmesh.RolloutConfig.max_batch", "coordinator/cmd_run.cc"},
     {"rlmesh.RolloutConfig.on_update", "coordinator/cmd_run.cc"},
     {"rlmesh.RolloutConfig.max_queue", "coordinator/cmd_run.cc"},

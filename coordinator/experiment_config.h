@@ -1,30 +1,16 @@
 #pragma once
 
-// Range checks and defaults of an ExperimentConfig. Errors name the key path
-// (and the YAML line when the key was written in a file).
+// The coordinator's readings of a normalised ExperimentConfig; the
+// normaliser itself is schema/experiment.h.
 
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "common/proto_yaml.h"
 #include "proto/config.pb.h"
+#include "schema/experiment.h"
 
 namespace rlmesh {
 
-// Fills defaults the engine relies on (documented in proto/config.proto)
-// and checks every range. `source` maps key paths to lines; may be empty.
-absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& source);
-
-// "sft", "grpo", "ppo", "dpo", "reward_model".
-std::string StageKind(const Stage& stage);
-// stage.name or its kind.
-std::string StageName(const Stage& stage);
-// The RL settings of a GRPO or PPO stage; null for other kinds.
-const RlStage* RlSettings(const Stage& stage);
-// Whether rollout.sleep asks the workers to sleep while the learner trains
-// ("cache" or "weights"; "" and "off" do not).
-bool RolloutSleeps(const RolloutConfig& rollout);
 // The parameter dtype `coordinator run`'s workers on `device` generate in:
 // rollout.dtype, else "bf16" on a CUDA device and "fp32" on the CPU.
 std::string RolloutDtype(const RolloutConfig& rollout, const std::string& device);

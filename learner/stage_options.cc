@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/proto_yaml.h"
 #include "common/status_macros.h"
-#include "coordinator/experiment_config.h"
+#include "schema/experiment.h"
 
 namespace rlmesh::learner {
 namespace {

@@ -1,8 +1,8 @@
 #pragma once
 
 // Stage options: what one stage of an experiment asks of the learner, read
-// from an ExperimentConfig that NormalizeExperiment (coordinator/
-// experiment_config.h) has checked and defaulted, so the training steps
+// from an ExperimentConfig that NormalizeExperiment (schema/experiment.h)
+// has checked and defaulted, so the training steps
 // switch on an enum and read plain fields instead of strings and protos.
 // The normaliser is the one place that validates the config; these
 // functions only convert it, plus the checks that need the learner's own
