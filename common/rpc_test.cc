@@ -282,7 +282,11 @@ TEST_CASE("shutdown finishes within its grace period") {
   REQUIRE(f.server.Start().ok());
   auto client = RpcClient::Create(f.server.address());
   std::thread slow([&] { (void)ScoreOne(*client, -1, absl::Seconds(10)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Shut down only once the slow handler is running, so the grace period
+  // has something to cut short.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (f.service.slow_started.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  REQUIRE(f.service.slow_started.load() == 1);
   const absl::Time start = absl::Now();
   f.server.Shutdown();
   // The handler sleeps 2 s; Shutdown must not wait for it... beyond the
