@@ -1,5 +1,6 @@
 #include "actor/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "actor/lora.h"
 #include "actor/safetensors.h"
 #include "common/atomic_file.h"
 #include "common/json_file.h"
@@ -159,6 +161,10 @@ absl::Status LoadHfWeights(const std::string& dir, Transformer& model, const Loa
     ++skipped;
   }
   if (skipped > 0) RLMESH_LOG(WARNING) << "checkpoint dir=" << dir << " skipped_tensors=" << skipped;
+  if (HasAdapterFiles(dir)) {
+    RLMESH_RETURN_IF_ERROR(LoadAdapter(dir, model));
+    if (options.merge_adapter) MergeLora(model);
+  }
   return absl::OkStatus();
 }
 
@@ -255,6 +261,30 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> OpenHfModelWriter(
   return SafetensorsWriter::Open(dir + "/" + kSingle, std::move(specs), SafetensorsMetadata());
 }
 
+namespace {
+
+// The adapter files of `model` (its adapters' spec read off the layers), or
+// none: an adapter left from an earlier save would be loaded with weights
+// it was not trained with.
+absl::Status SaveAdapterOrRemoveStale(Transformer& model, const std::string& dir) {
+  LoraSpec spec;
+  spec.targets.clear();
+  for (const auto& [name, linear] : model->AdaptableLinears()) {
+    if (!linear->has_adapter()) continue;
+    spec.rank = linear->lora_A().size(0);
+    spec.alpha = linear->lora_scaling() * static_cast<double>(spec.rank);
+    const std::string leaf = name.substr(name.rfind('.') + 1);
+    if (std::find(spec.targets.begin(), spec.targets.end(), leaf) == spec.targets.end()) spec.targets.push_back(leaf);
+  }
+  if (!spec.targets.empty()) return SaveAdapter(model, spec, dir);
+  std::error_code ec;
+  fs::remove(dir + "/adapter_config.json", ec);
+  fs::remove(dir + "/adapter_model.safetensors", ec);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveOptions& options) {
   RLMESH_RETURN_IF_ERROR(options.Validate());
   const auto named = model->NamedParameters();
@@ -263,7 +293,8 @@ absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveO
     for (const auto& [name, p] : named) shapes.emplace_back(name, p.sizes().vec());
     RLMESH_ASSIGN_OR_RETURN(auto writer, OpenHfModelWriter(model->config(), shapes, dir, options));
     for (const auto& [name, p] : named) RLMESH_RETURN_IF_ERROR(writer->AppendTensor(name, p));
-    return writer->Commit();
+    RLMESH_RETURN_IF_ERROR(writer->Commit());
+    return SaveAdapterOrRemoveStale(model, dir);
   }
   const c10::ScalarType dtype = *ParseDtype(options.dtype);
   RLMESH_RETURN_IF_ERROR(WriteHfModelFiles(model->config(), dtype, dir, options));
@@ -296,7 +327,7 @@ absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveO
   RLMESH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/" + kIndex, index.dump(2) + "\n"));
   std::error_code ec;
   fs::remove(dir + "/" + kSingle, ec);
-  return absl::OkStatus();
+  return SaveAdapterOrRemoveStale(model, dir);
 }
 
 }  // namespace rlmesh::actor

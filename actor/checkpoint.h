@@ -36,6 +36,12 @@ struct LoadOptions {
   // false: they are skipped, e.g. a reward model's score.weight read as a
   // policy).
   bool strict = false;
+  // A folder that also holds a LoRA adapter (adapter_config.json, as
+  // SaveHfModel writes for a model with adapters; actor/lora.h) loads it
+  // onto the model's linear layers; with merge_adapter it is added into the
+  // base weights instead (the same function, no adapter left). Default
+  // false.
+  bool merge_adapter = false;
 
   absl::Status Validate() const;
 };
@@ -58,12 +64,15 @@ struct SaveOptions {
 // Errors name the file and the tensor (missing, shape mismatch, corrupt).
 absl::StatusOr<Transformer> LoadHfModel(const std::string& dir, const LoadOptions& options = {});
 
-// Copies the weights of `dir` into an existing model (shapes must match).
+// Copies the weights of `dir` into an existing model (shapes must match),
+// and its adapter, when it holds one (LoadOptions.merge_adapter).
 absl::Status LoadHfWeights(const std::string& dir, Transformer& model, const LoadOptions& options = {});
 
 // Writes config.json, generation_config.json, the tokenizer files when given
-// and safetensors (each file atomically) into `dir`, creating it. Stale files of the other layout (single vs. sharded) are
-// removed so the folder has one meaning.
+// and safetensors (each file atomically) into `dir`, creating it; a model
+// with LoRA adapters also gets PEFT's adapter files (actor/lora.h), beside
+// its base weights. Stale files of the other layout (single vs. sharded, an
+// adapter of an earlier save) are removed so the folder has one meaning.
 absl::Status SaveHfModel(Transformer& model, const std::string& dir, const SaveOptions& options = {});
 
 // SaveHfModel for weights that arrive one part at a time (a model gathered

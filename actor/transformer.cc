@@ -51,17 +51,46 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
+LoraFactorImpl::LoraFactorImpl(torch::Tensor w) { weight = register_parameter("weight", std::move(w)); }
+
+torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = torch::nn::LinearImpl::forward(x);
+  if (lora_a_.is_empty() || !enabled_) return y;
+  torch::Tensor in = x;
+  if (dropout_ > 0 && is_training()) in = torch::dropout(in, dropout_, /*train=*/true);
+  return y + torch::linear(torch::linear(in, lora_a_->weight), lora_b_->weight) * scaling_;
+}
+
+void LoraLinearImpl::SetAdapter(torch::Tensor a, torch::Tensor b, double scaling, double dropout) {
+  DropAdapter();
+  lora_a_ = register_module("lora_A", LoraFactor(std::move(a)));
+  lora_b_ = register_module("lora_B", LoraFactor(std::move(b)));
+  scaling_ = scaling;
+  dropout_ = dropout;
+}
+
+void LoraLinearImpl::DropAdapter() {
+  if (lora_a_.is_empty()) return;
+  unregister_module("lora_A");
+  unregister_module("lora_B");
+  lora_a_ = nullptr;
+  lora_b_ = nullptr;
+}
+
+torch::Tensor LoraLinearImpl::lora_A() const { return lora_a_ ? lora_a_->weight : torch::Tensor(); }
+torch::Tensor LoraLinearImpl::lora_B() const { return lora_b_ ? lora_b_->weight : torch::Tensor(); }
+
 AttentionImpl::AttentionImpl(const ModelConfig& c)
     : heads_(c.num_heads), kv_heads_(c.num_kv_heads), head_dim_(c.HeadDim()) {
   bool bias = c.HasQkvBias();
-  q_proj = register_module(
-      "q_proj", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, heads_ * head_dim_).bias(bias)));
-  k_proj = register_module(
-      "k_proj", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(bias)));
-  v_proj = register_module(
-      "v_proj", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(bias)));
+  q_proj =
+      register_module("q_proj", LoraLinear(torch::nn::LinearOptions(c.hidden_size, heads_ * head_dim_).bias(bias)));
+  k_proj = register_module("k_proj",
+                           LoraLinear(torch::nn::LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(bias)));
+  v_proj = register_module("v_proj",
+                           LoraLinear(torch::nn::LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(bias)));
   o_proj = register_module(
-      "o_proj", torch::nn::Linear(torch::nn::LinearOptions(heads_ * head_dim_, c.hidden_size).bias(c.HasOBias())));
+      "o_proj", LoraLinear(torch::nn::LinearOptions(heads_ * head_dim_, c.hidden_size).bias(c.HasOBias())));
   if (c.HasQkNorm()) {
     q_norm = register_module("q_norm", RmsNorm(head_dim_, c.rms_norm_eps));
     k_norm = register_module("k_norm", RmsNorm(head_dim_, c.rms_norm_eps));
@@ -124,7 +153,7 @@ torch::Tensor AttentionImpl::Decode(const torch::Tensor& x, const torch::Tensor&
 
 MlpImpl::MlpImpl(const ModelConfig& c, int64_t width) {
   if (width <= 0) width = c.intermediate_size;
-  auto lin = [](int64_t i, int64_t o) { return torch::nn::Linear(torch::nn::LinearOptions(i, o).bias(false)); };
+  auto lin = [](int64_t i, int64_t o) { return LoraLinear(torch::nn::LinearOptions(i, o).bias(false)); };
   gate_proj = register_module("gate_proj", lin(c.hidden_size, width));
   up_proj = register_module("up_proj", lin(c.hidden_size, width));
   down_proj = register_module("down_proj", lin(width, c.hidden_size));
@@ -464,10 +493,51 @@ torch::Tensor TransformerImpl::DecodeStep(const torch::Tensor& ids, const torch:
   return model->norm(h).squeeze(1);
 }
 
+namespace {
+bool IsAdapterName(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+}  // namespace
+
 std::vector<std::pair<std::string, torch::Tensor>> TransformerImpl::NamedParameters() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
+  for (const auto& p : named_parameters(/*recurse=*/true)) {
+    if (!IsAdapterName(p.key())) out.emplace_back(p.key(), p.value());
+  }
   return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> TransformerImpl::AdapterParameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [name, linear] : AdaptableLinears()) {
+    if (!linear->has_adapter()) continue;
+    out.emplace_back(name + ".lora_A.weight", linear->lora_A());
+    out.emplace_back(name + ".lora_B.weight", linear->lora_B());
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, LoraLinear>> TransformerImpl::AdaptableLinears() const {
+  std::vector<std::pair<std::string, LoraLinear>> out;
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i);
+    auto* layer = model->layers->ptr(i)->as<DecoderLayerImpl>();
+    const AttentionImpl& a = *layer->self_attn;
+    out.emplace_back(prefix + ".self_attn.q_proj", a.q_proj);
+    out.emplace_back(prefix + ".self_attn.k_proj", a.k_proj);
+    out.emplace_back(prefix + ".self_attn.v_proj", a.v_proj);
+    out.emplace_back(prefix + ".self_attn.o_proj", a.o_proj);
+    if (layer->mlp) {
+      out.emplace_back(prefix + ".mlp.gate_proj", layer->mlp->gate_proj);
+      out.emplace_back(prefix + ".mlp.up_proj", layer->mlp->up_proj);
+      out.emplace_back(prefix + ".mlp.down_proj", layer->mlp->down_proj);
+    }
+  }
+  return out;
+}
+
+void TransformerImpl::SetAdaptersEnabled(bool on) {
+  for (auto& [name, linear] : AdaptableLinears()) linear->set_adapter_enabled(on);
 }
 
 }  // namespace rlmesh::actor

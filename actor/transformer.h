@@ -38,6 +38,45 @@ class RmsNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RmsNorm);
 
+// One factor of a LoRA adapter: a bare weight, so that its parameter is
+// named "<linear>.lora_A.weight" / "<linear>.lora_B.weight" as PEFT names it.
+class LoraFactorImpl : public torch::nn::Module {
+ public:
+  explicit LoraFactorImpl(torch::Tensor w);
+  torch::Tensor weight;
+};
+TORCH_MODULE(LoraFactor);
+
+// torch::nn::Linear (same parameters, same initialisation, so that a model
+// seeded alike gets the same weights) that can carry a LoRA adapter:
+//   y = x W^T + b + scaling * B(A(dropout(x)))
+// with A [rank, in] and B [out, rank], as PEFT's LoRA layer computes it.
+// Without an adapter, or with it disabled, it is the plain linear layer.
+class LoraLinearImpl : public torch::nn::LinearImpl {
+ public:
+  explicit LoraLinearImpl(const torch::nn::LinearOptions& options) : torch::nn::LinearImpl(options) {}
+  torch::Tensor forward(const torch::Tensor& x);
+  // Replaces any adapter by A = `a`, B = `b` (registered as parameters;
+  // they take their own requires_grad). `dropout` applies in training mode
+  // only (is_training()). REQUIRES: a [r, in], b [out, r].
+  void SetAdapter(torch::Tensor a, torch::Tensor b, double scaling, double dropout);
+  void DropAdapter();
+  bool has_adapter() const { return !lora_a_.is_empty(); }
+  // Undefined without an adapter.
+  torch::Tensor lora_A() const;
+  torch::Tensor lora_B() const;
+  double lora_scaling() const { return scaling_; }
+  // A disabled adapter is skipped by forward (the base layer alone).
+  void set_adapter_enabled(bool on) { enabled_ = on; }
+
+ private:
+  LoraFactor lora_a_{nullptr}, lora_b_{nullptr};
+  double scaling_ = 1.0;
+  double dropout_ = 0.0;
+  bool enabled_ = true;
+};
+TORCH_MODULE(LoraLinear);
+
 // Key/value cache of a batch of sequences during generation: one entry per
 // layer, each [rows, num_kv_heads, capacity, head_dim], keys after RoPE.
 // Row r holds positions [0, length(r)); the caller tracks lengths.
@@ -71,7 +110,7 @@ class AttentionImpl : public torch::nn::Module {
                        torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& lens,
                        const torch::Tensor& key_mask, int64_t used);
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LoraLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   // Qwen3's per-head RMSNorm on q and k (null elsewhere).
   RmsNorm q_norm{nullptr}, k_norm{nullptr};
 
@@ -89,7 +128,7 @@ class MlpImpl : public torch::nn::Module {
   // SwiGLU of width `width` (0 = c.intermediate_size).
   explicit MlpImpl(const ModelConfig& c, int64_t width = 0);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LoraLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -243,8 +282,19 @@ class TransformerImpl : public torch::nn::Module {
                            KvCache* cache);
 
   // Parameters under their Hugging Face names (tied lm_head is absent, as in
-  // the files transformers writes).
+  // the files transformers writes). LoRA adapters are not among them: they
+  // are AdapterParameters().
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const;
+  // The LoRA adapters' parameters, "<linear>.lora_A.weight" then
+  // "<linear>.lora_B.weight" for each linear layer that carries one, in
+  // module order (PEFT's names without its "base_model.model." prefix).
+  std::vector<std::pair<std::string, torch::Tensor>> AdapterParameters() const;
+  // The linear layers that can carry an adapter (attention and dense MLP
+  // projections; the routed experts and heads cannot), under their Hugging
+  // Face module names ("model.layers.0.self_attn.q_proj").
+  std::vector<std::pair<std::string, LoraLinear>> AdaptableLinears() const;
+  // Turns every adapter's contribution off (the base model) or on.
+  void SetAdaptersEnabled(bool on);
 
   const ModelConfig& config() const { return config_; }
 

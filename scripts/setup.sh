@@ -58,6 +58,8 @@ command -v "$PY" >/dev/null || { echo "rlmesh setup: no $PY on PATH" >&2; exit 1
 PY_PACKAGES=(
   "torch==2.11.0"
   "transformers==5.24.0"
+  # LoRA tests: peft opens the adapters rlmesh saves (actor/lora_peft_test.py).
+  "peft==0.21.2"
   "tokenizers==0.23.3"
   "safetensors==0.8.0"
   "grpcio==1.85.3"
