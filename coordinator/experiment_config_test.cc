@@ -53,6 +53,49 @@ TEST_CASE("out-of-range values name the key path and line") {
   CHECK(s.message().find("name: required") != absl::string_view::npos);
 }
 
+TEST_CASE("model.lora: defaults, and every layout and stage it does not run with refused by name") {
+  const std::string sft = "  - sft: {steps: 1, batch: 1, optimizer: {lr: 0.001}}\n";
+  const std::string grpo = "  - grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}}}\n";
+  {
+    ExperimentConfig cfg;
+    REQUIRE(Normalize("name: x\nmodel: {lora: {rank: 16}}\nstages:\n" + sft + grpo, &cfg).ok());
+    CHECK(cfg.model().lora().alpha() == Approx(16));
+    CHECK(cfg.model().lora().targets_size() == 7);
+    CHECK(cfg.model().lora().init() == "default");
+    CHECK(LoraTrains(cfg, cfg.stages(0)));
+    CHECK(LoraTrains(cfg, cfg.stages(1)));
+  }
+  {
+    ExperimentConfig cfg;
+    REQUIRE(Normalize("name: x\nmodel: {lora: {rank: 8, stages: [grpo], targets: [q_proj, v_proj]}}\nstages:\n" +
+                          sft + grpo,
+                      &cfg)
+                .ok());
+    CHECK_FALSE(LoraTrains(cfg, cfg.stages(0)));
+    CHECK(LoraTrains(cfg, cfg.stages(1)));
+    CHECK(cfg.model().lora().targets_size() == 2);
+  }
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"model: {lora: {alpha: 16}}\n", "model.lora.rank: required"},
+      {"model: {lora: {rank: 2000}}\n", "model.lora.rank: must be in [1, 1024]"},
+      {"model: {lora: {rank: 8, targets: [qkv]}}\n", "model.lora.targets[0]: must be one of"},
+      {"model: {lora: {rank: 8, targets: [q_proj, q_proj]}}\n", "model.lora.targets[1]: named twice"},
+      {"model: {lora: {rank: 8, init: pissa}}\n", "model.lora.init: must be default or gaussian"},
+      {"model: {lora: {rank: 8, stages: [reward_model]}}\n", "model.lora.stages[0]: must be sft, dpo, grpo or ppo"},
+      {"model: {lora: {rank: 8, stages: [dpo]}}\n", "model.lora.stages: names no stage"},
+      {"model: {lora: {rank: 8, dropout: 0.1}}\n", "model.lora.dropout: must be 0 for RL stages (stages[1])"},
+      {"model: {lora: {rank: 8}}\nlearner: {shards: 2, tp: 2}\n", "learner.tp: > 1 with model.lora is not built"},
+      {"model: {lora: {rank: 8}}\nlearner: {shards: 2, zero: 3}\n", "learner.zero: 3 with model.lora"},
+      {"model: {lora: {rank: 8}}\nrollout: {sleep: weights}\n", "rollout.sleep: weights with model.lora"},
+  };
+  for (const auto& [yaml, want] : refused) {
+    ExperimentConfig cfg;
+    INFO(yaml);
+    absl::Status s = Normalize("name: x\n" + yaml + "stages:\n" + sft + grpo, &cfg);
+    CHECK(s.message().find(want) != absl::string_view::npos);
+  }
+}
+
 TEST_CASE("model.device takes cpu, cuda and cuda:<index>; anything else is refused by key and line") {
   const std::string stages = "stages: [{sft: {steps: 1, batch: 1, optimizer: {lr: 0.001}}}]\n";
   for (const char* ok : {"cpu", "cuda", "cuda:0", "cuda:7"}) {

@@ -2,6 +2,8 @@
 
 #include <cctype>
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/device_spec.h"
@@ -435,6 +437,68 @@ void CheckRunSettings(Checker& c, ExperimentConfig* config) {
   if (config->run_dir().empty()) config->set_run_dir("runs");
 }
 
+// model.lora: the adapters' shape, and the layouts and stages they run with.
+void CheckLora(Checker& c, ExperimentConfig* config) {
+  LoraConfig* lora = config->mutable_model()->mutable_lora();
+  if (lora->rank() == 0) {
+    c.Require(lora->alpha() == 0 && lora->dropout() == 0 && lora->targets_size() == 0 && lora->init().empty() &&
+                  lora->stages_size() == 0 && lora->path().empty(),
+              "model.lora.rank", "required (> 0) when any other model.lora field is set");
+    return;
+  }
+  c.Require(lora->rank() > 0 && lora->rank() <= 1024, "model.lora.rank", "must be in [1, 1024] (0 = off)");
+  if (lora->alpha() == 0) lora->set_alpha(static_cast<float>(lora->rank()));
+  c.Require(lora->alpha() > 0 && std::isfinite(lora->alpha()), "model.lora.alpha", "must be > 0 (0 = rank)");
+  c.Require(lora->dropout() >= 0 && lora->dropout() < 1, "model.lora.dropout", "must be in [0, 1)");
+  if (lora->init().empty()) lora->set_init("default");
+  c.Require(lora->init() == "default" || lora->init() == "gaussian", "model.lora.init", "must be default or gaussian");
+  if (lora->targets_size() == 0) {
+    for (const char* t : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}) {
+      lora->add_targets(t);
+    }
+  }
+  std::set<std::string> seen;
+  for (int i = 0; i < lora->targets_size(); ++i) {
+    const std::string& t = lora->targets(i);
+    const std::string p = absl::StrCat("model.lora.targets[", i, "]");
+    c.Require(t == "q_proj" || t == "k_proj" || t == "v_proj" || t == "o_proj" || t == "gate_proj" ||
+                  t == "up_proj" || t == "down_proj",
+              p, "must be one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+    c.Require(seen.insert(t).second, p, "named twice");
+  }
+  seen.clear();
+  for (int i = 0; i < lora->stages_size(); ++i) {
+    const std::string& k = lora->stages(i);
+    const std::string p = absl::StrCat("model.lora.stages[", i, "]");
+    c.Require(k == "sft" || k == "dpo" || k == "grpo" || k == "ppo", p,
+              "must be sft, dpo, grpo or ppo (a reward model trains its whole network)");
+    c.Require(seen.insert(k).second, p, "named twice");
+  }
+  const LearnerConfig& l = config->learner();
+  const char* why = " with model.lora is not built (LoRA runs with plain data parallelism and learner.zero: 1)";
+  c.Require(l.tp() == 1, "learner.tp", absl::StrCat("> 1", why));
+  c.Require(l.ep() == 1, "learner.ep", absl::StrCat("> 1", why));
+  c.Require(l.zero() != 3, "learner.zero", absl::StrCat("3", why));
+  c.Require(config->rollout().tp() <= 1, "rollout.tp",
+            "> 1 with model.lora is not built (the workers' tensor-parallel model carries no adapters)");
+  c.Require(config->rollout().sleep() != "weights", "rollout.sleep",
+            "weights with model.lora is not built (a sync carries only the adapters, so the base must stay)");
+  bool trains = false;
+  for (int i = 0; i < config->stages_size(); ++i) {
+    const Stage& st = config->stages(i);
+    if (!LoraTrains(*config, st)) continue;
+    trains = true;
+    const std::string p = absl::StrCat("stages[", i, "]");
+    c.Require(!st.has_reward_model(), p,
+              "a reward_model stage trains its whole network: list the stages that train adapters in "
+              "model.lora.stages");
+    c.Require(lora->dropout() == 0 || RlSettings(st) == nullptr, "model.lora.dropout",
+              absl::StrCat("must be 0 for RL stages (", p,
+                           "): the importance ratio compares passes that dropout would make differ"));
+  }
+  c.Require(trains, "model.lora.stages", "names no stage of this experiment");
+}
+
 // stages: each stage's kind and its settings.
 void CheckStages(Checker& c, ExperimentConfig* config) {
   const ModelConfig* m = &config->model();
@@ -558,6 +622,17 @@ const RlStage* RlSettings(const Stage& stage) {
   return nullptr;
 }
 
+bool LoraTrains(const ExperimentConfig& experiment, const Stage& stage) {
+  const LoraConfig& lora = experiment.model().lora();
+  if (lora.rank() <= 0) return false;
+  if (lora.stages_size() == 0) return true;
+  const std::string kind = StageKind(stage);
+  for (const std::string& k : lora.stages()) {
+    if (k == kind) return true;
+  }
+  return false;
+}
+
 bool RolloutSleeps(const RolloutConfig& rollout) {
   return rollout.sleep() == "cache" || rollout.sleep() == "weights";
 }
@@ -575,6 +650,7 @@ absl::Status NormalizeExperiment(ExperimentConfig* config, const YamlSource& sou
   CheckLearner(c, config);
   CheckRunSettings(c, config);
   CheckStages(c, config);
+  CheckLora(c, config);
   return c.status();
 }
 

@@ -31,4 +31,8 @@ const RlStage* RlSettings(const Stage& stage);
 // ("cache" or "weights"; "" and "off" do not).
 bool RolloutSleeps(const RolloutConfig& rollout);
 
+// True when `stage` trains LoRA adapters (model.lora.rank > 0 and the stage's
+// kind is in model.lora.stages, or that list is empty).
+bool LoraTrains(const ExperimentConfig& experiment, const Stage& stage);
+
 }  // namespace rlmesh
