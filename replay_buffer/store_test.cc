@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -12,7 +13,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "nlohmann/json.hpp"
@@ -331,6 +335,8 @@ TEST_CASE("FIFO leases expire after ack_timeout and are redelivered") {
   auto a = store->SampleGroups(Fifo("e", "L", 1, true), Soon());
   REQUIRE(a.ok());
   CHECK(GroupIds(*a) == std::vector<std::string>{"g0"});
+  // Waits out the 200 ms lease: the condition is elapsed time itself (the
+  // lease's deadline was set before SampleGroups returned).
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto b = store->SampleGroups(Fifo("e", "L", 2, true), Soon());
   REQUIRE(b.ok());
@@ -407,29 +413,47 @@ TEST_CASE("prioritized sampling favours high reward variance") {
         absl::StatusCode::kDeadlineExceeded);
 }
 
+// A `cancelled` callback that never cancels and notifies `waiting` the first
+// time SampleGroups polls it, which it does only once it has found too few
+// groups and is waiting for a commit.
+std::function<bool()> NotifyWhenWaiting(absl::Notification* waiting) {
+  return [waiting] {
+    if (!waiting->HasBeenNotified()) waiting->Notify();
+    return false;
+  };
+}
+
 TEST_CASE("a waiting sample returns as soon as enough groups arrive") {
   testing::TempDir dir;
   auto store = OpenStore(dir.path());
+  absl::Notification sampling;
+  absl::Status put_g0 = absl::UnknownError("not run"), put_g1 = absl::UnknownError("not run");
   std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    REQUIRE(store->PutGroups(Req({MakeGroup("late", 0, "g0", {0, 1})})).ok());
-    REQUIRE(store->PutGroups(Req({MakeGroup("late", 0, "g1", {0, 1})})).ok());
+    if (!sampling.WaitForNotificationWithTimeout(absl::Seconds(10))) return;
+    put_g0 = store->PutGroups(Req({MakeGroup("late", 0, "g0", {0, 1})})).status();
+    put_g1 = store->PutGroups(Req({MakeGroup("late", 0, "g1", {0, 1})})).status();
   });
   const absl::Time start = absl::Now();
-  auto r = store->SampleGroups(Fifo("late", "L", 2), absl::Now() + absl::Seconds(10));
+  auto r = store->SampleGroups(Fifo("late", "L", 2), absl::Now() + absl::Seconds(10), NotifyWhenWaiting(&sampling));
   writer.join();
+  CHECK(sampling.HasBeenNotified());
+  CHECK(put_g0.ok());
+  CHECK(put_g1.ok());
   REQUIRE(r.ok());
   CHECK(GroupIds(*r) == std::vector<std::string>{"g0", "g1"});
   CHECK(absl::Now() - start < absl::Seconds(5));
 
   // Shutdown wakes a waiter promptly.
+  absl::Notification waiting;
   std::thread stopper([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    store->Shutdown();
+    // Without the notification (a failed wait) the sample times out and the
+    // status check below fails.
+    if (waiting.WaitForNotificationWithTimeout(absl::Seconds(10))) store->Shutdown();
   });
   const absl::Time t0 = absl::Now();
-  auto w = store->SampleGroups(Fifo("late", "L", 5), absl::Now() + absl::Seconds(10));
+  auto w = store->SampleGroups(Fifo("late", "L", 5), absl::Now() + absl::Seconds(10), NotifyWhenWaiting(&waiting));
   stopper.join();
+  CHECK(waiting.HasBeenNotified());
   CHECK(w.status().code() == absl::StatusCode::kUnavailable);
   CHECK(absl::Now() - t0 < absl::Seconds(2));
 }

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -13,7 +12,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "bench/process_memory.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
@@ -220,12 +221,17 @@ TEST_CASE("SHM receiver waits for a version published after it asked") {
   REQUIRE(recv.ok());
   auto tensors = MakeTensors(5);
   absl::StatusOr<NamedTensors> got;
+  absl::Notification asking;
   std::thread t([&] {
     WeightLayout want;
     want.set_version(1);
+    asking.Notify();
     got = (*recv)->Receive(want);
   });
-  absl::SleepFor(absl::Milliseconds(50));
+  // The receiver asks right after `asking`, so Publish almost always finds
+  // it polling for version 1's manifest. (Published first, the version is
+  // read at once: neither order can fail the test.)
+  REQUIRE(asking.WaitForNotificationWithTimeout(absl::Seconds(10)));
   REQUIRE((*pub)->Publish(tensors, 1).ok());
   t.join();
   REQUIRE(got.ok());
@@ -375,12 +381,12 @@ TEST_CASE("GLOO goes bucket by bucket through two buffers: 48 MiB cross with a f
   // rounds unpack straight into them.
   NamedTensors buffers;
   absl::Status received[2];
-  std::atomic<bool> round_one_done{false};
+  absl::Notification round_one_done;
   std::thread receiver([&] {
     auto recv = CreateWeightReceiver(WithRank(spec, 1));
     if (!recv.ok()) {
       received[0] = recv.status();
-      round_one_done = true;
+      round_one_done.Notify();
       return;
     }
     WeightLayout want;
@@ -388,7 +394,7 @@ TEST_CASE("GLOO goes bucket by bucket through two buffers: 48 MiB cross with a f
     auto got = (*recv)->Receive(want);
     received[0] = got.status();
     if (got.ok()) buffers = *std::move(got);
-    round_one_done = true;
+    round_one_done.Notify();
     if (!got.ok()) return;
     want.set_version(2);
     received[1] = (*recv)->ReceiveInto(want, buffers);
@@ -400,9 +406,10 @@ TEST_CASE("GLOO goes bucket by bucket through two buffers: 48 MiB cross with a f
   CHECK(l1->bucket_bytes_size() == 48);
   // Round two, both sides in this process: the peak resident set may grow
   // by the two sides' buffers (2 + 2 MiB) and Gloo's own, not by a copy of
-  // the policy (the old path held 48 MiB of buckets on each side).
-  while (!round_one_done) absl::SleepFor(absl::Milliseconds(1));
-  absl::SleepFor(absl::Milliseconds(50));  // the receiver is in round two
+  // the policy (48 MiB of buckets on each side). The peak is reset once the
+  // receiver holds round one's tensors, so that round one's allocations are
+  // not counted and everything round two allocates is, on either side.
+  REQUIRE(round_one_done.WaitForNotificationWithTimeout(absl::Seconds(60)));
   REQUIRE(bench::ResetPeakRss());
   const double before = bench::RssBytes();
   auto l2 = (*pub)->Publish(v2, 2);
