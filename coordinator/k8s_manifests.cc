@@ -13,6 +13,7 @@
 #include "coordinator/role_command.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "yaml-cpp/yaml.h"
 
 namespace rlmesh {
 namespace {
@@ -20,79 +21,90 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 // ---- YAML out of a JSON tree ---------------------------------------------
-// Block style, keys in insertion order, every string double-quoted (JSON's
-// escapes are YAML's), so "7401" or "true" never turn into a number or a
-// bool; multi-line strings become literal blocks.
+// The objects are built as JSON trees (keys in insertion order) and written
+// by yaml-cpp's emitter in block style. Every string is double-quoted, so
+// "7401", "true" or "null" never read back as a number, a bool or a null.
 
+// A key written plain: an identifier no YAML 1.1 reader takes for a bool
+// or a null. Other keys are double-quoted.
 bool PlainKey(const std::string& k) {
   static const std::regex plain("[A-Za-z_][A-Za-z0-9_./-]*");
-  return std::regex_match(k, plain);
+  static const std::regex reserved("y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|"
+                                   "OFF|null|Null|NULL");
+  return std::regex_match(k, plain) && !std::regex_match(k, reserved);
 }
 
-std::string Key(const std::string& k) { return PlainKey(k) ? k : Json(k).dump(); }
-
+// Whether `s` can be a literal block and read back byte for byte. yaml-cpp
+// writes "|" (clip chomping: exactly one final newline kept), so `s` must
+// end in exactly one newline; no tabs, carriage returns or other control
+// characters, no leading space (it would be read as indentation), no
+// trailing spaces on a line.
 bool LiteralBlock(const std::string& s) {
-  if (s.find('\n') == std::string::npos || s.find('\r') != std::string::npos || s.find('\t') != std::string::npos) {
+  if (s.size() < 2 || s.back() != '\n' || s[s.size() - 2] == '\n' || s.front() == ' ' || s.front() == '\n') {
     return false;
   }
-  if (s.front() == ' ' || s.front() == '\n') return false;
-  for (absl::string_view line : absl::StrSplit(s, '\n')) {
-    if (!line.empty() && line.back() == ' ') return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(s[i]);
+    if ((ch < 0x20 && ch != '\n') || ch == 0x7f) return false;
+    if (ch == '\n' && i > 0 && s[i - 1] == ' ') return false;
   }
   return true;
 }
 
-void EmitNode(const Json& v, int indent, std::string* out);
-
-// A value after "key:" or "- ": inline when scalar or empty, else on the
-// next lines at `indent`.
-void EmitValue(const Json& v, int indent, std::string* out) {
-  if (v.is_object() && !v.empty()) {
-    *out += "\n";
-    EmitNode(v, indent, out);
-  } else if (v.is_array() && !v.empty()) {
-    *out += "\n";
-    EmitNode(v, indent, out);
-  } else if (v.is_object()) {
-    *out += " {}\n";
-  } else if (v.is_array()) {
-    *out += " []\n";
-  } else if (v.is_string() && LiteralBlock(v.get<std::string>())) {
-    *out += " |-\n";
-    for (absl::string_view line : absl::StrSplit(v.get<std::string>(), '\n')) {
-      absl::StrAppend(out, line.empty() ? "" : std::string(indent, ' '), line, "\n");
+void Emit(const Json& v, YAML::Emitter* out) {
+  switch (v.type()) {
+    case Json::value_t::object:
+      if (v.empty()) {
+        *out << YAML::Flow << YAML::BeginMap << YAML::EndMap;
+        return;
+      }
+      *out << YAML::BeginMap;
+      for (const auto& [k, child] : v.items()) {
+        *out << YAML::Key;
+        if (!PlainKey(k)) *out << YAML::DoubleQuoted;
+        *out << k << YAML::Value;
+        Emit(child, out);
+      }
+      *out << YAML::EndMap;
+      return;
+    case Json::value_t::array:
+      if (v.empty()) {
+        *out << YAML::Flow << YAML::BeginSeq << YAML::EndSeq;
+        return;
+      }
+      *out << YAML::BeginSeq;
+      for (const Json& item : v) Emit(item, out);
+      *out << YAML::EndSeq;
+      return;
+    case Json::value_t::string: {
+      const std::string& s = v.get_ref<const std::string&>();
+      *out << (LiteralBlock(s) ? YAML::Literal : YAML::DoubleQuoted) << s;
+      return;
     }
-  } else {
-    absl::StrAppend(out, " ", v.dump(), "\n");
+    case Json::value_t::boolean:
+      *out << v.get<bool>();
+      return;
+    case Json::value_t::number_integer:
+      *out << v.get<int64_t>();
+      return;
+    case Json::value_t::number_unsigned:
+      *out << v.get<uint64_t>();
+      return;
+    case Json::value_t::number_float:
+      *out << v.get<double>();
+      return;
+    default:  // null (the trees hold no binary or discarded values)
+      *out << YAML::Null;
+      return;
   }
 }
 
-void EmitNode(const Json& v, int indent, std::string* out) {
-  const std::string pad(indent, ' ');
-  if (v.is_object()) {
-    for (const auto& [k, child] : v.items()) {
-      absl::StrAppend(out, pad, Key(k), ":");
-      EmitValue(child, indent + 2, out);
-    }
-    return;
-  }
-  for (const auto& item : v) {
-    if ((item.is_object() || item.is_array()) && !item.empty()) {
-      // The first line of the nested block goes on the dash's line.
-      std::string nested;
-      EmitNode(item, indent + 2, &nested);
-      absl::StrAppend(out, pad, "- ", nested.substr(indent + 2));
-    } else {
-      absl::StrAppend(out, pad, "-");
-      EmitValue(item, indent + 2, out);
-    }
-  }
-}
-
-std::string ToYaml(const Json& v) {
-  std::string out;
-  EmitNode(v, 0, &out);
-  return out;
+// One YAML document (no "---"), ending in a newline.
+absl::StatusOr<std::string> ToYaml(const Json& v) {
+  YAML::Emitter out;
+  Emit(v, &out);
+  if (!out.good()) return absl::InternalError(absl::StrCat("cannot write a manifest as YAML: ", out.GetLastError()));
+  return absl::StrCat(out.c_str(), "\n");
 }
 
 // ---- the cluster with its defaults ---------------------------------------
@@ -536,10 +548,16 @@ absl::StatusOr<std::vector<K8sManifest>> RenderKubernetes(const ClusterConfig& c
   const KubernetesConfig& k = c.kubernetes();
   const ClusterConfig pod = PodClusterConfig(c);
   std::vector<K8sManifest> out;
+  absl::Status written;  // the first object that could not be written, if any
   auto add = [&](const Json& object) {
     const std::string kind = object["kind"].get<std::string>();
     const std::string name = object["metadata"]["name"].get<std::string>();
-    out.push_back({kind, name, FileName(static_cast<int>(out.size()), name, kind), ToYaml(object)});
+    absl::StatusOr<std::string> yaml = ToYaml(object);
+    if (!yaml.ok()) {
+      written.Update(yaml.status());
+      return;
+    }
+    out.push_back({kind, name, FileName(static_cast<int>(out.size()), name, kind), *std::move(yaml)});
   };
 
   if (k.create_namespace()) {
@@ -649,6 +667,7 @@ absl::StatusOr<std::vector<K8sManifest>> RenderKubernetes(const ClusterConfig& c
            {"selector", {{"matchLabels", Selector(c, s.component)}}},
            {"template", {{"metadata", {{"labels", Labels(c, s.component)}}}, {"spec", PodSpec(c, container)}}}}}});
   }
+  RLMESH_RETURN_IF_ERROR(written);
   return out;
 }
 

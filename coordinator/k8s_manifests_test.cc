@@ -294,6 +294,64 @@ TEST_CASE("rollout workers pick reward server ordinal mod count; existing claims
                                                            "rollout-1", "rollout-2", "learner-0"});
 }
 
+// yaml-cpp tags a quoted scalar "!" (a string whatever it reads like) and a
+// plain one "?" (resolved by its form: 8 is an int, true a bool).
+bool QuotedString(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "!"; }
+bool PlainScalar(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "?"; }
+
+TEST_CASE("strings that read like numbers, bools or nulls stay strings; numbers and bools stay plain") {
+  ClusterConfig c = Minimal();
+  c.set_name("1234");
+  c.mutable_kubernetes()->set_namespace_("true");
+  c.mutable_kubernetes()->set_network_interface("null");
+  c.mutable_kubernetes()->set_service_account("yes");
+  c.mutable_kubernetes()->mutable_learner_resources()->set_cpu("8");
+  c.mutable_kubernetes()->mutable_learner_resources()->set_gpus(2);
+  const auto docs = Render(c);
+  for (const auto& [key, d] : docs) {
+    INFO(key);
+    CHECK(QuotedString(d["apiVersion"]));
+    CHECK(QuotedString(d["metadata"]["name"]));
+    if (d["kind"].as<std::string>() == "Namespace") continue;
+    CHECK(QuotedString(d["metadata"]["namespace"]));
+    CHECK(d["metadata"]["namespace"].as<std::string>() == "true");
+    CHECK(QuotedString(d["metadata"]["labels"]["app.kubernetes.io/instance"]));
+    CHECK(d["metadata"]["labels"]["app.kubernetes.io/instance"].as<std::string>() == "1234");
+  }
+  const YAML::Node sts = docs.at("StatefulSet/learner");
+  CHECK(PlainScalar(sts["spec"]["replicas"]));
+  CHECK(sts["spec"]["replicas"].as<int>() == 1);
+  const YAML::Node pod = sts["spec"]["template"]["spec"];
+  CHECK(QuotedString(pod["serviceAccountName"]));
+  CHECK(pod["serviceAccountName"].as<std::string>() == "yes");
+  const YAML::Node container = pod["containers"][0];
+  std::map<std::string, YAML::Node> env;
+  for (const auto& e : container["env"]) {
+    if (e["value"]) env.emplace(e["name"].as<std::string>(), e["value"]);
+  }
+  REQUIRE(env.count("GOMP_SPINCOUNT") == 1);
+  CHECK(QuotedString(env["GOMP_SPINCOUNT"]));
+  CHECK(env["GOMP_SPINCOUNT"].as<std::string>() == "1000");
+  REQUIRE(env.count("GLOO_SOCKET_IFNAME") == 1);
+  CHECK(QuotedString(env["GLOO_SOCKET_IFNAME"]));
+  CHECK(env["GLOO_SOCKET_IFNAME"].as<std::string>() == "null");
+  CHECK(QuotedString(container["resources"]["requests"]["cpu"]));
+  CHECK(container["resources"]["requests"]["cpu"].as<std::string>() == "8");
+  CHECK(PlainScalar(container["resources"]["limits"]["nvidia.com/gpu"]));
+  CHECK(container["resources"]["limits"]["nvidia.com/gpu"].as<int>() == 2);
+  CHECK(PlainScalar(container["ports"][0]["containerPort"]));
+  CHECK(container["ports"][0]["containerPort"].as<int>() == 7405);
+  const YAML::Node headless = docs.at("Service/learner");
+  CHECK(PlainScalar(headless["spec"]["publishNotReadyAddresses"]));
+  CHECK(headless["spec"]["publishNotReadyAddresses"].as<bool>());
+  // The ConfigMap's text reads back byte for byte, its trailing characters
+  // included.
+  const YAML::Node text = docs.at("ConfigMap/rlmesh-cluster")["data"]["cluster.yaml"];
+  CHECK(QuotedString(text));
+  CHECK(absl::StartsWith(text.as<std::string>(), "# The cluster as the coordinator's pod reads it (JSON is YAML).\n{"));
+  CHECK(absl::EndsWith(text.as<std::string>(), "\n}"));
+}
+
 TEST_CASE("configs that cannot be rendered are refused naming the field") {
   struct Case {
     std::string field;
