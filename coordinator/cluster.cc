@@ -162,7 +162,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Launch(ClusterOptions options)
   absl::Status started = absl::OkStatus();
   {
     absl::MutexLock lock(&cluster->mu_);
-    auto add = [&](Role role, const std::string& name, std::vector<std::string> extra) {
+    auto add = [&](Role role, const std::string& name, std::vector<std::string> extra)
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(cluster->mu_) {
       auto m = std::make_unique<Member>();
       m->name = name;
       m->role = role;

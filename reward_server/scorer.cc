@@ -1,11 +1,11 @@
 #include "reward_server/scorer.h"
 
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/path_root.h"
 #include "common/status_macros.h"
 
@@ -14,10 +14,9 @@ namespace {
 
 // Result slot shared with a verifier pool task that may outlive the wait.
 struct Pending {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  absl::StatusOr<double> result = absl::UnknownError("not run");
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::StatusOr<double> result ABSL_GUARDED_BY(mu) = absl::UnknownError("not run");
 };
 
 }  // namespace
@@ -170,10 +169,9 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, a
         // A call that waited past its deadline (or whose request gave up)
         // would only be discarded: skip it and free the thread.
         if (!abandoned->load() && absl::Now() < deadline) r = set->verifiers[v]->Score(in, deadline);
-        std::lock_guard<std::mutex> l(p->mu);
+        absl::MutexLock l(&p->mu);
         p->result = std::move(r);
         p->done = true;
-        p->cv.notify_all();
       });
       if (!queued.ok()) {
         abandoned->store(true);
@@ -209,9 +207,8 @@ absl::StatusOr<ScoreResponse> RewardScorer::Score(const ScoreRequest& request, a
     rm_scores = *std::move(scored);
   }
   for (auto& [where, p] : pending) {
-    std::unique_lock<std::mutex> l(p->mu);
-    // (Not [&]: C++17 lambdas cannot capture a structured binding; clang refuses.)
-    p->cv.wait_until(l, absl::ToChronoTime(deadline + absl::Milliseconds(50)), [&state = *p] { return state.done; });
+    absl::MutexLock l(&p->mu);
+    p->mu.AwaitWithDeadline(absl::Condition(&p->done), deadline + absl::Milliseconds(50));
     scores[where.first][where.second] =
         p->done ? p->result : absl::DeadlineExceededError("verifier exceeded its deadline");
   }

@@ -27,6 +27,8 @@ APT_PACKAGES=(
   chromium curl
   # The hang detector (thread stacks of a stuck step).
   gdb
+  # The thread-safety analysis (scripts/thread_safety.sh, --config=clang-tsa).
+  clang
   # Slurm launcher (coordinator launch/run with launcher: slurm) and
   # //tests:slurm_e2e_test, which starts its own munged/slurmctld/slurmd;
   # iproute2 for that test's network namespaces.

@@ -1,6 +1,7 @@
 #include "weight_sync/internal.h"
 
 #include <map>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 
@@ -70,7 +71,10 @@ class InProcessReceiver final : public WeightReceiver {
     RLMESH_RETURN_IF_ERROR(CheckExpected(expected, g.layout));
     RLMESH_RETURN_IF_ERROR(ValidateLayout(g.layout));
     if (received) *received = g.layout;
-    return UnpackFrom(g.layout, [&](int i) { return g.buckets[i].data(); });
+    // Read under the lock, which is still held while UnpackFrom copies out.
+    std::vector<const char*> data;
+    for (const std::vector<char>& bucket : g.buckets) data.push_back(bucket.data());
+    return UnpackFrom(g.layout, [&](int i) { return data[i]; });
   }
   WeightSyncBackend backend() const override { return WEIGHT_SYNC_IN_PROCESS; }
 
