@@ -2,7 +2,7 @@
 
 // The per-call inputs every decoder layer takes besides the hidden states:
 // RoPE's cos/sin tables for the positions and the 4-D attention mask. Shared
-// by the transformer and its tensor-parallel form (learner/tensor_parallel.h)
+// by the transformer and its tensor-parallel form (parallel/tensor_parallel.h)
 // so that both rotate and mask with the same bits.
 
 #include <cstdint>

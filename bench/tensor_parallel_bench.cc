@@ -1,4 +1,4 @@
-// One rank of a tensor-parallel (learner/tensor_parallel.h), fully
+// One rank of a tensor-parallel (parallel/tensor_parallel.h), fully
 // sharded (ZeRO-3, learner/fully_sharded.h; --zero3_dp) or expert-parallel
 // (learner/expert_parallel.h on a Qwen3-MoE of the same attention shape;
 // --ep) training step, for bench/tensor_parallel.py and
@@ -39,7 +39,7 @@
 #include "learner/data_parallel.h"
 #include "learner/expert_parallel.h"
 #include "learner/fully_sharded.h"
-#include "learner/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "bench/process_memory.h"
 
 ABSL_FLAG(int, tp, 1, "tensor-parallel ranks");
@@ -69,6 +69,10 @@ ABSL_FLAG(int64_t, experts_per_tok, 2, "--ep: experts per token");
 ABSL_FLAG(int64_t, moe_intermediate, 704, "--ep: each expert's MLP width");
 
 namespace rlmesh::learner {
+
+using parallel::TensorParallelModel;
+using parallel::TensorParallelOptions;
+
 namespace {
 
 using bench::PeakRssBytes;

@@ -67,7 +67,7 @@ struct DataParallelOptions {
   // Clip the global norm of the averaged gradient to this; 0 = no clipping.
   // Default 0.
   double grad_clip = 0.0;
-  // Model parallelism (learner/tensor_parallel.h, learner/fully_sharded.h):
+  // Model parallelism (parallel/tensor_parallel.h, learner/fully_sharded.h):
   // when the parameters are this rank's part of a model split over
   // `norm_groups`, the gradient norm (reported, clipped to) is the whole
   // model's: each rank's squared norm, parameter i weighted by

@@ -17,10 +17,21 @@
 #include "actor/autocast.h"
 #include "common/status_macros.h"
 #include "dist/collective.h"
-#include "learner/tensor_parallel.h"
-#include "learner/token_inputs.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/token_inputs.h"
 
 namespace rlmesh::learner {
+
+using parallel::CopyToTensorParallel;
+using parallel::ReduceFromTensorParallel;
+using parallel::TensorParallelGradientIsPartial;
+using parallel::TensorParallelLayer;
+using parallel::TensorParallelShardConfig;
+using parallel::TensorParallelSplitDim;
+using parallel::ValidateTensorParallel;
+using parallel::ValidateTokenInputs;
+using parallel::VocabParallelLogProbs;
+using parallel::VocabParallelLookup;
 
 struct FullyShardedModel::Unit {
   enum Kind { kEmbedding, kLayer, kHead };

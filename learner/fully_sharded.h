@@ -40,7 +40,7 @@
 // out (learner/model_set.cc); the gathers still return it.
 //
 // With tensor parallelism inside each replica (options.tensor_parallel,
-// learner/tensor_parallel.h), ZeRO-3 shards each tensor-parallel rank's
+// parallel/tensor_parallel.h), ZeRO-3 shards each tensor-parallel rank's
 // slices: a unit's flat vector holds this rank's slices of its parameters
 // (column-, row- and vocabulary-parallel as TensorParallelModel cuts them,
 // norms whole), and `group` is the replicas that hold the same slices, so a

@@ -25,6 +25,11 @@
 #include "weight_sync/pieces.h"
 
 namespace rlmesh::learner {
+
+using parallel::TensorParallelModel;
+using parallel::TensorParallelOptions;
+using parallel::TensorParallelPiece;
+
 namespace {
 
 // Model construction draws from LibTorch's global generator; trainers running

@@ -27,8 +27,8 @@
 #include "learner/data_parallel.h"
 #include "learner/expert_parallel.h"
 #include "learner/fully_sharded.h"
-#include "learner/tensor_parallel.h"
 #include "learner/stage_options.h"
+#include "parallel/tensor_parallel.h"
 #include "proto/learner.pb.h"
 
 namespace rlmesh::learner {
@@ -58,7 +58,7 @@ struct ModelSet {
   // learner.tp > 1 with a critic: the critic split like the policy over
   // tp_group (its lm_head frozen); critic_dp steps its slices over
   // dp_group. `critic` holds data as under ZeRO-3.
-  std::unique_ptr<TensorParallelModel> tp_critic;
+  std::unique_ptr<parallel::TensorParallelModel> tp_critic;
   // learner.zero: 3 — the policy fully sharded over the group, with its own
   // optimizer (dp is null). With learner.tp > 1 too, each tensor-parallel
   // rank's slices are sharded over `dp_group` (the replicas holding the same
@@ -77,7 +77,7 @@ struct ModelSet {
   // ZeRO-3, `policy` holds the whole model on rank 0 only (SyncPolicy), and
   // `reference` holds no parameter data. With weight sync in pieces
   // (whole_on_demand) not even rank 0 keeps it between checkpoints.
-  std::unique_ptr<TensorParallelModel> tp_policy, tp_reference;
+  std::unique_ptr<parallel::TensorParallelModel> tp_policy, tp_reference;
   c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
   // learner.ep > 1: the policy's routed experts spread over this rank's
   // expert-parallel group, the rest replicated, with its own optimizer (dp
@@ -94,7 +94,7 @@ struct ModelSet {
   std::vector<std::pair<std::string, std::vector<int64_t>>> critic_shapes;
   // learner.zero: 3 with weight sync in pieces (zero3_sync_slices): this
   // rank's slice r of the group's size of every policy parameter
-  // (learner::TensorParallelPiece's cut, Hugging Face names in
+  // (parallel::TensorParallelPiece's cut, Hugging Face names in
   // NamedParameters() order), what Trainer::PolicyPiece cuts this rank's
   // pieces from. Refreshed after each step by a gather one unit at a time
   // (SyncPolicy) and on a load, so no rank holds the whole policy for

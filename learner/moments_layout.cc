@@ -13,9 +13,12 @@
 #include "actor/safetensors.h"
 #include "common/status_macros.h"
 #include "learner/expert_parallel.h"
-#include "learner/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace rlmesh::learner {
+
+using parallel::TensorParallelSplitDim;
+
 namespace {
 
 int64_t NumelOf(const ParameterShapes& shapes) {

@@ -56,7 +56,7 @@ struct LearnerSettings {
   // learner.zero: 3 — the policy's parameters, gradients and optimizer state
   // fully sharded (learner/fully_sharded.h).
   bool zero3 = false;
-  // learner.tp: tensor-parallel ranks per replica (learner/tensor_parallel.h);
+  // learner.tp: tensor-parallel ranks per replica (parallel/tensor_parallel.h);
   // the learner's world_size / tp replicas split the data. Default 1.
   int tp = 1;
   // learner.sequence_parallel (tp > 1 only). Default false.

@@ -32,6 +32,9 @@
 
 namespace rlmesh::learner {
 
+using parallel::TensorParallelModel;
+using parallel::TensorParallelPiece;
+
 absl::Status TrainerOptions::Validate() const {
   if (logprob_chunk < 1) return absl::InvalidArgumentError("logprob_chunk: must be >= 1");
   if (sample_timeout <= absl::ZeroDuration()) {

@@ -171,7 +171,7 @@ class Trainer {
   // where rank 0 holds no whole copy to send.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> WholePolicy() const;
   // The policy's piece `piece` of `pieces` for weight sync between split
-  // layouts (learner::TensorParallelPiece), cut from what this rank holds:
+  // layouts (parallel::TensorParallelPiece), cut from what this rank holds:
   // under learner.tp > 1, rank t < tp (replica 0) holds slice t and so
   // pieces [t, t+1) * pieces / tp; under learner.zero: 3 with weight sync in
   // pieces, rank t of the world W holds slice t of W the same way;

@@ -26,6 +26,8 @@
 
 namespace rlmesh::learner {
 
+using parallel::TensorParallelModel;
+
 namespace fs = std::filesystem;
 
 namespace {

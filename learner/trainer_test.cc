@@ -29,13 +29,17 @@
 #include "common/testing/test_util.h"
 #include "learner/batching.h"
 #include "learner/checkpoint.h"
-#include "learner/tensor_parallel.h"
 #include "learner/testing/model_parallel_testing.h"
 #include "learner/testing/tiny_experiment.h"
+#include "parallel/tensor_parallel.h"
 #include "tasks/encoding.h"
 #include "tasks/task.h"
 
 namespace rlmesh::learner {
+
+using parallel::JoinTensorParallelPieces;
+using parallel::TensorParallelPiece;
+
 namespace {
 
 ExperimentConfig Tiny(uint64_t seed = 7) { return testing::TinyExperiment(seed, 8); }

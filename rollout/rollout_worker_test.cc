@@ -16,7 +16,7 @@
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
-#include "learner/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "rollout/testing/tiny_model.h"
 #include "weight_sync/pieces.h"
 #include "weight_sync/weight_sync.h"
@@ -748,9 +748,9 @@ void PublishPieces(const WeightSyncSpec& spec, const NamedTensors& weights, int 
     const int t = c / per_rank;
     NamedTensors piece;
     for (const auto& [name, whole] : weights) {
-      auto slice = learner::TensorParallelPiece(name, whole, 0, 1, t, learner_tp);
+      auto slice = parallel::TensorParallelPiece(name, whole, 0, 1, t, learner_tp);
       REQUIRE(slice.ok());
-      auto p = learner::TensorParallelPiece(name, *slice, t, learner_tp, c, spec.pieces());
+      auto p = parallel::TensorParallelPiece(name, *slice, t, learner_tp, c, spec.pieces());
       REQUIRE(p.ok());
       piece.emplace_back(name, *p);
     }

@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "dist/device.h"
 #include "dist/gloo.h"
-#include "learner/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace rlmesh::rollout {
 namespace {
@@ -19,7 +19,7 @@ namespace {
 // cache, logits gathered over the group.
 class SliceModel : public actor::GenerationModel {
  public:
-  explicit SliceModel(learner::TensorParallelModel* m) : m_(m) {}
+  explicit SliceModel(parallel::TensorParallelModel* m) : m_(m) {}
   const actor::ModelConfig& config() const override { return m_->config(); }
   torch::Device device() const override { return torch::kCPU; }
   torch::Tensor Prefill(const torch::Tensor& ids, const torch::Tensor& lens, int64_t capacity,
@@ -35,7 +35,7 @@ class SliceModel : public actor::GenerationModel {
   void set_routing(actor::MoeRouting*) override {}
 
  private:
-  learner::TensorParallelModel* m_;
+  parallel::TensorParallelModel* m_;
 };
 
 }  // namespace
@@ -43,7 +43,7 @@ class SliceModel : public actor::GenerationModel {
 struct TensorParallelEngine::Rank {
   int index = 0;
   c10::intrusive_ptr<c10d::Backend> group;
-  std::unique_ptr<learner::TensorParallelModel> model;
+  std::unique_ptr<parallel::TensorParallelModel> model;
   std::unique_ptr<actor::Generator> gen;
   // Ranks > 0: the thread and its one-job mailbox.
   std::thread thread;
@@ -89,7 +89,7 @@ absl::Status TensorParallelEngineOptions::Validate() const {
 absl::StatusOr<std::unique_ptr<TensorParallelEngine>> TensorParallelEngine::Create(
     const actor::ModelConfig& config, const TensorParallelEngineOptions& options) {
   RLMESH_RETURN_IF_ERROR(options.Validate());
-  RLMESH_RETURN_IF_ERROR(learner::ValidateTensorParallel(config, options.tp));
+  RLMESH_RETURN_IF_ERROR(parallel::ValidateTensorParallel(config, options.tp));
   std::unique_ptr<TensorParallelEngine> e(new TensorParallelEngine());
   for (int r = 0; r < options.tp; ++r) {
     e->ranks_.push_back(std::make_unique<Rank>());
@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<TensorParallelEngine>> TensorParallelEngine::Crea
     if (tp > 1) {
       RLMESH_ASSIGN_OR_RETURN(rank.group, dist::CreateGlooGroup(store, rank.index, tp, go));
     }
-    RLMESH_ASSIGN_OR_RETURN(rank.model, learner::TensorParallelModel::Create(config, rank.group));
+    RLMESH_ASSIGN_OR_RETURN(rank.model, parallel::TensorParallelModel::Create(config, rank.group));
     rank.gen = std::make_unique<actor::Generator>(std::make_shared<SliceModel>(rank.model.get()), gen_options);
     return absl::OkStatus();
   }));

@@ -1,7 +1,7 @@
 #pragma once
 
 // Generation with the policy split over `tp` tensor-parallel ranks
-// (learner/tensor_parallel.h: column/row/vocabulary-parallel slices, each
+// (parallel/tensor_parallel.h: column/row/vocabulary-parallel slices, each
 // rank caching only its own key/value heads), driven as one engine.
 //
 // The ranks run in lockstep, one thread each: every call (Submit, Step,
@@ -56,7 +56,7 @@ class TensorParallelEngine final : public actor::GenerationEngine {
 
   // Starts the ranks, forms their group (Gloo, CPU) and creates each rank's
   // slice of a model shaped `config`. INVALID_ARGUMENT / UNIMPLEMENTED
-  // naming what cannot be split (learner::ValidateTensorParallel); ABORTED
+  // naming what cannot be split (parallel::ValidateTensorParallel); ABORTED
   // when the group cannot form. Weights are unset until Load.
   static absl::StatusOr<std::unique_ptr<TensorParallelEngine>> Create(const actor::ModelConfig& config,
                                                                       const TensorParallelEngineOptions& options);

@@ -14,14 +14,14 @@
 #include "actor/generate.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
-#include "learner/testing/model_parallel_testing.h"
+#include "parallel/testing/model_testing.h"
 
 namespace rlmesh::rollout {
 namespace {
 
-using learner::model_parallel_testing::InitialWeights;
-using learner::model_parallel_testing::Named;
-using learner::model_parallel_testing::SmallConfig;
+using parallel::model_testing::InitialWeights;
+using parallel::model_testing::Named;
+using parallel::model_testing::SmallConfig;
 
 actor::Transformer WholeModel(const actor::ModelConfig& c, const Named& weights) {
   actor::Transformer m(c);

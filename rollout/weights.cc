@@ -19,7 +19,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "dist/device.h"
-#include "learner/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "rollout/worker_impl.h"
 #include "weight_sync/pieces.h"
 #include "weight_sync/weight_sync.h"
@@ -204,7 +204,7 @@ absl::StatusOr<std::vector<NamedTensors>> RolloutWorker::Impl::ReceivePieces(
         }
         parts.push_back(piece[i].second);
       }
-      slices[r].emplace_back(name, learner::JoinTensorParallelPieces(name, parts));
+      slices[r].emplace_back(name, parallel::JoinTensorParallelPieces(name, parts));
     }
     RLMESH_RETURN_IF_ERROR(CheckAgainstModel(slices[r], shapes, tp));
   }
@@ -220,7 +220,7 @@ absl::Status RolloutWorker::Impl::CheckAgainstModel(const NamedTensors& tensors,
       return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "]: not a parameter of the model"));
     }
     std::vector<int64_t> want = it->second.shape;
-    const int dim = tp > 1 ? learner::TensorParallelSplitDim(name) : -1;
+    const int dim = tp > 1 ? parallel::TensorParallelSplitDim(name) : -1;
     if (dim >= 0 && dim < static_cast<int>(want.size())) want[dim] /= tp;
     if (t.scalar_type() != it->second.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -30,8 +30,8 @@
 // all-reduce. Same results, 1/tp of the activations outside the blocks.
 //
 // The forward pass and its gradients equal the single-process model's up to
-// floating-point summation order (learner/tensor_parallel_test.cc: 1e-5 in
-// fp32 after three AdamW steps). Refused by name: heads, KV heads,
+// floating-point summation order (learner/tensor_parallel_training_test.cc:
+// 1e-5 in fp32 after three AdamW steps). Refused by name: heads, KV heads,
 // intermediate size or vocabulary not divisible by tp (GQA with fewer KV
 // heads than ranks would need replicated KV heads, not built), MoE
 // architectures (expert parallelism is separate), an o_proj bias.
@@ -60,7 +60,7 @@
 #include "actor/rope.h"
 #include "actor/transformer.h"
 
-namespace rlmesh::learner {
+namespace rlmesh::parallel {
 
 // OK when `config` can be split over `tp` ranks; otherwise
 // INVALID_ARGUMENT / UNIMPLEMENTED naming the field.
@@ -266,4 +266,4 @@ class TensorParallelModel {
   actor::RopeFrequencies rope_;
 };
 
-}  // namespace rlmesh::learner
+}  // namespace rlmesh::parallel

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 
-namespace rlmesh::learner {
+namespace rlmesh::parallel {
 
 // OK when temperature > 0, input_ids, positions and targets are int64 [B,T]
 // of one shape, the ids are in [0, vocab_size) and the targets below
@@ -20,4 +20,4 @@ namespace rlmesh::learner {
 absl::Status ValidateTokenInputs(const at::Tensor& input_ids, const at::Tensor& positions, const at::Tensor& targets,
                                  double temperature, int64_t vocab_size);
 
-}  // namespace rlmesh::learner
+}  // namespace rlmesh::parallel

@@ -1,4 +1,4 @@
-#include "learner/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -15,9 +15,9 @@
 #include "actor/attention_inputs.h"
 #include "common/status_macros.h"
 #include "dist/collective.h"
-#include "learner/token_inputs.h"
+#include "parallel/token_inputs.h"
 
-namespace rlmesh::learner {
+namespace rlmesh::parallel {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -623,4 +623,4 @@ std::vector<double> TensorParallelModel::NormWeights() const {
   return out;
 }
 
-}  // namespace rlmesh::learner
+}  // namespace rlmesh::parallel

@@ -1,4 +1,4 @@
-#include "learner/token_inputs.h"
+#include "parallel/token_inputs.h"
 
 #include <ATen/ATen.h>
 
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace rlmesh::learner {
+namespace rlmesh::parallel {
 
 absl::Status ValidateTokenInputs(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& targets,
                                  double temperature, int64_t vocab_size) {
@@ -27,4 +27,4 @@ absl::Status ValidateTokenInputs(const at::Tensor& ids, const at::Tensor& positi
   return absl::OkStatus();
 }
 
-}  // namespace rlmesh::learner
+}  // namespace rlmesh::parallel
