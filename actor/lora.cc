@@ -243,7 +243,7 @@ absl::StatusOr<LoadedAdapter> ReadAdapter(const std::string& dir) {
 
 absl::Status LoadAdapter(const std::string& dir, Transformer& model) {
   RLMESH_ASSIGN_OR_RETURN(LoadedAdapter adapter, ReadAdapter(dir));
-  absl::Status s = SetAdapters(model, adapter.tensors, adapter.spec.Scaling(), adapter.spec.dropout);
+  absl::Status s = SetAdapters(model, adapter.tensors, adapter.spec.Scaling());
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(dir, "/adapter_model.safetensors: ", s.message()));
   return absl::OkStatus();
 }

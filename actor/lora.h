@@ -99,8 +99,9 @@ struct LoadedAdapter {
 // "all-linear".
 absl::StatusOr<LoadedAdapter> ReadAdapter(const std::string& dir);
 
-// Reads the adapter of `dir` into `model` (SetAdapters with its scaling;
-// dropout from its config).
+// Reads the adapter of `dir` into `model` (SetAdapters with its scaling and
+// no dropout: a loaded adapter serves inference, or resumes a training run
+// whose adapters are in place already, which keeps their dropout).
 absl::Status LoadAdapter(const std::string& dir, Transformer& model);
 
 // Writes `model`'s adapters into `dir` (which must exist) as PEFT does:

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "actor/autocast.h"
 #include "actor/checkpoint.h"
+#include "actor/lora.h"
 #include "common/status_macros.h"
 #include "dist/collective.h"
 #include "dist/device.h"
@@ -95,6 +96,10 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
                                                               int64_t chunk, double temperature,
                                                               const at::Tensor& attention_mask) {
   AutocastIf ac(autocast_bf16, device_type);
+  // The reference of a LoRA stage is the policy module itself (by identity
+  // of the handle passed, not of the module they share).
+  std::optional<actor::AdaptersOff> base_only;
+  if (reference_is_base && &m == &reference) base_only.emplace(policy);
   if (sharded && m.get() == policy.get()) {
     return sharded->TokenLogProbs(ids, pos, targets, temperature, attention_mask, chunk);
   }
@@ -574,6 +579,9 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
   if (!init_path.empty()) {
     actor::LoadOptions lo;
     lo.device = device;
+    // A folder with a LoRA adapter holds the policy base + adapter: this
+    // stage starts from their sum (and trains fresh adapters on it).
+    lo.merge_adapter = true;
     if (reward_model) {
       // A reward model starts from a policy: its scalar head is fresh
       // (seeded), or read back when the checkpoint already has one.
@@ -639,9 +647,39 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
   if (cfg.vocab_size < tokenizer.vocab_size()) {
     return absl::InvalidArgumentError("experiment.model.tokenizer: vocabulary larger than the model's");
   }
+  if (init_checkpoint.empty() && !mc.lora().path().empty()) {
+    // The experiment's own starting point: model.lora.path is merged in.
+    RLMESH_RETURN_IF_ERROR(CatchAll("model.lora.path", [&]() -> absl::Status {
+      RLMESH_RETURN_IF_ERROR(PrefixStatus("experiment.model.lora.path", actor::LoadAdapter(mc.lora().path(), s.policy)));
+      actor::MergeLora(s.policy);
+      return absl::OkStatus();
+    }));
+  }
   out.config = cfg;
   return out;
 }
+
+namespace {
+
+// The adapters `stage` trains (model.lora, when its kind is listed), or none.
+std::optional<actor::LoraSpec> StageLora(const ExperimentConfig& exp, const StageOptions& stage) {
+  const LoraConfig& l = exp.model().lora();
+  if (l.rank() <= 0) return std::nullopt;
+  const std::string kind(StageKindName(stage.kind));
+  bool listed = l.stages_size() == 0;
+  for (const std::string& k : l.stages()) listed = listed || k == kind;
+  if (!listed) return std::nullopt;
+  actor::LoraSpec spec;
+  spec.rank = l.rank();
+  spec.alpha = l.alpha() > 0 ? l.alpha() : l.rank();
+  spec.dropout = l.dropout();
+  spec.targets.assign(l.targets().begin(), l.targets().end());
+  if (spec.targets.empty()) spec.targets = actor::LoraTargetNames();
+  spec.init = l.init().empty() ? "default" : l.init();
+  return spec;
+}
+
+}  // namespace
 
 namespace {
 
@@ -884,6 +922,11 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
                                  ModelSet* models) {
   ModelSet& s = *models;
   const std::string device = exp.model().device().empty() ? "cpu" : exp.model().device();
+  const std::optional<actor::LoraSpec> lora = StageLora(exp, stage);
+  if (lora && (stage.learner.zero3 || stage.learner.tp > 1 || stage.learner.ep > 1)) {
+    return absl::InvalidArgumentError(
+        "experiment.model.lora: runs with plain data parallelism and learner.zero: 1 only");
+  }
   RLMESH_RETURN_IF_ERROR(CatchAll("build reference/critic", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     auto copy_from_policy = [&](actor::Transformer& dst) {
@@ -895,7 +938,20 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
       }
     };
     std::lock_guard<std::mutex> lock(InitMutex());
-    if ((stage.is_rl() && stage.rl.kl_coef > 0) || stage.kind == StageKind::kDpo) {
+    const bool wants_reference = (stage.is_rl() && stage.rl.kl_coef > 0) || stage.kind == StageKind::kDpo;
+    if (lora) {
+      // Adapters on the frozen base (seeded alike on every rank; rank 0's
+      // are broadcast below anyway). The base is the stage's initial
+      // policy, so it is also the reference.
+      s.lora = true;
+      for (auto& [name, p] : s.policy->NamedParameters()) p.set_requires_grad(false);
+      torch::manual_seed(Mix(exp.seed(), 0x10a));
+      RLMESH_RETURN_IF_ERROR(PrefixStatus("experiment.model.lora", actor::AttachLora(s.policy, *lora)));
+      if (wants_reference) {
+        s.reference = s.policy;
+        s.reference_is_base = true;
+      }
+    } else if (wants_reference) {
       // The frozen reference is the stage's initial policy.
       s.reference = actor::Transformer(cfg);
       s.reference->to(torch::Device(device));
@@ -963,7 +1019,9 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   auto make_dp = [&](actor::Transformer& model, const OptimizerOptions& o,
                      bool skip_lm_head) -> absl::StatusOr<std::unique_ptr<DataParallel>> {
     std::vector<at::Tensor> params;
-    for (auto& [name, t] : model->NamedParameters()) {
+    // A LoRA policy's optimizer holds its adapters alone.
+    const bool adapters = s.lora && model.get() == s.policy.get();
+    for (auto& [name, t] : adapters ? model->AdapterParameters() : model->NamedParameters()) {
       if (skip_lm_head && name == "lm_head.weight") continue;
       params.push_back(t);
     }
@@ -1019,7 +1077,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     s.policy->set_activation_checkpointing(true);
     if (s.critic) s.critic->set_activation_checkpointing(true);
   }
-  if (s.reference && !s.PolicySplit()) {
+  if (s.reference && !s.PolicySplit() && !s.reference_is_base) {
     // Every rank's reference equals its (broadcast) initial policy (under
     // ZeRO-3, TP and EP, BroadcastPolicy copied it before the split).
     RLMESH_RETURN_IF_ERROR(CatchAll("reference", [&]() -> absl::Status {

@@ -103,13 +103,24 @@ struct ModelSet {
   // learner.zero: 1. Under TP, each rank's moments (of its ZeRO-1 share of
   // its slices) are its own checkpoint file, like plain ZeRO-1's.
   bool zero1 = false;
+  // experiment.model.lora in this stage: the policy trains LoRA adapters
+  // (actor/lora.h) only; its base weights are frozen and out of the
+  // optimizer (dp steps the adapters: their AdamW moments, checkpointed
+  // moments and flat layout are the adapters'). Plain DP and ZeRO-1 only.
+  bool lora = false;
+  // With lora, the stage's KL reference (RL with rl.kl, DPO) is `policy`
+  // itself with its adapters off: `reference` is the same module, and
+  // LogProbs on it turns the adapters off for the call. No second model is
+  // held.
+  bool reference_is_base = false;
   // Forward passes under bf16 autocast (learner.autocast: bf16).
   bool autocast_bf16 = false;
   c10::DeviceType device_type = c10::DeviceType::CPU;
   // The device itself (experiment.model.device, resolved).
   c10::Device device{c10::DeviceType::CPU};
 
-  // Per-token log-probs of `targets` under `m` (autocast as configured).
+  // Per-token log-probs of `targets` under `m` (autocast as configured;
+  // `reference` under reference_is_base: the policy with adapters off).
   absl::StatusOr<actor::TokenLogProbsOutput> LogProbs(actor::Transformer& m, const at::Tensor& ids,
                                                       const at::Tensor& pos, const at::Tensor& targets,
                                                       int64_t chunk, double temperature,

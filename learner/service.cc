@@ -151,7 +151,7 @@ grpc::ServerUnaryReactor* LearnerService::PublishWeights(grpc::CallbackServerCon
       if (!piece.ok()) return piece.status();
       tensors = *std::move(piece);
     } else {
-      auto whole = trainer_->WholePolicy();
+      auto whole = trainer_->SyncTensors();
       if (!whole.ok()) return whole.status();
       tensors = *std::move(whole);
     }

@@ -94,6 +94,25 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::WholePo
   return s_->models.policy->NamedParameters();
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::SyncTensors() const {
+  if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
+  if (!s_->models.lora) return WholePolicy();
+  if (s_->rank != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", s_->rank, ": only rank 0 publishes the adapters"));
+  }
+  // B carries the adapter's scaling, so that a receiver applies the pairs
+  // with scaling 1 and needs no adapter config.
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  torch::NoGradGuard no_grad;
+  actor::Transformer& policy = s_->models.policy;
+  for (const auto& [module, linear] : policy->AdaptableLinears()) {
+    if (!linear->has_adapter()) continue;
+    out.emplace_back(module + ".lora_A.weight", linear->lora_A().detach());
+    out.emplace_back(module + ".lora_B.weight", linear->lora_B().detach() * linear->lora_scaling());
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::PolicyPiece(int piece, int pieces) const {
   if (!s_) return absl::FailedPreconditionError("learner is not configured (call Configure first)");
   const ModelSet& m = s_->models;

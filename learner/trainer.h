@@ -170,6 +170,13 @@ class Trainer {
   // ZeRO-3 with weight sync in pieces (naming weight_sync.whole_model),
   // where rank 0 holds no whole copy to send.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> WholePolicy() const;
+  // What a whole-model weight sync sends: WholePolicy(), or for a LoRA
+  // stage (experiment.model.lora) only the adapters, each lora_B multiplied
+  // by its scaling (alpha / rank) so that the receiver applies them with
+  // scaling 1 (actor::SetAdapters) on the base it already holds (the
+  // checkpoint folder it loaded at the stage's start or a recovery). Rank
+  // 0 only.
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> SyncTensors() const;
   // The policy's piece `piece` of `pieces` for weight sync between split
   // layouts (parallel::TensorParallelPiece), cut from what this rank holds:
   // under learner.tp > 1, rank t < tp (replica 0) holds slice t and so

@@ -34,9 +34,9 @@ namespace {
 
 // The parameters DataParallel steps for `m`, as moments_layout.h names them
 // (a reward model's and a critic's lm_head is left out of the optimizer).
-ParameterShapes ShapesOf(actor::Transformer& m, bool skip_lm_head) {
+ParameterShapes ShapesOf(actor::Transformer& m, bool skip_lm_head, bool adapters = false) {
   ParameterShapes out;
-  for (auto& [name, t] : m->NamedParameters()) {
+  for (auto& [name, t] : adapters ? m->AdapterParameters() : m->NamedParameters()) {
     if (skip_lm_head && name == "lm_head.weight") continue;
     out.emplace_back(name, t.sizes().vec());
   }
@@ -401,7 +401,7 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
     }
     const ParameterShapes policy_shapes =
         s.models.PolicySplit() ? s.models.policy_shapes
-                               : ShapesOf(s.models.policy, s.opt.kind == StageKind::kRewardModel);
+                               : ShapesOf(s.models.policy, s.opt.kind == StageKind::kRewardModel, s.models.lora);
     // A ZeRO-3 rank without TP reads only its share of a whole-layout file
     // (ranges of the flat moments); every other pair of layouts rebuilds
     // the whole moments and keeps its part.

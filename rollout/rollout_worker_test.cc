@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "actor/checkpoint.h"
+#include "actor/lora.h"
 #include "actor/tokenizer.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
@@ -464,6 +465,65 @@ TEST_CASE("weights through the in-process sync change the output and bump the ve
   CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(bad.status().message(), "extra.weight"));
   CHECK(worker->policy_version() == 5);
+}
+
+// A LoRA stage's sync: only the adapters (B scaled), applied on the base the
+// worker loaded; the worker then generates what the base + adapter folder
+// generates, and an adapter of a layer the model lacks is refused by name.
+TEST_CASE("an adapter-only (LoRA) sync runs the adapters on the loaded base") {
+  ::rlmesh::testing::TempDir dir;
+  REQUIRE(WriteTinyCheckpoint(dir.File("base"), 1).ok());
+  NamedTensors adapters;
+  {
+    auto model = actor::LoadHfModel(dir.File("base"));
+    REQUIRE(model.ok());
+    actor::LoraSpec spec;
+    spec.rank = 2;
+    spec.alpha = 4;
+    spec.targets = {"q_proj", "v_proj", "down_proj"};
+    REQUIRE(actor::AttachLora(*model, spec).ok());
+    at::NoGradGuard no_grad;
+    for (auto& [n, t] : (*model)->AdapterParameters()) {
+      t.normal_(0.0, 0.5);
+      const bool b = n.find("lora_B") != std::string::npos;
+      adapters.emplace_back(n, b ? t * spec.Scaling() : t.clone());
+    }
+    REQUIRE(actor::SaveHfModel(*model, dir.File("lora")).ok());
+  }
+  auto worker = MakeWorker();
+  REQUIRE(worker->LoadCheckpoint(dir.File("base"), 1).ok());
+  auto pub = InProcessSync(*worker, "rw-lora");
+  auto layout = pub->Publish(adapters, 2);
+  REQUIRE(layout.ok());
+  auto r = worker->LoadFromSync(*layout, 0);
+  REQUIRE(r.ok());
+  int64_t bytes = 0;
+  for (const auto& [n, t] : adapters) bytes += static_cast<int64_t>(t.nbytes());
+  CHECK(r->bytes == bytes);
+
+  GenerateRequest req = MakeRequest({"abc"}, 2, 10, 3);
+  Collector col;
+  REQUIRE(worker->Submit(req, col.Sink(), col.Done()).ok());
+  REQUIRE(col.Wait().ok());
+  auto with = ReferenceGenerate(dir.File("lora"), req);
+  REQUIRE(with.ok());
+  ExpectMatches(*col.Find("q0"), (*with)[0]);
+  // The adapters change what is generated (the match above is not the
+  // base's).
+  auto base = ReferenceGenerate(dir.File("base"), req);
+  REQUIRE(base.ok());
+  CHECK((*base)[0].samples[0].tokens != (*with)[0].samples[0].tokens);
+
+  NamedTensors bad = adapters;
+  bad[0].first = "model.layers.0.self_attn.rope.lora_A.weight";
+  REQUIRE(pub->Publish(bad, 3).ok());
+  WeightLayout want;
+  want.set_version(3);
+  auto refused = worker->LoadFromSync(want, 0);
+  INFO(refused.status().message());
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(refused.status().message(), "self_attn.rope.lora_A.weight"));
+  CHECK(worker->policy_version() == 2);
 }
 
 // A bf16 worker says so, takes bf16 from a publisher that casts its fp32

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actor/checkpoint.h"
+#include "actor/lora.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "dist/device.h"
@@ -32,10 +33,14 @@ using weight_sync::NamedTensors;
 namespace {
 
 // Holds load_mu, taken by a deadline (absl::Mutex has no timed lock: polls
-// TryLock). Movable so it can come back in a StatusOr; unlocks once.
+// TryLock). Movable so it can come back in a StatusOr; unlocks once. The
+// thread-safety analysis cannot follow a lock held inside a StatusOr, so a
+// caller states it with load_mu.AssertHeld() (a runtime check too) after Take.
 class LoadTurn {
  public:
-  static absl::StatusOr<LoadTurn> Take(absl::Mutex* mu, absl::Time deadline) {
+  // Not analysed: returns with *mu held on the OK path only, held by the
+  // returned LoadTurn.
+  static absl::StatusOr<LoadTurn> Take(absl::Mutex* mu, absl::Time deadline) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     while (!mu->TryLock()) {
       if (absl::Now() >= deadline) {
         return absl::UnavailableError(
@@ -62,6 +67,7 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
                                                          absl::Time deadline) {
   const absl::Time start = absl::Now();
   RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
+  impl_->load_mu.AssertHeld();
   int64_t v;
   {
     absl::MutexLock lock(&impl_->mu);
@@ -117,6 +123,9 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
   u->config = model->config();
   u->params = std::move(params);
   RLMESH_RETURN_IF_ERROR(impl_->PostUpdate(u));
+  // The next sync may carry other tensors (a LoRA stage's adapters after a
+  // full stage): the buffers of the last one are not reused for it.
+  impl_->staging.clear();
   RLMESH_LOG(INFO) << "loaded checkpoint path=" << path << " version=" << v;
   return LoadResult{v, bytes, absl::ToDoubleSeconds(absl::Now() - start)};
 }
@@ -142,6 +151,7 @@ absl::Status RolloutWorker::ConfigureWeightSync(const WeightSyncSpec& given, abs
     RLMESH_ASSIGN_OR_RETURN(receiver, CreateWeightReceiver(spec));
   }
   RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
+  impl_->load_mu.AssertHeld();
   const WeightSyncBackend backend = receiver ? receiver->backend() : pieces[0]->backend();
   impl_->receiver = std::move(receiver);
   impl_->piece_receivers = std::move(pieces);
@@ -161,7 +171,11 @@ std::string RolloutWorker::WeightDtype() const {
 absl::StatusOr<std::vector<NamedTensors>> RolloutWorker::Impl::ReceivePieces(
     int64_t version, const std::map<std::string, ParamInfo>& shapes) {
   const int tp = options.tensor_parallel;
-  const int pieces = static_cast<int>(piece_receivers.size());
+  // The threads below use the receivers while this thread holds load_mu,
+  // which keeps them from being replaced until the threads are joined.
+  std::vector<weight_sync::WeightReceiver*> receivers;
+  for (const auto& receiver : piece_receivers) receivers.push_back(receiver.get());
+  const int pieces = static_cast<int>(receivers.size());
   const int per_rank = pieces / tp;
   // Rank r's pieces arrive on a thread of their own, in order: a collective
   // backend's publishers (one per piece, on several learner ranks) send at
@@ -174,7 +188,7 @@ absl::StatusOr<std::vector<NamedTensors>> RolloutWorker::Impl::ReceivePieces(
       for (int c = r * per_rank; c < (r + 1) * per_rank; ++c) {
         WeightLayout expected;
         expected.set_version(version);
-        auto t = piece_receivers[c]->Receive(expected);
+        auto t = receivers[c]->Receive(expected);
         if (!t.ok()) {
           // The sync has failed: this rank's later pieces are not waited
           // for (a timeout each would hold the load turn that much longer).
@@ -244,6 +258,7 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
                                                        absl::Time deadline) {
   const absl::Time start = absl::Now();
   RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
+  impl_->load_mu.AssertHeld();
   if (!impl_->receiver && impl_->piece_receivers.empty()) {
     return absl::FailedPreconditionError("weight sync is not configured: call ConfigureWeightSync first");
   }
@@ -263,6 +278,10 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
     tensors = impl_->staging;
   }
   const int64_t v = version != 0 ? version : received.version();
+  // A LoRA stage's learner sends only its adapters (learner::Trainer::
+  // SyncTensors), which replace this worker's on the base it holds.
+  bool adapters = !tensors.empty();
+  for (const auto& [name, t] : tensors) adapters = adapters && actor::IsAdapterTensorName(name);
   int64_t bytes = 0;
   {
     absl::MutexLock lock(&impl_->mu);
@@ -270,7 +289,11 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
     if (!impl_->config) {
       return absl::FailedPreconditionError("no model loaded: LoadWeights(checkpoint_path) once before a sync");
     }
-    RLMESH_RETURN_IF_ERROR(Impl::CheckAgainstModel(tensors, impl_->params, 1));
+    if (adapters) {
+      RLMESH_RETURN_IF_ERROR(Impl::CheckAdapters(tensors, impl_->params, impl_->options.tensor_parallel));
+    } else {
+      RLMESH_RETURN_IF_ERROR(Impl::CheckAgainstModel(tensors, impl_->params, 1));
+    }
   }
   for (const auto& [name, t] : tensors) bytes += static_cast<int64_t>(t.nbytes());
   auto u = std::make_shared<Impl::Update>();
@@ -289,6 +312,8 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
     }
     // At the fence the ranks are idle: each copies its slice in place.
     u->apply = impl_->ApplyToRanks(config, [staged](TensorParallelEngine& engine) { return engine.Load(*staged); });
+  } else if (adapters) {
+    u->apply = impl_->ApplyAdapters(staged);
   } else {
     u->apply = impl_->ApplyToModel(staged);
   }
@@ -297,6 +322,7 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadFromSync(const WeightLayout& layou
 
 absl::StatusOr<LoadResult> RolloutWorker::LoadPiecesFromSync(const WeightLayout& expected, int64_t version,
                                                              absl::Time start) {
+  impl_->load_mu.AssertHeld();  // LoadFromSync's turn
   // Receive first, whatever the state (see LoadFromSync).
   std::map<std::string, Impl::ParamInfo> shapes;
   {
@@ -353,9 +379,41 @@ std::function<absl::Status()> RolloutWorker::Impl::ApplyToRanks(
   };
 }
 
+absl::Status RolloutWorker::Impl::CheckAdapters(const NamedTensors& tensors,
+                                                const std::map<std::string, ParamInfo>& params, int tp) {
+  if (tp > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("sync: LoRA adapters for a worker with tensor_parallel=", tp,
+                                                   " (its ranks carry no adapters; model.lora refuses rollout.tp)"));
+  }
+  for (const auto& [name, t] : tensors) {
+    const std::string module = name.substr(0, name.size() - std::string(".lora_A.weight").size());
+    auto it = params.find(module + ".weight");
+    if (it == params.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sync.tensors[", name, "]: ", module, " is not a linear layer of the model"));
+    }
+    if (t.scalar_type() != it->second.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("sync.tensors[", name, "].dtype: ", c10::toString(t.scalar_type()),
+                                                     " but this worker's model holds ",
+                                                     c10::toString(it->second.dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::function<absl::Status()> RolloutWorker::Impl::ApplyAdapters(std::shared_ptr<const NamedTensors> tensors) {
+  // The shapes against each layer are checked by SetAdapters before it
+  // changes anything; the generator is rebuilt after the fence either way.
+  return [this, tensors = std::move(tensors)]() -> absl::Status {
+    return actor::SetAdapters(model, *tensors, /*scaling=*/1.0);
+  };
+}
+
 std::function<absl::Status()> RolloutWorker::Impl::ApplyToModel(std::shared_ptr<const NamedTensors> tensors) {
   return [this, tensors = std::move(tensors)]() -> absl::Status {
     at::NoGradGuard no_grad;
+    // The whole policy: any adapter of an earlier LoRA sync goes.
+    actor::DropLora(model);
     std::map<std::string, at::Tensor> params;
     for (auto& [name, p] : model->NamedParameters()) params[name] = p;
     for (auto& [name, t] : *tensors) {
@@ -404,6 +462,7 @@ absl::StatusOr<SleepResult> RolloutWorker::Sleep(bool release_weights, absl::Tim
   const absl::Time start = absl::Now();
   RLMESH_ASSIGN_OR_RETURN(c10::Device device, dist::ParseDevice(impl_->options.device, "device"));
   RLMESH_ASSIGN_OR_RETURN(LoadTurn load_lock, LoadTurn::Take(&impl_->load_mu, deadline));
+  impl_->load_mu.AssertHeld();
   SleepResult r;
   r.memory_before = dist::ProcessMemoryBytes(device);
   auto released = std::make_shared<int64_t>(0);

@@ -234,6 +234,13 @@ struct RolloutWorker::Impl {
   // After a Sleep that released the weights, ApplyToModel gives each
   // parameter fresh storage of its shape before the copy.
   std::function<absl::Status()> ApplyToModel(std::shared_ptr<const weight_sync::NamedTensors> tensors);
+  // A LoRA sync (every tensor an adapter's lora_A/lora_B, B scaled): the
+  // model's adapters become these, on the base it holds.
+  std::function<absl::Status()> ApplyAdapters(std::shared_ptr<const weight_sync::NamedTensors> tensors);
+  // Before the fence: every adapter tensor names a linear layer of the
+  // model (`params`, its base weights) and has the model's dtype.
+  static absl::Status CheckAdapters(const weight_sync::NamedTensors& tensors,
+                                    const std::map<std::string, ParamInfo>& params, int tp);
   // An Update's apply for Sleep: with `weights`, releases the parameters
   // (their storage; the shapes stay in `params`) or the tensor-parallel
   // ranks, adding the parameter bytes to `*released`, and marks the
@@ -243,7 +250,8 @@ struct RolloutWorker::Impl {
   std::function<absl::Status()> ApplySleep(bool weights, std::shared_ptr<int64_t> released);
   // Posts a weight-sync update of `bytes` received since `start`, waits for
   // its fence, and logs it.
-  absl::StatusOr<LoadResult> FinishSync(std::shared_ptr<Update> u, int64_t bytes, absl::Time start);
+  absl::StatusOr<LoadResult> FinishSync(std::shared_ptr<Update> u, int64_t bytes, absl::Time start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu);
   // Receives version `version` in pieces (piece_receivers) and returns each
   // rank's slice, joined from its pieces and checked against `params` (the
   // loaded model's shapes). Each rank stops at its first failed piece, so a
