@@ -170,6 +170,7 @@ absl::Status RunLoop::AfterStep(const Stage& stage, int64_t total, nlohmann::jso
   if (!reward_model) {
     RLMESH_RETURN_IF_ERROR(SyncWeights());
     (*j)["seconds_sync"] = last_sync_seconds_;
+    if (last_sync_bytes_ >= 0) (*j)["weight_sync_bytes"] = last_sync_bytes_;
     // How the weights travelled: the configured backend, or checkpoint
     // folders (weight_sync.fallback).
     (*j)["weight_sync"] = WeightSyncName();

@@ -244,6 +244,9 @@ class RunLoop {
   std::pair<int64_t, int64_t> graph_totals_{0, 0};
   int sync_generation_ = 0;
   double last_sync_seconds_ = 0;
+  // Bytes the last sync published through the weight-sync group (a LoRA
+  // stage's adapters, or the whole policy); -1 after a checkpoint sync.
+  int64_t last_sync_bytes_ = -1;
   std::string last_weights_dir_;
 
   // What status() and summary() report: written by the run thread, read by

@@ -31,6 +31,7 @@ std::string RunLoop::ShmPrefixBase() const { return absl::StrCat("rlmesh-", ::ge
 absl::Status RunLoop::SyncWeights(bool through_checkpoint) {
   SetPhase("sync");
   const absl::Time start = absl::Now();
+  last_sync_bytes_ = -1;
   if (!sync_unavailable_ && !through_checkpoint) {
     absl::Status s = SyncThroughGroup();
     if (s.ok()) {
@@ -126,6 +127,7 @@ absl::Status RunLoop::SyncThroughGroup() {
   const int publishers = pieces > 1 ? slices : 1;
   const int per_learner = pieces > 1 ? pieces / publishers : 1;
   std::vector<absl::Status> publish_status(publishers);
+  std::vector<int64_t> publish_bytes(publishers, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < publishers; ++t) {
     threads.emplace_back([&, t] {
@@ -133,8 +135,12 @@ absl::Status RunLoop::SyncThroughGroup() {
         PublishWeightsRequest pub;
         *pub.mutable_spec() = pieces > 1 ? weight_sync::PieceSpec(spec, c) : spec;
         pub.mutable_spec()->set_rank(0);
-        absl::Status s =
-            clients_->learners[t]->PublishWeights(pub, absl::Milliseconds(spec.timeout_ms() + 5000)).status();
+        absl::StatusOr<PublishWeightsResponse> r =
+            clients_->learners[t]->PublishWeights(pub, absl::Milliseconds(spec.timeout_ms() + 5000));
+        if (r.ok()) {
+          for (int64_t b : r->layout().bucket_bytes()) publish_bytes[t] += b;
+        }
+        absl::Status s = r.status();
         if (!s.ok() && pieces > 1) s = absl::Status(s.code(), absl::StrCat("learner ", t, " piece ", c, ": ", s.message()));
         publish_status[t] = s;
       }
@@ -145,6 +151,8 @@ absl::Status RunLoop::SyncThroughGroup() {
       LoadIntoRollouts([&](LoadWeightsRequest* req) { req->mutable_sync()->set_version(learner_version); });
   for (auto& t : threads) t.join();
   for (const absl::Status& s : publish_status) RLMESH_RETURN_IF_ERROR(s);
+  last_sync_bytes_ = 0;
+  for (int64_t b : publish_bytes) last_sync_bytes_ += b;
   return load_status;
 }
 
