@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "actor/checkpoint.h"
 #include "actor/generate.h"
 #include "actor/lora.h"
@@ -382,6 +383,84 @@ TEST_CASE("LoRA: a stage that starts from a LoRA checkpoint merges its adapter a
   CHECK((Policy(u)->Forward(ids, pos) - trained).abs().max().item<double>() < 1e-5);
   actor::AdaptersOff off(Policy(u));
   CHECK((Policy(u)->Forward(ids, pos) - trained).abs().max().item<double>() < 1e-5);
+}
+
+TEST_CASE("LoRA under data parallelism: K=2 (plain and ZeRO-1) equals K=1; every rank holds the same adapters") {
+  actor::ConfigureThreads(1);
+  ExperimentConfig e = LoraGrpo(3, 0.1);
+  Trainer single;
+  REQUIRE(single.Configure(Request(e)).ok());
+  std::vector<GroupList> batches;
+  for (int step = 0; step < 3; ++step) {
+    batches.push_back(Rollout(Policy(single), e, 400 + step));
+    TrainStepRequest req;
+    req.set_step(step);
+    *req.mutable_groups() = batches.back();
+    REQUIRE(single.TrainStep(req).ok());
+  }
+  for (int zero : {0, 1}) {
+    INFO("learner.zero " << zero);
+    rlmesh::testing::TempDir dir;
+    ExperimentConfig e2 = e;
+    e2.mutable_learner()->set_zero(zero);
+    Trainer ranks[2];
+    auto results = testing::TrainShards(ranks, 2, Request(e2), dir.File("store"), 3, [&](int step) {
+      TrainStepRequest req;
+      req.set_step(step);
+      *req.mutable_groups() = batches[step];
+      return req;
+    });
+    REQUIRE(results[0].ok());
+    REQUIRE(results[1].ok());
+    CHECK(MaxDiff(Policy(ranks[0])->AdapterParameters(), Policy(single)->AdapterParameters()) <= 1e-5);
+    CHECK(MaxDiff(Policy(ranks[0])->AdapterParameters(), Policy(ranks[1])->AdapterParameters()) == 0.0);
+  }
+}
+
+TEST_CASE("LoRA: model.lora.path merges a PEFT adapter into the base before the first stage") {
+  actor::ConfigureThreads(2);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = LoraGrpo(2, 0.0);
+  Trainer t;
+  REQUIRE(t.Configure(Request(e)).ok());
+  for (int step = 0; step < 2; ++step) {
+    TrainStepRequest req;
+    req.set_step(step);
+    *req.mutable_groups() = Rollout(Policy(t), e, 500 + step);
+    REQUIRE(t.TrainStep(req).ok());
+  }
+  // Its adapter alone, as PEFT lays one out (no base weights beside it).
+  const std::string adapter = dir.File("adapter");
+  std::filesystem::create_directories(adapter);
+  actor::LoraSpec spec;
+  spec.rank = 4;
+  spec.alpha = 8;
+  spec.targets = actor::LoraTargetNames();
+  REQUIRE(actor::SaveAdapter(Policy(t), spec, adapter).ok());
+  REQUIRE(!std::filesystem::exists(adapter + "/model.safetensors"));
+
+  // The same seed builds the same scratch base; with the adapter merged in
+  // it is the trained policy.
+  ExperimentConfig e2 = e;
+  e2.mutable_model()->mutable_lora()->set_path(adapter);
+  Trainer u;
+  REQUIRE(u.Configure(Request(e2)).ok());
+  at::Tensor ids = torch::tensor({{3, 5, 7, 9, 11}}, torch::kLong);
+  at::Tensor pos = torch::arange(5, torch::kLong).unsqueeze(0);
+  torch::NoGradGuard no_grad;
+  const at::Tensor want = Policy(t)->Forward(ids, pos);
+  CHECK((Policy(u)->Forward(ids, pos) - want).abs().max().item<double>() < 1e-5);
+  // And without it, the untrained base.
+  Trainer plain;
+  REQUIRE(plain.Configure(Request(e)).ok());
+  CHECK((Policy(plain)->Forward(ids, pos) - want).abs().max().item<double>() > 1e-5);
+
+  ExperimentConfig bad = e;
+  bad.mutable_model()->mutable_lora()->set_path(dir.File("missing"));
+  Trainer v;
+  auto refused = v.Configure(Request(bad));
+  CHECK_FALSE(refused.ok());
+  CHECK(absl::StrContains(refused.status().message(), "model.lora.path"));
 }
 
 }  // namespace
