@@ -1,5 +1,6 @@
 #include "coordinator/k8s_manifests.h"
 
+#include <functional>
 #include <regex>
 #include <set>
 
@@ -543,28 +544,11 @@ absl::Status ValidateKubernetesCluster(const ClusterConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<K8sManifest>> RenderKubernetes(const ClusterConfig& c, const K8sSecretFiles& secrets) {
-  RLMESH_RETURN_IF_ERROR(ValidateKubernetesCluster(c));
-  const KubernetesConfig& k = c.kubernetes();
-  const ClusterConfig pod = PodClusterConfig(c);
-  std::vector<K8sManifest> out;
-  absl::Status written;  // the first object that could not be written, if any
-  auto add = [&](const Json& object) {
-    const std::string kind = object["kind"].get<std::string>();
-    const std::string name = object["metadata"]["name"].get<std::string>();
-    absl::StatusOr<std::string> yaml = ToYaml(object);
-    if (!yaml.ok()) {
-      written.Update(yaml.status());
-      return;
-    }
-    out.push_back({kind, name, FileName(static_cast<int>(out.size()), name, kind), *std::move(yaml)});
-  };
+namespace {
 
-  if (k.create_namespace()) {
-    add({{"apiVersion", "v1"},
-         {"kind", "Namespace"},
-         {"metadata", {{"name", Namespace(c)}, {"labels", {{"app.kubernetes.io/name", kApp}}}}}});
-  }
+// The auth token and TLS Secrets the configuration names, through `add`.
+absl::Status AddSecrets(const ClusterConfig& c, const K8sSecretFiles& secrets,
+                        const std::function<void(const Json&)>& add) {
   if (!c.auth_token_file().empty()) {
     if (secrets.auth_token.empty()) return Invalid("auth_token_file", "configured but its contents were not read");
     add({{"apiVersion", "v1"},
@@ -592,6 +576,34 @@ absl::StatusOr<std::vector<K8sManifest>> RenderKubernetes(const ClusterConfig& c
          {"type", "Opaque"},
          {"data", data}});
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<K8sManifest>> RenderKubernetes(const ClusterConfig& c, const K8sSecretFiles& secrets) {
+  RLMESH_RETURN_IF_ERROR(ValidateKubernetesCluster(c));
+  const KubernetesConfig& k = c.kubernetes();
+  const ClusterConfig pod = PodClusterConfig(c);
+  std::vector<K8sManifest> out;
+  absl::Status written;  // the first object that could not be written, if any
+  auto add = [&](const Json& object) {
+    const std::string kind = object["kind"].get<std::string>();
+    const std::string name = object["metadata"]["name"].get<std::string>();
+    absl::StatusOr<std::string> yaml = ToYaml(object);
+    if (!yaml.ok()) {
+      written.Update(yaml.status());
+      return;
+    }
+    out.push_back({kind, name, FileName(static_cast<int>(out.size()), name, kind), *std::move(yaml)});
+  };
+
+  if (k.create_namespace()) {
+    add({{"apiVersion", "v1"},
+         {"kind", "Namespace"},
+         {"metadata", {{"name", Namespace(c)}, {"labels", {{"app.kubernetes.io/name", kApp}}}}}});
+  }
+  RLMESH_RETURN_IF_ERROR(AddSecrets(c, secrets, add));
   {
     google::protobuf::util::JsonPrintOptions json;
     json.preserve_proto_field_names = true;
