@@ -731,7 +731,7 @@ absl::Status FullyShardedModel::VisitGathered(
       at::Tensor whole = full.narrow(0, unit->offsets[i], n).view(unit->shapes[i]);
       if (tp_group_) {
         RLMESH_RETURN_IF_ERROR(
-            dist::Collective("tensor-parallel gather", [&] { whole = WholeOf(unit->names[i], whole); }));
+            dist::Collective("tensor-parallel gather", [&, &name = unit->names[i]] { whole = WholeOf(name, whole); }));
       }
       if (first.ok()) first = visit(unit->names[i], whole);
     }
