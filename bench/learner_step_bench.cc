@@ -18,9 +18,18 @@
 // learner.tp / learner.zero from --tp / --zero): bench/learner_layouts.py
 // starts the ranks as processes.
 //
-// Prints one JSON line per timed step: seconds (wall time of TrainStep),
-// tokens (prompt + response tokens in the batch), and the trainer's own
-// seconds_forward_backward / seconds_optimizer.
+// With --lora_rank > 0 the stage trains LoRA adapters (experiment.model.lora,
+// all seven targets, alpha = 2 x rank); --kl_coef > 0 gives the GRPO stage a
+// KL reference (a frozen copy of the policy, or under LoRA the policy with
+// its adapters off). bench/lora.py compares the two.
+//
+// Prints, once configured, {"parameters": {"trainable", "total",
+// "sync_bytes", "policy_bytes"}}: the parameters the optimizer holds (the
+// adapters under LoRA, else the whole policy), the policy's own (adapters
+// excluded), and the bytes of one weight sync (Trainer::SyncTensors) and of
+// the whole policy. Then one JSON line per timed step: seconds (wall time of
+// TrainStep), tokens (prompt + response tokens in the batch), and the
+// trainer's own seconds_forward_backward / seconds_optimizer.
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <malloc.h>
@@ -34,6 +43,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "actor/lora.h"
 #include "actor/transformer.h"
 #include "bench/process_memory.h"
 #include "learner/trainer.h"
@@ -77,6 +87,9 @@ ABSL_FLAG(std::string, autocast, "fp32", "learner.autocast: fp32 or bf16.");
 ABSL_FLAG(bool, whole_model, false,
           "weight_sync.whole_model: under --tp > 1 or --zero 3, rank 0 keeps the whole policy after every step "
           "(else it is gathered only for checkpoints).");
+ABSL_FLAG(int, lora_rank, 0,
+          "experiment.model.lora.rank (alpha = 2 x rank, all seven targets); 0 = the whole policy trains.");
+ABSL_FLAG(double, kl_coef, 0, "The RL stage's rl.kl.coef; > 0 keeps a KL reference.");
 ABSL_FLAG(std::string, stage, "grpo", "The RL stage: grpo, or ppo (with a critic, the policy plus a value head).");
 ABSL_FLAG(std::string, save, "",
           "After the steps, Save a checkpoint to this path (every rank the same) and report the save's time "
@@ -189,10 +202,21 @@ int Run() {
   Stage* st = e.add_stages();
   auto* rl = stage == "ppo" ? st->mutable_ppo()->mutable_rl() : st->mutable_grpo()->mutable_rl();
   rl->set_steps(warmup + steps);
+  // The batch the experiment describes (the schema requires it); the steps
+  // train on SyntheticGroups of this shape.
+  rl->set_prompts_per_step(absl::GetFlag(FLAGS_groups));
+  rl->set_samples_per_prompt(absl::GetFlag(FLAGS_group_size));
   rl->mutable_optimizer()->set_lr(absl::GetFlag(FLAGS_lr));
-  // Everything else at its default: token-mean, clip 0.2, no KL, no
-  // entropy bonus, grad clip 1.0, 1 epoch x 1 mini-batch, 8192-token
-  // micro-batches (one micro-batch for the default 8 x 128 batch).
+  rl->mutable_kl()->set_coef(absl::GetFlag(FLAGS_kl_coef));
+  if (const int rank = absl::GetFlag(FLAGS_lora_rank); rank > 0) {
+    LoraConfig* lora = e.mutable_model()->mutable_lora();
+    lora->set_rank(rank);
+    lora->set_alpha(2.0f * static_cast<float>(rank));
+    for (const std::string& t : actor::LoraTargetNames()) lora->add_targets(t);
+  }
+  // Everything else at its default: token-mean, clip 0.2, no entropy
+  // bonus, grad clip 1.0, 1 epoch x 1 mini-batch, 8192-token micro-batches
+  // (one micro-batch for the default 8 x 128 batch).
   e.mutable_learner()->set_shards(absl::GetFlag(FLAGS_world));
   e.mutable_learner()->set_tp(absl::GetFlag(FLAGS_tp));
   e.mutable_learner()->set_sequence_parallel(absl::GetFlag(FLAGS_sequence_parallel));
@@ -237,8 +261,30 @@ int Run() {
   // (under TP with weight sync in pieces, none does between checkpoints).
   const actor::ModelConfig& mc = (*static_cast<actor::Transformer*>(trainer.policy_model()))->config();
   const int vocab = static_cast<int>(mc.vocab_size);
-  int64_t params = 0;
-  for (const auto& [name, t] : trainer.PolicyParameters()) params += t.numel();
+  int64_t params = 0, policy_bytes = 0;
+  for (const auto& [name, t] : trainer.PolicyParameters()) {
+    params += t.numel();
+    policy_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  int64_t trainable = params;
+  if (absl::GetFlag(FLAGS_lora_rank) > 0) {
+    trainable = 0;
+    for (const auto& [name, t] : (*static_cast<actor::Transformer*>(trainer.policy_model()))->AdapterParameters()) {
+      trainable += t.numel();
+    }
+  }
+  // Rank 0 publishes; under TP or ZeRO-3 with weight sync in pieces there is
+  // no whole-model sync (-1).
+  int64_t sync_bytes = -1;
+  if (auto sync = trainer.SyncTensors(); sync.ok()) {
+    sync_bytes = 0;
+    for (const auto& [name, t] : *sync) sync_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  std::printf(
+      "{\"parameters\": {\"trainable\": %lld, \"total\": %lld, \"sync_bytes\": %lld, \"policy_bytes\": %lld}}\n",
+      static_cast<long long>(trainable), static_cast<long long>(params), static_cast<long long>(sync_bytes),
+      static_cast<long long>(policy_bytes));
+  std::fflush(stdout);
   TrainStepRequest step;
   *step.mutable_groups() =
       SyntheticGroups(absl::GetFlag(FLAGS_groups), absl::GetFlag(FLAGS_group_size),
