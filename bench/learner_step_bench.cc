@@ -43,6 +43,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
 #include "actor/lora.h"
 #include "actor/transformer.h"
 #include "bench/process_memory.h"
@@ -88,7 +89,9 @@ ABSL_FLAG(bool, whole_model, false,
           "weight_sync.whole_model: under --tp > 1 or --zero 3, rank 0 keeps the whole policy after every step "
           "(else it is gathered only for checkpoints).");
 ABSL_FLAG(int, lora_rank, 0,
-          "experiment.model.lora.rank (alpha = 2 x rank, all seven targets); 0 = the whole policy trains.");
+          "experiment.model.lora.rank (alpha = 2 x rank); 0 = the whole policy trains.");
+ABSL_FLAG(std::string, lora_targets, "",
+          "experiment.model.lora.targets, comma-separated (e.g. q_proj,v_proj); empty = all seven.");
 ABSL_FLAG(double, kl_coef, 0, "The RL stage's rl.kl.coef; > 0 keeps a KL reference.");
 ABSL_FLAG(std::string, stage, "grpo", "The RL stage: grpo, or ppo (with a critic, the policy plus a value head).");
 ABSL_FLAG(std::string, save, "",
@@ -212,7 +215,12 @@ int Run() {
     LoraConfig* lora = e.mutable_model()->mutable_lora();
     lora->set_rank(rank);
     lora->set_alpha(2.0f * static_cast<float>(rank));
-    for (const std::string& t : actor::LoraTargetNames()) lora->add_targets(t);
+    const std::string targets = absl::GetFlag(FLAGS_lora_targets);
+    if (targets.empty()) {
+      for (const std::string& t : actor::LoraTargetNames()) lora->add_targets(t);
+    } else {
+      for (absl::string_view t : absl::StrSplit(targets, ',')) lora->add_targets(std::string(t));
+    }
   }
   // Everything else at its default: token-mean, clip 0.2, no entropy
   // bonus, grad clip 1.0, 1 epoch x 1 mini-batch, 8192-token micro-batches
