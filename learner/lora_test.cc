@@ -14,7 +14,6 @@
 
 #include "absl/strings/match.h"
 #include "actor/checkpoint.h"
-#include "actor/generate.h"
 #include "actor/lora.h"
 #include "actor/tokenizer.h"
 #include "actor/transformer.h"
@@ -22,6 +21,7 @@
 #include "common/testing/test_util.h"
 #include "learner/advantages.h"
 #include "learner/losses.h"
+#include "learner/testing/sampled_groups.h"
 #include "learner/testing/tiny_experiment.h"
 #include "learner/trainer.h"
 #include "tasks/encoding.h"
@@ -89,39 +89,22 @@ GroupList Rollout(actor::Transformer& model, const ExperimentConfig& e, uint64_t
   actor::CharTokenizer tok;
   std::vector<std::vector<int>> prompts;
   for (int i = 0; i < 4; ++i) prompts.push_back(EncodePrompt(tok, (*task)->train()[i].prompt));
-  actor::Generator gen(model);
-  std::vector<actor::GenerationRequest> reqs;
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    actor::GenerationRequest r;
-    r.id = p;
-    r.prompt.assign(prompts[p].begin(), prompts[p].end());
-    r.sampling.temperature = 1.0f;
-    r.sampling.max_new_tokens = 4;
-    r.sampling.stop_token_ids = {2};
-    r.sampling.seed = seed;
-    r.sampling.n = 4;
-    r.prompt_index = p;
-    reqs.push_back(r);
+  return testing::SampleGroups(model, prompts, 4, 1.0f, seed, [](const std::vector<int64_t>& tokens) {
+    int64_t sum = 0;
+    for (int64_t id : tokens) sum += id;
+    return static_cast<double>(sum % 5) / 4.0;
+  });
+}
+
+// Steps [from, to) of `t`, each on groups sampled from its policy with
+// sampling seed `seed` + step.
+void TrainOnPolicy(Trainer& t, const ExperimentConfig& e, int from, int to, uint64_t seed) {
+  for (int step = from; step < to; ++step) {
+    TrainStepRequest req;
+    req.set_step(step);
+    *req.mutable_groups() = Rollout(Policy(t), e, seed + step);
+    REQUIRE(t.TrainStep(req).ok());
   }
-  torch::NoGradGuard no_grad;
-  auto out = gen.Generate(reqs);
-  REQUIRE(out.ok());
-  GroupList groups;
-  for (size_t p = 0; p < out->size(); ++p) {
-    auto* g = groups.add_groups();
-    g->set_group_id(std::to_string(p));
-    for (const auto& c : (*out)[p].samples) {
-      auto* tr = g->add_samples();
-      for (int id : prompts[p]) tr->add_prompt_token_ids(id);
-      for (int64_t id : c.tokens) tr->add_response_token_ids(static_cast<int>(id));
-      for (float lp : c.logprobs) tr->add_behaviour_logprobs(lp);
-      for (size_t j = 0; j < c.tokens.size(); ++j) tr->add_loss_mask(1);
-      int64_t sum = 0;
-      for (int64_t id : c.tokens) sum += id;
-      tr->set_reward(static_cast<double>(sum % 5) / 4.0);
-    }
-  }
-  return groups;
 }
 
 // The response tokens' log-probs under `model` as [B, T] (one row per
@@ -232,12 +215,7 @@ TEST_CASE("LoRA GRPO: two steps equal LibTorch's AdamW on a model built here; th
     CHECK(MaxDiff(Policy(t)->AdapterParameters(), adapters0) > 1e-4);
     if (step == 1) CHECK(r->metrics().values().at("kl") > 0.0);
   }
-  for (int step = 2; step < 10; ++step) {
-    TrainStepRequest req;
-    req.set_step(step);
-    *req.mutable_groups() = Rollout(Policy(t), e, 100 + step);
-    REQUIRE(t.TrainStep(req).ok());
-  }
+  TrainOnPolicy(t, e, 2, 10, 100);
   const Named after = t.PolicyParameters();
   REQUIRE(after.size() == base.size());
   for (size_t i = 0; i < base.size(); ++i) {
@@ -251,12 +229,7 @@ TEST_CASE("LoRA: the KL reference is the base (no second model); the sync sends 
   ExperimentConfig e = LoraGrpo(3, 0.1);
   Trainer t;
   REQUIRE(t.Configure(Request(e)).ok());
-  for (int step = 0; step < 3; ++step) {
-    TrainStepRequest req;
-    req.set_step(step);
-    *req.mutable_groups() = Rollout(Policy(t), e, 200 + step);
-    REQUIRE(t.TrainStep(req).ok());
-  }
+  TrainOnPolicy(t, e, 0, 3, 200);
   auto sync = t.SyncTensors();
   REQUIRE(sync.ok());
   const Named adapters = Policy(t)->AdapterParameters();
@@ -361,12 +334,7 @@ TEST_CASE("LoRA: a stage that starts from a LoRA checkpoint merges its adapter a
   ExperimentConfig e = LoraGrpo(2, 0.1);
   Trainer t;
   REQUIRE(t.Configure(Request(e)).ok());
-  for (int step = 0; step < 2; ++step) {
-    TrainStepRequest req;
-    req.set_step(step);
-    *req.mutable_groups() = Rollout(Policy(t), e, 300 + step);
-    REQUIRE(t.TrainStep(req).ok());
-  }
+  TrainOnPolicy(t, e, 0, 2, 300);
   auto saved = t.Save(dir.path() + "/stage0");
   REQUIRE(saved.ok());
   at::Tensor ids = torch::tensor({{3, 5, 7, 9, 11}}, torch::kLong);
@@ -423,12 +391,7 @@ TEST_CASE("LoRA: model.lora.path merges a PEFT adapter into the base before the 
   ExperimentConfig e = LoraGrpo(2, 0.0);
   Trainer t;
   REQUIRE(t.Configure(Request(e)).ok());
-  for (int step = 0; step < 2; ++step) {
-    TrainStepRequest req;
-    req.set_step(step);
-    *req.mutable_groups() = Rollout(Policy(t), e, 500 + step);
-    REQUIRE(t.TrainStep(req).ok());
-  }
+  TrainOnPolicy(t, e, 0, 2, 500);
   // Its adapter alone, as PEFT lays one out (no base weights beside it).
   const std::string adapter = dir.File("adapter");
   std::filesystem::create_directories(adapter);

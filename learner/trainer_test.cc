@@ -30,6 +30,7 @@
 #include "learner/batching.h"
 #include "learner/checkpoint.h"
 #include "learner/testing/model_parallel_testing.h"
+#include "learner/testing/sampled_groups.h"
 #include "learner/testing/tiny_experiment.h"
 #include "parallel/tensor_parallel.h"
 #include "tasks/encoding.h"
@@ -92,37 +93,7 @@ bool BitEqual(Trainer& a, Trainer& b) {
 // scores them with `reward`.
 GroupList Rollout(Trainer& t, const std::vector<std::vector<int>>& prompts, int n, float temperature,
                   uint64_t seed, const std::function<double(const std::vector<int64_t>&)>& reward) {
-  actor::Generator gen(Policy(t));
-  std::vector<actor::GenerationRequest> reqs;
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    actor::GenerationRequest r;
-    r.id = p;
-    r.prompt.assign(prompts[p].begin(), prompts[p].end());
-    r.sampling.temperature = temperature;
-    r.sampling.max_new_tokens = 4;
-    r.sampling.stop_token_ids = {2};
-    r.sampling.seed = seed;
-    r.sampling.n = n;
-    r.prompt_index = p;
-    reqs.push_back(r);
-  }
-  torch::NoGradGuard no_grad;
-  auto out = gen.Generate(reqs);
-  REQUIRE(out.ok());
-  GroupList groups;
-  for (size_t p = 0; p < out->size(); ++p) {
-    auto* g = groups.add_groups();
-    g->set_group_id(std::to_string(p));
-    for (const auto& c : (*out)[p].samples) {
-      auto* tr = g->add_samples();
-      for (int id : prompts[p]) tr->add_prompt_token_ids(id);
-      for (int64_t id : c.tokens) tr->add_response_token_ids(static_cast<int>(id));
-      for (float lp : c.logprobs) tr->add_behaviour_logprobs(lp);
-      for (size_t j = 0; j < c.tokens.size(); ++j) tr->add_loss_mask(1);
-      tr->set_reward(reward(c.tokens));
-    }
-  }
-  return groups;
+  return testing::SampleGroups(Policy(t), prompts, n, temperature, seed, reward);
 }
 
 std::vector<std::vector<int>> Prompts(const ExperimentConfig& e, int count) {
