@@ -24,6 +24,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "actor/checkpoint.h"
 #include "actor/lora.h"
@@ -41,6 +42,23 @@ bool IsWeightFile(const std::string& name) {
                                                   name.compare(name.size() - 12, 12, ".safetensors") == 0);
 }
 
+// Creates `out` and copies into it every file of `in` but the weights and
+// the adapter: the tokenizer, chat template and generation settings travel
+// as they are.
+absl::Status CopyOtherFiles(const std::string& in, const std::string& out) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("create ", out, ": ", ec.message()));
+  for (const auto& entry : fs::directory_iterator(in, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || IsWeightFile(name)) continue;
+    fs::copy_file(entry.path(), fs::path(out) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return absl::InternalError(absl::StrCat("copy ", entry.path().string(), ": ", ec.message()));
+  }
+  if (ec) return absl::InternalError(absl::StrCat("list ", in, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
 absl::Status Merge(const std::string& in, const std::string& out) {
   if (!HasAdapterFiles(in)) {
     return absl::InvalidArgumentError(absl::StrCat(in, ": no adapter_config.json (nothing to merge)"));
@@ -48,16 +66,8 @@ absl::Status Merge(const std::string& in, const std::string& out) {
   LoadOptions lo;
   lo.merge_adapter = true;
   RLMESH_ASSIGN_OR_RETURN(Transformer model, LoadHfModel(in, lo));
+  RLMESH_RETURN_IF_ERROR(CopyOtherFiles(in, out));
   std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("create ", out, ": ", ec.message()));
-  // The tokenizer, chat template and generation settings travel as they are.
-  for (const auto& entry : fs::directory_iterator(in, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || IsWeightFile(name)) continue;
-    fs::copy_file(entry.path(), fs::path(out) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) return absl::InternalError(absl::StrCat("copy ", entry.path().string(), ": ", ec.message()));
-  }
   const fs::path generation = fs::path(in) / "generation_config.json";
   RLMESH_RETURN_IF_ERROR(SaveHfModel(model, out));
   if (fs::exists(generation)) {
@@ -101,13 +111,7 @@ absl::Status RandomAdapter(const std::string& in, const std::string& out, const 
     at::NoGradGuard no_grad;
     for (auto& [name, t] : model->AdapterParameters()) t.normal_(0.0, 0.05);
   }
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  for (const auto& entry : fs::directory_iterator(in, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || IsWeightFile(name)) continue;
-    fs::copy_file(entry.path(), fs::path(out) / name, fs::copy_options::overwrite_existing, ec);
-  }
+  RLMESH_RETURN_IF_ERROR(CopyOtherFiles(in, out));
   return SaveHfModel(model, out);
 }
 
