@@ -267,15 +267,7 @@ namespace {
 // none: an adapter left from an earlier save would be loaded with weights
 // it was not trained with.
 absl::Status SaveAdapterOrRemoveStale(Transformer& model, const std::string& dir) {
-  LoraSpec spec;
-  spec.targets.clear();
-  for (const auto& [name, linear] : model->AdaptableLinears()) {
-    if (!linear->has_adapter()) continue;
-    spec.rank = linear->lora_A().size(0);
-    spec.alpha = linear->lora_scaling() * static_cast<double>(spec.rank);
-    const std::string leaf = name.substr(name.rfind('.') + 1);
-    if (std::find(spec.targets.begin(), spec.targets.end(), leaf) == spec.targets.end()) spec.targets.push_back(leaf);
-  }
+  const LoraSpec spec = AdapterSpecOf(model);
   if (!spec.targets.empty()) return SaveAdapter(model, spec, dir);
   std::error_code ec;
   fs::remove(dir + "/adapter_config.json", ec);

@@ -74,6 +74,19 @@ bool IsAdapterTensorName(const std::string& name) {
   return absl::EndsWith(name, ".lora_A.weight") || absl::EndsWith(name, ".lora_B.weight");
 }
 
+LoraSpec AdapterSpecOf(Transformer& model) {
+  LoraSpec spec;
+  spec.targets.clear();
+  for (const auto& [name, linear] : model->AdaptableLinears()) {
+    if (!linear->has_adapter()) continue;
+    spec.rank = linear->lora_A().size(0);
+    spec.alpha = linear->lora_scaling() * static_cast<double>(spec.rank);
+    const std::string leaf = LeafName(name);
+    if (std::find(spec.targets.begin(), spec.targets.end(), leaf) == spec.targets.end()) spec.targets.push_back(leaf);
+  }
+  return spec;
+}
+
 absl::Status AttachLora(Transformer& model, const LoraSpec& spec) {
   RLMESH_RETURN_IF_ERROR(CheckSpec(spec));
   if (model->config().NumMoeLayers() > 0) {

@@ -72,6 +72,12 @@ class AdaptersOff {
 // True for an adapter tensor's name ("....lora_A.weight", "....lora_B.weight").
 bool IsAdapterTensorName(const std::string& name);
 
+// The spec of the adapters `model` carries, read off its layers: rank and
+// alpha (alpha = scaling * rank, as if not rsLoRA) of the last adapted layer,
+// and the leaf names of the adapted layers ("q_proj") in the order met;
+// the other fields keep their defaults. No targets when it carries none.
+LoraSpec AdapterSpecOf(Transformer& model);
+
 // Sets `model`'s adapters to `tensors` (AdapterParameters() names: each
 // adapted layer's lora_A then lora_B, in any order), copied to each layer's
 // device and dtype (requires_grad off), with `scaling` and `dropout`;
