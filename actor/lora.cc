@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "actor/safetensors.h"
 #include "common/atomic_file.h"
 #include "common/json_file.h"
@@ -70,8 +71,13 @@ const std::vector<std::string>& LoraTargetNames() {
   return *names;
 }
 
-bool IsAdapterTensorName(const std::string& name) {
-  return absl::EndsWith(name, ".lora_A.weight") || absl::EndsWith(name, ".lora_B.weight");
+bool IsAdapterTensorName(const std::string& name) { return AdapterModule(name).ok(); }
+
+absl::StatusOr<std::string> AdapterModule(const std::string& name) {
+  for (absl::string_view suffix : {".lora_A.weight", ".lora_B.weight"}) {
+    if (absl::EndsWith(name, suffix)) return name.substr(0, name.size() - suffix.size());
+  }
+  return absl::InvalidArgumentError(absl::StrCat("adapter tensor ", name, ": not a lora_A/lora_B weight"));
 }
 
 LoraSpec AdapterSpecOf(Transformer& model) {
@@ -133,11 +139,8 @@ absl::Status SetAdapters(Transformer& model, const Named& tensors, double scalin
   for (auto& [name, linear] : model->AdaptableLinears()) linears.emplace(name, linear);
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> got;
   for (const auto& [name, t] : tensors) {
+    RLMESH_ASSIGN_OR_RETURN(const std::string module, AdapterModule(name));
     const bool is_a = absl::EndsWith(name, ".lora_A.weight");
-    if (!is_a && !absl::EndsWith(name, ".lora_B.weight")) {
-      return absl::InvalidArgumentError(absl::StrCat("adapter tensor ", name, ": not a lora_A/lora_B weight"));
-    }
-    const std::string module = name.substr(0, name.size() - std::string(".lora_A.weight").size());
     auto it = linears.find(module);
     if (it == linears.end()) {
       return absl::InvalidArgumentError(

@@ -72,6 +72,11 @@ class AdaptersOff {
 // True for an adapter tensor's name ("....lora_A.weight", "....lora_B.weight").
 bool IsAdapterTensorName(const std::string& name);
 
+// The module an adapter tensor belongs to: "model.layers.0.self_attn.q_proj"
+// for "model.layers.0.self_attn.q_proj.lora_A.weight" (or lora_B).
+// INVALID_ARGUMENT naming `name` when it is not an adapter tensor's name.
+absl::StatusOr<std::string> AdapterModule(const std::string& name);
+
 // The spec of the adapters `model` carries, read off its layers: rank and
 // alpha (alpha = scaling * rank, as if not rsLoRA) of the last adapted layer,
 // and the leaf names of the adapted layers ("q_proj") in the order met;

@@ -386,7 +386,7 @@ absl::Status RolloutWorker::Impl::CheckAdapters(const NamedTensors& tensors,
                                                    " (its ranks carry no adapters; model.lora refuses rollout.tp)"));
   }
   for (const auto& [name, t] : tensors) {
-    const std::string module = name.substr(0, name.size() - std::string(".lora_A.weight").size());
+    RLMESH_ASSIGN_OR_RETURN(const std::string module, actor::AdapterModule(name));
     auto it = params.find(module + ".weight");
     if (it == params.end()) {
       return absl::InvalidArgumentError(
