@@ -210,20 +210,12 @@ absl::StatusOr<std::unique_ptr<SlurmCluster>> LaunchSlurmRoles(const SlurmOption
   return slurm;
 }
 
-// The runner's options: the experiment, where its roles are (`a`) and what
-// it is to do (resume, or evaluate `eval_folder` instead of the stages).
-RunnerOptions RunRunnerOptions(const RunTarget& t, const ClusterAddresses& a, bool on_slurm, bool resume,
+// The runner's options: the experiment, where its roles are (`a`; a local
+// cluster's leaves the weight-sync store on this host) and what it is to do
+// (resume, or evaluate `eval_folder` instead of the stages).
+RunnerOptions RunRunnerOptions(const RunTarget& t, const ClusterAddresses& a, bool resume,
                                const std::string& eval_folder) {
-  RunnerOptions ro;
-  ro.experiment = t.cfg;
-  ro.experiment_id = t.id;
-  ro.run_dir = t.run_dir;
-  ro.replay_buffer = a.replay_buffer;
-  ro.reward_servers = a.reward_servers;
-  ro.rollout_workers = a.rollout_workers;
-  ro.learners = a.learners;
-  ro.auth_token = a.auth_token;
-  if (on_slurm) ro.sync_store_host = a.sync_store_host;
+  RunnerOptions ro = RunnerOptionsFor(t.cfg, t.id, t.run_dir, a);
   ro.resume = resume;
   ro.evaluate_folder = eval_folder;
   ro.eval_samples = UserPath(absl::GetFlag(FLAGS_out));
@@ -352,7 +344,7 @@ int Run(const std::vector<std::string>& args, const std::vector<std::string>& se
   // The runner and what serves its status.
   const ClusterAddresses a = local ? AddressesOf(*local, server_options->auth_token, run_dir)
                                    : AddressesOf(*slurm, server_options->auth_token, co.tokenizer, run_dir);
-  ExperimentRunner runner(RunRunnerOptions(*target, a, slurm != nullptr, !resume.empty(), eval_folder));
+  ExperimentRunner runner(RunRunnerOptions(*target, a, !resume.empty(), eval_folder));
   // Roles as the launcher sees them: the local cluster's children, or what
   // registered from the Slurm steps.
   std::function<std::vector<RoleInfo>()> roles = [&local, &registry] {

@@ -14,6 +14,21 @@
 
 namespace rlmesh {
 
+RunnerOptions RunnerOptionsFor(ExperimentConfig experiment, std::string experiment_id, std::string run_dir,
+                               const ClusterAddresses& cluster) {
+  RunnerOptions o;
+  o.experiment = std::move(experiment);
+  o.experiment_id = std::move(experiment_id);
+  o.run_dir = std::move(run_dir);
+  o.replay_buffer = cluster.replay_buffer;
+  o.reward_servers = cluster.reward_servers;
+  o.rollout_workers = cluster.rollout_workers;
+  o.learners = cluster.learners;
+  o.auth_token = cluster.auth_token;
+  o.sync_store_host = cluster.sync_store_host;
+  return o;
+}
+
 ExperimentManager::ExperimentManager(ClusterAddresses cluster) : cluster_(std::move(cluster)) {
   worker_ = std::thread([this] { Work(); });
 }
@@ -96,16 +111,7 @@ absl::StatusOr<std::string> ExperimentManager::Submit(ExperimentConfig config) {
   auto e = std::make_unique<Entry>();
   e->id = id;
   e->config = std::move(config);
-  RunnerOptions o;
-  o.experiment = e->config;
-  o.experiment_id = id;
-  o.run_dir = absl::StrCat(cluster_.run_root, "/", id);
-  o.replay_buffer = cluster_.replay_buffer;
-  o.reward_servers = cluster_.reward_servers;
-  o.rollout_workers = cluster_.rollout_workers;
-  o.learners = cluster_.learners;
-  o.auth_token = cluster_.auth_token;
-  o.sync_store_host = cluster_.sync_store_host;
+  RunnerOptions o = RunnerOptionsFor(e->config, id, absl::StrCat(cluster_.run_root, "/", id), cluster_);
   o.progress = false;
   e->runner = std::make_unique<ExperimentRunner>(std::move(o));
   entries_[id] = std::move(e);

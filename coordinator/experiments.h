@@ -43,6 +43,12 @@ struct ClusterAddresses {
   std::function<absl::Status(const ExperimentConfig&)> check_placement;
 };
 
+// The runner's options for `experiment` as `experiment_id` in `run_dir`,
+// its roles `cluster`'s (addresses, auth token, weight-sync store host);
+// every other field keeps its default.
+RunnerOptions RunnerOptionsFor(ExperimentConfig experiment, std::string experiment_id, std::string run_dir,
+                               const ClusterAddresses& cluster);
+
 // Safe for concurrent use.
 class ExperimentManager {
  public:
