@@ -21,12 +21,46 @@
 namespace rlmesh {
 namespace {
 
-// The end of a launch whose roles register (Slurm, Kubernetes): prints the
-// registered roles, then with --exit_after_health returns 1 unless every one
-// serves, else waits for SIGTERM/SIGINT; either way stops taking
-// experiments and shuts the server down. The caller stops its launcher.
-int ServeRegisteredRoles(Registry* registry, ExperimentManager* experiments, CoordinatorServiceImpl* service,
-                         RpcServer* server) {
+// The Coordinator RPC of a launch whose roles register (Slurm, Kubernetes):
+// the registry they register with, and the server with its service over it,
+// not yet started.
+struct RegisteredCoordinator {
+  explicit RegisteredCoordinator(const ServerOptions& options)
+      : registry(RegistryOptionsFromFlags()), server(options), service(&server.auth(), nullptr, nullptr, &registry) {
+    server.AddService(&service);
+  }
+  Registry registry;
+  RpcServer server;
+  CoordinatorServiceImpl service;
+};
+
+// The end of a launch whose roles register: takes experiments on `addresses`
+// (their weight-sync backend checked against where the roles registered)
+// with the cluster's services, writes <run_dir>/coordinator.address and
+// prints that the cluster is up `on` where. Then prints the registered
+// roles, and with --exit_after_health gives 1 unless every one serves, else
+// waits for SIGTERM/SIGINT; either way stops taking experiments and shuts
+// the server down. The error of services that did not start, the server
+// shut down. The caller stops its launcher.
+absl::StatusOr<int> ServeRegisteredRoles(RegisteredCoordinator* c, ClusterAddresses addresses,
+                                         const ServerOptions& server_options, const std::string& run_dir,
+                                         const std::string& on) {
+  Registry* registry = &c->registry;
+  addresses.check_placement = [registry](const ExperimentConfig& cfg) {
+    return CheckWeightSyncPlacement(cfg.weight_sync().backend(), registry->Roles());
+  };
+  ExperimentManager experiments(addresses);
+  ClusterServices services;
+  absl::Status serving = StartClusterServices(&experiments, [registry] { return registry->Roles(); }, addresses,
+                                              server_options, run_dir, &services);
+  if (!serving.ok()) {
+    experiments.Shutdown();
+    c->server.Shutdown();
+    return serving;
+  }
+  c->service.SetExperiments(&experiments);
+  WriteFileAtomically(run_dir + "/coordinator.address", c->server.address() + "\n").IgnoreError();
+  std::printf("rlmesh: cluster up on %s (coordinator %s)\n", on.c_str(), c->server.address().c_str());
   const auto roles = registry->Roles();
   PrintRoles(roles);
   int code = 0;
@@ -36,9 +70,9 @@ int ServeRegisteredRoles(Registry* registry, ExperimentManager* experiments, Coo
     const int sig = WaitForTerminationSignal();
     RLMESH_LOG(INFO) << "signal=" << sig << " shutting down";
   }
-  experiments->Shutdown();
-  service->SetExperiments(nullptr);
-  server->Shutdown();
+  experiments.Shutdown();
+  c->service.SetExperiments(nullptr);
+  c->server.Shutdown();
   return code;
 }
 
@@ -55,41 +89,23 @@ int LaunchSlurm(const ClusterConfig& config, const ClusterOptions& options) {
                                                     server_options->port > 0 ? std::to_string(server_options->port)
                                                                              : "<port>")));
   }
-  Registry registry(RegistryOptionsFromFlags());
-  RpcServer server(*server_options);
-  CoordinatorServiceImpl service(&server.auth(), nullptr, nullptr, &registry);
-  server.AddService(&service);
-  absl::Status started = server.Start();
+  RegisteredCoordinator c(*server_options);
+  absl::Status started = c.server.Start();
   if (!started.ok()) return Fail("launch", started);
-  auto slurm = SlurmCluster::Launch(SlurmOptionsFor(options, config, job_name, server.address()), &registry);
+  auto slurm = SlurmCluster::Launch(SlurmOptionsFor(options, config, job_name, c.server.address()), &c.registry);
   if (!slurm.ok()) {
-    server.Shutdown();
+    c.server.Shutdown();
     return Fail("launch", slurm.status());
   }
   ClusterAddresses addresses =
       AddressesOf(**slurm, server_options->auth_token, options.tokenizer, options.run_dir + "/experiments");
   addresses.reward_commands = AllowedCommandPrograms();
-  addresses.check_placement = [&registry](const ExperimentConfig& c) {
-    return CheckWeightSyncPlacement(c.weight_sync().backend(), registry.Roles());
-  };
-  ExperimentManager experiments(addresses);
-  ClusterServices services;
-  absl::Status serving = StartClusterServices(&experiments, [&registry] { return registry.Roles(); }, addresses,
-                                              *server_options, options.run_dir, &services);
-  if (!serving.ok()) {
-    experiments.Shutdown();
-    server.Shutdown();
-    (*slurm)->Stop();
-    return Fail("launch", serving);
-  }
-  service.SetExperiments(&experiments);
-  WriteFileAtomically(options.run_dir + "/coordinator.address", server.address() + "\n").IgnoreError();
-  std::printf("rlmesh: cluster up on slurm job %s (coordinator %s)\n", (*slurm)->job_id().c_str(),
-              server.address().c_str());
-  const int code = ServeRegisteredRoles(&registry, &experiments, &service, &server);
+  const absl::StatusOr<int> code = ServeRegisteredRoles(&c, std::move(addresses), *server_options, options.run_dir,
+                                                        absl::StrCat("slurm job ", (*slurm)->job_id()));
   (*slurm)->Stop();
+  if (!code.ok()) return Fail("launch", code.status());
   std::printf("rlmesh: slurm job %s cancelled\n", (*slurm)->job_id().c_str());
-  return code;
+  return *code;
 }
 
 // launch with launcher: kubernetes, in the coordinator's pod: Kubernetes
@@ -101,22 +117,19 @@ int LaunchKubernetes(const ClusterConfig& config) {
   if (!server_options.ok()) return Fail("launch", server_options.status());
   const ClusterConfig pod = PodClusterConfig(config);
   if (server_options->port == 0) server_options->port = pod.coordinator_port();
-  Registry registry(RegistryOptionsFromFlags());
-  RpcServer server(*server_options);
-  CoordinatorServiceImpl service(&server.auth(), nullptr, nullptr, &registry);
-  server.AddService(&service);
-  absl::Status started = server.Start();
+  RegisteredCoordinator c(*server_options);
+  absl::Status started = c.server.Start();
   if (!started.ok()) return Fail("launch", started);
   const std::vector<std::string> names = KubernetesRoleNames(pod);
-  std::printf("rlmesh: coordinator %s waiting for %zu roles to register at %s\n", server.address().c_str(),
+  std::printf("rlmesh: coordinator %s waiting for %zu roles to register at %s\n", c.server.address().c_str(),
               names.size(), KubernetesCoordinatorAddress(pod).c_str());
   std::fflush(stdout);
   const absl::Time deadline = absl::Now() + absl::Seconds(pod.kubernetes().start_timeout_seconds());
   std::map<std::string, std::string> address;
   for (const auto& name : names) {
-    auto info = registry.WaitFor(name, 0, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    auto info = c.registry.WaitFor(name, 0, std::max(absl::ZeroDuration(), deadline - absl::Now()));
     if (!info.ok()) {
-      server.Shutdown();
+      c.server.Shutdown();
       return Fail("launch", absl::DeadlineExceededError(absl::StrCat(
                                 name, " did not register within ", pod.kubernetes().start_timeout_seconds(),
                                 " s (kubernetes.start_timeout_seconds); see `kubectl -n ", pod.kubernetes().namespace_(),
@@ -140,23 +153,9 @@ int LaunchKubernetes(const ClusterConfig& config) {
   std::error_code ec;
   std::filesystem::create_directories(a.run_root, ec);
   if (ec) RLMESH_LOG(WARNING) << "cannot create " << a.run_root << ": " << ec.message();
-  a.check_placement = [&registry](const ExperimentConfig& c) {
-    return CheckWeightSyncPlacement(c.weight_sync().backend(), registry.Roles());
-  };
-  ExperimentManager experiments(a);
-  ClusterServices services;
-  absl::Status serving =
-      StartClusterServices(&experiments, [&registry] { return registry.Roles(); }, a, *server_options, pod.run_dir(),
-                           &services);
-  if (!serving.ok()) {
-    experiments.Shutdown();
-    server.Shutdown();
-    return Fail("launch", serving);
-  }
-  service.SetExperiments(&experiments);
-  WriteFileAtomically(pod.run_dir() + "/coordinator.address", server.address() + "\n").IgnoreError();
-  std::printf("rlmesh: cluster up on kubernetes (coordinator %s)\n", server.address().c_str());
-  return ServeRegisteredRoles(&registry, &experiments, &service, &server);
+  const absl::StatusOr<int> code = ServeRegisteredRoles(&c, std::move(a), *server_options, pod.run_dir(), "kubernetes");
+  if (!code.ok()) return Fail("launch", code.status());
+  return *code;
 }
 
 }  // namespace
