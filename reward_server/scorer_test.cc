@@ -10,6 +10,7 @@
 #include "common/testing/test_util.h"
 #include "reward_server/client.h"
 #include "reward_server/service.h"
+#include "reward_server/testing/gated_verifier.h"
 
 namespace rlmesh {
 namespace {
@@ -81,18 +82,13 @@ TEST_CASE("bad items are INVALID_ARGUMENT naming the item") {
 }
 
 TEST_CASE("a verifier past its deadline is counted and does not stall the batch") {
-  testing::TempDir dir;
-  const std::string slow = testing::WriteScript(dir, "slow.sh", "exec sleep 30");
-  actor::CharTokenizer tok;
-  ScorerOptions options;
-  options.allowed_commands = {slow};
-  auto scorer = RewardScorer::Create(options, &tok);
+  const testing::GatedVerifier slow;  // never opened
+  auto scorer = slow.MakeScorer();
+  REQUIRE(scorer.ok());
   ScoreRequest req;
-  for (int i = 0; i < 8; ++i) *req.add_items() = Item(tok, std::to_string(i), "3");
+  for (int i = 0; i < 8; ++i) *req.add_items() = Item(slow.tokenizer(), std::to_string(i), "3");
   *req.add_verifiers() = V("numeric_answer", 1.0);
-  VerifierConfig cmd = V("command", 1.0);
-  cmd.add_command(slow);
-  *req.add_verifiers() = cmd;
+  *req.add_verifiers() = slow.Config();
   req.set_verifier_timeout_ms(300);
   const absl::Time start = absl::Now();
   auto resp = (*scorer)->Score(req);
@@ -105,21 +101,16 @@ TEST_CASE("a verifier past its deadline is counted and does not stall the batch"
 }
 
 TEST_CASE("when every verifier thread is stuck the verifier queue fills and requests are refused") {
-  testing::TempDir dir;
-  const std::string slow = testing::WriteScript(dir, "slow.sh", "exec sleep 30");
-  actor::CharTokenizer tok;
+  const testing::GatedVerifier slow;  // never opened
   ScorerOptions options;
-  options.allowed_commands = {slow};
   options.verifier_threads = 2;
   options.verifier_queue = 2;
-  auto scorer = RewardScorer::Create(options, &tok);
+  auto scorer = slow.MakeScorer(options);
   REQUIRE(scorer.ok());
-  VerifierConfig cmd = V("command", 1.0);
-  cmd.add_command(slow);
   auto request = [&](int items, absl::Duration timeout) {
     ScoreRequest req;
-    for (int i = 0; i < items; ++i) *req.add_items() = Item(tok, std::to_string(i), "3");
-    *req.add_verifiers() = cmd;
+    for (int i = 0; i < items; ++i) *req.add_items() = Item(slow.tokenizer(), std::to_string(i), "3");
+    *req.add_verifiers() = slow.Config();
     req.set_verifier_timeout_ms(absl::ToInt64Milliseconds(timeout));
     return req;
   };

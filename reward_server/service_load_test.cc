@@ -14,16 +14,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "actor/tokenizer.h"
 #include "catch2/catch.hpp"
 #include "common/rpc_client.h"
 #include "common/rpc_server.h"
-#include "common/testing/script.h"
-#include "common/testing/test_util.h"
 #include "proto/reward.grpc.pb.h"
 #include "reward_server/client.h"
 #include "reward_server/scorer.h"
 #include "reward_server/service.h"
+#include "reward_server/testing/gated_verifier.h"
 
 namespace rlmesh {
 namespace {
@@ -146,16 +144,13 @@ struct AsyncCall {
   ScoreResponse response;
 };
 
-ScoreRequest SlowRequest(const std::string& program, const std::string& answer) {
+ScoreRequest SlowRequest(const testing::GatedVerifier& slow, const std::string& answer) {
   ScoreRequest req;
   ScoreItem* item = req.add_items();
   item->set_item_id(answer);
   item->set_completion_text(answer);
   item->set_reference_answer(answer);
-  VerifierConfig cmd;
-  cmd.set_name("command");
-  cmd.add_command(program);
-  *req.add_verifiers() = cmd;
+  *req.add_verifiers() = slow.Config();
   req.set_verifier_timeout_ms(absl::ToInt64Milliseconds(kDeadline));
   return req;
 }
@@ -171,17 +166,12 @@ TEST_CASE("10x score_queue concurrent calls: the excess is refused at once, thre
   constexpr int kMaxExtraThreads = 16;
   constexpr int64_t kMaxExtraRssKib = 64 << 10;
 
-  testing::TempDir dir;
-  const std::string gate = dir.File("gate");
-  // Prints 1 once the test creates the gate file.
-  const std::string slow = testing::WriteScript(
-      dir, "slow.sh", "cat > /dev/null\nwhile [ ! -e '" + gate + "' ]; do sleep 0.01; done\necho 1");
-  actor::CharTokenizer tok;
+  // Prints 1 once the test opens its gate.
+  const testing::GatedVerifier slow;
   ScorerOptions so;
-  so.allowed_commands = {slow};
   so.verifier_threads = kScoreThreads;
   so.verifier_queue = kScoreQueue;
-  auto scorer = RewardScorer::Create(so, &tok);
+  auto scorer = slow.MakeScorer(so);
   REQUIRE(scorer.ok());
   RpcServer server(ServerOptions{});
   RewardServiceOptions options;
@@ -226,7 +216,7 @@ TEST_CASE("10x score_queue concurrent calls: the excess is refused at once, thre
   // The excess is answered while the accepted calls still wait on the gate.
   const bool refusals_in = outcomes.WaitForCompleted(kCalls - kAccepted, absl::Seconds(10));
   const ProcUsage loaded = sampler.peak();
-  std::ofstream(gate) << "open\n";
+  slow.Open();
   const bool all_in = outcomes.WaitForCompleted(kCalls, kDeadline);
   if (!all_in) {
     // The calls' state must outlive them: cancel what is left and wait.
@@ -262,12 +252,8 @@ TEST_CASE("10x score_queue concurrent calls: the excess is refused at once, thre
 }
 
 TEST_CASE("the retrying reward client rides out RESOURCE_EXHAUSTED") {
-  testing::TempDir dir;
-  const std::string slow = testing::WriteScript(dir, "slow.sh", "cat > /dev/null\nsleep 2\necho 1");
-  actor::CharTokenizer tok;
-  ScorerOptions so;
-  so.allowed_commands = {slow};
-  auto scorer = RewardScorer::Create(so, &tok);
+  const testing::GatedVerifier slow("cat > /dev/null\nsleep 2\necho 1");
+  auto scorer = slow.MakeScorer();
   REQUIRE(scorer.ok());
   RpcServer server(ServerOptions{});
   RewardServiceOptions options;
