@@ -21,6 +21,18 @@ absl::Status CheckBatch(const std::string& field, int64_t batch, int world_size)
   return absl::OkStatus();
 }
 
+// What the supervised stages share (SftOptions, PairOptions from an SFT,
+// reward-model or DPO stage `s` at `field`): steps, batch (checked by
+// CheckBatch) and an optimizer for the stage's steps.
+template <typename StageConfig, typename Options>
+absl::Status ReadSupervisedStage(const std::string& field, const StageConfig& s, int world_size, Options* o) {
+  RLMESH_RETURN_IF_ERROR(CheckBatch(field, s.batch(), world_size));
+  o->steps = s.steps();
+  o->batch = s.batch();
+  o->optimizer = MakeOptimizerOptions(s.optimizer(), s.steps());
+  return absl::OkStatus();
+}
+
 LearnerSettings MakeLearnerSettings(const ExperimentConfig& exp) {
   const LearnerConfig& lc = exp.learner();
   LearnerSettings l;
@@ -145,12 +157,9 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
     case Stage::kSft: {
       const SftStage& sft = stage.sft();
       o.kind = StageKind::kSft;
-      RLMESH_RETURN_IF_ERROR(CheckBatch(sp + ".sft", sft.batch(), world_size));
-      o.sft.steps = sft.steps();
-      o.sft.batch = sft.batch();
+      RLMESH_RETURN_IF_ERROR(ReadSupervisedStage(sp + ".sft", sft, world_size, &o.sft));
       o.sft.packing = sft.packing();
       o.sft.train_on_prompt = sft.train_on_prompt();
-      o.sft.optimizer = MakeOptimizerOptions(sft.optimizer(), sft.steps());
       break;
     }
     case Stage::kGrpo: {
@@ -177,23 +186,17 @@ absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int s
     case Stage::kRewardModel: {
       const RewardModelStage& rm = stage.reward_model();
       o.kind = StageKind::kRewardModel;
-      RLMESH_RETURN_IF_ERROR(CheckBatch(sp + ".reward_model", rm.batch(), world_size));
-      o.pairs.steps = rm.steps();
-      o.pairs.batch = rm.batch();
+      RLMESH_RETURN_IF_ERROR(ReadSupervisedStage(sp + ".reward_model", rm, world_size, &o.pairs));
       o.pairs.output = rm.output();
       o.pairs.pairs_path = rm.pairs_path();
-      o.pairs.optimizer = MakeOptimizerOptions(rm.optimizer(), rm.steps());
       break;
     }
     case Stage::kDpo: {
       const DpoStage& dpo = stage.dpo();
       o.kind = StageKind::kDpo;
-      RLMESH_RETURN_IF_ERROR(CheckBatch(sp + ".dpo", dpo.batch(), world_size));
-      o.pairs.steps = dpo.steps();
-      o.pairs.batch = dpo.batch();
+      RLMESH_RETURN_IF_ERROR(ReadSupervisedStage(sp + ".dpo", dpo, world_size, &o.pairs));
       o.pairs.beta = dpo.beta();
       o.pairs.pairs_path = dpo.pairs_path();
-      o.pairs.optimizer = MakeOptimizerOptions(dpo.optimizer(), dpo.steps());
       break;
     }
     default:
