@@ -118,12 +118,14 @@ absl::StatusOr<const CudaRuntimeApi*> OpenCudaRuntime(const std::vector<std::str
   Resolve(*lib, "cudaSetDevice", &api->SetDevice, &missing);
   Resolve(*lib, "cudaDeviceGetPCIBusId", &api->DeviceGetPCIBusId, &missing);
   Resolve(*lib, "cudaDeviceGetByPCIBusId", &api->DeviceGetByPCIBusId, &missing);
-  Resolve(*lib, "cudaMalloc", &api->Malloc, &missing);
-  Resolve(*lib, "cudaFree", &api->Free, &missing);
   Resolve(*lib, "cudaMemcpyAsync", &api->MemcpyAsync, &missing);
   Resolve(*lib, "cudaStreamCreateWithFlags", &api->StreamCreateWithFlags, &missing);
   Resolve(*lib, "cudaStreamDestroy", &api->StreamDestroy, &missing);
-  Resolve(*lib, "cudaStreamQuery", &api->StreamQuery, &missing);
+  Resolve(*lib, "cudaStreamWaitEvent", &api->StreamWaitEvent, &missing);
+  Resolve(*lib, "cudaEventCreateWithFlags", &api->EventCreateWithFlags, &missing);
+  Resolve(*lib, "cudaEventRecord", &api->EventRecord, &missing);
+  Resolve(*lib, "cudaEventQuery", &api->EventQuery, &missing);
+  Resolve(*lib, "cudaEventDestroy", &api->EventDestroy, &missing);
   Resolve(*lib, "cudaIpcGetMemHandle", &api->IpcGetMemHandle, &missing);
   Resolve(*lib, "cudaIpcOpenMemHandle", &api->IpcOpenMemHandle, &missing);
   Resolve(*lib, "cudaIpcCloseMemHandle", &api->IpcCloseMemHandle, &missing);

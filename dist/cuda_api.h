@@ -44,12 +44,14 @@ struct CudaRuntimeApi {
   cudaError_t (*SetDevice)(int);
   cudaError_t (*DeviceGetPCIBusId)(char*, int, int);
   cudaError_t (*DeviceGetByPCIBusId)(int*, const char*);
-  cudaError_t (*Malloc)(void**, size_t);
-  cudaError_t (*Free)(void*);
   cudaError_t (*MemcpyAsync)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
   cudaError_t (*StreamCreateWithFlags)(cudaStream_t*, unsigned int);
   cudaError_t (*StreamDestroy)(cudaStream_t);
-  cudaError_t (*StreamQuery)(cudaStream_t);
+  cudaError_t (*StreamWaitEvent)(cudaStream_t, cudaEvent_t, unsigned int);
+  cudaError_t (*EventCreateWithFlags)(cudaEvent_t*, unsigned int);
+  cudaError_t (*EventRecord)(cudaEvent_t, cudaStream_t);
+  cudaError_t (*EventQuery)(cudaEvent_t);
+  cudaError_t (*EventDestroy)(cudaEvent_t);
   cudaError_t (*IpcGetMemHandle)(cudaIpcMemHandle_t*, void*);
   cudaError_t (*IpcOpenMemHandle)(void**, cudaIpcMemHandle_t, unsigned int);
   cudaError_t (*IpcCloseMemHandle)(void*);

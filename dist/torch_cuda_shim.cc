@@ -1,10 +1,12 @@
 // The body of libtorch_cuda_shim.so: LibTorch's c10d::ProcessGroupNCCL and
-// at::cuda::CUDAGraph behind C entry points, so that the binaries, which link
+// at::cuda::CUDAGraph, the current CUDA stream and the caching allocator's
+// segments behind C entry points, so that the binaries, which link
 // only LibTorch's CPU libraries, can have them by dlopen (dist/cuda_shim.h)
 // where a GPU is asked for. Only this shared object links libtorch_cuda.
 // Every entry point reports failure with LibTorch's message, without its
 // backtrace, in `error`; none throws.
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -131,4 +133,34 @@ extern "C" __attribute__((visibility("default"))) int rlmesh_cuda_graph_replay(v
 
 extern "C" __attribute__((visibility("default"))) void rlmesh_cuda_graph_free(void* graph) {
   delete static_cast<Graph*>(graph);
+}
+
+// LibTorch's current stream on GPU `device` (thread-local in LibTorch: what
+// the calling thread's LibTorch work is queued on), as a cudaStream_t in
+// `*stream`. 0 = done.
+extern "C" __attribute__((visibility("default"))) int rlmesh_cuda_current_stream(int device, void** stream,
+                                                                               char* error, size_t error_len) {
+  try {
+    *stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+    return 0;
+  } catch (...) {
+    Report(error, error_len);
+  }
+  return 1;
+}
+
+// The cudaMalloc'd segment of LibTorch's caching allocator that holds the
+// device address `ptr` (a block of it): its start in `*base`, its size in
+// `*size`. CUDA IPC shares whole segments, so a block is shared as its
+// segment's handle plus `ptr - base`. 0 = done.
+extern "C" __attribute__((visibility("default"))) int rlmesh_cuda_base_allocation(void* ptr, void** base,
+                                                                                size_t* size, char* error,
+                                                                                size_t error_len) {
+  try {
+    *base = c10::cuda::CUDACachingAllocator::getBaseAllocation(ptr, size);
+    return 0;
+  } catch (...) {
+    Report(error, error_len);
+  }
+  return 1;
 }

@@ -1,10 +1,13 @@
 #include "weight_sync/internal.h"
 
 #include <algorithm>
-#include <map>
+#include <cstdlib>
+#include <set>
 
 #include "common/log.h"
 #include "dist/device.h"
+#include "dist/torch_cuda.h"
+#include "weight_sync/ipc_mappings.h"
 #include "weight_sync/shm_files.h"
 
 namespace rlmesh::weight_sync::internal {
@@ -13,32 +16,40 @@ namespace {
 // ---------------------------------------------------------------------------
 // CUDA_IPC: the publisher keeps two slots of device buffers (one per bucket,
 // version v in slot v % 2, allocated once and reused while the bucket sizes
-// stay), copies each version in with cudaMemcpy and shares them through the
-// SHM backend's host-side channel under spec.shm_prefix: an "ipc-seq" file
-// with one seqlock word per slot and an "ipc-v<N>" manifest per version
-// (written last, atomically) holding the publisher's pid and GPU (PCI bus
-// id), each bucket's cudaIpcMemHandle_t and allocation number, and the
-// layout. A receiver opens each handle once (re-opened only when the
-// allocation number changes) on the GPU with that bus id and copies device
-// -> device into tensors on that GPU; a reader overtaken by the publisher
-// (the slot's word changed during the copy) gets ABORTED, as with SHM. In the
-// publisher's own process (tests) a handle cannot be opened, so the raw
-// device pointer is used.
+// stay), copies each version in on a stream of its own and shares them
+// through the SHM backend's host-side channel under spec.shm_prefix: an
+// "ipc-seq" file with one seqlock word per slot and an "ipc-v<N>" manifest
+// per version (written last, atomically) holding the publisher's pid and GPU
+// (PCI bus id), each bucket's segment handle and offset, and the layout. A
+// receiver maps each segment once (IpcMappings) on the GPU with that bus id
+// and copies device -> device into tensors on that GPU; a reader overtaken
+// by the publisher (the slot's word changed during the copy) gets ABORTED,
+// as with SHM. In the publisher's own process (tests) a handle cannot be
+// opened, so the raw device pointer is used.
+//
+// The buckets are LibTorch tensors: they come from its caching allocator,
+// so they count against the process's memory fraction
+// (dist::SetCudaMemoryFraction) and show in its memory figures, and running
+// out is RESOURCE_EXHAUSTED naming the bytes. CUDA IPC shares whole
+// cudaMalloc'd segments, so a bucket travels as its segment's handle plus
+// its offset in it (dist::CachingAllocatorSegment). The allocator's
+// expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+// cannot be shared this way; the publisher then fails naming the setting.
 //
 // Nothing goes through host memory when the tensors are on the GPU: the
 // publisher copies device tensors device -> device (host tensors host ->
 // device), and the receiver's tensors are LibTorch tensors on the
-// publisher's GPU. Both sides first wait, by the deadline, for LibTorch's
-// work queued on the legacy default stream (what wrote the publisher's
-// tensors; what still reads the receiver's destinations), since their own
-// copies run on a non-blocking stream.
+// publisher's GPU. Each side's stream first waits, on the device, for
+// LibTorch's current stream (what wrote the publisher's tensors; what still
+// reads the receiver's destinations); the host then waits, by the deadline,
+// for that stream's copies alone.
 
-constexpr char kIpcMagic[8] = {'R', 'L', 'M', 'I', 'P', 'C', '1', '\0'};
+constexpr char kIpcMagic[8] = {'R', 'L', 'M', 'I', 'P', 'C', '2', '\0'};
 
 struct IpcBucket {
   int64_t bytes = 0;
-  int64_t allocation = 0;  // publisher-unique number of the device buffer
-  uint64_t pointer = 0;    // the publisher's device address (same process only)
+  int64_t offset = 0;    // where the bucket starts in the segment `handle` names
+  uint64_t pointer = 0;  // the publisher's device address (same process only)
   cudaIpcMemHandle_t handle;
 };
 
@@ -68,7 +79,7 @@ std::string EncodeIpcManifest(const IpcManifest& m) {
   AppendRaw(&out, static_cast<int64_t>(m.buckets.size()));
   for (const IpcBucket& b : m.buckets) {
     AppendRaw(&out, b.bytes);
-    AppendRaw(&out, b.allocation);
+    AppendRaw(&out, b.offset);
     AppendRaw(&out, b.pointer);
     AppendRaw(&out, b.handle);
   }
@@ -98,10 +109,11 @@ absl::StatusOr<IpcManifest> DecodeIpcManifest(const std::string& text, const std
   if (n < 0 || n > (int64_t{1} << 20)) return corrupt("bucket count");
   m.buckets.resize(static_cast<size_t>(n));
   for (IpcBucket& b : m.buckets) {
-    if (!take(&b.bytes, sizeof(b.bytes)) || !take(&b.allocation, sizeof(b.allocation)) ||
+    if (!take(&b.bytes, sizeof(b.bytes)) || !take(&b.offset, sizeof(b.offset)) ||
         !take(&b.pointer, sizeof(b.pointer)) || !take(&b.handle, sizeof(b.handle))) {
       return corrupt("buckets");
     }
+    if (b.offset < 0) return corrupt("bucket offset");
   }
   if (!m.layout.ParseFromArray(text.data() + at, static_cast<int>(text.size() - at))) return corrupt("layout");
   if (m.layout.bucket_bytes_size() != static_cast<int>(m.buckets.size())) return corrupt("bucket count vs layout");
@@ -122,13 +134,14 @@ class CudaIpcPublisher final : public WeightPublisher {
   ~CudaIpcPublisher() override {
     for (int64_t v : manifests_) unlink(IpcManifestPath(prefix_, v).c_str());
     if (seq_.data() != nullptr) unlink(IpcSeqPath(prefix_).c_str());
-    if (stream_ == nullptr || cuda_->SetDevice(device_) != cudaSuccess) return;
-    for (auto& slot : slots_) {
-      for (Buffer& b : slot) {
-        if (b.ptr != nullptr) cuda_->Free(b.ptr);
+    if (broken_) {
+      // The stream may still be writing into the buckets: they must never
+      // go back to the allocator for other tensors.
+      for (auto& slot : slots_) {
+        for (Buffer& b : slot) new at::Tensor(std::move(b.tensor));
       }
     }
-    cuda_->StreamDestroy(stream_);
+    if (stream_ != nullptr && cuda_->SetDevice(device_) == cudaSuccess) cuda_->StreamDestroy(stream_);
   }
 
   absl::StatusOr<WeightLayout> Publish(const NamedTensors& tensors, int64_t version) override {
@@ -156,8 +169,8 @@ class CudaIpcPublisher final : public WeightPublisher {
     for (const Buffer& b : slots_[slot]) {
       IpcBucket ib;
       ib.bytes = b.bytes;
-      ib.allocation = b.allocation;
-      ib.pointer = reinterpret_cast<uint64_t>(b.ptr);
+      ib.offset = b.offset;
+      ib.pointer = reinterpret_cast<uint64_t>(b.tensor.data_ptr());
       ib.handle = b.handle;
       m.buckets.push_back(ib);
     }
@@ -171,15 +184,17 @@ class CudaIpcPublisher final : public WeightPublisher {
 
  private:
   struct Buffer {
-    void* ptr = nullptr;
+    at::Tensor tensor;  // bytes on device_, from LibTorch's caching allocator
     int64_t bytes = 0;
-    int64_t allocation = 0;
+    int64_t offset = 0;  // tensor's start in the segment `handle` names
     cudaIpcMemHandle_t handle;
   };
 
+  std::string What() const { return absl::StrCat("weight sync (cuda ipc publisher, device ", device_, ")"); }
+
   absl::Status CudaCall(const char* call, cudaError_t e) const {
     if (e == cudaSuccess) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("weight sync (cuda ipc publisher, device ", device_, "): ", cuda_->Error(call, e)));
+    return absl::InternalError(absl::StrCat(What(), ": ", cuda_->Error(call, e)));
   }
 
   absl::Status Init() {
@@ -193,56 +208,62 @@ class CudaIpcPublisher final : public WeightPublisher {
     return CudaCall("cudaStreamCreateWithFlags", cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
 
+  // A bucket of `bytes` (at least one: an IPC handle needs an allocation)
+  // from LibTorch's allocator, with its segment's handle.
+  absl::Status Allocate(int64_t bytes, Buffer* buf) {
+    try {
+      buf->tensor = at::empty({std::max<int64_t>(bytes, 1)},
+                              at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::kCUDA, device_)));
+    } catch (const std::exception& e) {
+      return dist::ExceptionStatus(e, absl::StatusCode::kInternal,
+                                   absl::StrCat(What(), ": a bucket of ", bytes, " bytes"));
+    }
+    buf->bytes = bytes;
+    RLMESH_ASSIGN_OR_RETURN(dist::AllocatorSegment segment, dist::CachingAllocatorSegment(buf->tensor.data_ptr()));
+    buf->offset = static_cast<char*>(buf->tensor.data_ptr()) - static_cast<char*>(segment.base);
+    const cudaError_t e = cuda_->IpcGetMemHandle(&buf->handle, segment.base);
+    if (e == cudaSuccess) return absl::OkStatus();
+    cuda_->GetLastError();
+    const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    const bool expandable = conf != nullptr && absl::StrContains(conf, "expandable_segments:True");
+    return absl::FailedPreconditionError(
+        absl::StrCat(What(), ": ", cuda_->Error("cudaIpcGetMemHandle", e),
+                     expandable ? "; PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, whose memory CUDA IPC "
+                                  "cannot share: unset it in the learner, or use weight_sync: nccl"
+                                : ""));
+  }
+
   absl::Status Write(int slot, const NamedTensors& tensors, const WeightLayout& layout) {
     auto& buffers = slots_[slot];
-    const int n = layout.bucket_bytes_size();
-    for (int b = n; b < static_cast<int>(buffers.size()); ++b) cuda_->Free(buffers[b].ptr);
-    buffers.resize(n);
-    for (int b = 0; b < n; ++b) {
-      Buffer& buf = buffers[b];
-      if (buf.ptr != nullptr && buf.bytes == layout.bucket_bytes(b)) continue;
-      if (buf.ptr != nullptr) cuda_->Free(buf.ptr);
-      buf = Buffer();
-      // At least one byte: an IPC handle needs an allocation.
-      const size_t size = static_cast<size_t>(std::max<int64_t>(layout.bucket_bytes(b), 1));
-      const cudaError_t e = cuda_->Malloc(&buf.ptr, size);
-      if (e != cudaSuccess) {
-        buf.ptr = nullptr;
-        return absl::ResourceExhaustedError(absl::StrCat("weight sync (cuda ipc publisher): ", cuda_->Error("cudaMalloc", e),
-                                                         " for ", size, " bytes"));
-      }
-      buf.bytes = layout.bucket_bytes(b);
-      buf.allocation = ++allocations_;
-      RLMESH_RETURN_IF_ERROR(CudaCall("cudaIpcGetMemHandle", cuda_->IpcGetMemHandle(&buf.handle, buf.ptr)));
+    // Buckets dropped or resized go back to the allocator: the stream is
+    // done with them (every Write waits for it, or the publisher is broken).
+    buffers.resize(layout.bucket_bytes_size());
+    for (int b = 0; b < layout.bucket_bytes_size(); ++b) {
+      if (buffers[b].tensor.defined() && buffers[b].bytes == layout.bucket_bytes(b)) continue;
+      buffers[b] = Buffer();
+      RLMESH_RETURN_IF_ERROR(Allocate(layout.bucket_bytes(b), &buffers[b]));
     }
     // The sources: contiguous, on their device (a GPU tensor stays there)
     // or on the host; alive until the stream is done with them.
     std::vector<at::Tensor> sources;
-    bool on_gpu = false;
     try {
-      for (const auto& [name, t] : tensors) {
-        on_gpu |= t.is_cuda();
-        sources.push_back(t.is_cuda() ? t.detach().contiguous() : HostContiguous(t));
-      }
+      for (const auto& [name, t] : tensors) sources.push_back(t.is_cuda() ? t.detach().contiguous() : HostContiguous(t));
     } catch (const std::exception& e) {
-      return dist::ExceptionStatus(e, absl::StatusCode::kInternal, "weight sync (cuda ipc publisher): copying tensors");
+      return dist::ExceptionStatus(e, absl::StatusCode::kInternal, absl::StrCat(What(), ": copying tensors"));
     }
     const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
-    if (on_gpu) {
-      RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, cudaStreamLegacy, deadline,
-                                        "weight sync (cuda ipc publisher): LibTorch's work on the tensors",
-                                        [] { return absl::OkStatus(); }));
-    }
+    // After LibTorch's work so far: what wrote the sources, and what last
+    // used the buckets' memory before the allocator handed it here.
+    RLMESH_RETURN_IF_ERROR(StreamAfterTorch(*cuda_, device_, stream_, absl::StrCat(What(), ": LibTorch's work")));
     for (int i = 0; i < layout.tensors_size(); ++i) {
       const TensorSlot& s = layout.tensors(i);
       if (sources[i].nbytes() == 0) continue;
       // cudaMemcpyDefault: host -> device or device -> device, by address.
-      RLMESH_RETURN_IF_ERROR(CudaCall("cudaMemcpyAsync",
-                                      cuda_->MemcpyAsync(static_cast<char*>(buffers[s.bucket()].ptr) + s.byte_offset(),
-                                                         sources[i].data_ptr(), sources[i].nbytes(), cudaMemcpyDefault,
-                                                         stream_)));
+      RLMESH_RETURN_IF_ERROR(CudaCall(
+          "cudaMemcpyAsync", cuda_->MemcpyAsync(static_cast<char*>(buffers[s.bucket()].tensor.data_ptr()) + s.byte_offset(),
+                                                sources[i].data_ptr(), sources[i].nbytes(), cudaMemcpyDefault, stream_)));
     }
-    absl::Status s = SyncStream(*cuda_, stream_, deadline, "weight sync (cuda ipc publisher): copy into the buckets",
+    absl::Status s = WaitStream(*cuda_, stream_, deadline, absl::StrCat(What(), ": copy into the buckets"),
                                 [] { return absl::OkStatus(); });
     if (!s.ok()) broken_ = true;  // the stream may still be writing
     return s;
@@ -255,7 +276,6 @@ class CudaIpcPublisher final : public WeightPublisher {
   std::string bus_id_;
   cudaStream_t stream_ = nullptr;
   int64_t last_ = 0;
-  int64_t allocations_ = 0;
   bool broken_ = false;
   Mapping seq_;
   std::vector<Buffer> slots_[2];
@@ -265,7 +285,18 @@ class CudaIpcPublisher final : public WeightPublisher {
 class CudaIpcReceiver final : public WeightReceiver {
  public:
   CudaIpcReceiver(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda)
-      : spec_(spec), prefix_(ShmPrefix(spec)), cuda_(cuda) {}
+      : spec_(spec),
+        prefix_(ShmPrefix(spec)),
+        cuda_(cuda),
+        mappings_(
+            [cuda](const cudaIpcMemHandle_t& handle) -> absl::StatusOr<void*> {
+              void* base = nullptr;
+              const cudaError_t e = cuda->IpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
+              if (e == cudaSuccess) return base;
+              cuda->GetLastError();
+              return absl::UnavailableError(cuda->Error("cudaIpcOpenMemHandle", e));
+            },
+            [cuda](void* base) { cuda->IpcCloseMemHandle(base); }) {}
   ~CudaIpcReceiver() override { Reset(); }
 
   absl::StatusOr<NamedTensors> Receive(const WeightLayout& expected, WeightLayout* received) override {
@@ -298,30 +329,15 @@ class CudaIpcReceiver final : public WeightReceiver {
   WeightSyncBackend backend() const override { return WEIGHT_SYNC_CUDA_IPC; }
 
  private:
-  struct Opened {
-    int64_t pid = 0;
-    int64_t allocation = 0;
-    void* ptr = nullptr;
-    bool imported = false;  // through cudaIpcOpenMemHandle (closed on reset)
-  };
-
   absl::Status CudaCall(const char* call, cudaError_t e) const {
     if (e == cudaSuccess) return absl::OkStatus();
     return absl::InternalError(absl::StrCat("weight sync (cuda ipc receiver): ", cuda_->Error(call, e)));
   }
 
-  void CloseAll() {
-    for (auto& slot : opened_) {
-      for (Opened& o : slot) {
-        if (o.imported && o.ptr != nullptr) cuda_->IpcCloseMemHandle(o.ptr);
-      }
-      slot.clear();
-    }
-  }
-
   void Reset() {
     if (device_ < 0 || cuda_->SetDevice(device_) != cudaSuccess) return;
-    CloseAll();
+    mappings_.CloseAll();
+    for (auto& slot : buckets_) slot.clear();
     if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
     stream_ = nullptr;
     device_ = -1;
@@ -372,35 +388,34 @@ class CudaIpcReceiver final : public WeightReceiver {
       bus_id_ = m.bus_id;
     }
     RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device_)));
-    auto& opened = opened_[slot];
-    for (size_t b = m.buckets.size(); b < opened.size(); ++b) {
-      if (opened[b].imported) cuda_->IpcCloseMemHandle(opened[b].ptr);
-    }
-    opened.resize(m.buckets.size());
+    // Each bucket's address here: its segment mapped (once), plus its offset.
+    auto& buckets = buckets_[slot];
+    buckets.clear();
     const int64_t self = getpid();
     for (size_t b = 0; b < m.buckets.size(); ++b) {
-      Opened& o = opened[b];
       const IpcBucket& ib = m.buckets[b];
-      if (o.ptr != nullptr && o.pid == m.pid && o.allocation == ib.allocation) continue;
-      if (o.imported) cuda_->IpcCloseMemHandle(o.ptr);
-      o = Opened();
       if (m.pid == self) {
-        o.ptr = reinterpret_cast<void*>(ib.pointer);
-      } else {
-        const cudaError_t e = cuda_->IpcOpenMemHandle(&o.ptr, ib.handle, cudaIpcMemLazyEnablePeerAccess);
-        if (e != cudaSuccess) {
-          o = Opened();
-          cuda_->GetLastError();
-          // The publisher may have replaced the buffer since the manifest.
-          if (LoadSeq(seq_, slot) != m.layout.version()) return Torn(m.layout.version());
-          return absl::UnavailableError(absl::StrCat("weight sync (cuda ipc): opening bucket ", b, " of version ",
-                                                     m.layout.version(), ": ", cuda_->Error("cudaIpcOpenMemHandle", e)));
-        }
-        o.imported = true;
+        buckets.push_back({{}, reinterpret_cast<char*>(ib.pointer)});
+        continue;
       }
-      o.pid = m.pid;
-      o.allocation = ib.allocation;
+      absl::StatusOr<void*> base = mappings_.Open(m.pid, ib.handle);
+      if (!base.ok()) {
+        buckets.clear();
+        // The publisher may have replaced the buffer since the manifest.
+        if (LoadSeq(seq_, slot) != m.layout.version()) return Torn(m.layout.version());
+        return absl::UnavailableError(absl::StrCat("weight sync (cuda ipc): opening bucket ", b, " of version ",
+                                                   m.layout.version(), ": ", base.status().message()));
+      }
+      buckets.push_back({IpcMappings::KeyOf(m.pid, ib.handle), static_cast<char*>(*base) + ib.offset});
     }
+    // Segments neither slot uses any more are unmapped.
+    std::set<IpcMappings::Key> keep;
+    for (const auto& held : buckets_) {
+      for (const MappedBucket& mb : held) {
+        if (!mb.key.second.empty()) keep.insert(mb.key);
+      }
+    }
+    mappings_.Retain(keep);
     return absl::OkStatus();
   }
 
@@ -427,20 +442,19 @@ class CudaIpcReceiver final : public WeightReceiver {
   absl::Status CopyOut(const IpcManifest& m, const NamedTensors& out) {
     const WeightLayout& layout = m.layout;
     const int slot = SlotOf(layout.version());
-    const auto& opened = opened_[slot];
+    const auto& buckets = buckets_[slot];
     const absl::Time deadline = absl::Now() + absl::Milliseconds(TimeoutMs(spec_));
-    RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, cudaStreamLegacy, deadline,
-                                      "weight sync (cuda ipc receiver): LibTorch's work on the destinations",
-                                      [] { return absl::OkStatus(); }));
+    RLMESH_RETURN_IF_ERROR(StreamAfterTorch(*cuda_, device_, stream_,
+                                            "weight sync (cuda ipc receiver): LibTorch's work on the destinations"));
     for (int i = 0; i < layout.tensors_size(); ++i) {
       const TensorSlot& s = layout.tensors(i);
       const at::Tensor& dst = out[i].second;
       if (dst.nbytes() == 0) continue;
       RLMESH_RETURN_IF_ERROR(CudaCall(
-          "cudaMemcpyAsync", cuda_->MemcpyAsync(dst.data_ptr(), static_cast<const char*>(opened[s.bucket()].ptr) + s.byte_offset(),
+          "cudaMemcpyAsync", cuda_->MemcpyAsync(dst.data_ptr(), buckets[s.bucket()].ptr + s.byte_offset(),
                                                 dst.nbytes(), cudaMemcpyDeviceToDevice, stream_)));
     }
-    RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, stream_, deadline, "weight sync (cuda ipc receiver): device -> device copy",
+    RLMESH_RETURN_IF_ERROR(WaitStream(*cuda_, stream_, deadline, "weight sync (cuda ipc receiver): device -> device copy",
                                       [] { return absl::OkStatus(); }));
     if (LoadSeq(seq_, slot) != layout.version()) return Torn(layout.version());
     return absl::OkStatus();
@@ -453,7 +467,13 @@ class CudaIpcReceiver final : public WeightReceiver {
   std::string bus_id_;
   cudaStream_t stream_ = nullptr;
   Mapping seq_;
-  std::vector<Opened> opened_[2];
+  IpcMappings mappings_;
+  // Per slot, each bucket of the version last opened there.
+  struct MappedBucket {
+    IpcMappings::Key key;  // its segment's; empty in the publisher's own process
+    const char* ptr;
+  };
+  std::vector<MappedBucket> buckets_[2];
 };
 
 }  // namespace

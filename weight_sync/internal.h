@@ -1,7 +1,7 @@
 #pragma once
 
 // Pieces the weight-sync backends share (not part of the API): layout
-// packing and checks, the deadline wait on a CUDA stream, the collective
+// packing and checks, CUDA ordering by events, the collective
 // channel GLOO and NCCL implement, and one constructor per backend for
 // factory.cc. Everything here is in namespace weight_sync::internal.
 
@@ -139,16 +139,72 @@ inline absl::StatusOr<NamedTensors> OrderDestinations(const WeightLayout& layout
   return out;
 }
 
-// Waits for the work queued on `stream` with a deadline, polling (a CUDA
-// stream has no timed wait). `poll`, called between queries, may fail the
-// wait (NCCL's asynchronous error). DEADLINE_EXCEEDED names `what`.
+// CUDA ordering, by events, never by the legacy default stream: a backend
+// copies on a stream of its own, after the work LibTorch queued on its
+// current stream (what wrote the sources, what still reads the
+// destinations), and the host waits for the backend's own work alone.
+
+// A cudaEvent_t without timing, destroyed with the object (CUDA frees it
+// once the work it was recorded after is done).
+class CudaEvent {
+ public:
+  explicit CudaEvent(const CudaRuntimeApi& cuda) : cuda_(cuda) {}
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent() {
+    if (event_ != nullptr) cuda_.EventDestroy(event_);
+  }
+
+  // Marks the work queued on `stream` so far.
+  absl::Status Record(cudaStream_t stream, const std::string& what) {
+    if (event_ == nullptr) {
+      const cudaError_t e = cuda_.EventCreateWithFlags(&event_, cudaEventDisableTiming);
+      if (e != cudaSuccess) {
+        event_ = nullptr;
+        return absl::AbortedError(absl::StrCat(what, ": ", cuda_.Error("cudaEventCreateWithFlags", e)));
+      }
+    }
+    const cudaError_t e = cuda_.EventRecord(event_, stream);
+    if (e != cudaSuccess) return absl::AbortedError(absl::StrCat(what, ": ", cuda_.Error("cudaEventRecord", e)));
+    return absl::OkStatus();
+  }
+
+  // REQUIRES: Record() ok.
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  const CudaRuntimeApi& cuda_;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Makes `waiter` wait, on the device, for the work queued on `producer` so
+// far; the host goes on.
+inline absl::Status StreamAfter(const CudaRuntimeApi& cuda, cudaStream_t waiter, cudaStream_t producer,
+                                const std::string& what) {
+  CudaEvent done(cuda);
+  RLMESH_RETURN_IF_ERROR(done.Record(producer, what));
+  const cudaError_t e = cuda.StreamWaitEvent(waiter, done.get(), 0);
+  if (e != cudaSuccess) return absl::AbortedError(absl::StrCat(what, ": ", cuda.Error("cudaStreamWaitEvent", e)));
+  return absl::OkStatus();
+}
+
+// Makes `stream` wait, on the device, for the work the calling thread's
+// LibTorch queued on GPU `device` so far (its current stream there).
+absl::Status StreamAfterTorch(const CudaRuntimeApi& cuda, int device, cudaStream_t stream, const std::string& what);
+
+// Waits, by the deadline, for the work queued on `stream` so far: an event
+// recorded there, polled (CUDA has no timed wait). `poll`, called between
+// queries, may fail the wait (NCCL's asynchronous error). DEADLINE_EXCEEDED
+// names `what`.
 template <typename Poll>
-absl::Status SyncStream(const CudaRuntimeApi& cuda, cudaStream_t stream, absl::Time deadline, const std::string& what,
+absl::Status WaitStream(const CudaRuntimeApi& cuda, cudaStream_t stream, absl::Time deadline, const std::string& what,
                         Poll poll) {
+  CudaEvent done(cuda);
+  RLMESH_RETURN_IF_ERROR(done.Record(stream, what));
   for (int spins = 0;; ++spins) {
-    const cudaError_t q = cuda.StreamQuery(stream);
+    const cudaError_t q = cuda.EventQuery(done.get());
     if (q == cudaSuccess) return absl::OkStatus();
-    if (q != cudaErrorNotReady) return absl::AbortedError(absl::StrCat(what, ": ", cuda.Error("cudaStreamQuery", q)));
+    if (q != cudaErrorNotReady) return absl::AbortedError(absl::StrCat(what, ": ", cuda.Error("cudaEventQuery", q)));
     RLMESH_RETURN_IF_ERROR(poll());
     if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat(what, ": not done by the deadline"));
     // Spin briefly (a bucket copy takes microseconds), then back off.

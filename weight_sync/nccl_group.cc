@@ -7,7 +7,6 @@
 namespace rlmesh::weight_sync::internal {
 namespace {
 
-
 // NCCL: each rank uses its own process's device (spec.device, CudaDeviceOf;
 // one rank per GPU). Rank 0's ncclUniqueId travels through the
 // group's TCPStore (key "nccl_id" under "weight_sync/<group>/nccl"). The
@@ -18,12 +17,13 @@ namespace {
 // allocator, on this rank's GPU): ncclBroadcast reads and writes them in
 // place on the group's own stream, so nothing is staged through the host.
 //
-// Ordering with LibTorch's work: LibTorch queues its copies on the legacy
-// default stream, and the group's stream is non-blocking (so a broadcast
-// runs beside the next bucket's packing). Start therefore waits, by the
-// deadline, until the legacy stream has finished what was queued before it
-// (the copy into the bucket, or the unpacking of the bucket it reuses), and
-// Wait returns once the broadcast is done on the device.
+// Ordering with LibTorch's work, by events: the group's stream is its own
+// (so a broadcast runs beside the next bucket's packing), and Start makes it
+// wait, on the device, for what the calling thread's LibTorch queued so far
+// on its current stream (the copy into the bucket, or the unpacking of the
+// bucket it reuses); the host does not wait there. Wait returns once the
+// broadcast is done on the device (an event after it, polled by the
+// deadline).
 class NcclGroup final : public BroadcastGroup {
  public:
   NcclGroup(const WeightSyncSpec& spec, const CudaRuntimeApi* cuda, const NcclApi* nccl, int device)
@@ -51,7 +51,7 @@ class NcclGroup final : public BroadcastGroup {
     in_flight_ = false;
     absl::Status s = CudaCall("cudaSetDevice", cuda_->SetDevice(device_));
     if (s.ok()) {
-      s = SyncStream(*cuda_, stream_, deadline_, absl::StrCat(What(), ": broadcast of ", in_flight_bytes_, " bytes"),
+      s = WaitStream(*cuda_, stream_, deadline_, absl::StrCat(What(), ": broadcast of ", in_flight_bytes_, " bytes"),
                      [&] { return PollComm("ncclBroadcast"); });
     }
     if (absl::IsDeadlineExceeded(s)) {
@@ -160,9 +160,8 @@ class NcclGroup final : public BroadcastGroup {
                                               device().str(), ", got ", bucket.device().str()));
     }
     RLMESH_RETURN_IF_ERROR(CudaCall("cudaSetDevice", cuda_->SetDevice(device_)));
-    RLMESH_RETURN_IF_ERROR(SyncStream(*cuda_, cudaStreamLegacy, deadline_,
-                                      absl::StrCat(What(), ": LibTorch's copies before a broadcast"),
-                                      [] { return absl::OkStatus(); }));
+    RLMESH_RETURN_IF_ERROR(
+        StreamAfterTorch(*cuda_, device_, stream_, absl::StrCat(What(), ": LibTorch's copies before a broadcast")));
     void* data = bucket.data_ptr();
     const size_t n = static_cast<size_t>(bucket.numel());
     RLMESH_RETURN_IF_ERROR(WaitComm("ncclBroadcast", nccl_->Broadcast(data, data, n, ncclUint8, 0, comm_, stream_),

@@ -1,5 +1,6 @@
-// Weight sync on real CUDA devices: a CUDA_IPC round trip on one GPU and an
-// NCCL broadcast between two. Tagged `gpu` and `manual` in BUILD, so
+// Weight sync on real CUDA devices: CUDA_IPC on one GPU (a round trip, two
+// processes, the buckets' allocator and memory fraction) and an NCCL
+// broadcast between two. Tagged `gpu` and `manual` in BUILD, so
 // `bazel test //...` on a machine without a GPU never claims them; the
 // device script runs them where a GPU is, and there they fail (not pass)
 // when no device is found.
@@ -9,10 +10,12 @@
 #include <cstdlib>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/subprocess.h"
 #include "dist/cuda_api.h"
+#include "dist/device.h"
 #include "weight_sync/testing/weight_sync_testing.h"
 #include "weight_sync/weight_sync.h"
 
@@ -174,6 +177,63 @@ TEST_CASE("CUDA_IPC between two processes on one GPU is bit-exact", "[gpu]") {
   INFO("publisher log:\n" << log);
   REQUIRE(got.ok());
   ExpectBitExact(MakeTensors(42), *got);
+  REQUIRE(st.ok());
+  CHECK(*st == 0);
+}
+
+// The publisher's buckets come from LibTorch's caching allocator, so they
+// count in what the process holds on the GPU and obey its memory fraction.
+TEST_CASE("CUDA_IPC buckets are the caching allocator's and count in the process's GPU memory", "[gpu]") {
+  auto devices = CudaDeviceCount();
+  INFO(devices.status().ToString());
+  REQUIRE(devices.ok());
+  REQUIRE(*devices >= 1);
+  testing::TempDir dir;
+  const c10::Device gpu(c10::kCUDA, 0);
+  const NamedTensors tensors = MakeTensors(51);  // on the host: nothing on the GPU but the buckets
+  int64_t bytes = 0;
+  for (const auto& [name, t] : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  auto pub = CreateWeightPublisher(IpcSpecAt(dir.path()));
+  REQUIRE(pub.ok());
+  const int64_t before = dist::ProcessMemoryBytes(gpu);
+  REQUIRE((*pub)->Publish(tensors, 1).ok());
+  CHECK(dist::ProcessMemoryBytes(gpu) - before >= bytes);
+}
+
+TEST_CASE("(child) CUDA_IPC publisher under a tiny memory fraction", "[.ipc_fraction_child]") {
+  // Set before the CUDA backend loads: about 80-140 KB of any GPU.
+  REQUIRE(dist::SetCudaMemoryFraction(1e-6, "weight_sync_gpu_test").ok());
+  const char* dir = std::getenv("RLMESH_IPC_TEST_DIR");
+  REQUIRE(dir != nullptr);
+  auto pub = CreateWeightPublisher(IpcSpecAt(dir));
+  REQUIRE(pub.ok());
+  const absl::Status st = (*pub)->Publish(MakeTensors(52), 1).status();
+  INFO(st.ToString());
+  CHECK(st.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(st.message(), "out of memory"));
+}
+
+TEST_CASE("CUDA_IPC buckets over the process's memory fraction fail as RESOURCE_EXHAUSTED", "[gpu]") {
+  auto devices = CudaDeviceCount();
+  INFO(devices.status().ToString());
+  REQUIRE(devices.ok());
+  REQUIRE(*devices >= 1);
+  testing::TempDir dir;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  REQUIRE(n > 0);
+  self[n] = '\0';
+  auto child = Subprocess::Start({self, "(child) CUDA_IPC publisher under a tiny memory fraction"},
+                                 dir.File("child.log"), {"RLMESH_IPC_TEST_DIR=" + dir.path()});
+  REQUIRE(child.ok());
+  auto st = child->Wait(absl::Seconds(60));
+  std::string log;
+  if (FILE* f = std::fopen(dir.File("child.log").c_str(), "r")) {
+    char buf[8192];
+    log.assign(buf, std::fread(buf, 1, sizeof(buf), f));
+    std::fclose(f);
+  }
+  INFO("child log:\n" << log);
   REQUIRE(st.ok());
   CHECK(*st == 0);
 }
