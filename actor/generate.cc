@@ -101,40 +101,146 @@ torch::Tensor SamplingDistribution(const torch::Tensor& logits_row, const Sampli
   return out;
 }
 
-void SampleTokens(const torch::Tensor& logits_in, const std::vector<const SamplingOptions*>& options,
-                  const std::vector<double>& uniforms, std::vector<int64_t>* tokens, std::vector<float>* logprobs) {
-  const int64_t N = logits_in.size(0), V = logits_in.size(1);
-  auto logits = logits_in.to(torch::kFloat32).contiguous();
-  std::vector<float> inv_t(N);
-  bool any_filter = false, any_sample = false;
-  for (int64_t r = 0; r < N; ++r) {
-    inv_t[r] = options[r]->greedy ? 1.0f : 1.0f / options[r]->temperature;
-    any_filter |= NeedsFilter(*options[r]);
-    any_sample |= !options[r]->greedy;
+namespace {
+
+// Host values bound for the model's device, packed so that they cross in
+// one copy: on a GPU every copy from pageable host memory waits for the
+// host, and each copy is a launch of its own. The pack is doubles, which
+// hold every value sent exactly (token ids, lengths and top-k are integers
+// below 2^53; the rest are floats), and Get converts a slice back to its
+// dtype on the device.
+class Upload {
+ public:
+  // Appends `values`; returns their handle for Get.
+  template <typename T>
+  int Add(const std::vector<T>& values) {
+    slices_.push_back({static_cast<int64_t>(values_.size()), static_cast<int64_t>(values.size())});
+    values_.insert(values_.end(), values.begin(), values.end());
+    return static_cast<int>(slices_.size()) - 1;
   }
-  auto scaled = logits * torch::from_blob(inv_t.data(), {N, 1}, torch::kFloat32).to(logits.device());
-  auto logp = torch::log_softmax(scaled, -1);  // behaviour distribution
-  tokens->assign(N, 0);
-  logprobs->assign(N, 0.0f);
-  auto argmax = logits.argmax(-1).to(torch::kCPU);
-  const int64_t* am = argmax.data_ptr<int64_t>();
-  torch::Tensor sampled_cpu;
+  // The one copy. On CUDA the pack is pinned and copied with non_blocking:
+  // the host goes on, and the caching host allocator keeps the buffer until
+  // the copy has run.
+  void Send(torch::Device device, DecodeTransfers* count) {
+    auto host = torch::empty({static_cast<int64_t>(values_.size())},
+                             torch::TensorOptions().dtype(torch::kFloat64).pinned_memory(device.is_cuda()));
+    std::copy(values_.begin(), values_.end(), host.data_ptr<double>());
+    sent_ = host.to(device, /*non_blocking=*/true);
+    if (count != nullptr) ++count->host_to_device;
+  }
+  // Slice `i` of the sent copy as `dtype`, on the device.
+  torch::Tensor Get(int i, torch::ScalarType dtype) const {
+    return sent_.narrow(0, slices_[i].first, slices_[i].second).to(dtype);
+  }
+
+ private:
+  std::vector<double> values_;
+  std::vector<std::pair<int64_t, int64_t>> slices_;  // (offset, size)
+  torch::Tensor sent_;
+};
+
+// Device values the host needs, read back in one copy: on a GPU a copy to
+// the host waits for everything queued before it, so one wait a step, not
+// one per value. The values cross as doubles (exact for token ids, expert
+// ids and fp32 log-probs).
+class Download {
+ public:
+  // Queues `t` (any shape and dtype, flattened); returns its handle.
+  int Add(const torch::Tensor& t) {
+    parts_.push_back(t.reshape({-1}).to(torch::kFloat64));
+    slices_.push_back({total_, parts_.back().numel()});
+    total_ += parts_.back().numel();
+    return static_cast<int>(parts_.size()) - 1;
+  }
+  // The one copy.
+  void Receive(DecodeTransfers* count) {
+    host_ = torch::cat(parts_).to(torch::kCPU).contiguous();
+    if (count != nullptr) ++count->device_to_host;
+  }
+  const double* Data(int i) const { return host_.data_ptr<double>() + slices_[i].first; }
+
+ private:
+  std::vector<torch::Tensor> parts_;
+  std::vector<std::pair<int64_t, int64_t>> slices_;  // (offset, size)
+  int64_t total_ = 0;
+  torch::Tensor host_;
+};
+
+// Rows' sampling options as the sampler reads them, one entry per row on
+// the model's device. A row's options never change while it runs, so they
+// go up with the admission that adds the row and move on the device when
+// rows leave: a decode step sends none of them.
+struct RowOptions {
+  torch::Tensor inv_t;   // float: 1 / temperature (1 for greedy rows)
+  torch::Tensor top_k;   // int64: min(top_k, V), V when off
+  torch::Tensor top_p;   // float: top_p (1 for greedy rows)
+  torch::Tensor greedy;  // bool
+
+  struct Handles {
+    int inv_t, top_k, top_p, greedy;
+  };
+  // Queues the options of rows `o` (vocabulary V) on `up`; FromUpload reads
+  // them from the sent copy.
+  static Handles Pack(const std::vector<const SamplingOptions*>& o, int64_t V, Upload* up) {
+    const size_t n = o.size();
+    std::vector<float> inv_t(n), top_p(n);
+    std::vector<int64_t> top_k(n), greedy(n);
+    for (size_t r = 0; r < n; ++r) {
+      inv_t[r] = o[r]->greedy ? 1.0f : 1.0f / o[r]->temperature;
+      top_k[r] = o[r]->top_k > 0 ? std::min<int64_t>(o[r]->top_k, V) : V;
+      top_p[r] = o[r]->greedy ? 1.0f : o[r]->top_p;
+      greedy[r] = o[r]->greedy ? 1 : 0;
+    }
+    return {up->Add(inv_t), up->Add(top_k), up->Add(top_p), up->Add(greedy)};
+  }
+  static RowOptions FromUpload(const Upload& up, Handles h) {
+    return {up.Get(h.inv_t, torch::kFloat32), up.Get(h.top_k, torch::kInt64), up.Get(h.top_p, torch::kFloat32),
+            up.Get(h.greedy, torch::kBool)};
+  }
+  // Rows [first, first + n).
+  RowOptions Rows(int64_t first, int64_t n) const {
+    return {inv_t.narrow(0, first, n), top_k.narrow(0, first, n), top_p.narrow(0, first, n),
+            greedy.narrow(0, first, n)};
+  }
+  // Appends `more`'s rows.
+  void Append(const RowOptions& more) {
+    auto cat = [](const torch::Tensor& a, const torch::Tensor& b) { return a.defined() ? torch::cat({a, b}) : b; };
+    *this = {cat(inv_t, more.inv_t), cat(top_k, more.top_k), cat(top_p, more.top_p), cat(greedy, more.greedy)};
+  }
+  // Row `from` over row `to`, a copy on the device (a row leaving).
+  void Move(int64_t from, int64_t to) {
+    for (torch::Tensor* t : {&inv_t, &top_k, &top_p, &greedy}) t->select(0, to).copy_(t->select(0, from));
+  }
+  // Keeps the first n rows.
+  void Truncate(int64_t n) {
+    if (n == 0) *this = RowOptions();
+    if (!inv_t.defined() || n == inv_t.size(0)) return;
+    *this = Rows(0, n);
+  }
+};
+
+// SampleTokens on the model's device, its results left there: tokens [N]
+// int64 and their behaviour log-probs [N] fp32 from logits [N,V], for rows
+// with options `o` and uniforms `u` [N] fp32. `any_filter` (a row has top-k
+// or top-p) and `any_sample` (a row is not greedy) pick the kernels, as
+// they always did: with a filter anywhere every row draws from its sorted
+// distribution, so that is kept for the tokens to stay the same.
+std::pair<torch::Tensor, torch::Tensor> SampleOnDevice(const torch::Tensor& logits_in, const RowOptions& o,
+                                                       const torch::Tensor& u, bool any_filter, bool any_sample) {
+  const int64_t V = logits_in.size(1);
+  auto logits = logits_in.to(torch::kFloat32).contiguous();
+  auto logp = torch::log_softmax(logits * o.inv_t.unsqueeze(1), -1);  // behaviour distribution
+  auto tokens = logits.argmax(-1);
   if (any_sample) {
     torch::Tensor probs, order;
     if (any_filter) {
       auto sorted = logp.sort(-1, /*descending=*/true);
       probs = std::get<0>(sorted).exp();
       order = std::get<1>(sorted);
-      std::vector<int64_t> ks(N);
-      std::vector<float> ps(N);
-      for (int64_t r = 0; r < N; ++r) {
-        ks[r] = options[r]->top_k > 0 ? std::min<int64_t>(options[r]->top_k, V) : V;
-        ps[r] = options[r]->greedy ? 1.0f : options[r]->top_p;
-      }
       auto rank = torch::arange(V, torch::TensorOptions().dtype(torch::kInt64).device(logits.device())).view({1, V});
-      auto keep = rank.lt(torch::from_blob(ks.data(), {N, 1}, torch::kInt64).to(logits.device()));
+      auto keep = rank.lt(o.top_k.unsqueeze(1));
       auto before = probs.cumsum(-1) - probs;
-      auto p_lim = torch::from_blob(ps.data(), {N, 1}, torch::kFloat32).to(logits.device());
+      auto p_lim = o.top_p.unsqueeze(1);
       keep = keep.logical_and(before.lt(p_lim).logical_or(p_lim.ge(1.0f)));
       probs = torch::where(keep, probs, torch::zeros_like(probs));
     } else {
@@ -142,21 +248,46 @@ void SampleTokens(const torch::Tensor& logits_in, const std::vector<const Sampli
     }
     auto cdf = probs.cumsum(-1);
     auto total = cdf.select(-1, V - 1).unsqueeze(-1);
-    std::vector<float> u(uniforms.begin(), uniforms.end());
-    auto target = torch::from_blob(u.data(), {N, 1}, torch::kFloat32).to(logits.device()) * total;
+    auto target = u.unsqueeze(1) * total;
     auto pick = torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).clamp_max(V - 1);
     // Never land on a zero-probability token through rounding at the top end.
     auto last_kept = (probs.gt(0).to(torch::kInt64) * torch::arange(V, pick.options()).view({1, V})).amax(-1, true);
     pick = torch::minimum(pick, last_kept);
     if (any_filter) pick = order.gather(-1, pick);
-    sampled_cpu = pick.squeeze(-1).to(torch::kCPU);
+    tokens = torch::where(o.greedy, tokens, pick.squeeze(-1));
   }
-  for (int64_t r = 0; r < N; ++r) {
-    (*tokens)[r] = options[r]->greedy ? am[r] : sampled_cpu.data_ptr<int64_t>()[r];
+  auto lp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
+  return {tokens, lp};
+}
+
+// Whether any of `o` filters (top-k/top-p) and whether any samples.
+std::pair<bool, bool> Kernels(const std::vector<const SamplingOptions*>& o) {
+  bool any_filter = false, any_sample = false;
+  for (const SamplingOptions* r : o) {
+    any_filter |= NeedsFilter(*r);
+    any_sample |= !r->greedy;
   }
-  auto tok = torch::from_blob(tokens->data(), {N, 1}, torch::kInt64).to(logits.device());
-  auto lp = logp.gather(-1, tok).squeeze(-1).to(torch::kCPU).contiguous();
-  std::copy(lp.data_ptr<float>(), lp.data_ptr<float>() + N, logprobs->begin());
+  return {any_filter, any_sample};
+}
+
+}  // namespace
+
+void SampleTokens(const torch::Tensor& logits, const std::vector<const SamplingOptions*>& options,
+                  const std::vector<double>& uniforms, std::vector<int64_t>* tokens, std::vector<float>* logprobs) {
+  const int64_t N = logits.size(0);
+  Upload up;
+  const RowOptions::Handles h = RowOptions::Pack(options, logits.size(1), &up);
+  // Rounded to fp32 here, as the sampler compares in fp32.
+  const int u = up.Add(std::vector<float>(uniforms.begin(), uniforms.end()));
+  up.Send(logits.device(), nullptr);
+  const auto [any_filter, any_sample] = Kernels(options);
+  auto [tok, lp] = SampleOnDevice(logits, RowOptions::FromUpload(up, h), up.Get(u, torch::kFloat32), any_filter,
+                                  any_sample);
+  Download down;
+  const int tok_i = down.Add(tok), lp_i = down.Add(lp);
+  down.Receive(nullptr);
+  tokens->assign(down.Data(tok_i), down.Data(tok_i) + N);
+  logprobs->assign(down.Data(lp_i), down.Data(lp_i) + N);
 }
 
 // ---------------------------------------------------------------------------
@@ -253,16 +384,16 @@ struct Generator::State {
   torch::Device device{torch::kCPU};
   // static_decode / cuda_graphs; null otherwise.
   std::unique_ptr<FixedShapeDecoder> fixed;
+  // The sampling options of `rows`, entry i for rows[i], on the device.
+  RowOptions row_options;
+  DecodeTransfers transfers;
 
   bool IsMoe() const { return model->config().NumMoeLayers() > 0; }
   // Whether a sample of `req` gets its routes recorded.
   bool Records(const GenerationRequest& req) const { return IsMoe() && (options.record_routing || req.record_routing); }
   int64_t RoutesPerPosition() const { return model->config().NumMoeLayers() * model->config().num_experts_per_tok; }
-  // The recorded expert ids as [tokens, layers, k] int32, flattened.
-  static std::vector<int32_t> RoutesOf(const MoeRouting& routing) {
-    auto t = torch::stack(routing.chosen, 1).to(torch::kCPU, torch::kInt32).contiguous();
-    return std::vector<int32_t>(t.data_ptr<int32_t>(), t.data_ptr<int32_t>() + t.numel());
-  }
+  // Queues the recorded expert ids, [tokens, layers, k] flattened, on `down`.
+  static int QueueRoutes(const MoeRouting& routing, Download* down) { return down->Add(torch::stack(routing.chosen, 1)); }
 
   // Appends the sampled token to a row; true when the row is finished.
   bool Accept(Row& row, int64_t token, float logprob) {
@@ -308,35 +439,50 @@ struct Generator::State {
     }
   }
 
-  // Samples for rows [first, end) from logits [N,V] of those rows.
-  void SampleRows(const torch::Tensor& logits, size_t first, std::vector<bool>* finished) {
-    const size_t n = rows.size() - first;
-    std::vector<const SamplingOptions*> opts(n);
-    std::vector<double> u(n);
-    for (size_t i = 0; i < n; ++i) {
-      Row& r = rows[first + i];
-      opts[i] = &r.group->request.sampling;
-      // Every row draws once per token, greedy or not, so streams stay aligned.
-      u[i] = r.rng.Uniform();
-    }
-    std::vector<int64_t> tok;
-    std::vector<float> lp;
-    SampleTokens(logits, opts, u, &tok, &lp);
-    for (size_t i = 0; i < n; ++i) (*finished)[first + i] = Accept(rows[first + i], tok[i], lp[i]);
+  // Each of `rs`' rows from `first` on draws its uniform for its next token
+  // (every row draws once per token, greedy or not, so streams stay
+  // aligned), rounded to fp32 as the sampler compares.
+  static std::vector<float> DrawUniforms(std::vector<Row>& rs, size_t first) {
+    std::vector<float> u;
+    for (size_t i = first; i < rs.size(); ++i) u.push_back(static_cast<float>(rs[i].rng.Uniform()));
+    return u;
   }
 
-  // Long because: one admission pass (take units off the queue, prefill them as one batch, fan each
-  // out to its sample rows, grow the KV cache) over the same units, logits and routes; split, each
-  // step would take most of them as arguments.
-  void Admit(const GroupCallback& cb, std::vector<bool>* finished) {
-    // One sequence to prefill and the sample rows it fans out to: a fresh
-    // request is one unit (its prompt, computed once, for all n samples); a
-    // resumed sample is a unit of its own (prompt + its tokens so far).
-    struct Unit {
-      std::shared_ptr<Group> group;
-      std::vector<int64_t> ids;
-      std::vector<int> samples;
-    };
+  // Queues the sampling of rows [first, end) on `down`, from logits [N,V]
+  // of those rows and their uniforms `u` [N] on the device; returns the
+  // handles of the tokens and log-probs.
+  std::pair<int, int> SampleRows(const torch::Tensor& logits, size_t first, const torch::Tensor& u, Download* down) {
+    std::vector<const SamplingOptions*> opts;
+    for (size_t i = first; i < rows.size(); ++i) opts.push_back(&rows[i].group->request.sampling);
+    const auto [any_filter, any_sample] = Kernels(opts);
+    const auto [tok, lp] = SampleOnDevice(
+        logits, row_options.Rows(static_cast<int64_t>(first), static_cast<int64_t>(rows.size() - first)), u,
+        any_filter, any_sample);
+    return {down->Add(tok), down->Add(lp)};
+  }
+
+  // Appends what SampleRows queued, now received, to rows [first, end).
+  void AcceptRows(const Download& down, std::pair<int, int> sampled, size_t first, std::vector<bool>* finished) {
+    const double* tok = down.Data(sampled.first);
+    const double* lp = down.Data(sampled.second);
+    for (size_t i = first; i < rows.size(); ++i) {
+      (*finished)[i] = Accept(rows[i], static_cast<int64_t>(tok[i - first]), static_cast<float>(lp[i - first]));
+    }
+  }
+
+  // One sequence to prefill and the sample rows it fans out to: a fresh
+  // request is one unit (its prompt, computed once, for all n samples); a
+  // resumed sample is a unit of its own (prompt + its tokens so far).
+  struct Unit {
+    std::shared_ptr<Group> group;
+    std::vector<int64_t> ids;
+    std::vector<int> samples;
+  };
+
+  // Takes the queued requests that fit (max_batch, max_prefill_tokens) off
+  // the queue as units; reports at once the samples that have nothing to
+  // decode (final before an abort, or a prompt that fills the context).
+  std::vector<Unit> TakeUnits(const GroupCallback& cb) {
     const int64_t max_pos = model->config().max_positions;
     std::vector<Unit> units;
     int64_t rows_now = static_cast<int64_t>(rows.size());
@@ -389,40 +535,14 @@ struct Generator::State {
         }
       }
     }
-    if (units.empty()) return;
-    const int64_t P = static_cast<int64_t>(units.size());
-    int64_t T = 0, cap = 0;
-    for (const auto& u : units) {
-      T = std::max(T, static_cast<int64_t>(u.ids.size()));
-      const auto& req = u.group->request;
-      cap = std::max(cap, std::min(static_cast<int64_t>(req.prompt.size()) + req.sampling.max_new_tokens, max_pos));
-    }
-    std::vector<int64_t> ids(P * T, 0), lens(P);
-    for (int64_t p = 0; p < P; ++p) {
-      std::copy(units[p].ids.begin(), units[p].ids.end(), ids.begin() + p * T);
-      lens[p] = static_cast<int64_t>(units[p].ids.size());
-    }
-    auto ids_t = torch::from_blob(ids.data(), {P, T}, torch::kInt64).to(device);
-    auto lens_t = torch::from_blob(lens.data(), {P}, torch::kInt64).to(device);
-    KvCache fresh;
-    MoeRouting routing;
-    routing.record = false;
-    for (const auto& u : units) routing.record |= Records(u.group->request);
-    torch::Tensor hidden;
-    {
-      RoutingScope scope(*model, routing.record ? &routing : nullptr);
-      // The prompts' keys and values only: they are copied into the cache's
-      // reserved rows below.
-      hidden = model->Prefill(ids_t, lens_t, T, &fresh);
-    }
-    // [P, T, layers, k] expert ids of every prefilled position.
-    std::vector<int32_t> routes;
-    const int64_t per_pos = routing.record ? RoutesPerPosition() : 0;
-    if (routing.record) routes = RoutesOf(routing);
-    // Fan each unit out to its sample rows.
-    std::vector<int64_t> src;
-    const size_t first = rows.size();
-    for (int64_t p = 0; p < P; ++p) {
+    return units;
+  }
+
+  // The sample rows of `units`, in order (routes not yet recorded); src[j]:
+  // the unit of row j.
+  static std::vector<Row> FanOut(const std::vector<Unit>& units, int64_t max_pos, std::vector<int64_t>* src) {
+    std::vector<Row> out;
+    for (size_t p = 0; p < units.size(); ++p) {
       const auto& g = units[p].group;
       const GenerationRequest& req = g->request;
       for (int i : units[p].samples) {
@@ -436,28 +556,82 @@ struct Generator::State {
           r.out.logprobs = req.resume[i].logprobs;
           for (size_t k = 0; k < r.out.tokens.size(); ++k) r.rng.Uniform();
         }
-        if (Records(req)) {
-          const auto begin = routes.begin() + p * T * per_pos;
-          r.out.routes.assign(begin, begin + lens[p] * per_pos);
-        }
-        r.len = lens[p];
+        r.len = static_cast<int64_t>(units[p].ids.size());
         r.capacity = std::min(static_cast<int64_t>(req.prompt.size()) + req.sampling.max_new_tokens, max_pos);
-        rows.push_back(std::move(r));
-        src.push_back(p);
+        out.push_back(std::move(r));
+        src->push_back(static_cast<int64_t>(p));
       }
     }
-    auto src_t = torch::from_blob(src.data(), {static_cast<int64_t>(src.size())}, torch::kInt64).to(device);
+    return out;
+  }
+
+  // Admits the queued requests that fit: prefills them as one batch (one
+  // copy to the device: the prompts and the joining rows' uniforms and
+  // sampling options; one back: first tokens, log-probs, routes), adds
+  // their sample rows after the running ones and samples each row's first
+  // token.
+  void Admit(const GroupCallback& cb, std::vector<bool>* finished) {
+    const std::vector<Unit> units = TakeUnits(cb);
+    if (units.empty()) return;
+    const int64_t max_pos = model->config().max_positions;
+    const int64_t P = static_cast<int64_t>(units.size());
+    int64_t T = 0, cap = 0;
+    for (const auto& u : units) {
+      T = std::max(T, static_cast<int64_t>(u.ids.size()));
+      const auto& req = u.group->request;
+      cap = std::max(cap, std::min(static_cast<int64_t>(req.prompt.size()) + req.sampling.max_new_tokens, max_pos));
+    }
+    std::vector<int64_t> ids(P * T, 0), lens(P), src;
+    for (int64_t p = 0; p < P; ++p) {
+      std::copy(units[p].ids.begin(), units[p].ids.end(), ids.begin() + p * T);
+      lens[p] = static_cast<int64_t>(units[p].ids.size());
+    }
+    std::vector<Row> joined = FanOut(units, max_pos, &src);
+    std::vector<const SamplingOptions*> opts;
+    for (const Row& r : joined) opts.push_back(&r.group->request.sampling);
+    Upload up;
+    const int ids_i = up.Add(ids), lens_i = up.Add(lens), src_i = up.Add(src), u_i = up.Add(DrawUniforms(joined, 0));
+    const RowOptions::Handles opts_i = RowOptions::Pack(opts, model->config().vocab_size, &up);
+    up.Send(device, &transfers);
+    ++transfers.admissions;
+    KvCache fresh;
+    MoeRouting routing;
+    routing.record = false;
+    for (const auto& u : units) routing.record |= Records(u.group->request);
+    torch::Tensor hidden;
+    {
+      RoutingScope scope(*model, routing.record ? &routing : nullptr);
+      // The prompts' keys and values only: they are copied into the cache's
+      // reserved rows below.
+      hidden = model->Prefill(up.Get(ids_i, torch::kInt64).view({P, T}), up.Get(lens_i, torch::kInt64), T, &fresh);
+    }
+    const torch::Tensor src_t = up.Get(src_i, torch::kInt64);
     auto logits = model->Logits(hidden.index_select(0, src_t)).to(torch::kFloat32);
     // The new rows go after the live ones; the cache grows only when they do
     // not fit (never a copy of the live rows otherwise).
-    const int64_t live = static_cast<int64_t>(first), add = static_cast<int64_t>(src.size());
+    const size_t first = rows.size();
+    const int64_t live = static_cast<int64_t>(first), add = static_cast<int64_t>(joined.size());
     Reserve(&cache, fresh, live, live + add, cap, options.max_batch, max_pos);
     for (size_t i = 0; i < cache.k.size(); ++i) {
       cache.k[i].narrow(0, live, add).narrow(2, 0, fresh.capacity()).copy_(fresh.k[i].index_select(0, src_t));
       cache.v[i].narrow(0, live, add).narrow(2, 0, fresh.capacity()).copy_(fresh.v[i].index_select(0, src_t));
     }
+    for (Row& r : joined) rows.push_back(std::move(r));
+    row_options.Append(RowOptions::FromUpload(up, opts_i));
+    Download down;
+    // [P, T, layers, k] expert ids of every prefilled position.
+    const int routes_i = routing.record ? QueueRoutes(routing, &down) : -1;
+    const auto sampled = SampleRows(logits, first, up.Get(u_i, torch::kFloat32), &down);
+    down.Receive(&transfers);
+    const int64_t per_pos = routing.record ? RoutesPerPosition() : 0;
+    for (size_t j = 0; routing.record && first + j < rows.size(); ++j) {
+      Row& r = rows[first + j];
+      if (!Records(r.group->request)) continue;
+      const double* begin = down.Data(routes_i) + src[j] * T * per_pos;
+      r.out.routes.assign(begin, begin + lens[src[j]] * per_pos);
+    }
     finished->resize(rows.size(), false);
-    SampleRows(logits, first, finished);
+    AcceptRows(down, sampled, first, finished);
   }
 
   std::vector<GroupResult> Abort() {
@@ -496,6 +670,7 @@ struct Generator::State {
     rows.clear();
     queue.clear();
     cache = KvCache();
+    row_options = RowOptions();
     return out;
   }
 
@@ -513,10 +688,12 @@ struct Generator::State {
       const size_t last = rows.size() - 1;
       if (i != last) {
         MoveRow(&cache, static_cast<int64_t>(last), static_cast<int64_t>(i), rows[last].len);
+        row_options.Move(static_cast<int64_t>(last), static_cast<int64_t>(i));
         rows[i] = std::move(rows[last]);
       }
       rows.pop_back();
     }
+    row_options.Truncate(static_cast<int64_t>(rows.size()));
     if (rows.empty()) cache = KvCache();
   }
 
@@ -534,31 +711,43 @@ struct Generator::State {
     const bool fixed_shapes = fixed != nullptr && !IsMoe() && model->config().rope.type != "dynamic";
     const int64_t step_rows = fixed_shapes ? fixed->Bucket(N) : N;
     Reserve(&cache, cache, N, step_rows, max_len + 1, options.max_batch, model->config().max_positions);
+    // The step's one copy to the device: the fed tokens, their positions and
+    // each row's uniform (the rows' options are there already).
+    Upload up;
+    const int ids_i = up.Add(fixed_shapes ? std::vector<int64_t>() : ids);
+    const int lens_i = up.Add(fixed_shapes ? std::vector<int64_t>() : lens);
+    const int u_i = up.Add(DrawUniforms(rows, 0));
+    up.Send(device, &transfers);
+    ++transfers.decode_steps;
     MoeRouting routing;
     routing.record = false;
     for (const Row& r : rows) routing.record |= Records(r.group->request);
     torch::Tensor hidden;
     if (fixed_shapes) {
       hidden = fixed->Step(*model, cache, ids, lens);
+      transfers.host_to_device += 2;  // its own copies of ids and lens, into buffers a graph replays
     } else {
       KvCache live = cache.FirstRows(N);
       RoutingScope scope(*model, routing.record ? &routing : nullptr);
-      hidden = model->DecodeStep(torch::from_blob(ids.data(), {N}, torch::kInt64).to(device),
-                                 torch::from_blob(lens.data(), {N}, torch::kInt64).to(device), max_len, &live);
-    }
-    if (routing.record) {
-      const std::vector<int32_t> routes = RoutesOf(routing);  // [N, layers, k]
-      const int64_t per_pos = RoutesPerPosition();
-      for (int64_t i = 0; i < N; ++i) {
-        if (!Records(rows[i].group->request)) continue;
-        rows[i].out.routes.insert(rows[i].out.routes.end(), routes.begin() + i * per_pos,
-                                  routes.begin() + (i + 1) * per_pos);
-      }
+      hidden = model->DecodeStep(up.Get(ids_i, torch::kInt64), up.Get(lens_i, torch::kInt64), max_len, &live);
     }
     for (auto& r : rows) ++r.len;
     auto logits = model->Logits(hidden).to(torch::kFloat32);
+    // The step's one copy back: tokens, log-probs and the routes.
+    Download down;
+    const int routes_i = routing.record ? QueueRoutes(routing, &down) : -1;  // [N, layers, k]
+    const auto sampled = SampleRows(logits, 0, up.Get(u_i, torch::kFloat32), &down);
+    down.Receive(&transfers);
+    if (routing.record) {
+      const double* routes = down.Data(routes_i);
+      const int64_t per_pos = RoutesPerPosition();
+      for (int64_t i = 0; i < N; ++i) {
+        if (!Records(rows[i].group->request)) continue;
+        rows[i].out.routes.insert(rows[i].out.routes.end(), routes + i * per_pos, routes + (i + 1) * per_pos);
+      }
+    }
     finished->assign(N, false);
-    SampleRows(logits, 0, finished);
+    AcceptRows(down, sampled, 0, finished);
   }
 };
 
@@ -654,6 +843,8 @@ DecodeGraphStats Generator::graph_stats() const {
   out.error = s_->fixed->graph_error();
   return out;
 }
+
+DecodeTransfers Generator::transfers() const { return s_->transfers; }
 
 std::vector<GroupResult> Generator::Abort() { return s_->Abort(); }
 

@@ -140,6 +140,27 @@ struct DecodeGraphStats {
   std::string error;
 };
 
+// The copies between the host and the model's device that the generation
+// loop makes. On a GPU each one is a synchronisation: a device->host copy
+// waits for every kernel queued before it, and a copy from pageable host
+// memory waits for the host. So the loop sends what a step needs (the fed
+// tokens, lengths, uniforms) in one copy and reads what the host needs back
+// (tokens, log-probs, MoE routes) in one copy: one each way per decode step,
+// and one each way per admission (a prefill batch, which also sends the
+// joining rows' sampling options; those stay on the device while the rows
+// run). With static_decode, FixedShapeDecoder::Step sends the ids and the
+// lengths itself, two more host->device copies per step, counted here too.
+// Counted on every device, the CPU included (where the copies are no-ops),
+// so that tests hold the loop to it.
+struct DecodeTransfers {
+  // Decode steps (one token for every running row) and admissions.
+  int64_t decode_steps = 0;
+  int64_t admissions = 0;
+  // Copies host->device and device->host, of both kinds of step.
+  int64_t host_to_device = 0;
+  int64_t device_to_host = 0;
+};
+
 // What the Generator needs of a model: prefill and decode over a KV cache,
 // and logits over the whole vocabulary. TransformerGeneration wraps an
 // actor::Transformer; a tensor-parallel rank implements it over its slice
@@ -227,6 +248,8 @@ class Generator final : public GenerationEngine {
   int64_t running() const override;
   // The decode step's CUDA graphs so far.
   DecodeGraphStats graph_stats() const override;
+  // The host<->device copies so far.
+  DecodeTransfers transfers() const;
 
   // Stops everything: every queued or running request comes back as a group
   // of all its n samples, finished ones as they ended and the others with
