@@ -17,6 +17,7 @@
 #include "common/status_macros.h"
 #include "learner/advantages.h"
 #include "learner/batching.h"
+#include "learner/device_metrics.h"
 #include "learner/distillation.h"
 #include "learner/losses.h"
 #include "learner/moe_routing.h"
@@ -141,8 +142,13 @@ struct RlStep {
   // On-policy distillation: A_t += coef * (teacher - old) on the tokens of `mk`.
   absl::Status AddDistillation(at::Tensor* advantages, const at::Tensor& teacher, const at::Tensor& old,
                                const at::Tensor& mk);
-  // Loss weights: what the aggregation averages over.
-  double WeightOf(const at::Tensor& mk) const;
+  // Loss weight of a micro-batch with mask `mk`: what the aggregation
+  // averages over (a 0-dim tensor where the mask is).
+  at::Tensor WeightOf(const at::Tensor& mk) const;
+  // The weights of a mini-batch's micro-batches, read in one copy.
+  std::vector<double> MicroWeights(const std::vector<std::pair<int64_t, int64_t>>& micro) const;
+  // Reads what the phases left in `late`; the metrics that wait for it.
+  void ReadLate();
 
   // Constant for the step
   const TrainerOptions& options;
@@ -192,6 +198,22 @@ struct RlStep {
   at::Tensor mask, is_weight, loss_mask;
   double behaviour_diff = 0;
   MetricMeans mismatch_means;  // token-weighted over micro-batches (reuse_forward)
+
+  // Values the host needs only for the step's metrics, read together at its
+  // end: on a GPU each read is a synchronisation, so no micro-batch makes
+  // one of its own (the loss functions called read their metrics once per
+  // call). Per CorrectMismatch call, its metrics and the names in `late` of
+  // its largest |old - behaviour| ("" for no rows) and its weight.
+  DeviceMetrics late;
+  struct LateMismatch {
+    learner::Metrics metrics;
+    std::string diff, weight;
+  };
+  std::vector<LateMismatch> late_mismatch;
+  // MoE router aux losses (on the router's device, so read apart from
+  // `late`) and the weight of their micro-batch, in loop order.
+  DeviceMetrics late_aux;
+  std::vector<double> aux_weights;
 
   // Advantages
   at::Tensor adv, returns;
@@ -522,9 +544,17 @@ absl::Status RlStep::LossMask() {
 
 absl::StatusOr<MismatchWeights> RlStep::CorrectMismatch(const at::Tensor& old, const at::Tensor& behaviour,
                                                         const at::Tensor& mk) {
-  if (old.size(0) > 0) behaviour_diff = std::max(behaviour_diff, ((old - behaviour).abs() * mk).max().item<double>());
+  const std::string id = absl::StrCat(late_mismatch.size());
+  LateMismatch later;
+  if (old.size(0) > 0) {
+    later.diff = "behaviour_diff/" + id;
+    late.Add(later.diff, ((old - behaviour).abs() * mk).max());
+  }
   RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw, MismatchCorrection(old, behaviour, mk, rl.mismatch));
-  mismatch_means.Add(mw.metrics, mk.sum().item<double>());
+  later.weight = "mismatch_weight/" + id;
+  late.Add(later.weight, mk.sum());
+  later.metrics = std::move(mw.metrics);
+  late_mismatch.push_back(std::move(later));
   return mw;
 }
 
@@ -536,14 +566,43 @@ absl::Status RlStep::AddDistillation(at::Tensor* advantages, const at::Tensor& t
   return absl::OkStatus();
 }
 
-double RlStep::WeightOf(const at::Tensor& mk) const {
+at::Tensor RlStep::WeightOf(const at::Tensor& mk) const {
   switch (rl.loss.agg) {
     case LossAgg::kTokenMean:
-      return mk.sum().item<double>();
+      return mk.sum();
     case LossAgg::kSeqMeanTokenMean:
-      return mk.sum(1).gt(0).sum().item<double>();
+      return mk.sum(1).gt(0).sum();
     default:
-      return static_cast<double>(mk.size(0));
+      return at::scalar_tensor(static_cast<double>(mk.size(0)), mk.options().dtype(at::kDouble));
+  }
+}
+
+std::vector<double> RlStep::MicroWeights(const std::vector<std::pair<int64_t, int64_t>>& micro) const {
+  DeviceMetrics dm;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    const auto [a, e] = micro[k];
+    dm.Add(absl::StrCat(k), WeightOf(Rows(loss_mask, a, e, Longest(a, e))));
+  }
+  std::map<std::string, double> read;
+  dm.ReadInto(&read);
+  std::vector<double> out;
+  for (size_t k = 0; k < micro.size(); ++k) out.push_back(read.at(absl::StrCat(k)));
+  return out;
+}
+
+void RlStep::ReadLate() {
+  std::map<std::string, double> read;
+  late.ReadInto(&read);
+  // In call order, as the values were once folded in one by one.
+  for (const LateMismatch& l : late_mismatch) {
+    if (!l.diff.empty()) behaviour_diff = std::max(behaviour_diff, read.at(l.diff));
+    mismatch_means.Add(l.metrics, read.at(l.weight));
+  }
+  if (read.count("overlong_penalty_mean")) m["overlong_penalty_mean"] = read.at("overlong_penalty_mean");
+  std::map<std::string, double> aux;
+  late_aux.ReadInto(&aux);
+  for (size_t k = 0; k < aux_weights.size(); ++k) {
+    means.Add({{"router_aux_loss", aux.at(absl::StrCat(k))}}, aux_weights[k]);
   }
 }
 
@@ -566,7 +625,7 @@ absl::Status RlStep::Advantages() {
     RLMESH_ASSIGN_OR_RETURN(at::Tensor pen, OverlongPenalty(lens, opt.learner.max_new_tokens, rl.overlong_buffer,
                                                             rl.overlong_penalty));
     rewards = rewards + pen.to(at::kDouble);
-    m["overlong_penalty_mean"] = pen.mean().item<double>();
+    late.Add("overlong_penalty_mean", pen.mean());
   }
   rewards = rewards.to(at::kFloat);
 
@@ -586,9 +645,10 @@ absl::Status RlStep::Advantages() {
       // same two sums with nothing, and fail as they do when it is empty.
       at::Tensor first = at::zeros({2}, at::kDouble), second = at::zeros({1}, at::kDouble);
       RLMESH_RETURN_IF_ERROR(global_sum(first));
-      if (first[1].item<double>() < 2) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "mask: whitening needs at least 2 masked tokens, got ", first[1].item<double>()));
+      const double masked = first[1].item<double>();  // once a step, on a rank with no rows
+      if (masked < 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("mask: whitening needs at least 2 masked tokens, got ", masked));
       }
       RLMESH_RETURN_IF_ERROR(global_sum(second));
     }
@@ -645,8 +705,11 @@ absl::Status RlStep::TrainLoop() {
   for (int epoch = 0; epoch < rl.epochs; ++epoch) {
     for (const auto& micro : minis) {
       const auto t1 = Clock::now();
+      // One read for the mini-batch: every micro-batch's weight is needed
+      // before the first backward (the loss is scaled by w / mini_w).
+      const std::vector<double> weights = MicroWeights(micro);
       double mini_w = 0;
-      for (auto [a, e] : micro) mini_w += WeightOf(Rows(loss_mask, a, e, Longest(a, e)));
+      for (double w : weights) mini_w += w;
       RLMESH_RETURN_IF_ERROR(models.ZeroGradPolicy(mini_w));
       RLMESH_RETURN_IF_ERROR(models.ZeroGradCritic(mini_w));
       if (models.AlignedPasses()) {
@@ -658,10 +721,11 @@ absl::Status RlStep::TrainLoop() {
           RLMESH_RETURN_IF_ERROR(models.EmptyPolicyPass(true));
         }
       }
-      for (auto [a, e] : micro) {
+      for (size_t k = 0; k < micro.size(); ++k) {
+        const auto [a, e] = micro[k];
         const int64_t T = Longest(a, e);
         at::Tensor mk = Rows(loss_mask, a, e, T);
-        const double w = WeightOf(mk);
+        const double w = weights[k];
         if (w == 0) {
           RLMESH_RETURN_IF_ERROR(models.EmptyPolicyPass(true));  // no-op unless ZeRO-3 or EP
           continue;
@@ -695,7 +759,8 @@ absl::Status RlStep::TrainLoop() {
         if (aux.defined()) {
           // Weighted like the policy loss: by the micro-batch's share.
           if (rl.router_aux_loss_coef > 0) total = total + rl.router_aux_loss_coef * aux * (w / mini_w);
-          out.metrics["router_aux_loss"] = aux.item<double>();
+          late_aux.Add(absl::StrCat(aux_weights.size()), aux);  // read with the step's metrics
+          aux_weights.push_back(w);
         }
         if (models.critic) {
           RLMESH_ASSIGN_OR_RETURN(at::Tensor values, MicroValues(a, e, T));
@@ -742,6 +807,7 @@ absl::Status RlStep::TrainLoop() {
 // The loop's means, the mismatch and distillation metrics, and names
 // present on every step.
 void RlStep::Metrics() {
+  ReadLate();
   std::map<std::string, double> vals;
   means.Into(&vals);
   if (with_behaviour) {
