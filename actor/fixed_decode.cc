@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include <ATen/ATen.h>
+
 #include "common/log.h"
 
 namespace rlmesh::actor {

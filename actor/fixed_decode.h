@@ -15,7 +15,8 @@
 //
 // Not thread-safe: the Generator's thread only.
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <map>
@@ -31,7 +32,7 @@ namespace rlmesh::actor {
 class FixedShapeDecoder {
  public:
   // `cuda_graphs`: capture and replay (the model must be on a GPU).
-  FixedShapeDecoder(int64_t max_batch, bool cuda_graphs, torch::Device device);
+  FixedShapeDecoder(int64_t max_batch, bool cuda_graphs, c10::Device device);
 
   // Rows a step of n live rows decodes: the next power of two >= n, at most
   // max_batch.
@@ -43,7 +44,7 @@ class FixedShapeDecoder {
   // model throws, and c10::Error naming rollout.cuda_graphs when a graph
   // cannot be captured (graph_error keeps why): asked for graphs, decoding
   // never goes on without them.
-  torch::Tensor Step(GenerationModel& model, const KvCache& cache, const std::vector<int64_t>& ids,
+  at::Tensor Step(GenerationModel& model, const KvCache& cache, const std::vector<int64_t>& ids,
                      const std::vector<int64_t>& lens);
 
   // Graphs captured and replayed so far.
@@ -55,15 +56,15 @@ class FixedShapeDecoder {
  private:
   struct Captured {
     std::unique_ptr<dist::CudaGraph> graph;
-    torch::Tensor hidden;  // [bucket, H], rewritten by each replay
+    at::Tensor hidden;  // [bucket, H], rewritten by each replay
   };
   // Every cache tensor's address, and the capacity: what a graph baked in.
   static std::vector<const void*> Addresses(const KvCache& cache);
 
   const int64_t max_batch_;
   bool graphs_;
-  torch::Device device_;
-  torch::Tensor ids_, lens_;  // [max_batch] int64 on the device
+  c10::Device device_;
+  at::Tensor ids_, lens_;  // [max_batch] int64 on the device
   std::map<int64_t, Captured> by_bucket_;
   std::vector<const void*> captured_on_;
   int64_t captures_ = 0, replays_ = 0;

@@ -1,6 +1,8 @@
 #include "learner/expert_parallel.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -100,7 +102,7 @@ absl::StatusOr<std::unique_ptr<ExpertParallelModel>> ExpertParallelModel::Create
   m->experts_per_rank_ = config.num_experts / size;
   try {
     m->model_ = actor::Transformer(config);
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     // The other ranks' experts: names and config stay, data goes.
     for (auto& [name, p] : m->model_->NamedParameters()) {
       if (m->IsLocal(name)) {
@@ -142,7 +144,7 @@ bool ExpertParallelModel::IsLocal(const std::string& hf_name) const {
 
 absl::Status ExpertParallelModel::LoadFromFull(const Named& full) {
   std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   for (auto& [name, p] : NamedParameters()) {
     auto it = by_name.find(name);
     if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
@@ -169,7 +171,7 @@ absl::StatusOr<ExpertParallelModel::Named> ExpertParallelModel::GatherFull() {
   // of rank r is expert r * experts_per_rank + j.
   std::map<std::string, at::Tensor> gathered;
   RLMESH_RETURN_IF_ERROR(dist::Collective("expert all-gather", [&] {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     for (auto& [name, p] : model_->NamedParameters()) {
       const int e = ExpertIndex(name);
       if (e < 0 || size_ == 1 || e / experts_per_rank_ != rank_) continue;
@@ -280,7 +282,7 @@ absl::StatusOr<DataParallelStepStats> ExpertParallelModel::Step(double lr) {
   stats.global_weight = global_weight_;
   double sq = 0;
   RLMESH_RETURN_IF_ERROR(dist::Collective("expert-parallel gradient reduction", [&] {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     auto grad_of = [](const at::Tensor& p) { return p.grad().defined() ? p.grad() : at::zeros_like(p); };
     // Replicated parameters: the weighted mean of the ranks' local-mean
     // gradients.
@@ -326,7 +328,7 @@ absl::StatusOr<DataParallelStepStats> ExpertParallelModel::Step(double lr) {
   if (options_.grad_clip > 0) {
     const double coef = options_.grad_clip / (stats.grad_norm + 1e-6);
     if (coef < 1.0) {
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       for (at::Tensor& p : replicated_) p.grad().mul_(coef);
       for (at::Tensor& p : local_experts_) p.grad().mul_(coef);
     }

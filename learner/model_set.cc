@@ -1,6 +1,7 @@
 #include "learner/model_set.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <unistd.h>
 
@@ -204,7 +205,7 @@ absl::Status ModelSet::GatherCritic() {
     for (auto& [name, p] : critic->NamedParameters()) params.emplace(name, p);
   }
   return CatchAll("gather the critic", [&]() -> absl::Status {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     return sharded_critic->VisitFull([&](const std::string& name, const at::Tensor& t) -> absl::Status {
       if (!keep) return absl::OkStatus();
       auto it = params.find(name);
@@ -335,7 +336,7 @@ absl::Status SetSyncSlice(std::vector<std::pair<std::string, at::Tensor>>& slice
 absl::Status ModelSet::RefreshSyncSlices() {
   if (!zero3_sync_slices) return absl::OkStatus();
   return CatchAll("sync slices", [&]() -> absl::Status {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     return sharded->VisitFull([&](const std::string& name, const at::Tensor& full) {
       return SetSyncSlice(sync_slices, name, full, sharded->world_rank(), sharded->world_size());
     });
@@ -345,7 +346,7 @@ absl::Status ModelSet::RefreshSyncSlices() {
 absl::Status ModelSet::CutSyncSlices(const std::vector<std::pair<std::string, at::Tensor>>& full) {
   if (!zero3_sync_slices) return absl::OkStatus();
   return CatchAll("sync slices", [&]() -> absl::Status {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     // The names in the policy's order, each then refreshed in place.
     sync_slices.clear();
     for (const auto& [name, t] : full) {
@@ -375,7 +376,7 @@ absl::Status ModelSet::GatherIntoRank0() {
     }
     size_t visited = 0;
     return CatchAll("sync policy", [&]() -> absl::Status {
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       RLMESH_RETURN_IF_ERROR(sharded->VisitFull([&](const std::string& name, const at::Tensor& t) -> absl::Status {
         if (!keep) return absl::OkStatus();
         ++visited;
@@ -412,7 +413,7 @@ absl::Status ModelSet::GatherIntoRank0() {
     return absl::OkStatus();
   }
   return CatchAll("sync policy", [&]() -> absl::Status {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
     for (auto& [name, p] : policy->NamedParameters()) {
       auto it = by_name.find(name);
@@ -591,7 +592,7 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
     absl::StatusOr<actor::Transformer> model = absl::UnknownError("not loaded");
     {
       std::lock_guard<std::mutex> lock(InitMutex());
-      torch::manual_seed(Mix(exp.seed(), 0x5c0e));
+      at::manual_seed(Mix(exp.seed(), 0x5c0e));
       model = actor::LoadHfModel(init_path, lo);
     }
     if (!model.ok()) return PrefixStatus("init_checkpoint", model.status());
@@ -638,9 +639,9 @@ absl::StatusOr<LoadedPolicy> LoadPolicy(const ExperimentConfig& exp, const std::
     }
     RLMESH_RETURN_IF_ERROR(CatchAll("build policy", [&]() -> absl::Status {
       std::lock_guard<std::mutex> lock(InitMutex());
-      torch::manual_seed(exp.seed());
+      at::manual_seed(exp.seed());
       s.policy = actor::Transformer(cfg);
-      s.policy->to(torch::Device(device));
+      s.policy->to(c10::Device(device));
       return absl::OkStatus();
     }));
   }
@@ -688,7 +689,7 @@ namespace {
 // the policy's shapes before a split frees its data.
 absl::Status BroadcastPolicy(ModelSet* models) {
   ModelSet& s = *models;
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   auto named = s.policy->NamedParameters();
   s.policy_shapes.clear();
   // A reward model's lm_head is out of the optimizer (plain DP's layout).
@@ -785,7 +786,7 @@ absl::StatusOr<std::unique_ptr<DataParallel>> ReplicaOptimizer(const ModelSet& s
 absl::Status BroadcastCritic(ModelSet* models) {
   ModelSet& s = *models;
   if (!s.group) return absl::OkStatus();
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   auto named = s.critic->NamedParameters();
   return dist::Collective("broadcast of the critic", [&] {
     for (auto& [name, t] : named) {
@@ -928,7 +929,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
         "experiment.model.lora: runs with plain data parallelism and learner.zero: 1 only");
   }
   RLMESH_RETURN_IF_ERROR(CatchAll("build reference/critic", [&]() -> absl::Status {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     auto copy_from_policy = [&](actor::Transformer& dst) {
       std::map<std::string, at::Tensor> src;
       for (auto& [name, t] : s.policy->NamedParameters()) src[name] = t;
@@ -945,7 +946,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
       // policy, so it is also the reference.
       s.lora = true;
       for (auto& [name, p] : s.policy->NamedParameters()) p.set_requires_grad(false);
-      torch::manual_seed(Mix(exp.seed(), 0x10a));
+      at::manual_seed(Mix(exp.seed(), 0x10a));
       RLMESH_RETURN_IF_ERROR(PrefixStatus("experiment.model.lora", actor::AttachLora(s.policy, *lora)));
       if (wants_reference) {
         s.reference = s.policy;
@@ -954,7 +955,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     } else if (wants_reference) {
       // The frozen reference is the stage's initial policy.
       s.reference = actor::Transformer(cfg);
-      s.reference->to(torch::Device(device));
+      s.reference->to(c10::Device(device));
       copy_from_policy(s.reference);
       for (auto& p : s.reference->parameters()) p.set_requires_grad(false);
       s.reference->eval();
@@ -965,9 +966,9 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     if (stage.kind == StageKind::kPpo) {
       actor::ModelConfig ccfg = cfg;
       ccfg.value_head = true;
-      torch::manual_seed(Mix(exp.seed(), 0xc417));
+      at::manual_seed(Mix(exp.seed(), 0xc417));
       s.critic = actor::Transformer(ccfg);
-      s.critic->to(torch::Device(device));
+      s.critic->to(c10::Device(device));
       copy_from_policy(s.critic);
     }
     return absl::OkStatus();
@@ -1081,7 +1082,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     // Every rank's reference equals its (broadcast) initial policy (under
     // ZeRO-3, TP and EP, BroadcastPolicy copied it before the split).
     RLMESH_RETURN_IF_ERROR(CatchAll("reference", [&]() -> absl::Status {
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       auto src = s.policy->NamedParameters();
       auto dst = s.reference->NamedParameters();
       for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);

@@ -2,7 +2,7 @@
 // evaluation.
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -66,8 +66,8 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
       const int64_t ra = 2 * a, re = 2 * e;
       const int64_t T = *std::max_element(row_lengths.begin() + ra, row_lengths.begin() + re);
       auto ids = Rows(b.input_ids, ra, re, T), pos = Rows(b.positions, ra, re, T);
-      std::unique_ptr<torch::NoGradGuard> no_grad;
-      if (!train) no_grad = std::make_unique<torch::NoGradGuard>();
+      std::unique_ptr<at::NoGradGuard> no_grad;
+      if (!train) no_grad = std::make_unique<at::NoGradGuard>();
       LossOutput out;
       if (rm) {
         // Score = the value at the last real token (eos) of prompt+response.
@@ -84,7 +84,7 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
         at::Tensor mask = Rows(b.mask, ra, re, T);
         at::Tensor ref_seq;
         {
-          torch::NoGradGuard ref_no_grad;
+          at::NoGradGuard ref_no_grad;
           RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
                                                                  options_.logprob_chunk, 1.0));
           RLMESH_ASSIGN_OR_RETURN(ref_seq, SequenceLogProbs(rlp.logprobs, mask));

@@ -3,7 +3,7 @@
 // the phases of RlStep below.
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -467,7 +467,7 @@ absl::Status RlStep::OldLogProbs() {
   if (models.teacher) teacher_logp = at::zeros({B, T_all}, at::kFloat);
   if (models.critic) old_values = at::zeros({B, T_all}, at::kFloat);
   {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     if (models.AlignedPasses() && (!reuse_forward || models.sharded_critic)) {
       // ZeRO-3 and EP: as many policy (and sharded critic) forwards as the
       // rank with the most micro-batches (the collectives must match).

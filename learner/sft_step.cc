@@ -1,7 +1,7 @@
 // Trainer::TrainSft: one supervised step (padded or packed batches).
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,8 @@
 
 #include "learner/trainer.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <optional>
@@ -103,7 +104,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::SyncTen
   // B carries the adapter's scaling, so that a receiver applies the pairs
   // with scaling 1 and needs no adapter config.
   std::vector<std::pair<std::string, at::Tensor>> out;
-  torch::NoGradGuard no_grad;
+  at::NoGradGuard no_grad;
   actor::Transformer& policy = s_->models.policy;
   for (const auto& [module, linear] : policy->AdaptableLinears()) {
     if (!linear->has_adapter()) continue;

@@ -1,5 +1,6 @@
 #include "weight_sync/internal.h"
 
+#include <ATen/ops/from_blob.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>

@@ -5,13 +5,17 @@
 // channel GLOO and NCCL implement, and one constructor per backend for
 // factory.cc. Everything here is in namespace weight_sync::internal.
 
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -21,6 +25,10 @@
 #include "common/status_macros.h"
 #include "dist/cuda_api.h"
 #include "weight_sync/weight_sync.h"
+
+namespace c10d {
+class Store;
+}  // namespace c10d
 
 namespace rlmesh::weight_sync::internal {
 
