@@ -1,6 +1,10 @@
 #include "actor/attention_inputs.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/eye.h>
+#include <ATen/ops/ones.h>
 
 namespace rlmesh::actor {
 

@@ -3,7 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/where.h>
 
 namespace rlmesh::actor {
 namespace {

@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

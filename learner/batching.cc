@@ -1,6 +1,11 @@
 #include "learner/batching.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <iterator>

@@ -1,6 +1,11 @@
 #include "learner/device_metrics.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 
 namespace rlmesh::learner {
 

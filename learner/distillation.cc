@@ -1,6 +1,10 @@
 #include "learner/distillation.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <cmath>
 

@@ -1,6 +1,17 @@
 #include "learner/losses.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/log_sigmoid.h>
+#include <ATen/ops/log_softmax.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <limits>
 

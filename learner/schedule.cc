@@ -1,6 +1,7 @@
 #include "learner/schedule.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>

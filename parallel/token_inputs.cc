@@ -1,6 +1,7 @@
 #include "parallel/token_inputs.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 
 #include <utility>
 
