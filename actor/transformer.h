@@ -20,12 +20,9 @@
 #include <torch/nn/pimpl.h>
 
 #include "actor/model_config.h"
+#include "actor/threads.h"
 
 namespace rlmesh::actor {
-
-// Sets LibTorch's intra-op threads; n <= 0 means all hardware threads.
-// LibTorch defaults to 1 on the 2-core machines, so every process calls this.
-void ConfigureThreads(int n);
 
 class RmsNormImpl : public torch::nn::Module {
  public:

@@ -16,13 +16,6 @@
 
 namespace rlmesh::dist {
 
-absl::Status GlooGroupOptions::Validate() const {
-  if (hostname.empty()) return absl::InvalidArgumentError("hostname: must not be empty");
-  if (timeout_ms <= 0) return absl::InvalidArgumentError("timeout_ms: must be > 0");
-  if (threads <= 0) return absl::InvalidArgumentError("threads: must be > 0");
-  return absl::OkStatus();
-}
-
 absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateGlooGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
     const GlooGroupOptions& options) {

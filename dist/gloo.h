@@ -12,20 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "dist/gloo_options.h"
 
 namespace rlmesh::dist {
-
-struct GlooGroupOptions {
-  // Address the Gloo transport binds and advertises. Default loopback.
-  // Ignored when GLOO_SOCKET_IFNAME names an interface: its address is used.
-  std::string hostname = "127.0.0.1";
-  // Collective and rendezvous timeout, milliseconds. Default 300000.
-  int64_t timeout_ms = 300'000;
-  // Gloo worker threads. Default 2.
-  int threads = 2;
-
-  absl::Status Validate() const;
-};
 
 // Creates a Gloo process group; blocks until all `world_size` ranks have
 // joined through `store` and every rank's side of every connection is up

@@ -5,7 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
-#include "actor/transformer.h"
+#include "actor/threads.h"
 #include "common/log.h"
 #include "common/server_flags.h"
 #include "dist/memory_fraction_flag.h"

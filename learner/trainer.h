@@ -38,9 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "dist/gloo.h"
-#include "dist/store.h"
-#include "learner/data_parallel.h"
+#include "dist/gloo_options.h"
 #include "proto/learner.pb.h"
 
 namespace rlmesh {

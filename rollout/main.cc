@@ -5,7 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "actor/tokenizer.h"
-#include "actor/transformer.h"
+#include "actor/threads.h"
 #include "common/rpc_client.h"
 #include "common/server_flags.h"
 #include "dist/device.h"
