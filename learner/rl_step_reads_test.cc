@@ -53,15 +53,6 @@ class ItemCounter {
   at::CallbackHandle handle_;
 };
 
-std::vector<std::vector<int>> Prompts(const ExperimentConfig& e, int count) {
-  auto task = MakeTask(e.task(), e.seed());
-  REQUIRE(task.ok());
-  actor::CharTokenizer tok;
-  std::vector<std::vector<int>> out;
-  for (int i = 0; i < count; ++i) out.push_back(EncodePrompt(tok, (*task)->train()[i % 8].prompt));
-  return out;
-}
-
 actor::Transformer& Policy(Trainer& t) { return *static_cast<actor::Transformer*>(t.policy_model()); }
 
 // .item() calls of one TrainStep of `groups` on a fresh trainer of `e`.
@@ -117,7 +108,7 @@ TEST_CASE("a micro-batch makes no .item() call of the step's own: one micro-batc
   }
   int i = 0;
   // 4 groups of 4 with varying rewards: 16 rows, behaviour log-probs on.
-  const GroupList groups = testing::SampleGroups(Policy(sampler), Prompts(base, 4), 4, 1.0f, 5,
+  const GroupList groups = testing::SampleGroups(Policy(sampler), testing::TaskPrompts(base, 4), 4, 1.0f, 5,
                                                  [&](const std::vector<int64_t>&) { return double(i++ % 3); });
   const int64_t rows = 16;
   const int64_t forward = ItemsOfForward(Policy(sampler));

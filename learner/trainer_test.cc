@@ -96,15 +96,6 @@ GroupList Rollout(Trainer& t, const std::vector<std::vector<int>>& prompts, int 
   return testing::SampleGroups(Policy(t), prompts, n, temperature, seed, reward);
 }
 
-std::vector<std::vector<int>> Prompts(const ExperimentConfig& e, int count) {
-  auto task = MakeTask(e.task(), e.seed());
-  REQUIRE(task.ok());
-  actor::CharTokenizer tok;
-  std::vector<std::vector<int>> out;
-  for (int i = 0; i < count; ++i) out.push_back(EncodePrompt(tok, (*task)->train()[i % 8].prompt));
-  return out;
-}
-
 // Trains `t` on-policy for `steps` steps (8 samples per prompt, rollout
 // seed 100 + step) and returns the mean of `metric` over the first and over
 // the last `window` steps.
@@ -137,7 +128,7 @@ TEST_CASE("on-policy first step: recomputed log-probs, ratio 1, clip 0, KL 0") {
   auto cfg = t.Configure(Request(e));
   REQUIRE(cfg.ok());
   int64_t i = 0;
-  GroupList groups = Rollout(t, Prompts(e, 4), 4, 0.7f, 11, [&](const std::vector<int64_t>&) {
+  GroupList groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 0.7f, 11, [&](const std::vector<int64_t>&) {
     return static_cast<double>((i++) % 3);
   });
   TrainStepRequest req;
@@ -300,7 +291,7 @@ TEST_CASE("GRPO raises a toy reward (first token is a digit)") {
     std::string s = tok.Decode({static_cast<int>(toks[0])});
     return (s.size() == 1 && s[0] >= '0' && s[0] <= '9') ? 1.0 : 0.0;
   };
-  const auto [early, late] = OnPolicyRun(t, Prompts(e, 8), 30, 5, is_digit, "reward_mean");
+  const auto [early, late] = OnPolicyRun(t, testing::TaskPrompts(e, 8), 30, 5, is_digit, "reward_mean");
   INFO("reward early " << early << " late " << late);
   CHECK(late > 0.6);
   CHECK(late > 2 * early);
@@ -959,7 +950,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     *g.add_stages() = GrpoStageOf(2, 1e-2);
     REQUIRE(t.Configure(Request(g)).ok());
     int64_t i = 0;
-    groups = Rollout(t, Prompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
+    groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
       const double shard_offset = i < 8 ? 5.0 : 0.0;
       // Every group's rewards vary too (GRPO's advantages are per group).
       return shard_offset + static_cast<double>(i++ % 2) + static_cast<double>(toks.size() % 3);
@@ -1188,7 +1179,7 @@ TEST_CASE("K=2 from the buffer: each shard draws the whole batch, orders it by g
     REQUIRE(t.Configure(Request(e)).ok());
     // Rewards 0..3 in every group: each group carries a gradient of its own.
     int i = 0;
-    groups = Rollout(t, Prompts(e, 4), 4, 1.0f, 5, [&](const std::vector<int64_t>&) {
+    groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 1.0f, 5, [&](const std::vector<int64_t>&) {
       return static_cast<double>(i++ % 4);
     });
   }
@@ -1271,7 +1262,7 @@ GroupList FourGroups(const ExperimentConfig& e, std::vector<bool> flat) {
   Trainer t;
   REQUIRE(t.Configure(Request(e)).ok());
   int i = 0;
-  GroupList groups = Rollout(t, Prompts(e, 4), 4, 1.0f, 5, [&](const std::vector<int64_t>&) {
+  GroupList groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 1.0f, 5, [&](const std::vector<int64_t>&) {
     return static_cast<double>(i++ % 4);
   });
   for (int g = 0; g < 4; ++g) {
@@ -1504,7 +1495,7 @@ TEST_CASE("on-policy distillation: the advantage is the teacher's per-token term
     Trainer t;
     REQUIRE(t.Configure(Request(k)).ok());
     const auto [first, last] = OnPolicyRun(
-        t, Prompts(e, 8), 100, 10, [](const std::vector<int64_t>&) { return 0.0; }, "distill_reverse_kl");
+        t, testing::TaskPrompts(e, 8), 100, 10, [](const std::vector<int64_t>&) { return 0.0; }, "distill_reverse_kl");
     // Rollout seeds 100, 200, 300, 400 and 500 (+ step) went from 2.3-2.8
     // nats to 0.020-0.055; with the advantage's sign flipped, 6.9 to 13.3.
     INFO("reverse KL (k1), mean of the first 10 steps " << first << ", of the last 10 " << last);
@@ -1952,7 +1943,7 @@ TEST_CASE("PPO with a critic trains and resumes its critic") {
   Trainer t;
   REQUIRE(t.Configure(Request(e, dir.File("ckpt"))).ok());
   int64_t i = 0;
-  GroupList g = Rollout(t, Prompts(e, 4), 2, 1.0f, 5, [&](const std::vector<int64_t>&) {
+  GroupList g = Rollout(t, testing::TaskPrompts(e, 4), 2, 1.0f, 5, [&](const std::vector<int64_t>&) {
     return static_cast<double>((i++) % 2);
   });
   TrainStepRequest req;
@@ -2004,7 +1995,7 @@ TEST_CASE("learner.gradient_checkpointing: SFT, GRPO (with KL) and PPO steps are
       GroupList groups;
       if (k != "sft") {
         int64_t i = 0;
-        groups = Rollout(plain, Prompts(e, 4), 4, 1.0f, 9, [&](const std::vector<int64_t>&) {
+        groups = Rollout(plain, testing::TaskPrompts(e, 4), 4, 1.0f, 9, [&](const std::vector<int64_t>&) {
           return static_cast<double>((i++) % 3);
         });
       }
@@ -2041,7 +2032,7 @@ TEST_CASE("learner.sleep: cache hands memory back after each step and trains bit
   REQUIRE(plain.Configure(Request(e)).ok());
   REQUIRE(released.Configure(Request(sleepy)).ok());
   int64_t i = 0;
-  GroupList groups = Rollout(plain, Prompts(e, 4), 4, 1.0f, 9, [&](const std::vector<int64_t>&) {
+  GroupList groups = Rollout(plain, testing::TaskPrompts(e, 4), 4, 1.0f, 9, [&](const std::vector<int64_t>&) {
     return static_cast<double>((i++) % 3);
   });
   for (int step = 0; step < 3; ++step) {
@@ -2100,7 +2091,7 @@ TEST_CASE("learner.gradient_checkpointing under learner.tp: 2 (with and without 
         Trainer sampler;
         REQUIRE(sampler.Configure(Request(one)).ok());
         int64_t i = 0;
-        groups = Rollout(sampler, Prompts(one, 4), 2, 1.0f, 11, [&](const std::vector<int64_t>&) {
+        groups = Rollout(sampler, testing::TaskPrompts(one, 4), 2, 1.0f, 11, [&](const std::vector<int64_t>&) {
           return static_cast<double>((i++) % 3);
         });
       }

@@ -8,8 +8,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
@@ -25,6 +27,28 @@ namespace {
 using dist::CudaDeviceCount;
 using dist::OpenCudaRuntime;
 using dist::OpenNccl;
+
+// Runs this test binary again for the one hidden case `name` (a "(child)"
+// case), with RLMESH_IPC_TEST_DIR set to `dir` and its output in
+// dir/child.log.
+absl::StatusOr<Subprocess> StartChildCase(const testing::TempDir& dir, const std::string& name) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return absl::InternalError("readlink /proc/self/exe failed");
+  self[n] = '\0';
+  return Subprocess::Start({self, name}, dir.File("child.log"), {"RLMESH_IPC_TEST_DIR=" + dir.path()});
+}
+
+// The first 8 KB of the child's output.
+std::string ChildLog(const testing::TempDir& dir) {
+  std::string log;
+  if (FILE* f = std::fopen(dir.File("child.log").c_str(), "r")) {
+    char buf[8192];
+    log.assign(buf, std::fread(buf, 1, sizeof(buf), f));
+    std::fclose(f);
+  }
+  return log;
+}
 
 TEST_CASE("CUDA_IPC round trip on one GPU is bit-exact; an overtaken reader gets ABORTED", "[gpu]") {
   auto devices = CudaDeviceCount();
@@ -152,12 +176,7 @@ TEST_CASE("CUDA_IPC between two processes on one GPU is bit-exact", "[gpu]") {
   REQUIRE(devices.ok());
   REQUIRE(*devices >= 1);
   testing::TempDir dir;
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  REQUIRE(n > 0);
-  self[n] = '\0';
-  auto child = Subprocess::Start({self, "(child) CUDA_IPC publisher in its own process"}, dir.File("child.log"),
-                                 {"RLMESH_IPC_TEST_DIR=" + dir.path()});
+  auto child = StartChildCase(dir, "(child) CUDA_IPC publisher in its own process");
   REQUIRE(child.ok());
   auto recv = CreateWeightReceiver(IpcSpecAt(dir.path()));
   REQUIRE(recv.ok());
@@ -168,13 +187,7 @@ TEST_CASE("CUDA_IPC between two processes on one GPU is bit-exact", "[gpu]") {
   auto got = (*recv)->Receive(v2);
   std::fclose(std::fopen(dir.File("receiver-done").c_str(), "w"));
   auto st = child->Wait(absl::Seconds(60));
-  std::string log;
-  if (FILE* f = std::fopen(dir.File("child.log").c_str(), "r")) {
-    char buf[8192];
-    log.assign(buf, std::fread(buf, 1, sizeof(buf), f));
-    std::fclose(f);
-  }
-  INFO("publisher log:\n" << log);
+  INFO("publisher log:\n" << ChildLog(dir));
   REQUIRE(got.ok());
   ExpectBitExact(MakeTensors(42), *got);
   REQUIRE(st.ok());
@@ -219,21 +232,10 @@ TEST_CASE("CUDA_IPC buckets over the process's memory fraction fail as RESOURCE_
   REQUIRE(devices.ok());
   REQUIRE(*devices >= 1);
   testing::TempDir dir;
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  REQUIRE(n > 0);
-  self[n] = '\0';
-  auto child = Subprocess::Start({self, "(child) CUDA_IPC publisher under a tiny memory fraction"},
-                                 dir.File("child.log"), {"RLMESH_IPC_TEST_DIR=" + dir.path()});
+  auto child = StartChildCase(dir, "(child) CUDA_IPC publisher under a tiny memory fraction");
   REQUIRE(child.ok());
   auto st = child->Wait(absl::Seconds(60));
-  std::string log;
-  if (FILE* f = std::fopen(dir.File("child.log").c_str(), "r")) {
-    char buf[8192];
-    log.assign(buf, std::fread(buf, 1, sizeof(buf), f));
-    std::fclose(f);
-  }
-  INFO("child log:\n" << log);
+  INFO("child log:\n" << ChildLog(dir));
   REQUIRE(st.ok());
   CHECK(*st == 0);
 }

@@ -1,8 +1,8 @@
 #pragma once
 
-// Test helper: GRPO groups sampled from a model, as a rollout worker would
-// send them (prompt and response ids, behaviour log-probs, a loss mask of
-// ones, a reward per sample).
+// Test helpers: a task's prompts, and GRPO groups sampled from a model as a
+// rollout worker would send them (prompt and response ids, behaviour
+// log-probs, a loss mask of ones, a reward per sample).
 
 #include <torch/torch.h>
 
@@ -12,11 +12,26 @@
 #include <vector>
 
 #include "actor/generate.h"
+#include "actor/tokenizer.h"
 #include "actor/transformer.h"
 #include "catch2/catch.hpp"
+#include "proto/config.pb.h"
 #include "proto/learner.pb.h"
+#include "tasks/encoding.h"
+#include "tasks/task.h"
 
 namespace rlmesh::learner::testing {
+
+// `count` training prompts of the experiment's task (its first eight, in
+// turn), encoded with the character tokenizer.
+inline std::vector<std::vector<int>> TaskPrompts(const ExperimentConfig& e, int count) {
+  auto task = MakeTask(e.task(), e.seed());
+  REQUIRE(task.ok());
+  actor::CharTokenizer tok;
+  std::vector<std::vector<int>> out;
+  for (int i = 0; i < count; ++i) out.push_back(EncodePrompt(tok, (*task)->train()[i % 8].prompt));
+  return out;
+}
 
 // `n` samples of each prompt from `model` (at most 4 new tokens, stop id 2,
 // sampling seed `seed`), one group per prompt, each sample rewarded by
