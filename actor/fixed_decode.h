@@ -45,7 +45,7 @@ class FixedShapeDecoder {
   // cannot be captured (graph_error keeps why): asked for graphs, decoding
   // never goes on without them.
   at::Tensor Step(GenerationModel& model, const KvCache& cache, const std::vector<int64_t>& ids,
-                     const std::vector<int64_t>& lens);
+                  const std::vector<int64_t>& lens);
 
   // Graphs captured and replayed so far.
   int64_t captures() const { return captures_; }
