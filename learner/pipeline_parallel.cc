@@ -1,0 +1,534 @@
+#include "learner/pipeline_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "actor/attention_inputs.h"
+#include "actor/rope.h"
+#include "actor/transformer.h"
+#include "common/status_macros.h"
+#include "parallel/token_inputs.h"
+
+namespace rlmesh::learner {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr const char* kEmbedding = "model.embed_tokens.weight";
+
+// The decoder layer a parameter belongs to, or -1 (embedding, norm, head).
+int64_t LayerOf(const std::string& name) {
+  if (!absl::StartsWith(name, "model.layers.")) return -1;
+  return std::stoll(name.substr(13, name.find('.', 13) - 13));
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Parameters of one dense decoder layer, of the embedding and of the
+// head (output projection and final norm) of `c`.
+struct StageCosts {
+  int64_t layer = 0, embedding = 0, head = 0;
+};
+
+StageCosts CostsOf(const actor::ModelConfig& c) {
+  StageCosts k;
+  actor::DecoderLayer layer(c, -1);
+  for (const auto& p : layer->parameters()) k.layer += p.numel();
+  k.embedding = c.vocab_size * c.hidden_size;
+  k.head = c.vocab_size * c.hidden_size + c.hidden_size;
+  return k;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> BalancedStageLayers(const actor::ModelConfig& config, int stages) {
+  const int64_t L = config.num_layers;
+  if (stages < 1 || stages > L) {
+    return absl::InvalidArgumentError(absl::StrCat("learner.pp: ", stages,
+                                                   " stages need between 1 and the model's num_layers (", L,
+                                                   ") decoder layers, at least one per stage"));
+  }
+  const StageCosts k = CostsOf(config);
+  auto extra = [&](int s) { return (s == 0 ? k.embedding : 0) + (s == stages - 1 ? k.head : 0); };
+  // best[s][j]: the smallest largest-stage cost of layers [0, j) over
+  // stages [0, s); from[s][j] the first layer of stage s - 1 there.
+  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
+  std::vector<std::vector<int64_t>> best(stages + 1, std::vector<int64_t>(L + 1, kInf));
+  std::vector<std::vector<int64_t>> from(stages + 1, std::vector<int64_t>(L + 1, -1));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int64_t j = s; j <= L; ++j) {
+      for (int64_t i = s - 1; i < j; ++i) {
+        if (best[s - 1][i] == kInf) continue;
+        const int64_t cost = std::max(best[s - 1][i], (j - i) * k.layer + extra(s - 1));
+        // `<=`: among equal costs the latest start, so later stages hold fewer layers.
+        if (cost <= best[s][j]) {
+          best[s][j] = cost;
+          from[s][j] = i;
+        }
+      }
+    }
+  }
+  std::vector<int64_t> layers(stages);
+  for (int64_t s = stages, j = L; s > 0; --s) {
+    const int64_t i = from[s][j];
+    layers[s - 1] = j - i;
+    j = i;
+  }
+  return layers;
+}
+
+absl::Status ValidatePipeline(const actor::ModelConfig& config, int stages, const std::vector<int64_t>& stage_layers) {
+  if (config.NumMoeLayers() > 0) {
+    return absl::UnimplementedError("learner.pp: pipeline parallelism is not built for MoE models");
+  }
+  if (config.value_head) {
+    return absl::UnimplementedError(
+        "learner.pp: pipeline parallelism is not built for value-head models (reward models, critics)");
+  }
+  if (stages < 1) return absl::InvalidArgumentError(absl::StrCat("learner.pp: must be >= 1, got ", stages));
+  if (stage_layers.empty()) return BalancedStageLayers(config, stages).status();
+  if (static_cast<int>(stage_layers.size()) != stages) {
+    return absl::InvalidArgumentError(absl::StrCat("learner.pp_stage_layers: ", stage_layers.size(),
+                                                   " entries for ", stages, " stages"));
+  }
+  int64_t sum = 0;
+  for (size_t s = 0; s < stage_layers.size(); ++s) {
+    if (stage_layers[s] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("learner.pp_stage_layers[", s, "]: must be >= 1, got ", stage_layers[s]));
+    }
+    sum += stage_layers[s];
+  }
+  if (sum != config.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("learner.pp_stage_layers: sum to ", sum,
+                                                   ", the model has num_layers ", config.num_layers));
+  }
+  return absl::OkStatus();
+}
+
+struct PipelineModel::Impl {
+  actor::Transformer model{nullptr};
+  actor::RopeFrequencies rope;
+  PipelineOptions options;
+  c10::intrusive_ptr<c10d::Backend> pipeline;
+  // Every parameter of the whole model in NamedParameters() order: its
+  // name, shape and stage.
+  struct Param {
+    std::string name;
+    std::vector<int64_t> shape;
+    int stage = 0;
+  };
+  std::vector<Param> all;
+  // This stage's parameters by name (the module's tensors) and, on the last
+  // stage of a tied model split over stages, the embedding's copy.
+  std::map<std::string, at::Tensor> mine;
+  at::Tensor tied_copy;
+  // What the optimizer steps: `mine` in NamedParameters() order, then the
+  // tied copy.
+  std::vector<at::Tensor> trained;
+  std::unique_ptr<DataParallel> optimizer;
+  // Messages this stage has sent and received, per direction (forward:
+  // activations to stage + 1; backward: gradients to stage - 1): the tags.
+  int64_t sent[2] = {0, 0}, received[2] = {0, 0};
+  // Asynchronous sends not yet known complete, with their buffers.
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> pending;
+  double wait_seconds = 0;
+  int64_t layer_begin = 0, layer_end = 0;
+
+  int stage() const { return pipeline ? pipeline->getRank() : 0; }
+  int stages() const { return pipeline ? pipeline->getSize() : 1; }
+  bool first() const { return stage() == 0; }
+  bool last() const { return stage() == stages() - 1; }
+
+  static int Tag(int direction, int64_t n) { return static_cast<int>((n * 2 + direction) % (1 << 30)); }
+
+  void Send(int direction, at::Tensor t) {
+    t = t.contiguous();
+    std::vector<at::Tensor> v{t};
+    const int peer = stage() + (direction == 0 ? 1 : -1);
+    auto work = pipeline->send(v, peer, Tag(direction, sent[direction]++));
+    pending.emplace_back(std::move(work), std::move(t));
+    // Drop the buffers of sends already done.
+    pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& p) { return p.first->isCompleted(); }),
+                  pending.end());
+  }
+
+  at::Tensor Recv(int direction, const std::vector<int64_t>& shape) {
+    std::vector<at::Tensor> v{at::empty(shape, at::kFloat)};
+    const int peer = stage() + (direction == 0 ? -1 : 1);
+    const auto t = Clock::now();
+    pipeline->recv(v, peer, Tag(direction, received[direction]++))->wait();
+    wait_seconds += Since(t);
+    return v[0];
+  }
+
+  void WaitSends() {
+    const auto t = Clock::now();
+    for (auto& p : pending) p.first->wait();
+    pending.clear();
+    wait_seconds += Since(t);
+  }
+
+  // This stage's forward of one micro-batch: the hidden states it hands on
+  // ([rows, T, H] after its layers). `input` receives the stage's input
+  // (the received activations; undefined on the first stage), a leaf that
+  // requires grad when `grad`.
+  at::Tensor Forward(const PipelineMicroBatch& mb, bool grad, at::Tensor* input) {
+    const int64_t B = mb.ids.size(0), T = mb.ids.size(1), H = model->config().hidden_size;
+    at::Tensor h;
+    auto* backbone = model->model.get();
+    if (first()) {
+      h = backbone->embed_tokens(mb.ids);
+    } else {
+      *input = Recv(0, {B, T, H});
+      if (grad) input->requires_grad_(true);
+      h = *input;
+    }
+    auto [cos, sin] = actor::RopeCosSin(model->config(), rope, mb.positions, h.scalar_type());
+    const at::Tensor mask = actor::AttentionMask4d(mb.attention_mask, T, h.device());
+    for (int64_t l = layer_begin; l < layer_end; ++l) {
+      h = (*backbone->layers)[l]->as<actor::DecoderLayerImpl>()->Forward(h, cos, sin, mask, nullptr);
+    }
+    return h;
+  }
+
+  // The last stage's log-probs and entropies from its hidden states.
+  actor::TokenLogProbsOutput Head(const at::Tensor& h, const at::Tensor& targets, double temperature) {
+    const at::Tensor weight = tied_copy.defined() ? tied_copy : model->LmHeadWeight();
+    auto out = actor::TokenLogProbsFromHidden(model->model->norm(h), weight, targets, options.logprob_chunk,
+                                              temperature);
+    TORCH_CHECK(out.ok(), out.status().ToString());
+    return *out;
+  }
+};
+
+PipelineModel::~PipelineModel() = default;
+
+absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor::ModelConfig& config,
+                                                                     c10::intrusive_ptr<c10d::Backend> pipeline,
+                                                                     const PipelineOptions& options) {
+  const int stages = pipeline ? pipeline->getSize() : 1;
+  RLMESH_RETURN_IF_ERROR(ValidatePipeline(config, stages, options.stage_layers));
+  if (options.logprob_chunk <= 0) return absl::InvalidArgumentError("logprob_chunk: must be > 0");
+  if (options.optimizer.zero1) {
+    return absl::UnimplementedError("learner.zero: ZeRO-1 over pipeline stages is not built");
+  }
+  if (!options.optimizer.norm_groups.empty() || !options.optimizer.norm_weights.empty() ||
+      !options.optimizer.norm_ranges.empty()) {
+    return absl::InvalidArgumentError("optimizer: the pipeline sets the norm groups and weights itself");
+  }
+  std::vector<int64_t> layers = options.stage_layers;
+  if (layers.empty()) {
+    RLMESH_ASSIGN_OR_RETURN(layers, BalancedStageLayers(config, stages));
+  }
+  std::unique_ptr<PipelineModel> m(new PipelineModel());
+  m->impl_ = std::make_unique<Impl>();
+  Impl& im = *m->impl_;
+  m->config_ = config;
+  m->stages_ = stages;
+  m->stage_ = pipeline ? pipeline->getRank() : 0;
+  im.options = options;
+  im.pipeline = stages > 1 ? pipeline : nullptr;
+  for (int s = 0; s < m->stage_; ++s) m->layer_begin_ += layers[s];
+  m->layer_end_ = m->layer_begin_ + layers[m->stage_];
+  im.layer_begin = m->layer_begin_;
+  im.layer_end = m->layer_end_;
+  try {
+    im.model = actor::Transformer(config);
+    im.rope = actor::ComputeRope(config);
+    auto stage_of = [&](const std::string& name) {
+      const int64_t l = LayerOf(name);
+      if (l < 0) return name == kEmbedding ? 0 : stages - 1;
+      int s = 0;
+      for (int64_t end = layers[0]; l >= end; end += layers[++s]) {
+      }
+      return s;
+    };
+    at::NoGradGuard no_grad;
+    const bool tied_copy = config.tie_embeddings && stages > 1 && m->stage_ == stages - 1;
+    for (auto& [name, p] : im.model->NamedParameters()) {
+      const int s = stage_of(name);
+      im.all.push_back({name, p.sizes().vec(), s});
+      if (s == m->stage_) {
+        im.mine[name] = p;
+        im.trained.push_back(p);
+      } else if (name == kEmbedding && tied_copy) {
+        im.tied_copy = p;
+      } else {
+        p.set_data(at::empty({0}, p.options()));
+      }
+    }
+    DataParallelOptions o = options.optimizer;
+    if (im.tied_copy.defined()) im.trained.push_back(im.tied_copy);
+    if (im.pipeline) {
+      o.norm_groups = {im.pipeline};
+      o.norm_weights.assign(im.trained.size(), 1.0);
+      if (im.tied_copy.defined()) o.norm_weights.back() = 0.0;  // counted once, on the first stage
+    }
+    RLMESH_ASSIGN_OR_RETURN(im.optimizer, DataParallel::Create(options.data_parallel, im.trained, o));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("pipeline stage: ", e.what()));
+  }
+  return m;
+}
+
+absl::Status PipelineModel::LoadFromFull(const Named& full) {
+  Impl& im = *impl_;
+  std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  at::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, at::Tensor& dst) -> absl::Status {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
+    if (it->second.sizes() != dst.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": shape [", absl::StrJoin(it->second.sizes(), ", "),
+                                                     "], the model's is [", absl::StrJoin(dst.sizes(), ", "), "]"));
+    }
+    dst.copy_(it->second);
+    return absl::OkStatus();
+  };
+  for (auto& [name, p] : im.mine) RLMESH_RETURN_IF_ERROR(load(name, p));
+  if (im.tied_copy.defined()) RLMESH_RETURN_IF_ERROR(load(kEmbedding, im.tied_copy));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<actor::TokenLogProbsOutput>> PipelineModel::LogProbs(
+    const std::vector<PipelineMicroBatch>& micro, double temperature) {
+  Impl& im = *impl_;
+  for (const PipelineMicroBatch& mb : micro) {
+    RLMESH_RETURN_IF_ERROR(
+        parallel::ValidateTokenInputs(mb.ids, mb.positions, mb.targets, temperature, config_.vocab_size));
+  }
+  std::vector<actor::TokenLogProbsOutput> out(micro.size());
+  try {
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < micro.size(); ++k) {
+      at::Tensor input;
+      at::Tensor h = im.Forward(micro[k], /*grad=*/false, &input);
+      if (im.last()) {
+        out[k] = im.Head(h, micro[k].targets, temperature);
+      } else {
+        im.Send(0, h);
+      }
+    }
+    im.WaitSends();
+    if (im.pipeline) {
+      // The last stage's results, to every stage.
+      c10d::BroadcastOptions root;
+      root.rootRank = stages_ - 1;
+      for (size_t k = 0; k < micro.size(); ++k) {
+        std::vector<at::Tensor> both{im.last() ? at::stack({out[k].logprobs, out[k].entropy}).contiguous()
+                                               : at::empty({2, micro[k].ids.size(0), micro[k].ids.size(1)},
+                                                           at::kFloat)};
+        im.pipeline->broadcast(both, root)->wait();
+        out[k] = {both[0][0], both[0][1]};
+      }
+    }
+  } catch (const std::exception& e) {
+    im.pending.clear();
+    return absl::AbortedError(absl::StrCat("pipeline log-probs failed: ", e.what()));
+  }
+  return out;
+}
+
+// Long because: the 1F1B schedule's three phases and the two kinds of
+// step (forward, backward) that each stage kind runs differently, kept
+// together so the order of sends and receives reads in one place.
+absl::Status PipelineModel::Train(const std::vector<PipelineMicroBatch>& micro, double temperature,
+                                  const LossFn& loss, PipelineTrace* trace) {
+  Impl& im = *impl_;
+  for (const PipelineMicroBatch& mb : micro) {
+    RLMESH_RETURN_IF_ERROR(
+        parallel::ValidateTokenInputs(mb.ids, mb.positions, mb.targets, temperature, config_.vocab_size));
+  }
+  const auto t_start = Clock::now();
+  im.wait_seconds = 0;
+  PipelineTrace local;
+  PipelineTrace& tr = trace ? *trace : local;
+  tr = PipelineTrace();
+  // Per micro-batch in flight: the stage's input (a leaf; undefined on the
+  // first stage) and what its backward starts from (the output, or the
+  // loss on the last stage).
+  struct InFlight {
+    at::Tensor input, output;
+  };
+  std::map<size_t, InFlight> flight;
+  const int64_t M = static_cast<int64_t>(micro.size());
+  absl::Status loss_error;
+  auto forward = [&](size_t k) {
+    tr.ops.push_back(absl::StrCat("F", k));
+    InFlight f;
+    at::Tensor h = im.Forward(micro[k], /*grad=*/true, &f.input);
+    if (im.last()) {
+      absl::StatusOr<at::Tensor> l = loss(k, im.Head(h, micro[k].targets, temperature));
+      if (!l.ok()) {
+        loss_error = l.status();
+        throw std::runtime_error(l.status().ToString());
+      }
+      f.output = *l;
+    } else {
+      im.Send(0, h.detach());
+      f.output = h;
+    }
+    flight[k] = std::move(f);
+    tr.max_in_flight = std::max<int64_t>(tr.max_in_flight, flight.size());
+  };
+  auto backward = [&](size_t k) {
+    tr.ops.push_back(absl::StrCat("B", k));
+    InFlight& f = flight.at(k);
+    if (im.last()) {
+      torch::autograd::backward({f.output});
+    } else {
+      torch::autograd::backward({f.output}, {im.Recv(1, f.output.sizes().vec())});
+    }
+    if (!im.first()) {
+      at::Tensor g = f.input.grad();
+      im.Send(1, g.defined() ? g : at::zeros_like(f.input));
+    }
+    flight.erase(k);
+  };
+  try {
+    const int64_t warmup = std::min<int64_t>(stages_ - 1 - stage_, M);
+    int64_t fwd = 0, bwd = 0;
+    while (fwd < warmup) forward(fwd++);
+    while (fwd < M) {
+      forward(fwd++);
+      backward(bwd++);
+    }
+    while (bwd < M) backward(bwd++);
+    im.WaitSends();
+  } catch (const std::exception& e) {
+    im.pending.clear();
+    if (!loss_error.ok()) return loss_error;
+    return absl::AbortedError(absl::StrCat("pipeline stage ", stage_, " failed: ", e.what()));
+  }
+  tr.total_seconds = Since(t_start);
+  tr.wait_seconds = im.wait_seconds;
+  tr.compute_seconds = tr.total_seconds - tr.wait_seconds;
+  return absl::OkStatus();
+}
+
+void PipelineModel::ZeroGrad() { impl_->optimizer->ZeroGrad(); }
+
+absl::StatusOr<DataParallelStepStats> PipelineModel::Step(double local_weight, double lr) {
+  Impl& im = *impl_;
+  if (im.pipeline && config_.tie_embeddings) {
+    // The embedding's gradient on the first stage plus its copy's on the
+    // last, on both: a + b and b + a round alike, so the two stay equal.
+    try {
+      const bool holder = im.first() || im.last();
+      if (holder) {
+        at::Tensor& w = im.first() ? im.mine.at(kEmbedding) : im.tied_copy;
+        if (!w.grad().defined()) w.mutable_grad() = at::zeros_like(w);
+        const int peer = im.first() ? stages_ - 1 : 0;
+        std::vector<at::Tensor> mine{w.grad().contiguous()}, theirs{at::empty_like(w)};
+        auto sent = im.pipeline->send(mine, peer, 1 << 30);
+        im.pipeline->recv(theirs, peer, 1 << 30)->wait();
+        sent->wait();
+        w.mutable_grad().add_(theirs[0]);
+      }
+    } catch (const std::exception& e) {
+      return absl::AbortedError(absl::StrCat("pipeline tied embedding exchange failed: ", e.what()));
+    }
+  }
+  return im.optimizer->Step(local_weight, lr);
+}
+
+absl::StatusOr<PipelineModel::Named> PipelineModel::GatherFull() {
+  Impl& im = *impl_;
+  Named out;
+  try {
+    for (const Impl::Param& p : im.all) {
+      std::vector<at::Tensor> t{p.stage == stage_ ? im.mine.at(p.name).detach().clone()
+                                                  : at::empty(p.shape, at::kFloat)};
+      if (im.pipeline) {
+        c10d::BroadcastOptions root;
+        root.rootRank = p.stage;
+        im.pipeline->broadcast(t, root)->wait();
+      }
+      out.emplace_back(p.name, t[0]);
+    }
+  } catch (const std::exception& e) {
+    return absl::AbortedError(absl::StrCat("pipeline gather failed: ", e.what()));
+  }
+  return out;
+}
+
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments() {
+  Impl& im = *impl_;
+  // Stage s's parameters are a contiguous range of the whole flat layout.
+  std::vector<int64_t> counts(stages_, 0);
+  for (const Impl::Param& p : im.all) counts[p.stage] += Numel(p.shape);
+  std::vector<at::Tensor> m, v;
+  try {
+    for (int s = 0; s < stages_; ++s) {
+      std::vector<at::Tensor> both{s == stage_ ? at::stack({im.optimizer->exp_avg().narrow(0, 0, counts[s]),
+                                                            im.optimizer->exp_avg_sq().narrow(0, 0, counts[s])})
+                                                     .contiguous()
+                                               : at::empty({2, counts[s]}, at::kFloat)};
+      if (im.pipeline) {
+        c10d::BroadcastOptions root;
+        root.rootRank = s;
+        im.pipeline->broadcast(both, root)->wait();
+      }
+      m.push_back(both[0][0]);
+      v.push_back(both[0][1]);
+    }
+  } catch (const std::exception& e) {
+    return absl::AbortedError(absl::StrCat("pipeline moments gather failed: ", e.what()));
+  }
+  return std::make_pair(at::cat(m), at::cat(v));
+}
+
+absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps) {
+  Impl& im = *impl_;
+  int64_t total = 0, begin = 0, count = 0, embedding = 0;
+  for (const Impl::Param& p : im.all) {
+    const int64_t n = Numel(p.shape);
+    if (p.stage < stage_) begin += n;
+    if (p.stage == stage_) count += n;
+    if (p.name == kEmbedding) embedding = n;
+    total += n;
+  }
+  if (exp_avg.numel() != total || exp_avg_sq.numel() != total) {
+    return absl::InvalidArgumentError(absl::StrCat("moments: ", exp_avg.numel(), " and ", exp_avg_sq.numel(),
+                                                   " elements, the model has ", total));
+  }
+  auto part = [&](const at::Tensor& whole) {
+    at::Tensor flat = whole.reshape({-1}).to(at::kFloat);
+    at::Tensor mine = flat.narrow(0, begin, count);
+    // The tied copy's moments are the embedding's (the first elements).
+    return im.tied_copy.defined() ? at::cat({mine, flat.narrow(0, 0, embedding)}) : mine.clone();
+  };
+  return im.optimizer->LoadOptimizerState(part(exp_avg), part(exp_avg_sq), steps);
+}
+
+int64_t PipelineModel::steps() const { return impl_->optimizer->steps(); }
+
+PipelineModel::Named PipelineModel::StageParameters() const {
+  Named out;
+  for (const Impl::Param& p : impl_->all) {
+    if (p.stage == stage_) out.emplace_back(p.name, impl_->mine.at(p.name));
+  }
+  return out;
+}
+
+}  // namespace rlmesh::learner
