@@ -161,6 +161,47 @@ void CheckRefused(const std::vector<std::pair<std::string, std::string>>& refuse
   }
 }
 
+TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedule, and is refused by name where "
+          "not built") {
+  const std::string sft = "stages: [{sft: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n";
+  const std::string grpo = "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}}}}]\n";
+  ExperimentConfig ok;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 4, pp: 2}\n" + grpo, &ok).ok());
+  CHECK(ok.learner().pp() == 2);
+  CHECK(ok.learner().pp_microbatches() == 4);
+  CHECK(ok.learner().pp_schedule() == "1f1b");
+  ExperimentConfig layers;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 2, pp: 2, pp_microbatches: 8, pp_layers: [1, 2]}\n" + sft, &layers)
+              .ok());
+  CHECK(layers.learner().pp_microbatches() == 8);
+  ExperimentConfig plain;
+  REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
+  CHECK(plain.learner().pp() == 1);
+  CHECK(plain.learner().pp_microbatches() == 0);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"learner: {shards: 3, pp: 2}\n" + sft, "learner.pp: must divide learner.shards (3)"},
+      {"learner: {shards: 4, pp: 2, tp: 2}\n" + sft, "learner.tp: > 1 with learner.pp > 1 is not built"},
+      {"learner: {shards: 2, pp: 2, zero: 1}\n" + sft, "learner.zero: 1 with learner.pp > 1 is not built"},
+      {"learner: {shards: 2, pp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.pp > 1"},
+      {"learner: {shards: 2, pp: 2, gradient_checkpointing: true}\n" + sft,
+       "learner.gradient_checkpointing: true with learner.pp > 1"},
+      {"model: {device: cuda}\nlearner: {shards: 2, pp: 2}\n" + sft, "learner.pp: pipeline parallelism runs on the CPU"},
+      {"learner: {shards: 2, pp: 2, pp_schedule: interleaved}\n" + sft,
+       "learner.pp_schedule: interleaved (virtual stages) is not built"},
+      {"learner: {shards: 2, pp: 2, pp_schedule: gpipe}\n" + sft, "learner.pp_schedule: must be 1f1b or interleaved"},
+      {"learner: {shards: 2, pp: 2, pp_layers: [3]}\n" + sft, "learner.pp_layers: has 1 entries for learner.pp = 2"},
+      {"learner: {shards: 2, pp: 2, pp_layers: [0, 3]}\n" + sft, "learner.pp_layers[0]: must be >= 1"},
+      {"learner: {shards: 2, pp: 2, pp_microbatches: -1}\n" + sft, "learner.pp_microbatches: must be in [0, 4096]"},
+      {"model: {lora: {rank: 8}}\nlearner: {shards: 2, pp: 2}\n" + sft, "model.lora: set with learner.pp > 1"},
+      {"learner: {shards: 2, pp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.pp > 1 is built for sft and grpo stages"},
+      {"learner: {shards: 2, pp: 2}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: "
+       "0.001}}}}]\n",
+       "stages[0]: learner.pp > 1 is built for sft and grpo stages"},
+  };
+  CheckRefused(refused);
+}
+
 TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused by name where not built") {
   const std::string sft = "stages: [{sft: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n";
   ExperimentConfig ok;

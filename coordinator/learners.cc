@@ -1,5 +1,6 @@
 // The learner shards: configure, train and save all of them at once.
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -99,7 +100,9 @@ absl::StatusOr<StepMetrics> RunLoop::TrainStep(const std::function<void(TrainSte
   // the data-parallel replicas (coordinator/step_metrics.h).
   std::vector<StepMetrics> metrics;
   for (const TrainStepResponse& resp : responses) metrics.push_back(resp.metrics());
-  return MergeStepMetrics(metrics, cfg().learner().tp());
+  // One report per replica: its first rank's (a pipeline's stages share the
+  // last stage's metrics).
+  return MergeStepMetrics(metrics, cfg().learner().tp() * std::max(1, cfg().learner().pp()));
 }
 
 absl::StatusOr<StepMetrics> RunLoop::TrainFromBuffer(const Stage& stage, const RlStage& rl, int num_groups) {

@@ -7,8 +7,9 @@
 // reward_mean, clip_frac, ...), counts of what it trained (tokens, groups,
 // pairs), extremes (ratio_max), its timings, and values every rank computes
 // from the whole batch (grad_norm, lr). Only the data-parallel replicas
-// count: the ranks of one tensor-parallel replica train the same rows and
-// report the same values, so the merge reads ranks 0, tp, 2*tp, ...
+// count: the ranks of one replica (its tensor-parallel ranks and pipeline
+// stages) train the same rows and report the same values, so the merge
+// reads ranks 0, n, 2*n, ... for n ranks per replica (tp x pp).
 //
 // - means (any key not named below): averaged over the replicas, weighted
 //   by each replica's `mean_weight`, the weight its means are over (the
@@ -34,7 +35,8 @@
 
 namespace rlmesh {
 
-// REQUIRES: !ranks.empty(); tp >= 1 (values below 1 read as 1).
+// `tp`: ranks per replica (learner.tp x learner.pp). REQUIRES:
+// !ranks.empty(); tp >= 1 (values below 1 read as 1).
 StepMetrics MergeStepMetrics(const std::vector<StepMetrics>& ranks, int tp);
 
 }  // namespace rlmesh

@@ -380,4 +380,33 @@ std::vector<std::pair<int64_t, int64_t>> MicroBatches(const std::vector<int64_t>
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> AtLeastMicroBatches(std::vector<std::pair<int64_t, int64_t>> micro,
+                                                             int64_t at_least, const std::vector<bool>* together) {
+  auto can_cut = [&](int64_t r) { return together == nullptr || !(*together)[r]; };
+  while (static_cast<int64_t>(micro.size()) < at_least) {
+    // The widest micro-batch with a boundary it may be cut at, and the cut
+    // nearest its middle.
+    int64_t best = -1, best_cut = -1, best_rows = 1;
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const auto [a, e] = micro[k];
+      if (e - a <= best_rows) continue;
+      const int64_t mid = a + (e - a) / 2;
+      int64_t cut = -1;
+      for (int64_t d = 0; d < e - a && cut < 0; ++d) {
+        if (mid - d > a && can_cut(mid - d)) cut = mid - d;
+        else if (mid + d < e && mid + d > a && can_cut(mid + d)) cut = mid + d;
+      }
+      if (cut < 0) continue;
+      best = static_cast<int64_t>(k);
+      best_cut = cut;
+      best_rows = e - a;
+    }
+    if (best < 0) break;
+    const auto [a, e] = micro[best];
+    micro[best] = {a, best_cut};
+    micro.insert(micro.begin() + best + 1, {best_cut, e});
+  }
+  return micro;
+}
+
 }  // namespace rlmesh::learner

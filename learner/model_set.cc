@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -112,6 +114,19 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   if (tp_reference && m.get() == reference.get()) {
     return tp_reference->TokenLogProbs(ids, pos, targets, temperature, attention_mask);
   }
+  // Pipeline parallelism: a no-grad pass through the stages; passes with
+  // gradient run in the steps' schedules (PipelineModel::Train).
+  PipelineModel* stage = pp_policy && m.get() == policy.get()            ? pp_policy.get()
+                         : pp_reference && m.get() == reference.get() ? pp_reference.get()
+                                                                      : nullptr;
+  if (stage != nullptr) {
+    if (at::GradMode::is_enabled()) {
+      return absl::FailedPreconditionError(
+          "LogProbs: under learner.pp a pass with gradient runs through PipelineModel::Train");
+    }
+    RLMESH_ASSIGN_OR_RETURN(auto out, stage->LogProbs({{ids, pos, targets, attention_mask}}, temperature));
+    return out[0];
+  }
   // Expert parallelism: the same module code, with the experts' exchange.
   actor::Transformer& module = ep_policy && m.get() == policy.get() ? ep_policy->model() : m;
   const c10::Device dev = module->LmHeadWeight().device();
@@ -143,6 +158,8 @@ absl::StatusOr<at::Tensor> ModelSet::Values(actor::Transformer& m, const at::Ten
 absl::Status ModelSet::ZeroGradPolicy(double local_weight) {
   if (sharded) {
     sharded->ZeroGrad(local_weight);
+  } else if (pp_policy) {
+    pp_policy->ZeroGrad();
   } else if (ep_policy) {
     ep_policy->ZeroGrad();
     // The experts' gradients gather every rank's tokens: their scale needs
@@ -159,6 +176,7 @@ absl::StatusOr<DataParallelStepStats> ModelSet::StepPolicy(double local_weight, 
   // reduce-scattered during the backward passes.
   if (sharded) return sharded->Step(lr);
   if (ep_policy) return ep_policy->Step(lr);
+  if (pp_policy) return pp_policy->Step(local_weight, lr);
   return dp->Step(local_weight, lr);
 }
 
@@ -239,6 +257,7 @@ absl::Status ModelSet::LoadCriticWeights(const std::string& dir) {
 int64_t ModelSet::PolicySteps() const {
   if (sharded) return sharded->steps();
   if (ep_policy) return ep_policy->optimizer_steps();
+  if (pp_policy) return pp_policy->steps();
   return dp->steps();
 }
 
@@ -247,10 +266,52 @@ absl::Status ModelSet::AllReduceSum(at::Tensor& t) {
   if (!t.defined() || !t.is_contiguous() || !t.device().is_cpu()) {
     return absl::InvalidArgumentError("t: expected a defined contiguous CPU tensor");
   }
-  if (!group) return absl::OkStatus();
+  // A pipeline's stages hold the same rows: the replicas' sum.
+  const c10::intrusive_ptr<c10d::Backend>& over = pp_policy ? dp_group : group;
+  if (!over) return absl::OkStatus();
   return dist::CollectiveOn("all-reduce of statistics", device, t, [&](at::Tensor& x) {
     std::vector<at::Tensor> v = {x};
-    group->allreduce(v)->wait();
+    over->allreduce(v)->wait();
+  });
+}
+
+absl::Status ModelSet::ShareLastStageMetrics(google::protobuf::Map<std::string, double>* m) {
+  if (!pp_group) return absl::OkStatus();
+  const int last = pp_group->getSize() - 1;
+  const bool sender = pp_group->getRank() == last;
+  // Names joined by NUL bytes, then the values, after their two sizes.
+  std::string names;
+  std::vector<double> values;
+  if (sender) {
+    for (const auto& [k, v] : *m) {
+      names += k;
+      names.push_back('\0');
+      values.push_back(v);
+    }
+  }
+  return dist::Collective("broadcast of the step's metrics", [&] {
+    c10d::BroadcastOptions root;
+    root.rootRank = last;
+    std::vector<at::Tensor> sizes{at::tensor({static_cast<int64_t>(names.size()), static_cast<int64_t>(values.size())},
+                                             at::kLong)};
+    pp_group->broadcast(sizes, root)->wait();
+    const int64_t n_bytes = sizes[0][0].item<int64_t>(), n_values = sizes[0][1].item<int64_t>();
+    std::vector<at::Tensor> bytes{at::empty({n_bytes}, at::kByte)}, vals{at::empty({n_values}, at::kDouble)};
+    if (sender) {
+      std::memcpy(bytes[0].data_ptr(), names.data(), n_bytes);
+      std::memcpy(vals[0].data_ptr(), values.data(), n_values * sizeof(double));
+    }
+    pp_group->broadcast(bytes, root)->wait();
+    pp_group->broadcast(vals, root)->wait();
+    if (sender) return;
+    m->clear();
+    const char* p = static_cast<const char*>(bytes[0].data_ptr());
+    const double* v = vals[0].data_ptr<double>();
+    for (int64_t i = 0, at = 0; i < n_values; ++i) {
+      const std::string k(p + at);
+      at += static_cast<int64_t>(k.size()) + 1;
+      (*m)[k] = v[i];
+    }
   });
 }
 
@@ -403,6 +464,11 @@ absl::Status ModelSet::GatherIntoRank0() {
     if (dp->rank() != 0) return absl::OkStatus();
     RLMESH_ASSIGN_OR_RETURN(full, tp_policy->GatherFull());
     if (tp_policy->rank() != 0) return absl::OkStatus();
+  } else if (pp_policy) {
+    // The replicas hold the same stages: replica 0's stages gather them.
+    if (dp_group && dp_group->getRank() != 0) return absl::OkStatus();
+    RLMESH_ASSIGN_OR_RETURN(full, pp_policy->GatherFull());
+    if (pp_policy->stage() != 0) return absl::OkStatus();
   } else if (ep_policy) {
     // The groups hold the same experts: the first group's ranks gather them.
     const int world_rank = group ? group->getRank() : 0;
@@ -480,6 +546,9 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
   }
   // EP: each rank its own parameters' (a per-rank file).
   if (ep_policy) return std::make_pair(ep_policy->exp_avg(), ep_policy->exp_avg_sq());
+  // PP: the whole model's, plain DP's layout, gathered over the pipeline
+  // (every stage must call it).
+  if (pp_policy) return pp_policy->GatherMoments();
   // Plain DP, and ZeRO-1 (each rank its share, tp or not: a per-rank file).
   return std::make_pair(dp->exp_avg(), dp->exp_avg_sq());
 }
@@ -487,6 +556,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> ModelSet::PolicyMoments() {
 absl::Status ModelSet::LoadPolicyMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps,
                                          bool whole) {
   if (sharded) return sharded->LoadMoments(exp_avg, exp_avg_sq, steps);
+  if (pp_policy) return pp_policy->LoadMoments(exp_avg, exp_avg_sq, steps);
   if (ep_policy) {
     if (!whole) return ep_policy->LoadOptimizerState(exp_avg, exp_avg_sq, steps);
     return CatchAll("moments", [&]() -> absl::Status {
@@ -544,6 +614,7 @@ absl::Status ModelSet::LoadPolicyWeights(const std::string& dir, int rank) {
       return CutSyncSlices(named);
     }
     if (ep_policy) return ep_policy->LoadFromFull(named);
+    if (pp_policy) return pp_policy->LoadFromFull(named);
     whole_fresh = false;
     return tp_policy->LoadFromFull(named);
   });
@@ -718,18 +789,66 @@ absl::Status BroadcastPolicy(ModelSet* models) {
 // slices). Rank r is tensor-parallel rank r % tp of replica r / tp. Every
 // rank joins its replica's group, then the other: the same order
 // everywhere, so no rendezvous waits on another.
+// Rank `group_rank` of a Gloo group of `size` ranks with keys under
+// `prefix` of the learner's store; null for a group of one.
+absl::Status JoinSubgroup(const ModelSet& s, const std::string& prefix, int group_rank, int size,
+                          const dist::GlooGroupOptions& gloo, c10::intrusive_ptr<c10d::Backend>* group) {
+  if (size == 1) return absl::OkStatus();
+  RLMESH_ASSIGN_OR_RETURN(*group, dist::CreateGlooGroup(dist::WithPrefix(s.store, prefix), group_rank, size, gloo));
+  return absl::OkStatus();
+}
+
 absl::Status JoinTensorParallelGroups(const StageOptions& stage, int rank, int world_size,
                                       const dist::GlooGroupOptions& gloo, ModelSet* models) {
   ModelSet& s = *models;
   const int tp = stage.learner.tp, replica = rank / tp, tp_rank = rank % tp, replicas = world_size / tp;
-  auto join = [&](const std::string& prefix, int group_rank, int size,
-                  c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
-    if (size == 1) return absl::OkStatus();
-    RLMESH_ASSIGN_OR_RETURN(*group, dist::CreateGlooGroup(dist::WithPrefix(s.store, prefix), group_rank, size, gloo));
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("tp", replica), tp_rank, tp, gloo, &s.tp_group));
+  return JoinSubgroup(s, absl::StrCat("dp", tp_rank), replica, replicas, gloo, &s.dp_group);
+}
+
+// learner.pp > 1: this replica's pipeline and the replicas holding the same
+// stage (rank r is stage r % pp of replica r / pp; the same join order
+// everywhere), the policy and the reference cut into this rank's stage, and
+// DataParallel over the replicas inside the stage.
+absl::Status SplitPolicyPipeline(const StageOptions& stage, int rank, int world_size,
+                                 const dist::GlooGroupOptions& gloo, ModelSet* models) {
+  ModelSet& s = *models;
+  if (s.device_type != c10::DeviceType::CPU) {
+    return absl::UnimplementedError("experiment.learner.pp > 1 runs on the CPU so far");
+  }
+  if ((stage.kind != StageKind::kSft && stage.kind != StageKind::kGrpo) || s.critic || s.teacher) {
+    return absl::UnimplementedError(
+        "experiment.learner.pp > 1 is built for SFT and GRPO-family stages without a distillation teacher");
+  }
+  const int pp = stage.learner.pp, replica = rank / pp, st = rank % pp, replicas = world_size / pp;
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("pp", replica), st, pp, gloo, &s.pp_group));
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("ppdp", st), replica, replicas, gloo, &s.dp_group));
+  PipelineOptions po;
+  po.stage_layers = stage.learner.pp_layers;
+  po.logprob_chunk = s.logprob_chunk;
+  po.optimizer.adamw = stage.optimizer().adamw;
+  po.optimizer.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
+  po.data_parallel = s.dp_group;
+  {
+    std::lock_guard<std::mutex> lock(InitMutex());
+    auto made = PipelineModel::Create(s.policy->config(), s.pp_group, po);
+    if (!made.ok()) return PrefixStatus("experiment", made.status());
+    s.pp_policy = *std::move(made);
+    if (s.reference) {
+      po.trainable = false;
+      RLMESH_ASSIGN_OR_RETURN(s.pp_reference, PipelineModel::Create(s.reference->config(), s.pp_group, po));
+    }
+  }
+  return CatchAll("split the policy", [&]() -> absl::Status {
+    RLMESH_RETURN_IF_ERROR(BroadcastPolicy(&s));
+    RLMESH_RETURN_IF_ERROR(s.pp_policy->LoadFromFull(s.policy->NamedParameters()));
+    if (s.pp_reference) {
+      RLMESH_RETURN_IF_ERROR(s.pp_reference->LoadFromFull(s.reference->NamedParameters()));
+      DropParameterData(s.reference);
+    }
+    if (rank != 0) DropParameterData(s.policy);
     return absl::OkStatus();
-  };
-  RLMESH_RETURN_IF_ERROR(join(absl::StrCat("tp", replica), tp_rank, tp, &s.tp_group));
-  return join(absl::StrCat("dp", tp_rank), replica, replicas, &s.dp_group);
+  });
 }
 
 // learner.zero: 3 (with learner.tp > 1: ZeRO-3 over the replicas of each
@@ -924,7 +1043,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   ModelSet& s = *models;
   const std::string device = exp.model().device().empty() ? "cpu" : exp.model().device();
   const std::optional<actor::LoraSpec> lora = StageLora(exp, stage);
-  if (lora && (stage.learner.zero3 || stage.learner.tp > 1 || stage.learner.ep > 1)) {
+  if (lora && (stage.learner.zero3 || stage.learner.tp > 1 || stage.learner.ep > 1 || stage.learner.pp > 1)) {
     return absl::InvalidArgumentError(
         "experiment.model.lora: runs with plain data parallelism and learner.zero: 1 only");
   }
@@ -979,9 +1098,11 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   if (world_size > 1 && on_gpu) {
     // Data parallelism (plain or ZeRO-1) runs over NCCL on GPUs; the model
     // splits build their shards, buffers and subgroups on the host (Gloo).
-    const char* split = stage.learner.zero3 ? "learner.zero: 3" : stage.learner.tp > 1 ? "learner.tp > 1"
-                                                              : stage.learner.ep > 1   ? "learner.ep > 1"
-                                                                                       : nullptr;
+    const char* split = stage.learner.zero3    ? "learner.zero: 3"
+                        : stage.learner.tp > 1 ? "learner.tp > 1"
+                        : stage.learner.ep > 1 ? "learner.ep > 1"
+                        : stage.learner.pp > 1 ? "learner.pp > 1"
+                                               : nullptr;
     if (split != nullptr) {
       return absl::UnimplementedError(absl::StrCat("experiment.", split, " on ", device,
                                                    ": runs on the CPU so far (its shards and groups are built "
@@ -1045,6 +1166,8 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     RLMESH_RETURN_IF_ERROR(SplitPolicyTensorParallel(stage, rank, world_size, gloo, &s));
   } else if (stage.learner.ep > 1) {
     RLMESH_RETURN_IF_ERROR(SplitPolicyExpertParallel(stage, rank, world_size, gloo, &s));
+  } else if (stage.learner.pp > 1) {
+    RLMESH_RETURN_IF_ERROR(SplitPolicyPipeline(stage, rank, world_size, gloo, &s));
   } else {
     // A reward model never uses its lm_head; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, stage.optimizer(), stage.kind == StageKind::kRewardModel));

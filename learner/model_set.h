@@ -27,6 +27,7 @@
 #include "learner/data_parallel.h"
 #include "learner/expert_parallel.h"
 #include "learner/fully_sharded.h"
+#include "learner/pipeline_parallel.h"
 #include "learner/stage_options.h"
 #include "parallel/tensor_parallel.h"
 #include "proto/learner.pb.h"
@@ -85,6 +86,18 @@ struct ModelSet {
   // passes run through ep_policy->model() (LogProbs, PolicyModule); as
   // under TP, `policy` holds the whole model on rank 0 only (SyncPolicy).
   std::unique_ptr<ExpertParallelModel> ep_policy;
+  // learner.pp > 1: this rank's stage of its replica's pipeline (`pp_group`:
+  // ranks [d*pp, (d+1)*pp) for replica d), for the policy and, when there
+  // is one, the frozen reference; `dp_group` is the replicas holding the
+  // same stage (null for one replica). The steps run their training passes
+  // through pp_policy->Train in the 1F1B schedule; LogProbs serves no-grad
+  // passes only. As under TP, `policy` holds the whole model on rank 0 only
+  // (SyncPolicy), and `reference` no parameter data.
+  std::unique_ptr<PipelineModel> pp_policy, pp_reference;
+  c10::intrusive_ptr<c10d::Backend> pp_group;
+  // Time steps per chunk of the logits in the pipeline's last stage
+  // (TrainerOptions.logprob_chunk).
+  int64_t logprob_chunk = 64;
   // Under ZeRO-3, TP or EP: the whole policy's parameter names and shapes, in
   // NamedParameters() order (what plain DP's flat optimizer layout follows:
   // a reward model's lm_head, out of the optimizer, is left out).
@@ -160,8 +173,13 @@ struct ModelSet {
   // Reads the critic's weights from the Hugging Face folder `dir` (under
   // ZeRO-3 and TP every rank reads it whole and keeps its part).
   absl::Status LoadCriticWeights(const std::string& dir);
-  // Sums `t` over the learner's group in place (alone: unchanged).
+  // Sums `t` over the learner's data-parallel replicas in place (alone:
+  // unchanged): the whole group, or under TP and PP the replicas'.
   absl::Status AllReduceSum(at::Tensor& t);
+  // learner.pp > 1: the last stage's step metrics `m` to every stage of its
+  // pipeline (only the last stage computes the loss); every stage must call
+  // it. No-op otherwise.
+  absl::Status ShareLastStageMetrics(google::protobuf::Map<std::string, double>* m);
   // The largest `n` over the group (alone: n). ZeRO-3 runs as many policy
   // passes on every rank as the rank with the most.
   absl::StatusOr<int64_t> MaxOverGroup(int64_t n);
@@ -207,8 +225,10 @@ struct ModelSet {
   // rank 0's `policy` (every rank must call it).
   absl::Status GatherIntoRank0();
   // True when the policy's parameters live split over ranks (ZeRO-3, TP,
-  // EP).
-  bool PolicySplit() const { return sharded != nullptr || tp_policy != nullptr || ep_policy != nullptr; }
+  // EP, PP).
+  bool PolicySplit() const {
+    return sharded != nullptr || tp_policy != nullptr || ep_policy != nullptr || pp_policy != nullptr;
+  }
   // The policy's AdamW moments for a checkpoint: plain DP's flat layout
   // (ZeRO-1: this rank's flat range; EP: this rank's parameters').
   // FAILED_PRECONDITION under ZeRO-3 and TP without ZeRO-1, as CriticMoments.

@@ -107,19 +107,19 @@ absl::Status ValidatePipeline(const actor::ModelConfig& config, int stages, cons
   if (stages < 1) return absl::InvalidArgumentError(absl::StrCat("learner.pp: must be >= 1, got ", stages));
   if (stage_layers.empty()) return BalancedStageLayers(config, stages).status();
   if (static_cast<int>(stage_layers.size()) != stages) {
-    return absl::InvalidArgumentError(absl::StrCat("learner.pp_stage_layers: ", stage_layers.size(),
+    return absl::InvalidArgumentError(absl::StrCat("learner.pp_layers: ", stage_layers.size(),
                                                    " entries for ", stages, " stages"));
   }
   int64_t sum = 0;
   for (size_t s = 0; s < stage_layers.size(); ++s) {
     if (stage_layers[s] < 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("learner.pp_stage_layers[", s, "]: must be >= 1, got ", stage_layers[s]));
+          absl::StrCat("learner.pp_layers[", s, "]: must be >= 1, got ", stage_layers[s]));
     }
     sum += stage_layers[s];
   }
   if (sum != config.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("learner.pp_stage_layers: sum to ", sum,
+    return absl::InvalidArgumentError(absl::StrCat("learner.pp_layers: sum to ", sum,
                                                    ", the model has num_layers ", config.num_layers));
   }
   return absl::OkStatus();
@@ -277,8 +277,12 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
         p.set_data(at::empty({0}, p.options()));
       }
     }
-    DataParallelOptions o = options.optimizer;
     if (im.tied_copy.defined()) im.trained.push_back(im.tied_copy);
+    if (!options.trainable) {
+      for (at::Tensor& p : im.trained) p.set_requires_grad(false);
+      return m;
+    }
+    DataParallelOptions o = options.optimizer;
     if (im.pipeline) {
       o.norm_groups = {im.pipeline};
       o.norm_weights.assign(im.trained.size(), 1.0);
@@ -359,6 +363,7 @@ absl::Status PipelineModel::Train(const std::vector<PipelineMicroBatch>& micro, 
     RLMESH_RETURN_IF_ERROR(
         parallel::ValidateTokenInputs(mb.ids, mb.positions, mb.targets, temperature, config_.vocab_size));
   }
+  if (!im.optimizer) return absl::FailedPreconditionError("Train: the pipeline model is frozen");
   const auto t_start = Clock::now();
   im.wait_seconds = 0;
   PipelineTrace local;
@@ -426,10 +431,13 @@ absl::Status PipelineModel::Train(const std::vector<PipelineMicroBatch>& micro, 
   return absl::OkStatus();
 }
 
-void PipelineModel::ZeroGrad() { impl_->optimizer->ZeroGrad(); }
+void PipelineModel::ZeroGrad() {
+  if (impl_->optimizer) impl_->optimizer->ZeroGrad();
+}
 
 absl::StatusOr<DataParallelStepStats> PipelineModel::Step(double local_weight, double lr) {
   Impl& im = *impl_;
+  if (!im.optimizer) return absl::FailedPreconditionError("Step: the pipeline model is frozen");
   if (im.pipeline && config_.tie_embeddings) {
     // The embedding's gradient on the first stage plus its copy's on the
     // last, on both: a + b and b + a round alike, so the two stay equal.
@@ -474,6 +482,7 @@ absl::StatusOr<PipelineModel::Named> PipelineModel::GatherFull() {
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments() {
   Impl& im = *impl_;
+  if (!im.optimizer) return absl::FailedPreconditionError("GatherMoments: the pipeline model is frozen");
   // Stage s's parameters are a contiguous range of the whole flat layout.
   std::vector<int64_t> counts(stages_, 0);
   for (const Impl::Param& p : im.all) counts[p.stage] += Numel(p.shape);
@@ -500,6 +509,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments()
 
 absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps) {
   Impl& im = *impl_;
+  if (!im.optimizer) return absl::FailedPreconditionError("LoadMoments: the pipeline model is frozen");
   int64_t total = 0, begin = 0, count = 0, embedding = 0;
   for (const Impl::Param& p : im.all) {
     const int64_t n = Numel(p.shape);
@@ -521,7 +531,7 @@ absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Ten
   return im.optimizer->LoadOptimizerState(part(exp_avg), part(exp_avg_sq), steps);
 }
 
-int64_t PipelineModel::steps() const { return impl_->optimizer->steps(); }
+int64_t PipelineModel::steps() const { return impl_->optimizer ? impl_->optimizer->steps() : 0; }
 
 PipelineModel::Named PipelineModel::StageParameters() const {
   Named out;

@@ -77,6 +77,10 @@ struct PipelineOptions {
   DataParallelOptions optimizer;
   // The replicas holding this same stage (null or of size 1: none).
   c10::intrusive_ptr<c10d::Backend> data_parallel;
+  // False for a frozen model (a KL reference): no gradient, no optimizer;
+  // Train, Step and the moments' calls return FAILED_PRECONDITION. Default
+  // true.
+  bool trainable = true;
 };
 
 // The layers of each of `stages` stages, contiguous and in order, that make

@@ -356,7 +356,7 @@ TEST_CASE("stages are balanced by parameter count, and layouts the pipeline cann
   REQUIRE(!too_many.ok());
   CHECK(absl::StrContains(too_many.status().message(), "learner.pp"));
   absl::Status sum_off = ValidatePipeline(Config("llama", 4), 2, {1, 2});
-  CHECK(absl::StrContains(sum_off.message(), "learner.pp_stage_layers"));
+  CHECK(absl::StrContains(sum_off.message(), "learner.pp_layers"));
   actor::ModelConfig moe = Config("qwen3", 2);
   moe.arch = "qwen3_moe";
   moe.num_experts = 4;

@@ -6,6 +6,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -128,6 +129,19 @@ struct RlStep {
   // `model`, as [e - a, T] rows whatever the layout.
   absl::StatusOr<actor::TokenLogProbsOutput> MicroLogProbs(actor::Transformer& model, int64_t a, int64_t e,
                                                           int64_t T);
+  // Micro-batch [a, e)'s model inputs (packed where Packing says), and its
+  // per-token outputs back as [e - a, T] rows.
+  PipelineMicroBatch MicroInputs(int64_t a, int64_t e, int64_t T);
+  actor::TokenLogProbsOutput Unpacked(int64_t a, int64_t e, int64_t T, actor::TokenLogProbsOutput lp);
+  // learner.pp > 1: OldLogProbs' passes, every micro-batch through the
+  // pipeline at once.
+  absl::Status PipelinedOldLogProbs();
+  // The loss of micro-batch [a, e) to backpropagate, weighted by its share
+  // w / mini_w of the mini-batch, from the policy's log-probs `lp` and, for
+  // MoE policies, the router's auxiliary loss `aux`; its metrics go to
+  // `means`.
+  absl::StatusOr<at::Tensor> MicroLoss(int64_t a, int64_t e, int64_t T, double w, double mini_w,
+                                       const actor::TokenLogProbsOutput& lp, const at::Tensor& aux);
   // The critic's values of micro-batch [a, e), [e - a, T], packed as the
   // policy's log-probs are.
   absl::StatusOr<at::Tensor> MicroValues(int64_t a, int64_t e, int64_t T);
@@ -371,6 +385,8 @@ void RlStep::Layout() {
   for (int k = 0; k < rl.mini_batches; ++k) {
     const int64_t a = k * B / rl.mini_batches, e = (k + 1) * B / rl.mini_batches;
     minis.push_back(MicroBatches(lengths, a, e, opt.learner.micro_tokens, &together));
+    // A pipeline idles less the more micro-batches a mini-batch has.
+    if (opt.learner.pp > 1) minis.back() = AtLeastMicroBatches(minis.back(), opt.learner.pp_microbatches, &together);
   }
   // Padding: the share of the micro-batches' [rows, T] slots that are not
   // tokens of a row.
@@ -424,17 +440,46 @@ at::Tensor RlStep::RealPositions(int64_t a, int64_t e, int64_t T) {
 
 absl::StatusOr<actor::TokenLogProbsOutput> RlStep::MicroLogProbs(actor::Transformer& model, int64_t a, int64_t e,
                                                                 int64_t T) {
+  const PipelineMicroBatch in = MicroInputs(a, e, T);
+  RLMESH_ASSIGN_OR_RETURN(auto lp, models.LogProbs(model, in.ids, in.positions, in.targets, options.logprob_chunk,
+                                                   opt.learner.temperature, in.attention_mask));
+  return Unpacked(a, e, T, std::move(lp));
+}
+
+PipelineMicroBatch RlStep::MicroInputs(int64_t a, int64_t e, int64_t T) {
   const PackedRows* p = Packing(a, e, T);
-  if (p == nullptr) {
-    return models.LogProbs(model, Rows(b.input_ids, a, e, T), Rows(b.positions, a, e, T), Rows(b.targets, a, e, T),
-                           options.logprob_chunk, opt.learner.temperature);
-  }
-  RLMESH_ASSIGN_OR_RETURN(auto lp, models.LogProbs(model, p->batch.input_ids, p->batch.positions, p->batch.targets,
-                                                   options.logprob_chunk, opt.learner.temperature,
-                                                   p->batch.segments));
+  if (p == nullptr) return {Rows(b.input_ids, a, e, T), Rows(b.positions, a, e, T), Rows(b.targets, a, e, T), {}};
+  return {p->batch.input_ids, p->batch.positions, p->batch.targets, p->batch.segments};
+}
+
+actor::TokenLogProbsOutput RlStep::Unpacked(int64_t a, int64_t e, int64_t T, actor::TokenLogProbsOutput lp) {
+  const PackedRows* p = Packing(a, e, T);
+  if (p == nullptr) return lp;
   lp.logprobs = p->Unpack(lp.logprobs);
   if (lp.entropy.defined()) lp.entropy = p->Unpack(lp.entropy);
   return lp;
+}
+
+absl::Status RlStep::PipelinedOldLogProbs() {
+  std::vector<PipelineMicroBatch> in;
+  std::vector<std::array<int64_t, 3>> where;  // a, e, T
+  for (const auto& micro : minis) {
+    for (auto [a, e] : micro) {
+      in.push_back(MicroInputs(a, e, Longest(a, e)));
+      where.push_back({a, e, Longest(a, e)});
+    }
+  }
+  auto fill = [&](PipelineModel& model, at::Tensor& dst) -> absl::Status {
+    RLMESH_ASSIGN_OR_RETURN(auto out, model.LogProbs(in, opt.learner.temperature));
+    for (size_t k = 0; k < out.size(); ++k) {
+      const auto [a, e, T] = where[k];
+      Rows(dst, a, e, T).copy_(Unpacked(a, e, T, std::move(out[k])).logprobs);
+    }
+    return absl::OkStatus();
+  };
+  if (!reuse_forward) RLMESH_RETURN_IF_ERROR(fill(*models.pp_policy, old_logp));
+  if (models.pp_reference) RLMESH_RETURN_IF_ERROR(fill(*models.pp_reference, ref_logp));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> RlStep::MicroValues(int64_t a, int64_t e, int64_t T) {
@@ -468,6 +513,7 @@ absl::Status RlStep::OldLogProbs() {
   if (models.critic) old_values = at::zeros({B, T_all}, at::kFloat);
   {
     at::NoGradGuard no_grad;
+    if (models.pp_policy) return PipelinedOldLogProbs();
     if (models.AlignedPasses() && (!reuse_forward || models.sharded_critic)) {
       // ZeRO-3 and EP: as many policy (and sharded critic) forwards as the
       // rank with the most micro-batches (the collectives must match).
@@ -698,6 +744,51 @@ absl::Status RlStep::Advantages() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<at::Tensor> RlStep::MicroLoss(int64_t a, int64_t e, int64_t T, double w, double mini_w,
+                                             const actor::TokenLogProbsOutput& lp, const at::Tensor& aux) {
+  at::Tensor mk = Rows(loss_mask, a, e, T);
+  PolicyLossInputs in;
+  in.logp = lp.logprobs;
+  in.old_logp = reuse_forward ? lp.logprobs.detach() : Rows(old_logp, a, e, T);
+  in.advantages = Rows(adv, a, e, T);
+  if (distill && reuse_forward) {
+    RLMESH_RETURN_IF_ERROR(
+        AddDistillation(&in.advantages, Rows(teacher_logp, a, e, T), in.old_logp, Rows(mask, a, e, T)));
+  }
+  in.mask = mk;
+  if (with_behaviour && reuse_forward) {
+    RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw,
+                            CorrectMismatch(in.old_logp, Rows(b.behaviour, a, e, T), Rows(mask, a, e, T)));
+    in.is_weight = mw.weight;
+  } else if (with_behaviour) {
+    in.is_weight = Rows(is_weight, a, e, T);
+  }
+  if (models.reference) in.ref_logp = Rows(ref_logp, a, e, T);
+  in.entropy = rl.loss.entropy_coef > 0 ? lp.entropy : lp.entropy.detach();
+  RLMESH_ASSIGN_OR_RETURN(LossOutput out, PolicyLoss(in, rl.loss));
+  at::Tensor total = out.loss * (w / mini_w);
+  if (aux.defined()) {
+    // Weighted like the policy loss: by the micro-batch's share.
+    if (rl.router_aux_loss_coef > 0) total = total + rl.router_aux_loss_coef * aux * (w / mini_w);
+    late_aux.Add(absl::StrCat(aux_weights.size()), aux);  // read with the step's metrics
+    aux_weights.push_back(w);
+  }
+  if (models.critic) {
+    RLMESH_ASSIGN_OR_RETURN(at::Tensor values, MicroValues(a, e, T));
+    RLMESH_ASSIGN_OR_RETURN(LossOutput vo, ValueLoss(values, Rows(old_values, a, e, T),
+                                                     Rows(returns, a, e, T), mk, rl.value_clip,
+                                                     rl.loss.agg));
+    total = total + rl.vf_coef * vo.loss * (w / mini_w);
+    out.metrics["value_loss"] = vo.metrics["vf_loss"];
+    out.metrics["value_mean"] = vo.metrics["value_mean"];
+    out.metrics["value_clip_frac"] = vo.metrics["vf_clip_frac"];
+    out.metrics["return_mean"] = vo.metrics["return_mean"];
+  }
+  means.Add(out.metrics, w);
+  mean_weight += w;
+  return total;
+}
+
 // Epochs x mini-batches: each micro-batch's forward, loss and backward (the
 // loss weighted by its share of the mini-batch), then one optimizer step of
 // the policy (and the critic) per mini-batch.
@@ -721,10 +812,23 @@ absl::Status RlStep::TrainLoop() {
           RLMESH_RETURN_IF_ERROR(models.EmptyPolicyPass(true));
         }
       }
-      for (size_t k = 0; k < micro.size(); ++k) {
+      if (models.pp_policy && mini_w > 0) {
+        // The pipeline's 1F1B schedule; the last stage asks for the losses.
+        std::vector<PipelineMicroBatch> in;
+        for (auto [a, e] : micro) in.push_back(MicroInputs(a, e, Longest(a, e)));
+        RLMESH_RETURN_IF_ERROR(models.pp_policy->Train(
+            in, opt.learner.temperature,
+            [&](size_t k, const actor::TokenLogProbsOutput& out) -> absl::StatusOr<at::Tensor> {
+              const auto [a, e] = micro[k];
+              const int64_t T = Longest(a, e);
+              actor::TokenLogProbsOutput lp = Unpacked(a, e, T, out);
+              if (weights[k] == 0) return lp.logprobs.sum() * 0;  // nothing to learn; the schedule goes on
+              return MicroLoss(a, e, T, weights[k], mini_w, lp, at::Tensor());
+            }));
+      }
+      for (size_t k = 0; k < micro.size() && !models.pp_policy; ++k) {
         const auto [a, e] = micro[k];
         const int64_t T = Longest(a, e);
-        at::Tensor mk = Rows(loss_mask, a, e, T);
         const double w = weights[k];
         if (w == 0) {
           RLMESH_RETURN_IF_ERROR(models.EmptyPolicyPass(true));  // no-op unless ZeRO-3 or EP
@@ -736,46 +840,8 @@ absl::Status RlStep::TrainLoop() {
         at::Tensor aux;
         if (routing) aux = routing->AuxLoss(RealPositions(a, e, T));
         routing.reset();
-        PolicyLossInputs in;
-        in.logp = lp.logprobs;
-        in.old_logp = reuse_forward ? lp.logprobs.detach() : Rows(old_logp, a, e, T);
-        in.advantages = Rows(adv, a, e, T);
-        if (distill && reuse_forward) {
-          RLMESH_RETURN_IF_ERROR(
-              AddDistillation(&in.advantages, Rows(teacher_logp, a, e, T), in.old_logp, Rows(mask, a, e, T)));
-        }
-        in.mask = mk;
-        if (with_behaviour && reuse_forward) {
-          RLMESH_ASSIGN_OR_RETURN(MismatchWeights mw,
-                                  CorrectMismatch(in.old_logp, Rows(b.behaviour, a, e, T), Rows(mask, a, e, T)));
-          in.is_weight = mw.weight;
-        } else if (with_behaviour) {
-          in.is_weight = Rows(is_weight, a, e, T);
-        }
-        if (models.reference) in.ref_logp = Rows(ref_logp, a, e, T);
-        in.entropy = rl.loss.entropy_coef > 0 ? lp.entropy : lp.entropy.detach();
-        RLMESH_ASSIGN_OR_RETURN(LossOutput out, PolicyLoss(in, rl.loss));
-        at::Tensor total = out.loss * (w / mini_w);
-        if (aux.defined()) {
-          // Weighted like the policy loss: by the micro-batch's share.
-          if (rl.router_aux_loss_coef > 0) total = total + rl.router_aux_loss_coef * aux * (w / mini_w);
-          late_aux.Add(absl::StrCat(aux_weights.size()), aux);  // read with the step's metrics
-          aux_weights.push_back(w);
-        }
-        if (models.critic) {
-          RLMESH_ASSIGN_OR_RETURN(at::Tensor values, MicroValues(a, e, T));
-          RLMESH_ASSIGN_OR_RETURN(LossOutput vo, ValueLoss(values, Rows(old_values, a, e, T),
-                                                           Rows(returns, a, e, T), mk, rl.value_clip,
-                                                           rl.loss.agg));
-          total = total + rl.vf_coef * vo.loss * (w / mini_w);
-          out.metrics["value_loss"] = vo.metrics["vf_loss"];
-          out.metrics["value_mean"] = vo.metrics["value_mean"];
-          out.metrics["value_clip_frac"] = vo.metrics["vf_clip_frac"];
-          out.metrics["return_mean"] = vo.metrics["return_mean"];
-        }
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor total, MicroLoss(a, e, T, w, mini_w, lp, aux));
         total.backward();
-        means.Add(out.metrics, w);
-        mean_weight += w;
       }
       fb_seconds += Since(t1);
       const auto t2 = Clock::now();
@@ -856,6 +922,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       step.fb_seconds += Since(step.t_forward);
       RLMESH_RETURN_IF_ERROR(step.TrainLoop());
       step.Metrics();
+      // PP: the loss and its metrics were the last stage's.
+      RLMESH_RETURN_IF_ERROR(s.models.ShareLastStageMetrics(&m));
       // ZeRO-3: rank 0's full weights for weight sync and checkpoints.
       return s.models.SyncPolicy();
     });

@@ -94,7 +94,14 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
     RLMESH_RETURN_IF_ERROR(s.models.ZeroGradPolicy(local_tokens));
     MetricMeans means;
     const auto t0 = Clock::now();
-    const auto micros = MicroBatches(lengths, 0, static_cast<int64_t>(lengths.size()), s.opt.learner.micro_tokens);
+    auto micros = MicroBatches(lengths, 0, static_cast<int64_t>(lengths.size()), s.opt.learner.micro_tokens);
+    // A pipeline idles less the more micro-batches a step has.
+    if (s.opt.learner.pp > 1) micros = AtLeastMicroBatches(micros, s.opt.learner.pp_microbatches);
+    auto inputs = [&](int64_t a, int64_t e, int64_t T) -> PipelineMicroBatch {
+      return {Rows(b.input_ids, a, e, T), Rows(b.positions, a, e, T), Rows(b.targets, a, e, T),
+              b.segments.defined() ? Rows(b.segments, a, e, T) : at::Tensor()};
+    };
+    auto longest = [&](int64_t a, int64_t e) { return *std::max_element(lengths.begin() + a, lengths.begin() + e); };
     // ZeRO-3 and EP: every rank runs as many passes as the rank with the most
     // micro-batches (its collectives must match theirs).
     int64_t passes = static_cast<int64_t>(micros.size());
@@ -104,21 +111,38 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
     for (int64_t k = static_cast<int64_t>(micros.size()); k < passes; ++k) {
       RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(/*backward=*/true));
     }
-    for (auto [a, e] : micros) {
-      const int64_t T = *std::max_element(lengths.begin() + a, lengths.begin() + e);
-      at::Tensor mask = Rows(b.mask, a, e, T);
-      const double w = mask.sum().item<double>();
+    // The tokens in micro-batch [a, e)'s loss, and the loss to
+    // backpropagate from its log-probs.
+    auto weight = [&](int64_t a, int64_t e) { return Rows(b.mask, a, e, longest(a, e)).sum().item<double>(); };
+    auto micro_loss = [&](int64_t a, int64_t e, double w, const at::Tensor& logprobs) -> absl::StatusOr<at::Tensor> {
+      if (w == 0) return logprobs.sum() * 0;  // a pipeline's schedule still runs it
+      RLMESH_ASSIGN_OR_RETURN(LossOutput out, SftLoss(logprobs, Rows(b.mask, a, e, longest(a, e)), LossAgg::kTokenMean));
+      means.Add(out.metrics, w);
+      return out.loss * (w / local_tokens);
+    };
+    if (s.models.pp_policy && local_tokens > 0) {
+      // The pipeline's 1F1B schedule; the last stage asks for the losses.
+      std::vector<PipelineMicroBatch> in;
+      for (auto [a, e] : micros) in.push_back(inputs(a, e, longest(a, e)));
+      RLMESH_RETURN_IF_ERROR(s.models.pp_policy->Train(
+          in, 1.0, [&](size_t k, const actor::TokenLogProbsOutput& out) {
+            const auto [a, e] = micros[k];
+            return micro_loss(a, e, weight(a, e), out.logprobs);
+          }));
+    }
+    for (size_t k = 0; k < micros.size() && !s.models.pp_policy; ++k) {
+      const auto [a, e] = micros[k];
+      const int64_t T = longest(a, e);
+      const double w = weight(a, e);
       if (w == 0) {
         RLMESH_RETURN_IF_ERROR(s.models.EmptyPolicyPass(/*backward=*/true));
         continue;
       }
-      RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, Rows(b.input_ids, a, e, T),
-                                                  Rows(b.positions, a, e, T), Rows(b.targets, a, e, T),
-                                                  options_.logprob_chunk, 1.0,
-                                                  b.segments.defined() ? Rows(b.segments, a, e, T) : at::Tensor()));
-      RLMESH_ASSIGN_OR_RETURN(LossOutput out, SftLoss(lp.logprobs, mask, LossAgg::kTokenMean));
-      (out.loss * (w / local_tokens)).backward();
-      means.Add(out.metrics, w);
+      const PipelineMicroBatch in = inputs(a, e, T);
+      RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, in.ids, in.positions, in.targets,
+                                                         options_.logprob_chunk, 1.0, in.attention_mask));
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor loss, micro_loss(a, e, w, lp.logprobs));
+      loss.backward();
     }
     fb_seconds = Since(t0);
     const auto t1 = Clock::now();
@@ -138,7 +162,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
     m["loss_tokens"] = local_tokens;
     m["mean_weight"] = local_tokens;  // the means above are over these tokens
     m["seconds_allreduce"] = stats.reduce_seconds + stats.gather_seconds;
-    return absl::OkStatus();
+    // PP: the loss and its metrics were the last stage's.
+    return s.models.ShareLastStageMetrics(&m);
   });
   if (!st.ok()) return st;
   m["seconds_forward_backward"] = fb_seconds;

@@ -41,6 +41,9 @@ LearnerSettings MakeLearnerSettings(const ExperimentConfig& exp) {
   l.tp = lc.tp();
   l.sequence_parallel = lc.sequence_parallel();
   l.ep = lc.ep();
+  l.pp = std::max(1, lc.pp());
+  l.pp_microbatches = lc.pp_microbatches();
+  l.pp_layers.assign(lc.pp_layers().begin(), lc.pp_layers().end());
   l.micro_tokens = lc.micro_batch_tokens();
   l.autocast_bf16 = lc.autocast() == "bf16";
   l.gradient_checkpointing = lc.gradient_checkpointing();
@@ -148,8 +151,9 @@ absl::Status NormalizeForLearner(ExperimentConfig* exp, int world_size) {
 absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int stage_index, int shards) {
   StageOptions o;
   o.learner = MakeLearnerSettings(exp);
-  // The replicas split the data; a replica's tensor-parallel ranks share it.
-  const int world_size = shards / o.learner.tp;
+  // The replicas split the data; a replica's tensor-parallel ranks and
+  // pipeline stages share it.
+  const int world_size = shards / (o.learner.tp * o.learner.pp);
   const Stage& stage = exp.stages(stage_index);
   o.field = absl::StrCat("experiment.stages[", stage_index, "]");
   const std::string& sp = o.field;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,6 +66,14 @@ struct LearnerSettings {
   // the world size / ep groups hold the same experts, and every rank trains
   // its own rows. Default 1.
   int ep = 1;
+  // learner.pp: pipeline stages per replica (learner/pipeline_parallel.h);
+  // the world size / (tp x pp) replicas split the data. Default 1.
+  int pp = 1;
+  // learner.pp_microbatches: with pp > 1, the fewest micro-batches per
+  // mini-batch. Default 0 (set to 2 x pp by the schema).
+  int pp_microbatches = 0;
+  // learner.pp_layers: decoder layers per stage; empty = balanced.
+  std::vector<int64_t> pp_layers;
   // Most padded tokens in one micro-batch. Default 8192.
   int64_t micro_tokens = 8192;
   // learner.autocast == "bf16": forward passes under bf16 autocast.

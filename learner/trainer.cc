@@ -194,8 +194,9 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   s.world = req.world_size();
   RLMESH_RETURN_IF_ERROR(NormalizeForLearner(s.request.mutable_experiment(), s.world));
   RLMESH_ASSIGN_OR_RETURN(s.opt, MakeStageOptions(exp, req.stage_index(), s.world));
-  s.data_rank = s.rank / s.opt.learner.tp;
-  s.data_world = s.world / s.opt.learner.tp;
+  // A replica's tensor-parallel ranks and pipeline stages share its rows.
+  s.data_rank = s.rank / (s.opt.learner.tp * s.opt.learner.pp);
+  s.data_world = s.world / (s.opt.learner.tp * s.opt.learner.pp);
   RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, req.checkpoint_dir(), "checkpoint_dir"));
   RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, s.opt.pairs.output,
                                           absl::StrCat("experiment.stages[", req.stage_index(), "].reward_model.output")));
@@ -228,6 +229,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
     }
   }
   // Reference, critic, process group and optimizers.
+  s.models.logprob_chunk = options_.logprob_chunk;
   RLMESH_RETURN_IF_ERROR(BuildTrainingModels(exp, s.opt, cfg, req.store_address(), req.store_prefix(), s.rank,
                                              s.world, options_.gloo, options_.store_timeout_ms, &s.models));
 
@@ -253,7 +255,8 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   RLMESH_LOG(INFO) << "configured stage=" << s_->opt.name << " rank=" << s_->rank
                    << " world_size=" << s_->world
                    << " zero=" << (s_->opt.learner.zero3 ? 3 : s_->opt.learner.zero1 ? 1 : 0)
-                   << " tp=" << s_->opt.learner.tp << " ep=" << s_->opt.learner.ep << " step=" << step_
+                   << " tp=" << s_->opt.learner.tp << " ep=" << s_->opt.learner.ep << " pp=" << s_->opt.learner.pp
+                   << " step=" << step_
                    << " version=" << version_;
   ConfigureResponse resp;
   resp.set_policy_version(version_);

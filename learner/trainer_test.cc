@@ -786,6 +786,52 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
   }
 }
 
+TEST_CASE("learner.pp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT; checkpoints resume across the layouts") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(5, 7, 1e-3);
+  e.mutable_learner()->set_micro_batch_tokens(24);
+  Trainer single, untrained;
+  REQUIRE(single.Configure(Request(e, dir.File("ckpt_plain"))).ok());
+  REQUIRE(untrained.Configure(Request(e)).ok());
+  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+  REQUIRE(single.Save().ok());
+  REQUIRE(MaxAbsDiff(single, untrained) > 1e-3);
+  ExperimentConfig t = e;
+  t.mutable_learner()->set_pp(2);
+  SECTION("pp=2: rank 0 holds the gathered weights; its checkpoint resumes in one plain process") {
+    Trainer ranks[2];
+    std::string saved;
+    auto results = testing::TrainShards(ranks, 2, Request(t, dir.File("ckpt_pp")), dir.File("store"), 3, SftStep,
+                                        testing::SaveKeepingRank0Path(&saved));
+    INFO(results[0].ToString() << " / " << results[1].ToString());
+    REQUIRE(results[0].ok());
+    REQUIRE(results[1].ok());
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    auto state = VerifyCheckpoint(saved);
+    REQUIRE(state.ok());
+    CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
+    Trainer resumed;
+    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_pp"))).ok());
+    CHECK(resumed.Status().step() == 3);
+    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+    REQUIRE(single.TrainStep(SftStep(3)).ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  }
+  SECTION("pp=2 x dp=2, resumed from the plain checkpoint") {
+    Trainer ranks[4];
+    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_plain")), dir.File("store4"), 2,
+                                        [](int i) { return SftStep(3 + i); });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    for (int step = 3; step < 5; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  }
+}
+
 TEST_CASE("learner.tp is refused by name where it is not built") {
   ExperimentConfig e = Tiny();
   e.mutable_learner()->set_tp(2);
@@ -849,7 +895,9 @@ double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const s
     INFO("rank " << r << ": " << results[r].ToString());
     REQUIRE(results[r].ok());
   }
-  if (e.learner().zero() != 3 && e.learner().tp() <= 1) CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
+  if (e.learner().zero() != 3 && e.learner().tp() <= 1 && e.learner().pp() <= 1) {
+    CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
+  }
   return MaxAbsDiff(single, ranks[0]);
 }
 
@@ -1025,6 +1073,26 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     t.mutable_learner()->set_sequence_parallel(false);
     t.mutable_learner()->set_zero(3);
     CHECK(ShardedRlDiff(t, groups, dir.File("store_tp2dp2z3"), &plain, 4) <= 1e-5);
+  }
+  SECTION("GRPO under learner.pp: 2, alone and x 2 replicas: KL to the reference over two mini-batches, and "
+          "old log-probs from the training forward") {
+    ExperimentConfig p = e;
+    Stage s = GrpoStageOf(2, kLr);
+    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
+    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
+    *p.add_stages() = s;
+    p.mutable_learner()->set_micro_batch_tokens(40);
+    ExperimentConfig plain = p;
+    p.mutable_learner()->set_pp(2);
+    CHECK(ShardedRlDiff(p, groups, dir.File("store_pp2"), &plain, 2) <= 1e-5);
+    CHECK(ShardedRlDiff(p, groups, dir.File("store_pp2dp2"), &plain, 4) <= 1e-5);
+    // One mini-batch, no reference: the last stage takes the old log-probs
+    // from its training forward.
+    ExperimentConfig q = e;
+    *q.add_stages() = GrpoStageOf(2, kLr);
+    ExperimentConfig q_plain = q;
+    q.mutable_learner()->set_pp(2);
+    CHECK(ShardedRlDiff(q, groups, dir.File("store_pp2_reuse"), &q_plain, 2) <= 1e-5);
   }
   // The critic is split like the policy under ZeRO-3 and TP: its weights
   // (read from the checkpoints) must equal one process's as the policy's
@@ -1740,6 +1808,11 @@ TEST_CASE("packed RL micro-batches: short responses share rows, the step is the 
     CHECK(MicroBatches(long_rows, 0, 4, 10) == Cuts{{0, 1}, {1, 2}, {2, 3}, {3, 4}});
     const std::vector<bool> pairs = {false, true, false, true};
     CHECK(MicroBatches(long_rows, 0, 4, 10, &pairs) == Cuts{{0, 1}, {1, 2}, {2, 3}, {3, 4}});
+    // A pipeline's floor on the count: the widest is halved first.
+    CHECK(AtLeastMicroBatches({{0, 9}}, 4) == Cuts{{0, 2}, {2, 4}, {4, 6}, {6, 9}});
+    CHECK(AtLeastMicroBatches({{0, 3}, {3, 9}}, 2) == Cuts{{0, 3}, {3, 9}});
+    // Runs stay whole: only rows 1 and 4 start a cut, so three is the most.
+    CHECK(AtLeastMicroBatches({{0, 9}}, 4, &together) == Cuts{{0, 1}, {1, 4}, {4, 9}});
   }
   SECTION("packed and padded steps agree (fp32 summation order), with a KL reference and two mini-batches") {
     actor::ConfigureThreads(2);

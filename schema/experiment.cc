@@ -344,6 +344,46 @@ void CheckReward(Checker& c, ExperimentConfig* config) {
   c.Require(call->breaker_cooldown_ms() > 0, "reward.call.breaker_cooldown_ms", "must be > 0");
 }
 
+// learner.pp and its settings: what the pipeline is built for.
+void CheckPipeline(Checker& c, ExperimentConfig* config) {
+  LearnerConfig* l = config->mutable_learner();
+  if (l->pp() == 0) l->set_pp(1);
+  if (l->pp_schedule().empty()) l->set_pp_schedule("1f1b");
+  const int pp = l->pp();
+  c.Require(pp >= 1 && l->tp() >= 1 && pp * l->tp() <= l->shards() && l->shards() % (pp * l->tp()) == 0,
+            "learner.pp", absl::StrCat("must divide learner.shards (", l->shards(), ")"));
+  c.Require(l->pp_microbatches() >= 0 && l->pp_microbatches() <= 4096, "learner.pp_microbatches",
+            "must be in [0, 4096] (0 = 2 x learner.pp)");
+  if (pp > 1 && l->pp_microbatches() == 0) l->set_pp_microbatches(2 * pp);
+  c.Require(l->pp_schedule() == "1f1b" || l->pp_schedule() == "interleaved", "learner.pp_schedule",
+            "must be 1f1b or interleaved");
+  c.Require(l->pp_schedule() != "interleaved", "learner.pp_schedule",
+            "interleaved (virtual stages) is not built; 1f1b is");
+  c.Require(l->pp_layers_size() == 0 || l->pp_layers_size() == pp, "learner.pp_layers",
+            absl::StrCat("has ", l->pp_layers_size(), " entries for learner.pp = ", pp, " stages"));
+  for (int i = 0; i < l->pp_layers_size(); ++i) {
+    c.Require(l->pp_layers(i) >= 1, absl::StrCat("learner.pp_layers[", i, "]"), "must be >= 1");
+  }
+  if (pp == 1) return;
+  const char* why = " with learner.pp > 1 is not built";
+  c.Require(l->tp() == 1, "learner.tp", absl::StrCat("> 1", why));
+  c.Require(l->ep() <= 1, "learner.ep", absl::StrCat("> 1", why));
+  c.Require(l->zero() == 0, "learner.zero", absl::StrCat(l->zero(), why, " (plain data parallelism over the replicas is)"));
+  c.Require(l->autocast().empty() || l->autocast() == "fp32", "learner.autocast", absl::StrCat("bf16", why));
+  c.Require(!l->gradient_checkpointing(), "learner.gradient_checkpointing", absl::StrCat("true", why));
+  c.Require(config->model().device().empty() || config->model().device() == "cpu", "learner.pp",
+            "pipeline parallelism runs on the CPU so far (Gloo point to point)");
+  c.Require(config->model().lora().rank() <= 0, "model.lora", absl::StrCat("set", why));
+  for (int i = 0; i < config->stages_size(); ++i) {
+    const Stage& st = config->stages(i);
+    const std::string p = absl::StrCat("stages[", i, "]");
+    c.Require(st.has_sft() || st.has_grpo(), p,
+              "learner.pp > 1 is built for sft and grpo stages (not dpo, ppo or reward_model)");
+    c.Require(!st.has_grpo() || st.grpo().rl().distillation().teacher().empty(), p + ".grpo.rl.distillation",
+              "teacher with learner.pp > 1 is not built");
+  }
+}
+
 // learner: shards, layouts, memory caps and micro-batches.
 void CheckLearner(Checker& c, ExperimentConfig* config) {
   LearnerConfig* l = config->mutable_learner();
@@ -366,6 +406,7 @@ void CheckLearner(Checker& c, ExperimentConfig* config) {
   c.Require(!l->sequence_parallel() || l->tp() > 1, "learner.sequence_parallel", "needs learner.tp > 1");
   c.Require(!l->sequence_parallel() || l->zero() != 3, "learner.sequence_parallel",
             "with learner.zero: 3 is not built (ZeRO-3 over tensor-parallel slices keeps the stream replicated)");
+  CheckPipeline(c, config);
   if (l->ep() == 0) l->set_ep(1);
   c.Require(l->ep() >= 1 && l->ep() <= l->shards() && l->shards() % l->ep() == 0, "learner.ep",
             absl::StrCat("must divide learner.shards (", l->shards(), ")"));
