@@ -9,7 +9,7 @@
 
 namespace rlmesh::actor {
 
-FixedShapeDecoder::FixedShapeDecoder(int64_t max_batch, bool cuda_graphs, torch::Device device)
+FixedShapeDecoder::FixedShapeDecoder(int64_t max_batch, bool cuda_graphs, c10::Device device)
     : max_batch_(max_batch), graphs_(cuda_graphs), device_(device) {}
 
 int64_t FixedShapeDecoder::Bucket(int64_t n) const {
@@ -29,21 +29,21 @@ std::vector<const void*> FixedShapeDecoder::Addresses(const KvCache& cache) {
   return out;
 }
 
-torch::Tensor FixedShapeDecoder::Step(GenerationModel& model, const KvCache& cache, const std::vector<int64_t>& ids,
+at::Tensor FixedShapeDecoder::Step(GenerationModel& model, const KvCache& cache, const std::vector<int64_t>& ids,
                                       const std::vector<int64_t>& lens) {
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t bucket = Bucket(n);
   TORCH_CHECK(cache.rows() >= bucket, "FixedShapeDecoder: the cache holds ", cache.rows(), " rows, the step needs ",
               bucket);
   if (!ids_.defined()) {
-    ids_ = torch::zeros({max_batch_}, torch::TensorOptions(torch::kInt64).device(device_));
-    lens_ = torch::zeros_like(ids_);
+    ids_ = at::zeros({max_batch_}, at::TensorOptions(at::kLong).device(device_));
+    lens_ = at::zeros_like(ids_);
   }
   std::vector<int64_t> padded_ids(bucket, 0), padded_lens(bucket, 0);
   std::copy(ids.begin(), ids.end(), padded_ids.begin());
   std::copy(lens.begin(), lens.end(), padded_lens.begin());
-  ids_.narrow(0, 0, bucket).copy_(torch::from_blob(padded_ids.data(), {bucket}, torch::kInt64));
-  lens_.narrow(0, 0, bucket).copy_(torch::from_blob(padded_lens.data(), {bucket}, torch::kInt64));
+  ids_.narrow(0, 0, bucket).copy_(at::from_blob(padded_ids.data(), {bucket}, at::kLong));
+  lens_.narrow(0, 0, bucket).copy_(at::from_blob(padded_lens.data(), {bucket}, at::kLong));
   const int64_t capacity = cache.capacity();
   auto run = [&, bucket, capacity] {
     KvCache rows = cache.FirstRows(bucket);
@@ -65,7 +65,7 @@ torch::Tensor FixedShapeDecoder::Step(GenerationModel& model, const KvCache& cac
   }
   // The bucket's first step on this cache runs for real while the graph is
   // made (its result is this step's), then the graph is recorded.
-  torch::Tensor out;
+  at::Tensor out;
   Captured c;
   auto graph = dist::CudaGraph::Capture(device_.has_index() ? device_.index() : 0, [&](bool capturing) {
     (capturing ? c.hidden : out) = run();
