@@ -227,6 +227,7 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.LearnerConfig.pp", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.pp_microbatches", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.pp_layers", "learner/stage_options.cc"},
+    {"rlmesh.LearnerConfig.cp", "learner/stage_options.cc"},
     // 1f1b is the one schedule built; the schema refuses the other by name.
     {"rlmesh.LearnerConfig.pp_schedule", "schema/experiment.cc"},
     {"rlmesh.ExperimentConfig.weight_sync", "coordinator/weights.cc"},

@@ -202,6 +202,38 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
   CheckRefused(refused);
 }
 
+TEST_CASE("learner.cp divides the shards and is refused by name where not built") {
+  const std::string sft = "stages: [{sft: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n";
+  const std::string grpo = "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: 0.001}}}}]\n";
+  ExperimentConfig ok;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 4, cp: 2}\n" + grpo, &ok).ok());
+  CHECK(ok.learner().cp() == 2);
+  ExperimentConfig plain;
+  REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
+  CHECK(plain.learner().cp() == 1);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"learner: {shards: 3, cp: 2}\n" + sft, "learner.cp: must divide learner.shards (3)"},
+      {"learner: {shards: 4, cp: 2, pp: 2}\n" + sft, "learner.pp: > 1 with learner.cp > 1 is not built"},
+      {"learner: {shards: 4, cp: 2, tp: 2}\n" + sft, "learner.tp: > 1 with learner.cp > 1 is not built"},
+      {"learner: {shards: 2, cp: 2, zero: 3}\n" + sft, "learner.zero: 3 with learner.cp > 1 is not built"},
+      {"learner: {shards: 2, cp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.cp > 1"},
+      {"model: {device: cuda}\nlearner: {shards: 2, cp: 2}\n" + sft, "learner.cp: context parallelism runs on the CPU"},
+      {"learner: {shards: 2, cp: 2}\nstages: [{sft: {steps: 1, batch: 2, packing: true, optimizer: {lr: 0.001}}}]\n",
+       "stages[0].sft.packing: true with learner.cp > 1 is not built"},
+      {"learner: {shards: 2, cp: 2}\nstages: [{grpo: {advantage: dr_grpo, rl: {steps: 1, prompts_per_step: 1, "
+       "optimizer: {lr: 0.001}}}}]\n",
+       "stages[0].grpo.rl.loss_agg: must be token-mean with learner.cp > 1"},
+      {"learner: {shards: 2, cp: 2}\nstages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, policy_loss: gspo, "
+       "optimizer: {lr: 0.001}}}}]\n",
+       "stages[0].grpo.rl.loss_agg: must be token-mean"},
+      {"learner: {shards: 2, cp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.cp > 1 is built for sft and grpo stages"},
+      {"task: {kind: text, train_path: c.jsonl}\nlearner: {shards: 2, cp: 2}\n" + sft,
+       "task.kind: text (rows of packed documents, which need attention masks) with learner.cp > 1"},
+  };
+  CheckRefused(refused);
+}
+
 TEST_CASE("learner.tp divides the shards; it and sequence_parallel are refused by name where not built") {
   const std::string sft = "stages: [{sft: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n";
   ExperimentConfig ok;

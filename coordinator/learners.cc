@@ -101,8 +101,9 @@ absl::StatusOr<StepMetrics> RunLoop::TrainStep(const std::function<void(TrainSte
   std::vector<StepMetrics> metrics;
   for (const TrainStepResponse& resp : responses) metrics.push_back(resp.metrics());
   // One report per replica: its first rank's (a pipeline's stages share the
-  // last stage's metrics).
-  return MergeStepMetrics(metrics, cfg().learner().tp() * std::max(1, cfg().learner().pp()));
+  // last stage's metrics, context-parallel ranks their means).
+  return MergeStepMetrics(metrics, std::max(1, cfg().learner().tp()) * std::max(1, cfg().learner().pp()) *
+                                       std::max(1, cfg().learner().cp()));
 }
 
 absl::StatusOr<StepMetrics> RunLoop::TrainFromBuffer(const Stage& stage, const RlStage& rl, int num_groups) {

@@ -100,6 +100,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
   const LearnerConfig& lc = e.learner();
   if (lc.tp() > 1) return absl::UnimplementedError("learner.tp: coordinator plan does not plan tensor parallelism yet");
   if (lc.ep() > 1) return absl::UnimplementedError("learner.ep: coordinator plan does not plan expert parallelism yet");
+  if (lc.pp() > 1) return absl::UnimplementedError("learner.pp: coordinator plan does not plan pipeline parallelism yet");
+  if (lc.cp() > 1) return absl::UnimplementedError("learner.cp: coordinator plan does not plan context parallelism yet");
   if (e.rollout().tp() > 1) {
     return absl::UnimplementedError("rollout.tp: coordinator plan does not plan tensor-parallel rollout yet");
   }

@@ -9,7 +9,7 @@
 // from the whole batch (grad_norm, lr). Only the data-parallel replicas
 // count: the ranks of one replica (its tensor-parallel ranks and pipeline
 // stages) train the same rows and report the same values, so the merge
-// reads ranks 0, n, 2*n, ... for n ranks per replica (tp x pp).
+// reads ranks 0, n, 2*n, ... for n ranks per replica (tp x pp x cp).
 //
 // - means (any key not named below): averaged over the replicas, weighted
 //   by each replica's `mean_weight`, the weight its means are over (the
@@ -35,7 +35,7 @@
 
 namespace rlmesh {
 
-// `tp`: ranks per replica (learner.tp x learner.pp). REQUIRES:
+// `tp`: ranks per replica (learner.tp x learner.pp x learner.cp). REQUIRES:
 // !ranks.empty(); tp >= 1 (values below 1 read as 1).
 StepMetrics MergeStepMetrics(const std::vector<StepMetrics>& ranks, int tp);
 

@@ -168,6 +168,29 @@ class MetricMeans {
       if (nd.second > 0) (*out)[k] = nd.first / nd.second;
     }
   }
+  // The names, and the weighted sums and weights in name order (2 per
+  // name), to be summed with other ranks' (Unpack takes them back).
+  std::vector<std::string> Keys() const {
+    std::vector<std::string> out;
+    for (const auto& kv : acc_) out.push_back(kv.first);
+    return out;
+  }
+  std::vector<double> Sums() const {
+    std::vector<double> out;
+    for (const auto& kv : acc_) {
+      out.push_back(kv.second.first);
+      out.push_back(kv.second.second);
+    }
+    return out;
+  }
+  // REQUIRES: sums.size() == 2 * Keys().size().
+  void SetSums(const std::vector<double>& sums) {
+    size_t i = 0;
+    for (auto& kv : acc_) {
+      kv.second = {sums[i], sums[i + 1]};
+      i += 2;
+    }
+  }
 
  private:
   std::map<std::string, std::pair<double, double>> acc_;

@@ -114,6 +114,14 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   if (tp_reference && m.get() == reference.get()) {
     return tp_reference->TokenLogProbs(ids, pos, targets, temperature, attention_mask);
   }
+  // Context parallelism: this rank's positions (0 elsewhere).
+  ContextParallelModel* context = cp_policy && m.get() == policy.get()            ? cp_policy.get()
+                                  : cp_reference && m.get() == reference.get() ? cp_reference.get()
+                                                                               : nullptr;
+  if (context != nullptr) {
+    RLMESH_ASSIGN_OR_RETURN(auto out, context->TokenLogProbs(ids, pos, targets, temperature, attention_mask));
+    return out.out;
+  }
   // Pipeline parallelism: a no-grad pass through the stages; passes with
   // gradient run in the steps' schedules (PipelineModel::Train).
   PipelineModel* stage = pp_policy && m.get() == policy.get()            ? pp_policy.get()
@@ -261,13 +269,63 @@ int64_t ModelSet::PolicySteps() const {
   return dp->steps();
 }
 
+at::Tensor ModelSet::ContextMask(int64_t rows, int64_t T) const {
+  if (!cp_group) return at::ones({rows, T}, at::kFloat);
+  return ZigZagMask(rows, T, cp_group->getRank(), cp_group->getSize());
+}
+
+absl::Status ModelSet::ShareContextTokens(at::Tensor& t) {
+  if (!cp_group) return absl::OkStatus();
+  if (!t.is_contiguous()) return absl::InvalidArgumentError("ShareContextTokens: expected a contiguous tensor");
+  return dist::Collective("sum of the context-parallel ranks' tokens", [&] {
+    std::vector<at::Tensor> v = {t};
+    cp_group->allreduce(v)->wait();
+  });
+}
+
+absl::Status ModelSet::ShareContextMeans(MetricMeans* means, double* weight) {
+  if (!cp_group) return absl::OkStatus();
+  std::vector<double> sums = means->Sums();
+  // The names must agree: their count and a digest of them travel along.
+  uint64_t digest = 1469598103934665603ull;
+  for (const std::string& k : means->Keys()) {
+    for (char ch : k) digest = (digest ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  }
+  // [n, -n, d, -d] under MAX: every rank sees whether the largest and the
+  // smallest agree, before a sum whose sizes would differ.
+  const double n = static_cast<double>(sums.size()), d = static_cast<double>(digest >> 12);
+  at::Tensor check = at::tensor({n, -n, d, -d}, at::kDouble);
+  at::Tensor v = at::tensor(sums, at::kDouble);
+  if (weight != nullptr) v = at::cat({v, at::full({1}, *weight, at::kDouble)});
+  RLMESH_RETURN_IF_ERROR(dist::Collective("agreement on the context-parallel ranks' metrics", [&] {
+    std::vector<at::Tensor> c = {check};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    cp_group->allreduce(c, o)->wait();
+  }));
+  const double* k = check.data_ptr<double>();
+  if (k[0] != -k[1] || k[2] != -k[3]) {
+    return absl::InternalError("ShareContextMeans: the context-parallel ranks hold different metric names");
+  }
+  RLMESH_RETURN_IF_ERROR(dist::Collective("sum of the context-parallel ranks' metrics", [&] {
+    if (v.numel() == 0) return;
+    std::vector<at::Tensor> x = {v};
+    cp_group->allreduce(x)->wait();
+  }));
+  const double* p = v.data_ptr<double>();
+  means->SetSums(std::vector<double>(p, p + sums.size()));
+  if (weight != nullptr) *weight = p[sums.size()];
+  return absl::OkStatus();
+}
+
 absl::Status ModelSet::AllReduceSum(at::Tensor& t) {
-  if (dp) return dp->AllReduceSum(t);
+  if (dp && !cp_policy) return dp->AllReduceSum(t);
   if (!t.defined() || !t.is_contiguous() || !t.device().is_cpu()) {
     return absl::InvalidArgumentError("t: expected a defined contiguous CPU tensor");
   }
-  // A pipeline's stages hold the same rows: the replicas' sum.
-  const c10::intrusive_ptr<c10d::Backend>& over = pp_policy ? dp_group : group;
+  // A pipeline's stages (a context-parallel group's ranks) hold the same
+  // rows: the replicas' sum.
+  const c10::intrusive_ptr<c10d::Backend>& over = pp_policy || cp_policy ? dp_group : group;
   if (!over) return absl::OkStatus();
   return dist::CollectiveOn("all-reduce of statistics", device, t, [&](at::Tensor& x) {
     std::vector<at::Tensor> v = {x};
@@ -806,6 +864,32 @@ absl::Status JoinTensorParallelGroups(const StageOptions& stage, int rank, int w
   return JoinSubgroup(s, absl::StrCat("dp", tp_rank), replica, replicas, gloo, &s.dp_group);
 }
 
+// learner.cp > 1: this replica's context-parallel group and the replicas
+// holding the same share (rank r is context rank r % cp of replica r / cp),
+// and the policy and reference run over the former, sharing their modules.
+// `dp` (plain DP over every rank) is built as without it.
+absl::Status SplitContextParallel(const StageOptions& stage, int rank, int world_size,
+                                  const dist::GlooGroupOptions& gloo, ModelSet* models) {
+  ModelSet& s = *models;
+  if (s.device_type != c10::DeviceType::CPU) {
+    return absl::UnimplementedError("experiment.learner.cp > 1 runs on the CPU so far");
+  }
+  if ((stage.kind != StageKind::kSft && stage.kind != StageKind::kGrpo) || s.critic || s.teacher) {
+    return absl::UnimplementedError(
+        "experiment.learner.cp > 1 is built for SFT and GRPO-family stages without a distillation teacher");
+  }
+  const int cp = stage.learner.cp, replica = rank / cp, r = rank % cp, replicas = world_size / cp;
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("cp", replica), r, cp, gloo, &s.cp_group));
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("cpdp", r), replica, replicas, gloo, &s.dp_group));
+  auto made = ContextParallelModel::Wrap(s.policy, s.cp_group, s.logprob_chunk);
+  if (!made.ok()) return PrefixStatus("experiment", made.status());
+  s.cp_policy = *std::move(made);
+  if (s.reference) {
+    RLMESH_ASSIGN_OR_RETURN(s.cp_reference, ContextParallelModel::Wrap(s.reference, s.cp_group, s.logprob_chunk));
+  }
+  return absl::OkStatus();
+}
+
 // learner.pp > 1: this replica's pipeline and the replicas holding the same
 // stage (rank r is stage r % pp of replica r / pp; the same join order
 // everywhere), the policy and the reference cut into this rank's stage, and
@@ -1043,7 +1127,8 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   ModelSet& s = *models;
   const std::string device = exp.model().device().empty() ? "cpu" : exp.model().device();
   const std::optional<actor::LoraSpec> lora = StageLora(exp, stage);
-  if (lora && (stage.learner.zero3 || stage.learner.tp > 1 || stage.learner.ep > 1 || stage.learner.pp > 1)) {
+  if (lora && (stage.learner.zero3 || stage.learner.tp > 1 || stage.learner.ep > 1 || stage.learner.pp > 1 ||
+               stage.learner.cp > 1)) {
     return absl::InvalidArgumentError(
         "experiment.model.lora: runs with plain data parallelism and learner.zero: 1 only");
   }
@@ -1102,6 +1187,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
                         : stage.learner.tp > 1 ? "learner.tp > 1"
                         : stage.learner.ep > 1 ? "learner.ep > 1"
                         : stage.learner.pp > 1 ? "learner.pp > 1"
+                        : stage.learner.cp > 1 ? "learner.cp > 1"
                                                : nullptr;
     if (split != nullptr) {
       return absl::UnimplementedError(absl::StrCat("experiment.", split, " on ", device,
@@ -1172,6 +1258,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     // A reward model never uses its lm_head; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, stage.optimizer(), stage.kind == StageKind::kRewardModel));
     RLMESH_RETURN_IF_ERROR(s.dp->BroadcastParameters());
+    if (stage.learner.cp > 1) RLMESH_RETURN_IF_ERROR(SplitContextParallel(stage, rank, world_size, gloo, &s));
   }
   if (s.critic) {
     // Its lm_head is never used and stays out of the optimizer.

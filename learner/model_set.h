@@ -26,6 +26,8 @@
 #include "dist/store.h"
 #include "learner/data_parallel.h"
 #include "learner/expert_parallel.h"
+#include "learner/batching.h"
+#include "learner/context_parallel.h"
 #include "learner/fully_sharded.h"
 #include "learner/pipeline_parallel.h"
 #include "learner/stage_options.h"
@@ -98,6 +100,29 @@ struct ModelSet {
   // Time steps per chunk of the logits in the pipeline's last stage
   // (TrainerOptions.logprob_chunk).
   int64_t logprob_chunk = 64;
+  // learner.cp > 1: the policy (and the reference) over this replica's
+  // context-parallel group (`cp_group`: ranks [d*cp, (d+1)*cp) for replica
+  // d), sharing `policy`'s module: each rank runs its zig-zag share of
+  // every row's tokens, and LogProbs gives 0 at the other ranks' positions
+  // (ContextMask). `dp` steps the whole policy over every rank, each rank's
+  // local weight its replica's / cp (learner/context_parallel.h);
+  // `dp_group` is the replicas holding the same share.
+  std::unique_ptr<ContextParallelModel> cp_policy, cp_reference;
+  c10::intrusive_ptr<c10d::Backend> cp_group;
+  // Context-parallel ranks per replica (1 without).
+  int ContextRanks() const { return cp_group ? cp_group->getSize() : 1; }
+  // 1 at this rank's positions of [rows, T] inputs (all of them without
+  // context parallelism).
+  at::Tensor ContextMask(int64_t rows, int64_t T) const;
+  // learner.cp > 1: `t` [rows, T], 0 outside this rank's positions, summed
+  // over the context-parallel group in place (every position then holds
+  // its rank's value); every rank must call it. No-op otherwise.
+  absl::Status ShareContextTokens(at::Tensor& t);
+  // learner.cp > 1: the ranks' weighted sums of `means` (and `weight`, if
+  // not null) summed over the context-parallel group, so that every rank
+  // reports its replica's means; every rank must call it, with the same
+  // names. No-op otherwise.
+  absl::Status ShareContextMeans(MetricMeans* means, double* weight);
   // Under ZeRO-3, TP or EP: the whole policy's parameter names and shapes, in
   // NamedParameters() order (what plain DP's flat optimizer layout follows:
   // a reward model's lm_head, out of the optimizer, is left out).

@@ -352,7 +352,7 @@ void RlStep::Layout() {
   // prompt once where that is cheaper (TrainerOptions.share_prompts),
   // except for MoE policies, whose rows each carry their own routes.
   moe = models.policy->config().NumMoeLayers() > 0;
-  if (options.share_prompts && options.pack_rl != TrainerOptions::RlPacking::kOff && !moe) {
+  if (options.share_prompts && options.pack_rl != TrainerOptions::RlPacking::kOff && !moe && !models.cp_policy) {
     sharing.pair_cost = PairCost(models.policy->config());
     std::vector<std::vector<const Seq*>> by_group(group_rewards.size());
     for (const Row& r : rows) by_group[r.group].push_back(&r.seq);
@@ -415,7 +415,8 @@ void RlStep::Layout() {
 }
 
 const PackedRows* RlStep::Packing(int64_t a, int64_t e, int64_t T) {
-  if (options.pack_rl == TrainerOptions::RlPacking::kOff) return nullptr;
+  // Context parallelism splits rows of one sequence each (no masks).
+  if (options.pack_rl == TrainerOptions::RlPacking::kOff || models.cp_policy) return nullptr;
   auto [it, fresh] = packed.try_emplace({a, e});
   if (fresh) {
     PackedRows p = PackSeqs(seqs, a, e, T, sharing);
@@ -502,8 +503,11 @@ absl::Status RlStep::OldLogProbs() {
   // routing metrics; or when TrainerOptions asks for it.
   const bool masking_mismatch =
       rl.mismatch.mode == MismatchMode::kMis || rl.mismatch.mode == MismatchMode::kIcePop;
+  // Under context parallelism the training forward gives each rank only
+  // its own positions; the pass runs, and its results are shared.
   reuse_forward = !options.recompute_old_logprobs && rl.epochs == 1 && rl.mini_batches == 1 && !moe &&
-                  !(models.reference && rl.kl_in_reward) && !(with_behaviour && masking_mismatch);
+                  !(models.reference && rl.kl_in_reward) && !(with_behaviour && masking_mismatch) &&
+                  !models.cp_policy;
   m["old_logprobs_recomputed"] = reuse_forward ? 0.0 : 1.0;
   t_forward = Clock::now();
   int64_t replay_differs = 0, replay_positions = 0;
@@ -554,6 +558,9 @@ absl::Status RlStep::OldLogProbs() {
       }
     }
   }
+  // Context parallelism: each rank filled its own positions.
+  RLMESH_RETURN_IF_ERROR(models.ShareContextTokens(old_logp));
+  if (models.reference) RLMESH_RETURN_IF_ERROR(models.ShareContextTokens(ref_logp));
   if (rl.routing_replay) {
     // Positions whose replayed experts are not what the learner's router
     // would pick at the step's start (0 on-policy with equal numerics).
@@ -747,6 +754,14 @@ absl::Status RlStep::Advantages() {
 absl::StatusOr<at::Tensor> RlStep::MicroLoss(int64_t a, int64_t e, int64_t T, double w, double mini_w,
                                              const actor::TokenLogProbsOutput& lp, const at::Tensor& aux) {
   at::Tensor mk = Rows(loss_mask, a, e, T);
+  // Context parallelism: this rank's positions only, weighed against its
+  // share (1/C) of the mini-batch (learner/context_parallel.h).
+  const int C = models.ContextRanks();
+  if (C > 1) {
+    mk = mk * models.ContextMask(e - a, T);
+    w = mk.sum().item<double>();
+    mini_w /= C;
+  }
   PolicyLossInputs in;
   in.logp = lp.logprobs;
   in.old_logp = reuse_forward ? lp.logprobs.detach() : Rows(old_logp, a, e, T);
@@ -801,7 +816,9 @@ absl::Status RlStep::TrainLoop() {
       const std::vector<double> weights = MicroWeights(micro);
       double mini_w = 0;
       for (double w : weights) mini_w += w;
-      RLMESH_RETURN_IF_ERROR(models.ZeroGradPolicy(mini_w));
+      // A context-parallel rank weighs 1/C of its replica's tokens.
+      const double local_w = mini_w / models.ContextRanks();
+      RLMESH_RETURN_IF_ERROR(models.ZeroGradPolicy(local_w));
       RLMESH_RETURN_IF_ERROR(models.ZeroGradCritic(mini_w));
       if (models.AlignedPasses()) {
         // ZeRO-3 and EP: as many forward/backward passes as the rank with the
@@ -846,7 +863,7 @@ absl::Status RlStep::TrainLoop() {
       fb_seconds += Since(t1);
       const auto t2 = Clock::now();
       lr = LearningRate(opt.optimizer().schedule, models.PolicySteps());
-      auto stats = models.StepPolicy(mini_w, lr);
+      auto stats = models.StepPolicy(local_w, lr);
       if (!stats.ok() && mini_w == 0 && stats.status().code() == absl::StatusCode::kInvalidArgument) {
         // Nothing to learn from on any rank (e.g. every group dropped as
         // zero-variance): the global weight is 0 and no update happens.
@@ -921,6 +938,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainRl(std::vector<TrajectoryGroup> 
       RLMESH_RETURN_IF_ERROR(step.Advantages());
       step.fb_seconds += Since(step.t_forward);
       RLMESH_RETURN_IF_ERROR(step.TrainLoop());
+      // CP: each rank's means were over its own positions.
+      RLMESH_RETURN_IF_ERROR(s.models.ShareContextMeans(&step.means, &step.mean_weight));
       step.Metrics();
       // PP: the loss and its metrics were the last stage's.
       RLMESH_RETURN_IF_ERROR(s.models.ShareLastStageMetrics(&m));

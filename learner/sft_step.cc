@@ -91,7 +91,10 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
       for (const Seq& q : seqs) lengths.push_back(q.ids.size());
     }
     const double local_tokens = seqs.empty() ? 0.0 : b.mask.sum().item<double>();
-    RLMESH_RETURN_IF_ERROR(s.models.ZeroGradPolicy(local_tokens));
+    // A context-parallel rank weighs 1/C of its replica's tokens
+    // (learner/context_parallel.h).
+    const int C = s.models.ContextRanks();
+    RLMESH_RETURN_IF_ERROR(s.models.ZeroGradPolicy(local_tokens / C));
     MetricMeans means;
     const auto t0 = Clock::now();
     auto micros = MicroBatches(lengths, 0, static_cast<int64_t>(lengths.size()), s.opt.learner.micro_tokens);
@@ -116,9 +119,15 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
     auto weight = [&](int64_t a, int64_t e) { return Rows(b.mask, a, e, longest(a, e)).sum().item<double>(); };
     auto micro_loss = [&](int64_t a, int64_t e, double w, const at::Tensor& logprobs) -> absl::StatusOr<at::Tensor> {
       if (w == 0) return logprobs.sum() * 0;  // a pipeline's schedule still runs it
-      RLMESH_ASSIGN_OR_RETURN(LossOutput out, SftLoss(logprobs, Rows(b.mask, a, e, longest(a, e)), LossAgg::kTokenMean));
+      at::Tensor mask = Rows(b.mask, a, e, longest(a, e));
+      if (C > 1) {
+        // This rank's positions only.
+        mask = mask * s.models.ContextMask(e - a, longest(a, e));
+        w = mask.sum().item<double>();
+      }
+      RLMESH_ASSIGN_OR_RETURN(LossOutput out, SftLoss(logprobs, mask, LossAgg::kTokenMean));
       means.Add(out.metrics, w);
-      return out.loss * (w / local_tokens);
+      return out.loss * (w / (local_tokens / C));
     };
     if (s.models.pp_policy && local_tokens > 0) {
       // The pipeline's 1F1B schedule; the last stage asks for the losses.
@@ -147,9 +156,11 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainSft() {
     fb_seconds = Since(t0);
     const auto t1 = Clock::now();
     const double lr = LearningRate(s.opt.optimizer().schedule, s.models.PolicySteps());
-    RLMESH_ASSIGN_OR_RETURN(DataParallelStepStats stats, s.models.StepPolicy(local_tokens, lr));
+    RLMESH_ASSIGN_OR_RETURN(DataParallelStepStats stats, s.models.StepPolicy(local_tokens / C, lr));
     RLMESH_RETURN_IF_ERROR(s.models.SyncPolicy());
     opt_seconds = Since(t1);
+    // CP: each rank's means were over its own positions.
+    RLMESH_RETURN_IF_ERROR(s.models.ShareContextMeans(&means, nullptr));
     std::map<std::string, double> vals;
     means.Into(&vals);
     for (auto& [k, v] : vals) m[k] = v;

@@ -44,6 +44,7 @@ LearnerSettings MakeLearnerSettings(const ExperimentConfig& exp) {
   l.pp = std::max(1, lc.pp());
   l.pp_microbatches = lc.pp_microbatches();
   l.pp_layers.assign(lc.pp_layers().begin(), lc.pp_layers().end());
+  l.cp = std::max(1, lc.cp());
   l.micro_tokens = lc.micro_batch_tokens();
   l.autocast_bf16 = lc.autocast() == "bf16";
   l.gradient_checkpointing = lc.gradient_checkpointing();
@@ -151,9 +152,9 @@ absl::Status NormalizeForLearner(ExperimentConfig* exp, int world_size) {
 absl::StatusOr<StageOptions> MakeStageOptions(const ExperimentConfig& exp, int stage_index, int shards) {
   StageOptions o;
   o.learner = MakeLearnerSettings(exp);
-  // The replicas split the data; a replica's tensor-parallel ranks and
-  // pipeline stages share it.
-  const int world_size = shards / (o.learner.tp * o.learner.pp);
+  // The replicas split the data; a replica's tensor-parallel ranks,
+  // pipeline stages and context-parallel ranks share it.
+  const int world_size = shards / o.learner.RanksPerReplica();
   const Stage& stage = exp.stages(stage_index);
   o.field = absl::StrCat("experiment.stages[", stage_index, "]");
   const std::string& sp = o.field;

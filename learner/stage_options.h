@@ -74,6 +74,11 @@ struct LearnerSettings {
   int pp_microbatches = 0;
   // learner.pp_layers: decoder layers per stage; empty = balanced.
   std::vector<int64_t> pp_layers;
+  // learner.cp: context-parallel ranks per replica
+  // (learner/context_parallel.h), splitting each row's tokens. Default 1.
+  int cp = 1;
+  // The ranks that train one replica's rows: tp x pp x cp.
+  int RanksPerReplica() const { return tp * pp * cp; }
   // Most padded tokens in one micro-batch. Default 8192.
   int64_t micro_tokens = 8192;
   // learner.autocast == "bf16": forward passes under bf16 autocast.

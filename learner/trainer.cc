@@ -194,9 +194,10 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   s.world = req.world_size();
   RLMESH_RETURN_IF_ERROR(NormalizeForLearner(s.request.mutable_experiment(), s.world));
   RLMESH_ASSIGN_OR_RETURN(s.opt, MakeStageOptions(exp, req.stage_index(), s.world));
-  // A replica's tensor-parallel ranks and pipeline stages share its rows.
-  s.data_rank = s.rank / (s.opt.learner.tp * s.opt.learner.pp);
-  s.data_world = s.world / (s.opt.learner.tp * s.opt.learner.pp);
+  // A replica's tensor-parallel ranks, pipeline stages and context-parallel
+  // ranks share its rows.
+  s.data_rank = s.rank / s.opt.learner.RanksPerReplica();
+  s.data_world = s.world / s.opt.learner.RanksPerReplica();
   RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, req.checkpoint_dir(), "checkpoint_dir"));
   RLMESH_RETURN_IF_ERROR(CheckWithinRoots(options_.write_roots, s.opt.pairs.output,
                                           absl::StrCat("experiment.stages[", req.stage_index(), "].reward_model.output")));
@@ -255,7 +256,7 @@ absl::StatusOr<ConfigureResponse> Trainer::Configure(const ConfigureRequest& req
   RLMESH_LOG(INFO) << "configured stage=" << s_->opt.name << " rank=" << s_->rank
                    << " world_size=" << s_->world
                    << " zero=" << (s_->opt.learner.zero3 ? 3 : s_->opt.learner.zero1 ? 1 : 0)
-                   << " tp=" << s_->opt.learner.tp << " ep=" << s_->opt.learner.ep << " pp=" << s_->opt.learner.pp
+                   << " tp=" << s_->opt.learner.tp << " ep=" << s_->opt.learner.ep << " pp=" << s_->opt.learner.pp << " cp=" << s_->opt.learner.cp
                    << " step=" << step_
                    << " version=" << version_;
   ConfigureResponse resp;

@@ -832,6 +832,55 @@ TEST_CASE("learner.pp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT; che
   }
 }
 
+TEST_CASE("learner.cp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT, with the same loss; checkpoints "
+          "resume") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(5, 7, 1e-3);
+  e.mutable_learner()->set_micro_batch_tokens(24);
+  Trainer single, untrained;
+  REQUIRE(single.Configure(Request(e, dir.File("ckpt_plain"))).ok());
+  REQUIRE(untrained.Configure(Request(e)).ok());
+  std::vector<double> losses;
+  for (int step = 0; step < 3; ++step) {
+    auto r = single.TrainStep(SftStep(step));
+    REQUIRE(r.ok());
+    losses.push_back(r->metrics().values().at("loss"));
+  }
+  REQUIRE(MaxAbsDiff(single, untrained) > 1e-3);
+  ExperimentConfig t = e;
+  t.mutable_learner()->set_cp(2);
+  SECTION("cp=2: every rank holds the whole policy and reports the replica's loss") {
+    Trainer ranks[2];
+    std::vector<double> rank_losses[2];
+    auto results = testing::TrainShards(ranks, 2, Request(t, dir.File("ckpt_cp")), dir.File("store"), 3, SftStep);
+    REQUIRE(results[0].ok());
+    REQUIRE(results[1].ok());
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    CHECK(MaxAbsDiff(single, ranks[1]) <= 1e-5);
+    // The next step's loss on both ranks is one process's.
+    auto r0 = std::async(std::launch::async, [&] { return ranks[0].TrainStep(SftStep(3)); });
+    auto r1 = ranks[1].TrainStep(SftStep(3));
+    auto s3 = single.TrainStep(SftStep(3));
+    auto a = r0.get();
+    REQUIRE(a.ok());
+    REQUIRE(r1.ok());
+    REQUIRE(s3.ok());
+    CHECK(std::abs(a->metrics().values().at("loss") - s3->metrics().values().at("loss")) < 1e-5);
+    CHECK(std::abs(r1->metrics().values().at("loss") - s3->metrics().values().at("loss")) < 1e-5);
+  }
+  SECTION("cp=2 x dp=2") {
+    Trainer ranks[4];
+    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_cp4")), dir.File("store4"), 3, SftStep);
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  }
+}
+
 TEST_CASE("learner.tp is refused by name where it is not built") {
   ExperimentConfig e = Tiny();
   e.mutable_learner()->set_tp(2);
@@ -895,7 +944,7 @@ double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const s
     INFO("rank " << r << ": " << results[r].ToString());
     REQUIRE(results[r].ok());
   }
-  if (e.learner().zero() != 3 && e.learner().tp() <= 1 && e.learner().pp() <= 1) {
+  if (e.learner().zero() != 3 && e.learner().tp() <= 1 && e.learner().pp() <= 1 && e.learner().cp() <= 1) {
     CHECK(MaxAbsDiff(ranks[0], ranks[1]) == 0.0);
   }
   return MaxAbsDiff(single, ranks[0]);
@@ -1093,6 +1142,26 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     ExperimentConfig q_plain = q;
     q.mutable_learner()->set_pp(2);
     CHECK(ShardedRlDiff(q, groups, dir.File("store_pp2_reuse"), &q_plain, 2) <= 1e-5);
+  }
+  SECTION("GRPO under learner.cp: 2, alone and x 2 replicas: KL to the reference over two mini-batches, and "
+          "REINFORCE++'s whitening over the replicas") {
+    ExperimentConfig p = e;
+    Stage s = GrpoStageOf(2, kLr);
+    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
+    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
+    *p.add_stages() = s;
+    p.mutable_learner()->set_micro_batch_tokens(40);
+    ExperimentConfig plain = p;
+    p.mutable_learner()->set_cp(2);
+    CHECK(ShardedRlDiff(p, groups, dir.File("store_cp2"), &plain, 2) <= 1e-5);
+    CHECK(ShardedRlDiff(p, groups, dir.File("store_cp2dp2"), &plain, 4) <= 1e-5);
+    ExperimentConfig r = e;
+    Stage rs = GrpoStageOf(2, kLr);
+    rs.mutable_grpo()->set_advantage("reinforce_pp");
+    *r.add_stages() = rs;
+    ExperimentConfig r_plain = r;
+    r.mutable_learner()->set_cp(2);
+    CHECK(ShardedRlDiff(r, groups, dir.File("store_cp2dp2_rpp"), &r_plain, 4) <= 1e-5);
   }
   // The critic is split like the policy under ZeRO-3 and TP: its weights
   // (read from the checkpoints) must equal one process's as the policy's

@@ -384,6 +384,39 @@ void CheckPipeline(Checker& c, ExperimentConfig* config) {
   }
 }
 
+// learner.cp: what context parallelism is built for.
+void CheckContextParallel(Checker& c, ExperimentConfig* config) {
+  LearnerConfig* l = config->mutable_learner();
+  if (l->cp() == 0) l->set_cp(1);
+  const int cp = l->cp();
+  const int others = std::max(1, l->tp()) * std::max(1, l->pp());
+  c.Require(cp >= 1 && cp * others <= l->shards() && l->shards() % (cp * others) == 0, "learner.cp",
+            absl::StrCat("must divide learner.shards (", l->shards(), ")"));
+  if (cp == 1) return;
+  const char* why = " with learner.cp > 1 is not built";
+  c.Require(l->tp() <= 1, "learner.tp", absl::StrCat("> 1", why));
+  c.Require(l->pp() <= 1, "learner.pp", absl::StrCat("> 1", why));
+  c.Require(l->ep() <= 1, "learner.ep", absl::StrCat("> 1", why));
+  c.Require(l->zero() == 0, "learner.zero", absl::StrCat(l->zero(), why, " (plain data parallelism is)"));
+  c.Require(l->autocast().empty() || l->autocast() == "fp32", "learner.autocast", absl::StrCat("bf16", why));
+  c.Require(!l->gradient_checkpointing(), "learner.gradient_checkpointing", absl::StrCat("true", why));
+  c.Require(config->model().device().empty() || config->model().device() == "cpu", "learner.cp",
+            "context parallelism runs on the CPU so far (Gloo)");
+  c.Require(config->model().lora().rank() <= 0, "model.lora", absl::StrCat("set", why));
+  c.Require(config->task().kind() != "text", "task.kind",
+            "text (rows of packed documents, which need attention masks) with learner.cp > 1 is not built");
+  for (int i = 0; i < config->stages_size(); ++i) {
+    const Stage& st = config->stages(i);
+    const std::string p = absl::StrCat("stages[", i, "]");
+    c.Require(st.has_sft() || st.has_grpo(), p,
+              "learner.cp > 1 is built for sft and grpo stages (not dpo, ppo or reward_model)");
+    c.Require(!st.has_sft() || !st.sft().packing(), p + ".sft.packing",
+              "true with learner.cp > 1 is not built (packed rows need attention masks)");
+    c.Require(!st.has_grpo() || st.grpo().rl().distillation().teacher().empty(), p + ".grpo.rl.distillation",
+              absl::StrCat("teacher", why));
+  }
+}
+
 // learner: shards, layouts, memory caps and micro-batches.
 void CheckLearner(Checker& c, ExperimentConfig* config) {
   LearnerConfig* l = config->mutable_learner();
@@ -407,6 +440,7 @@ void CheckLearner(Checker& c, ExperimentConfig* config) {
   c.Require(!l->sequence_parallel() || l->zero() != 3, "learner.sequence_parallel",
             "with learner.zero: 3 is not built (ZeRO-3 over tensor-parallel slices keeps the stream replicated)");
   CheckPipeline(c, config);
+  CheckContextParallel(c, config);
   if (l->ep() == 0) l->set_ep(1);
   c.Require(l->ep() >= 1 && l->ep() <= l->shards() && l->shards() % l->ep() == 0, "learner.ep",
             absl::StrCat("must divide learner.shards (", l->shards(), ")"));
@@ -575,6 +609,11 @@ void CheckStages(Checker& c, ExperimentConfig* config) {
         if (adv.empty()) st->mutable_grpo()->set_advantage("grpo");
         CheckRl(c, st->mutable_grpo()->mutable_rl(), p + ".grpo.rl", adv != "reinforce_pp",
                 adv == "dr_grpo" ? "seq-mean-token-sum-norm" : "token-mean", s->max_new_tokens());
+        // Under context parallelism a rank holds part of each sequence.
+        c.Require(l->cp() <= 1 || st->grpo().rl().loss_agg() == "token-mean", p + ".grpo.rl.loss_agg",
+                  "must be token-mean with learner.cp > 1 (a per-sequence mean needs every rank's tokens)");
+        c.Require(l->cp() <= 1 || st->grpo().rl().policy_loss() != "gspo", p + ".grpo.rl.policy_loss",
+                  "gspo with learner.cp > 1 is not built (its ratio is per sequence)");
         // The learner takes a refill step's groups first-in first-out: a
         // uniform or prioritized draw would mix in other steps' groups.
         c.Require(st->grpo().rl().dynamic_sampling().mode() != "refill" || b.sample_mode().empty() ||

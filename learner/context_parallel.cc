@@ -1,0 +1,332 @@
+#include "learner/context_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "actor/attention_inputs.h"
+#include "actor/rope.h"
+#include "actor/transformer.h"
+#include "common/status_macros.h"
+#include "parallel/token_inputs.h"
+
+namespace rlmesh::learner {
+
+struct ContextParallelModel::Impl {
+  actor::Transformer model{nullptr};
+  actor::RopeFrequencies rope;
+  c10::intrusive_ptr<c10d::Backend> group;  // null for one rank
+  int rank = 0, size = 1;
+  int64_t logprob_chunk = 128;
+};
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// rotate_half and RoPE on [B, T, heads, D] with cos/sin [B, T, D], the same
+// operations as the transformer's attention.
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos.unsqueeze(2) + RotateHalf(x) * sin.unsqueeze(2);
+}
+
+// Every rank's [B, kv, 2c, D] keys (or values) laid out in sequence order,
+// [B, kv, 2C c, D]: rank r's first half is chunk r, its second chunk
+// 2C - 1 - r.
+at::Tensor GatherSequence(c10d::Backend* group, int size, const at::Tensor& local) {
+  if (size == 1) return local;
+  std::vector<at::Tensor> in{local.contiguous()};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < size; ++r) out[0].push_back(at::empty_like(in[0]));
+  group->allgather(out, in)->wait();
+  const int64_t c = local.size(2) / 2;
+  std::vector<at::Tensor> chunks(2 * size);
+  for (int r = 0; r < size; ++r) {
+    chunks[r] = out[0][r].narrow(2, 0, c);
+    chunks[2 * size - 1 - r] = out[0][r].narrow(2, c, c);
+  }
+  return at::cat(chunks, 2);
+}
+
+// The rank's own part of a whole-sequence tensor laid out as GatherSequence
+// returns it, summed over the group first.
+at::Tensor ReduceToLocal(c10d::Backend* group, int size, int rank, at::Tensor whole) {
+  if (size > 1) {
+    std::vector<at::Tensor> t{whole};
+    group->allreduce(t)->wait();
+  }
+  const int64_t c = whole.size(2) / (2 * size);
+  return at::cat({whole.narrow(2, rank * c, c), whole.narrow(2, (2 * size - 1 - rank) * c, c)}, 2);
+}
+
+// Key/value heads repeated for grouped queries, [B, kv, T, D] ->
+// [B, kv * g, T, D] (query head h reads key head h / g, as SDPA's
+// enable_gqa does), and the gradient's sum back.
+at::Tensor ExpandHeads(const at::Tensor& x, int64_t g) { return g == 1 ? x : x.repeat_interleave(g, 1); }
+at::Tensor SumHeads(const at::Tensor& x, int64_t g) {
+  if (g == 1) return x;
+  return x.view({x.size(0), x.size(1) / g, g, x.size(2), x.size(3)}).sum(2);
+}
+
+// The blocks query chunk `g` (of length c) attends over: the chunks before
+// it, without a mask, and its own, causally. Each as (begin, length,
+// causal) on the key axis.
+std::vector<std::tuple<int64_t, int64_t, bool>> Blocks(int64_t g, int64_t c) {
+  std::vector<std::tuple<int64_t, int64_t, bool>> out;
+  if (g > 0) out.emplace_back(0, g * c, false);
+  out.emplace_back(g * c, c, true);
+  return out;
+}
+
+// Causal attention of this rank's queries over every rank's keys and
+// values. q [B, H, 2c, D]; k, v [B, kv, 2c, D], all after RoPE.
+struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+  static at::Tensor forward(AutogradContext* ctx, int64_t impl, double scale, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v) {
+    auto* im = reinterpret_cast<ContextParallelModel::Impl*>(impl);
+    const int64_t g = q.size(1) / k.size(1), c = q.size(2) / 2;
+    const at::Tensor K = ExpandHeads(GatherSequence(im->group.get(), im->size, k), g);
+    const at::Tensor V = ExpandHeads(GatherSequence(im->group.get(), im->size, v), g);
+    std::vector<at::Tensor> outs, lses;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t chunk = half == 0 ? im->rank : 2 * im->size - 1 - im->rank;
+      const at::Tensor qc = q.narrow(2, half * c, c);
+      at::Tensor o, lse;
+      for (const auto& [begin, len, causal] : Blocks(chunk, c)) {
+        auto [ob, lb] = at::_scaled_dot_product_flash_attention_for_cpu(qc, K.narrow(2, begin, len),
+                                                                        V.narrow(2, begin, len), 0.0, causal,
+                                                                        std::nullopt, scale);
+        if (!o.defined()) {
+          o = ob;
+          lse = lb;
+          continue;
+        }
+        // Two softmaxes over disjoint keys, merged by their normalisers.
+        const at::Tensor merged = at::logaddexp(lse, lb);
+        o = (lse - merged).exp().unsqueeze(-1) * o + (lb - merged).exp().unsqueeze(-1) * ob;
+        lse = merged;
+      }
+      outs.push_back(o.contiguous());
+      lses.push_back(lse.contiguous());
+    }
+    at::Tensor out = at::cat(outs, 2), lse = at::cat(lses, 2);
+    ctx->saved_data["impl"] = impl;
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({q, k, v, out, lse});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto* im = reinterpret_cast<ContextParallelModel::Impl*>(ctx->saved_data["impl"].toInt());
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const int64_t g = q.size(1) / k.size(1), c = q.size(2) / 2;
+    const at::Tensor K = ExpandHeads(GatherSequence(im->group.get(), im->size, k), g);
+    const at::Tensor V = ExpandHeads(GatherSequence(im->group.get(), im->size, v), g);
+    const at::Tensor dout = grad_out[0].contiguous();
+    at::Tensor dK = at::zeros_like(K), dV = at::zeros_like(V);
+    std::vector<at::Tensor> dqs;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t chunk = half == 0 ? im->rank : 2 * im->size - 1 - im->rank;
+      const at::Tensor qc = q.narrow(2, half * c, c), oc = out.narrow(2, half * c, c);
+      const at::Tensor lc = lse.narrow(2, half * c, c), dc = dout.narrow(2, half * c, c);
+      at::Tensor dq = at::zeros_like(qc);
+      for (const auto& [begin, len, causal] : Blocks(chunk, c)) {
+        // The whole row's output and normaliser: the block's share of the
+        // softmax, so its gradients are exact.
+        auto [dqb, dkb, dvb] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+            dc.contiguous(), qc.contiguous(), K.narrow(2, begin, len).contiguous(),
+            V.narrow(2, begin, len).contiguous(), oc.contiguous(), lc.contiguous(), 0.0, causal, std::nullopt,
+            scale);
+        dq = dq + dqb;
+        dK.narrow(2, begin, len).add_(dkb);
+        dV.narrow(2, begin, len).add_(dvb);
+      }
+      dqs.push_back(dq);
+    }
+    at::Tensor dk = ReduceToLocal(im->group.get(), im->size, im->rank, SumHeads(dK, g).contiguous());
+    at::Tensor dv = ReduceToLocal(im->group.get(), im->size, im->rank, SumHeads(dV, g).contiguous());
+    return {at::Tensor(), at::Tensor(), at::cat(dqs, 2), dk, dv};
+  }
+};
+
+// One decoder layer on this rank's tokens h [B, 2c, H].
+at::Tensor Layer(ContextParallelModel::Impl& im, actor::DecoderLayerImpl& layer, const at::Tensor& h,
+                 const at::Tensor& cos, const at::Tensor& sin) {
+  const actor::ModelConfig& c = im.model->config();
+  const int64_t B = h.size(0), T = h.size(1), D = c.HeadDim();
+  actor::AttentionImpl& a = *layer.self_attn;
+  const at::Tensor x = layer.input_layernorm(h);
+  at::Tensor q = a.q_proj(x).view({B, T, c.num_heads, D});
+  if (a.q_norm) q = a.q_norm(q);
+  at::Tensor k = a.k_proj(x).view({B, T, c.num_kv_heads, D});
+  if (a.k_norm) k = a.k_norm(k);
+  q = ApplyRope(q, cos, sin).transpose(1, 2);
+  k = ApplyRope(k, cos, sin).transpose(1, 2);
+  const at::Tensor v = a.v_proj(x).view({B, T, c.num_kv_heads, D}).transpose(1, 2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const at::Tensor o = AttentionFunction::apply(reinterpret_cast<int64_t>(&im), scale, q, k, v);
+  const at::Tensor y = h + a.o_proj(o.transpose(1, 2).reshape({B, T, c.num_heads * D}));
+  return y + layer.mlp(layer.post_attention_layernorm(y));
+}
+
+}  // namespace
+
+std::vector<int64_t> ZigZagPositions(int64_t T, int rank, int ranks) {
+  const int64_t chunks = 2 * static_cast<int64_t>(ranks);
+  const int64_t c = (T + chunks - 1) / chunks;
+  std::vector<int64_t> out;
+  for (int64_t chunk : {static_cast<int64_t>(rank), chunks - 1 - rank}) {
+    for (int64_t t = 0; t < c; ++t) out.push_back(chunk * c + t);
+  }
+  return out;
+}
+
+at::Tensor ZigZagMask(int64_t rows, int64_t T, int rank, int ranks) {
+  std::vector<int64_t> mine;
+  for (int64_t t : ZigZagPositions(T, rank, ranks)) {
+    if (t < T) mine.push_back(t);
+  }
+  return at::zeros({rows, T}, at::kFloat).index_fill(1, at::tensor(mine, at::kLong), 1.0);
+}
+
+absl::Status ValidateContextParallel(const actor::ModelConfig& config) {
+  if (config.NumMoeLayers() > 0) {
+    return absl::UnimplementedError("learner.cp: context parallelism is not built for MoE models");
+  }
+  if (config.value_head) {
+    return absl::UnimplementedError(
+        "learner.cp: context parallelism is not built for value-head models (reward models, critics)");
+  }
+  return absl::OkStatus();
+}
+
+ContextParallelModel::~ContextParallelModel() = default;
+
+absl::StatusOr<std::unique_ptr<ContextParallelModel>> ContextParallelModel::Create(
+    const actor::ModelConfig& config, c10::intrusive_ptr<c10d::Backend> group, int64_t logprob_chunk) {
+  RLMESH_RETURN_IF_ERROR(ValidateContextParallel(config));
+  try {
+    return Wrap(actor::Transformer(config), std::move(group), logprob_chunk);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("context-parallel model: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<ContextParallelModel>> ContextParallelModel::Wrap(
+    const actor::Transformer& model, c10::intrusive_ptr<c10d::Backend> group, int64_t logprob_chunk) {
+  RLMESH_RETURN_IF_ERROR(ValidateContextParallel(model->config()));
+  if (logprob_chunk <= 0) return absl::InvalidArgumentError("logprob_chunk: must be > 0");
+  std::unique_ptr<ContextParallelModel> m(new ContextParallelModel());
+  m->impl_ = std::make_unique<Impl>();
+  Impl& im = *m->impl_;
+  im.model = model;
+  try {
+    im.rope = actor::ComputeRope(model->config());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("context-parallel model: ", e.what()));
+  }
+  im.size = group ? group->getSize() : 1;
+  im.rank = group ? group->getRank() : 0;
+  im.group = im.size > 1 ? group : nullptr;
+  im.logprob_chunk = logprob_chunk;
+  m->rank_ = im.rank;
+  m->size_ = im.size;
+  return m;
+}
+
+absl::Status ContextParallelModel::LoadFromFull(const Named& full) {
+  std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  at::NoGradGuard no_grad;
+  for (auto& [name, p] : impl_->model->NamedParameters()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
+    if (it->second.sizes() != p.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": shape [", absl::StrJoin(it->second.sizes(), ", "),
+                                                     "], the model's is [", absl::StrJoin(p.sizes(), ", "), "]"));
+    }
+    p.copy_(it->second);
+  }
+  return absl::OkStatus();
+}
+
+ContextParallelModel::Named ContextParallelModel::NamedParameters() const { return impl_->model->NamedParameters(); }
+
+std::vector<at::Tensor> ContextParallelModel::Parameters() const { return impl_->model->parameters(); }
+
+absl::StatusOr<ContextParallelOutput> ContextParallelModel::TokenLogProbs(const at::Tensor& ids,
+                                                                        const at::Tensor& positions,
+                                                                        const at::Tensor& targets,
+                                                                        double temperature,
+                                                                        const at::Tensor& attention_mask) {
+  Impl& im = *impl_;
+  const actor::ModelConfig& c = im.model->config();
+  RLMESH_RETURN_IF_ERROR(parallel::ValidateTokenInputs(ids, positions, targets, temperature, c.vocab_size));
+  if (attention_mask.defined()) {
+    return absl::InvalidArgumentError(
+        "attention_mask: context parallelism takes right-padded rows without a mask (packed rows are not built)");
+  }
+  try {
+    const int64_t B = ids.size(0), T = ids.size(1);
+    const std::vector<int64_t> mine = ZigZagPositions(T, im.rank, im.size);
+    const int64_t padded = static_cast<int64_t>(mine.size()) * im.size;
+    // Padding past T: token 0 at the next positions, no target.
+    auto pad = [&](const at::Tensor& x, int64_t value) {
+      if (padded == T) return x;
+      return at::cat({x, at::full({B, padded - T}, value, x.options())}, 1);
+    };
+    const at::Tensor pos_padded =
+        padded == T ? positions
+                    : at::cat({positions, positions.narrow(1, T - 1, 1) + at::arange(1, padded - T + 1, positions.options())},
+                              1);
+    const at::Tensor index = at::tensor(mine, at::kLong);
+    const at::Tensor my_ids = pad(ids, 0).index_select(1, index);
+    const at::Tensor my_pos = pos_padded.index_select(1, index);
+    const at::Tensor my_targets = pad(targets, -1).index_select(1, index);
+    at::Tensor h = im.model->model->embed_tokens(my_ids);
+    auto [cos, sin] = actor::RopeCosSin(c, im.rope, my_pos, h.scalar_type());
+    for (const auto& layer : *im.model->model->layers) {
+      h = Layer(im, *layer->as<actor::DecoderLayerImpl>(), h, cos, sin);
+    }
+    RLMESH_ASSIGN_OR_RETURN(
+        actor::TokenLogProbsOutput local,
+        actor::TokenLogProbsFromHidden(im.model->model->norm(h), im.model->LmHeadWeight(), my_targets,
+                                       im.logprob_chunk, temperature));
+    // Back to [B, T]: the rank's positions inside T carry its values.
+    std::vector<int64_t> keep, at_t;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (mine[i] < T) {
+        keep.push_back(static_cast<int64_t>(i));
+        at_t.push_back(mine[i]);
+      }
+    }
+    const at::Tensor keep_i = at::tensor(keep, at::kLong), at_i = at::tensor(at_t, at::kLong);
+    auto place = [&](const at::Tensor& x) {
+      return at::zeros({B, T}, x.options()).index_copy(1, at_i, x.index_select(1, keep_i));
+    };
+    ContextParallelOutput out;
+    out.out = {place(local.logprobs), place(local.entropy)};
+    out.mine = ZigZagMask(B, T, im.rank, im.size);
+    return out;
+  } catch (const std::exception& e) {
+    return absl::AbortedError(absl::StrCat("context-parallel log-probs failed: ", e.what()));
+  }
+}
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,134 @@
+#pragma once
+
+// Context parallelism for the Llama / Qwen2 / Qwen3 family over a c10d group
+// of C ranks (Gloo on the CPU): each sequence's tokens are split over the
+// ranks, every rank holding the whole (replicated) model.
+//
+// Split. A row of T tokens (padded to a multiple of 2C) is cut into 2C
+// chunks and rank r takes chunks r and 2C - 1 - r (the "zig-zag" split), so
+// that under causal attention every rank attends over the same number of
+// key-query pairs. Embedding, MLPs, norms and the output head run on the
+// rank's own tokens only: activations are 1/C of one process's.
+//
+// Attention. Each layer all-gathers the keys and values of every rank
+// (after RoPE; [rows, kv_heads, T, head_dim] in all, for one layer at a
+// time), and each of the rank's two query chunks attends over the chunks
+// before it (no mask) and its own chunk (causal) with the CPU flash kernel,
+// the two merged by their log-sum-exps. The backward pass gathers the keys
+// and values again, runs the flash kernel's backward per block against the
+// merged output and log-sum-exp (which is exact: the block's softmax is the
+// whole row's), and sums the keys' and values' gradients over the group so
+// that each rank keeps its own tokens'. Only the rank's own queries, keys,
+// values, outputs and log-sum-exps are kept between the passes. The keys
+// travel by one all-gather per layer and pass, not a ring of C - 1
+// exchanges overlapped with the blocks' compute (docs/design/parallelism.md).
+//
+// Gradients. Every rank's loss covers its own tokens, but its gradient also
+// reaches the other ranks' keys and values (the backward's sum over the
+// group), so the ranks of a replica must scale their losses alike. With
+// DataParallel's convention (learner/data_parallel.h) over a group holding
+// every rank, each rank's local weight is its replica's loss weight / C
+// (the same on all its context ranks) and its loss is the sum over its own
+// tokens divided by that weight; the averaged gradient is then one
+// process's token mean. A rank's share of the tokens may differ from 1/C
+// (padding, masks): weighing each rank by its own tokens would scale the
+// cross-rank terms wrongly. A loss that needs whole sequences (a
+// per-sequence mean) is not built.
+//
+// Limits, refused by name: MoE layers, a value head, attention masks
+// (packed rows; right padding needs none under causal attention).
+//
+// Collectives: every rank of the group must make the same calls with the
+// same [rows, T] shapes. A failed collective returns ABORTED.
+//
+// Not thread-safe: one ContextParallelModel per rank, used by one thread.
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "actor/logprobs.h"
+#include "actor/model_config.h"
+
+namespace rlmesh::actor {
+class Transformer;
+}  // namespace rlmesh::actor
+
+namespace rlmesh::learner {
+
+// The positions [0, T_padded) that rank `rank` of `ranks` holds, in its
+// order: chunk rank, then chunk 2 * ranks - 1 - rank, of T_padded / (2 *
+// ranks) each, where T_padded is T rounded up to a multiple of 2 * ranks.
+std::vector<int64_t> ZigZagPositions(int64_t T, int rank, int ranks);
+
+// OK when `config` can run under context parallelism; UNIMPLEMENTED naming
+// the field otherwise.
+absl::Status ValidateContextParallel(const actor::ModelConfig& config);
+
+struct ContextParallelOutput {
+  // Log-probs and entropies of every position, [rows, T] fp32: the rank's
+  // own positions carry values (and gradient); the others are 0.
+  actor::TokenLogProbsOutput out;
+  // 1 at the rank's own positions, 0 elsewhere, [rows, T] fp32.
+  at::Tensor mine;
+};
+
+// ContextParallelOutput::mine for [rows, T] inputs on rank `rank` of
+// `ranks`.
+at::Tensor ZigZagMask(int64_t rows, int64_t T, int rank, int ranks);
+
+class ContextParallelModel {
+ public:
+  using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+  // Rank `group->getRank()` of a context-parallel group (null = one rank
+  // holding every token). Weights as the model initialises them.
+  static absl::StatusOr<std::unique_ptr<ContextParallelModel>> Create(const actor::ModelConfig& config,
+                                                                      c10::intrusive_ptr<c10d::Backend> group,
+                                                                      int64_t logprob_chunk = 128);
+  // The same around an existing model, whose parameters it shares (the
+  // learner's policy: its optimizer, checkpoints and weight sync see the
+  // one module).
+  static absl::StatusOr<std::unique_ptr<ContextParallelModel>> Wrap(const actor::Transformer& model,
+                                                                    c10::intrusive_ptr<c10d::Backend> group,
+                                                                    int64_t logprob_chunk = 128);
+  ~ContextParallelModel();
+  ContextParallelModel(const ContextParallelModel&) = delete;
+  ContextParallelModel& operator=(const ContextParallelModel&) = delete;
+
+  // Copies the whole model's weights (Hugging Face names). INVALID_ARGUMENT
+  // naming a missing or misshapen parameter.
+  absl::Status LoadFromFull(const Named& full);
+  // The model's parameters under Hugging Face names (every rank holds them
+  // all), and as the optimizer takes them.
+  Named NamedParameters() const;
+  std::vector<at::Tensor> Parameters() const;
+
+  // Per-token log-probs of `targets` (-1 = none) at this rank's positions
+  // of [rows, T] int64 ids and positions; see ContextParallelOutput.
+  // INVALID_ARGUMENT for bad inputs or an attention mask (before any
+  // collective); ABORTED when a collective fails.
+  absl::StatusOr<ContextParallelOutput> TokenLogProbs(const at::Tensor& input_ids, const at::Tensor& positions,
+                                                      const at::Tensor& targets, double temperature = 1.0,
+                                                      const at::Tensor& attention_mask = {});
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  struct Impl;
+
+ private:
+  ContextParallelModel() = default;
+  int rank_ = 0;
+  int size_ = 1;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rlmesh::learner

@@ -1,0 +1,231 @@
+// Context parallelism must compute and train as one process: Gloo groups on
+// threads over a HashStore, each rank a ContextParallelModel holding its
+// zig-zag share of every row's tokens; the log-probs equal the whole
+// model's, and three clipped AdamW steps (DataParallel over every rank,
+// each weighing 1/C of its replica's loss tokens) give one process's weights within
+// 1e-5 at cp = 2 and cp = 4 and cp = 2 x dp = 2, for Llama and Qwen3.
+#include "learner/context_parallel.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "dist/gloo.h"
+#include "dist/store.h"
+#include "learner/data_parallel.h"
+#include "learner/testing/model_parallel_testing.h"
+
+namespace rlmesh::learner {
+namespace {
+
+using namespace model_parallel_testing;  // NOLINT: the shared fixture
+
+// Rows of `t` tokens with next-token targets, the last row padded after
+// two thirds of them.
+Batch LongBatch(int64_t rows, int64_t t) {
+  at::manual_seed(21);
+  Batch b;
+  b.ids = at::randint(0, 48, {rows, t}, at::kLong);
+  b.pos = at::arange(t, at::kLong).unsqueeze(0).expand({rows, t}).contiguous();
+  b.mask = at::ones({rows, t}, at::kFloat);
+  b.targets = at::full({rows, t}, -1, at::kLong);
+  b.targets.narrow(1, 0, t - 1).copy_(b.ids.narrow(1, 1, t - 1));
+  const int64_t real = 2 * t / 3;
+  b.mask[rows - 1].narrow(0, real, t - real).zero_();
+  b.targets[rows - 1].narrow(0, real - 1, t - real + 1).fill_(-1);
+  return b;
+}
+
+struct RankRun {
+  std::vector<double> norms;
+  Named weights;
+  at::Tensor logprobs;  // the first forward's, at this rank's positions
+  at::Tensor mine;
+  Named first_grads;  // the first step's averaged gradient
+};
+
+// `world` = dp x cp ranks on threads (rank = replica * cp + context rank):
+// every rank in one group for the optimizer, each replica's ranks in a
+// context-parallel group; replica d trains rows [d * B/dp, ...).
+std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Named& init, const Batch& batch,
+                                          int cp, int dp) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::future<absl::StatusOr<RankRun>>> futures;
+  std::vector<std::vector<c10::intrusive_ptr<c10d::Backend>>> keep(cp * dp);
+  const int64_t per = batch.ids.size(0) / dp;
+  for (int rank = 0; rank < cp * dp; ++rank) {
+    futures.push_back(std::async(std::launch::async, [&, rank]() -> absl::StatusOr<RankRun> {
+      const int d = rank / cp, r = rank % cp;
+      dist::GlooGroupOptions gloo;
+      gloo.timeout_ms = 60'000;
+      auto world = dist::CreateGlooGroup(dist::WithPrefix(store, "world"), rank, cp * dp, gloo);
+      if (!world.ok()) return world.status();
+      keep[rank].push_back(*world);
+      c10::intrusive_ptr<c10d::Backend> group;
+      if (cp > 1) {
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, absl::StrCat("cp", d)), r, cp, gloo);
+        if (!g.ok()) return g.status();
+        group = *g;
+        keep[rank].push_back(group);
+      }
+      auto model = ContextParallelModel::Create(c, group, 4);
+      if (!model.ok()) return model.status();
+      absl::Status s = (*model)->LoadFromFull(init);
+      if (!s.ok()) return s;
+      auto opt = DataParallel::Create(*world, (*model)->Parameters(), Optimizer());
+      if (!opt.ok()) return opt.status();
+      const Batch rows = Rows(batch, d * per, d == dp - 1 ? batch.ids.size(0) - d * per : per);
+      RankRun run;
+      for (int step = 0; step < kSteps; ++step) {
+        (*opt)->ZeroGrad();
+        auto out = (*model)->TokenLogProbs(rows.ids, rows.pos, rows.targets, 0.9);
+        if (!out.ok()) return out.status();
+        if (step == 0) {
+          run.logprobs = out->out.logprobs.detach().clone();
+          run.mine = out->mine;
+        }
+        // The replica's loss tokens split evenly over its context ranks: each
+        // rank's gradient reaches the others' keys and values, so every rank
+        // scales its tokens' sum alike (see context_parallel.h).
+        const at::Tensor valid = rows.targets.ge(0).to(at::kFloat) * out->mine;
+        const double w = Weight(rows) / cp;
+        at::Tensor loss = -(out->out.logprobs * valid).sum() / w - 0.01 * (out->out.entropy * valid).sum() / w;
+        loss.backward();
+        if (step == 0) {
+          // DataParallel's average, taken here to compare before AdamW.
+          at::Tensor total = at::full({1}, w, at::kDouble);
+          std::vector<at::Tensor> t{total};
+          (*world)->allreduce(t)->wait();
+          for (auto& [name, p] : (*model)->NamedParameters()) {
+            std::vector<at::Tensor> g{p.grad().mul(w).contiguous()};
+            (*world)->allreduce(g)->wait();
+            run.first_grads.emplace_back(name, g[0] / total.item<double>());
+          }
+        }
+        auto stats = (*opt)->Step(w, kLr);
+        if (!stats.ok()) return stats.status();
+        run.norms.push_back(stats->grad_norm);
+      }
+      for (auto& [name, p] : (*model)->NamedParameters()) run.weights.emplace_back(name, p.detach().clone());
+      return run;
+    }));
+  }
+  std::vector<RankRun> out;
+  for (auto& f : futures) {
+    REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    auto r = f.get();
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    out.push_back(*r);
+  }
+  return out;
+}
+
+// One process's first gradient of the fixture's loss on `batch`.
+Named FirstGradients(const actor::ModelConfig& c, const Named& init, const Batch& batch) {
+  actor::Transformer m(c);
+  {
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> src(init.begin(), init.end());
+    for (auto& [name, p] : m->NamedParameters()) p.copy_(src.at(name));
+  }
+  auto out = actor::TokenLogProbs(m, batch.ids, batch.pos, batch.targets, 4, 0.9, batch.mask);
+  REQUIRE(out.ok());
+  Loss(*out, batch.targets).backward();
+  Named g;
+  for (auto& [name, p] : m->NamedParameters()) g.emplace_back(name, p.grad().clone());
+  return g;
+}
+
+// `tolerance` on the weights after three steps: AdamW divides by sqrt(v),
+// which magnifies the gradients' last-bit differences (the other summation
+// order of the ranks' parts) for the entries whose gradient is small;
+// the first gradient itself is held to 1e-6.
+void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, int dp, double tolerance = 3e-5) {
+  CAPTURE(arch, cp, dp, batch.ids.size(1));
+  actor::ModelConfig c = SmallConfig(arch);
+  const Named init = InitialWeights(c);
+  const Run ref = Reference(c, init, batch);
+  const Named ref_grads = FirstGradients(c, init, batch);
+  REQUIRE(ref.norms[0] > Optimizer().grad_clip);
+  REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
+  // The first forward's log-probs, laid side by side, are the whole model's.
+  at::Tensor whole_lp;
+  {
+    actor::Transformer m(c);
+    torch::NoGradGuard no_grad;
+    std::map<std::string, at::Tensor> src(init.begin(), init.end());
+    for (auto& [name, p] : m->NamedParameters()) p.copy_(src.at(name));
+    auto o = actor::TokenLogProbs(m, batch.ids, batch.pos, batch.targets, 4, 0.9, batch.mask);
+    REQUIRE(o.ok());
+    whole_lp = o->logprobs;
+  }
+  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, cp, dp);
+  const int64_t per = batch.ids.size(0) / dp;
+  for (int d = 0; d < dp; ++d) {
+    at::Tensor joined = at::zeros_like(runs[d * cp].logprobs), covered = at::zeros_like(runs[d * cp].mine);
+    for (int r = 0; r < cp; ++r) {
+      joined = joined + runs[d * cp + r].logprobs;
+      covered = covered + runs[d * cp + r].mine;
+    }
+    // Every position held by exactly one rank.
+    CHECK(at::equal(covered, at::ones_like(covered)));
+    const int64_t n = d == dp - 1 ? batch.ids.size(0) - d * per : per;
+    CHECK(AbsDiffMax(joined, whole_lp.narrow(0, d * per, n)) < 1e-5);
+  }
+  for (const RankRun& r : runs) {
+    CHECK(MaxAbsDiff(r.first_grads, ref_grads) < 1e-6);
+    for (int step = 0; step < kSteps; ++step) CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
+    CHECK(MaxAbsDiff(r.weights, ref.weights) < tolerance);
+  }
+}
+
+TEST_CASE("the zig-zag split: rank r holds chunks r and 2C - 1 - r, T padded to a multiple of 2C") {
+  CHECK(ZigZagPositions(8, 0, 2) == std::vector<int64_t>{0, 1, 6, 7});
+  CHECK(ZigZagPositions(8, 1, 2) == std::vector<int64_t>{2, 3, 4, 5});
+  CHECK(ZigZagPositions(7, 1, 2) == std::vector<int64_t>{2, 3, 4, 5});
+  CHECK(ZigZagPositions(7, 0, 2) == std::vector<int64_t>{0, 1, 6, 7});  // 7 is padding
+  CHECK(ZigZagPositions(16, 3, 4) == std::vector<int64_t>{6, 7, 8, 9});
+}
+
+TEST_CASE("cp=2 and cp=4 equal one process: log-probs and three clipped AdamW steps, llama and qwen3") {
+  for (const char* arch : {"llama", "qwen3"}) {
+    CheckEqualsReference(arch, MakeBatch(), 2, 1);
+    CheckEqualsReference(arch, LongBatch(2, 29), 2, 1);
+    CheckEqualsReference(arch, LongBatch(2, 29), 4, 1);
+  }
+}
+
+TEST_CASE("cp=2 x dp=2 equals one process") {
+  for (const char* arch : {"llama", "qwen3"}) CheckEqualsReference(arch, LongBatch(4, 24), 2, 2);
+}
+
+TEST_CASE("context parallelism refuses attention masks, MoE and value-head models by name") {
+  auto m = ContextParallelModel::Create(SmallConfig("llama"), nullptr);
+  REQUIRE(m.ok());
+  const Batch b = MakeBatch();
+  auto masked = (*m)->TokenLogProbs(b.ids, b.pos, b.targets, 1.0, b.mask);
+  CHECK(masked.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(masked.status().message(), "attention_mask"));
+  actor::ModelConfig moe = SmallConfig("qwen3");
+  moe.arch = "qwen3_moe";
+  moe.num_experts = 4;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 16;
+  CHECK(absl::StrContains(ValidateContextParallel(moe).message(), "MoE"));
+  actor::ModelConfig value = SmallConfig("llama");
+  value.value_head = true;
+  CHECK(ValidateContextParallel(value).code() == absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace rlmesh::learner
