@@ -1,0 +1,73 @@
+"""Context parallelism's activation memory per rank against one process with
+the whole row (bench/context_parallel.md).
+
+For each row length, one process (`--world=1`) and the C ranks of a
+context-parallel step (`--world=C`, separate processes over a file store)
+each run bench/context_parallel_bench; the layouts alternate within every
+repeat. The report gives, per length, the median activation MiB of one
+process and of the largest rank, their ratio against 1/C, and the step
+times.
+
+    bazel build -c opt //bench:context_parallel_bench
+    python3 bench/context_parallel.py --tokens 4096 16384 --ranks 2 --repeats 3
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bazel-bin", "bench", "context_parallel_bench")
+LINE = re.compile(r"activation_mib=([0-9.]+) step_seconds=([0-9.]+)")
+
+
+def run(world, tokens, extra):
+    """[(activation MiB, seconds)] of every rank of one step."""
+    with tempfile.TemporaryDirectory() as d:
+        store = os.path.join(d, "store")
+        procs = [subprocess.Popen([BIN, f"--world={world}", f"--rank={r}", f"--store={store}", f"--tokens={tokens}"]
+                                  + extra, stdout=subprocess.PIPE, text=True) for r in range(world)]
+        out = []
+        for p in procs:
+            text, _ = p.communicate(timeout=1800)
+            if p.returncode != 0:
+                sys.exit(f"context_parallel_bench --world={world} failed ({p.returncode})")
+            m = LINE.search(text)
+            out.append((float(m.group(1)), float(m.group(2))))
+        return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("extra", nargs="*", help="flags passed on to the binary (after --)")
+    a = ap.parse_args()
+    rows = []
+    for tokens in a.tokens:
+        one, cp, t_one, t_cp = [], [], [], []
+        for rep in range(a.repeats):
+            order = [1, a.ranks] if rep % 2 == 0 else [a.ranks, 1]
+            for world in order:
+                ranks = run(world, tokens, a.extra)
+                mib = max(m for m, _ in ranks)
+                sec = max(s for _, s in ranks)
+                (one if world == 1 else cp).append(mib)
+                (t_one if world == 1 else t_cp).append(sec)
+        m1, mc = statistics.median(one), statistics.median(cp)
+        rows.append((tokens, m1, min(one), max(one), mc, min(cp), max(cp), mc / m1, statistics.median(t_one),
+                     statistics.median(t_cp)))
+    print(f"C = {a.ranks}, {a.repeats} repeats, medians (min-max)")
+    print("| tokens | one process MiB | largest rank MiB | rank / one process (target <= 1/C + 0.10) "
+          "| one process s | context-parallel s |")
+    print("|---|---|---|---|---|---|")
+    for t, m1, l1, h1, mc, lc, hc, r, s1, sc in rows:
+        print(f"| {t} | {m1:.0f} ({l1:.0f}-{h1:.0f}) | {mc:.0f} ({lc:.0f}-{hc:.0f}) | {r:.3f} "
+              f"(<= {1 / a.ranks + 0.10:.2f}) | {s1:.2f} | {sc:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
