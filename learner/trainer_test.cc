@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actor/checkpoint.h"
 #include "actor/generate.h"
@@ -1123,45 +1124,35 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     t.mutable_learner()->set_zero(3);
     CHECK(ShardedRlDiff(t, groups, dir.File("store_tp2dp2z3"), &plain, 4) <= 1e-5);
   }
-  SECTION("GRPO under learner.pp: 2, alone and x 2 replicas: KL to the reference over two mini-batches, and "
-          "old log-probs from the training forward") {
-    ExperimentConfig p = e;
-    Stage s = GrpoStageOf(2, kLr);
-    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
-    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
-    *p.add_stages() = s;
-    p.mutable_learner()->set_micro_batch_tokens(40);
-    ExperimentConfig plain = p;
-    p.mutable_learner()->set_pp(2);
-    CHECK(ShardedRlDiff(p, groups, dir.File("store_pp2"), &plain, 2) <= 1e-5);
-    CHECK(ShardedRlDiff(p, groups, dir.File("store_pp2dp2"), &plain, 4) <= 1e-5);
-    // One mini-batch, no reference: the last stage takes the old log-probs
-    // from its training forward.
-    ExperimentConfig q = e;
-    *q.add_stages() = GrpoStageOf(2, kLr);
-    ExperimentConfig q_plain = q;
-    q.mutable_learner()->set_pp(2);
-    CHECK(ShardedRlDiff(q, groups, dir.File("store_pp2_reuse"), &q_plain, 2) <= 1e-5);
-  }
-  SECTION("GRPO under learner.cp: 2, alone and x 2 replicas: KL to the reference over two mini-batches, and "
-          "REINFORCE++'s whitening over the replicas") {
-    ExperimentConfig p = e;
-    Stage s = GrpoStageOf(2, kLr);
-    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
-    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
-    *p.add_stages() = s;
-    p.mutable_learner()->set_micro_batch_tokens(40);
-    ExperimentConfig plain = p;
-    p.mutable_learner()->set_cp(2);
-    CHECK(ShardedRlDiff(p, groups, dir.File("store_cp2"), &plain, 2) <= 1e-5);
-    CHECK(ShardedRlDiff(p, groups, dir.File("store_cp2dp2"), &plain, 4) <= 1e-5);
-    ExperimentConfig r = e;
-    Stage rs = GrpoStageOf(2, kLr);
-    rs.mutable_grpo()->set_advantage("reinforce_pp");
-    *r.add_stages() = rs;
-    ExperimentConfig r_plain = r;
-    r.mutable_learner()->set_cp(2);
-    CHECK(ShardedRlDiff(r, groups, dir.File("store_cp2dp2_rpp"), &r_plain, 4) <= 1e-5);
+  SECTION("GRPO under learner.pp: 2 and learner.cp: 2, alone and x 2 replicas: KL to the reference over two "
+          "mini-batches, on-policy old log-probs (PP), REINFORCE++'s whitening over the replicas") {
+    for (const char* layout : {"pp", "cp"}) {
+      CAPTURE(layout);
+      const bool pp = std::string(layout) == "pp";
+      auto split = [&](ExperimentConfig c) {
+        if (pp) c.mutable_learner()->set_pp(2);
+        if (!pp) c.mutable_learner()->set_cp(2);
+        return c;
+      };
+      ExperimentConfig p = e;
+      Stage s = GrpoStageOf(2, kLr);
+      s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
+      s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
+      *p.add_stages() = s;
+      p.mutable_learner()->set_micro_batch_tokens(40);
+      CHECK(ShardedRlDiff(split(p), groups, dir.File(absl::StrCat("store_", layout, "2")), &p, 2) <= 1e-5);
+      CHECK(ShardedRlDiff(split(p), groups, dir.File(absl::StrCat("store_", layout, "2dp2")), &p, 4) <= 1e-5);
+      // One mini-batch, no reference: the last stage takes the old
+      // log-probs from its training forward (CP recomputes them).
+      ExperimentConfig q = e;
+      *q.add_stages() = GrpoStageOf(2, kLr);
+      CHECK(ShardedRlDiff(split(q), groups, dir.File(absl::StrCat("store_", layout, "2_reuse")), &q, 2) <= 1e-5);
+      ExperimentConfig r = e;
+      Stage rs = GrpoStageOf(2, kLr);
+      rs.mutable_grpo()->set_advantage("reinforce_pp");
+      *r.add_stages() = rs;
+      CHECK(ShardedRlDiff(split(r), groups, dir.File(absl::StrCat("store_", layout, "2dp2_rpp")), &r, 4) <= 1e-5);
+    }
   }
   // The critic is split like the policy under ZeRO-3 and TP: its weights
   // (read from the checkpoints) must equal one process's as the policy's
