@@ -525,7 +525,7 @@ absl::Status ModelSet::GatherIntoRank0() {
   } else if (pp_policy) {
     // The replicas hold the same stages: replica 0's stages gather them.
     if (dp_group && dp_group->getRank() != 0) return absl::OkStatus();
-    RLMESH_ASSIGN_OR_RETURN(full, pp_policy->GatherFull());
+    RLMESH_ASSIGN_OR_RETURN(full, pp_policy->GatherToFirst());
     if (pp_policy->stage() != 0) return absl::OkStatus();
   } else if (ep_policy) {
     // The groups hold the same experts: the first group's ranks gather them.

@@ -480,6 +480,33 @@ absl::StatusOr<PipelineModel::Named> PipelineModel::GatherFull() {
   return out;
 }
 
+absl::StatusOr<PipelineModel::Named> PipelineModel::GatherToFirst() {
+  Impl& im = *impl_;
+  if (!im.pipeline) return GatherFull();
+  // Tags above the schedule's (which stay below 2^30) and the tied
+  // exchange's (2^30).
+  constexpr int kTagBase = (1 << 30) + 1;
+  Named out;
+  try {
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sends;
+    for (size_t i = 0; i < im.all.size(); ++i) {
+      const Impl::Param& p = im.all[i];
+      if (stage_ == 0) {
+        std::vector<at::Tensor> t{p.stage == 0 ? im.mine.at(p.name).detach().clone() : at::empty(p.shape, at::kFloat)};
+        if (p.stage != 0) im.pipeline->recv(t, p.stage, kTagBase + static_cast<int>(i))->wait();
+        out.emplace_back(p.name, t[0]);
+      } else if (p.stage == stage_) {
+        std::vector<at::Tensor> t{im.mine.at(p.name).detach().contiguous()};
+        sends.emplace_back(im.pipeline->send(t, 0, kTagBase + static_cast<int>(i)), t[0]);
+      }
+    }
+    for (auto& s : sends) s.first->wait();
+  } catch (const std::exception& e) {
+    return absl::AbortedError(absl::StrCat("pipeline gather to the first stage failed: ", e.what()));
+  }
+  return out;
+}
+
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments() {
   Impl& im = *impl_;
   if (!im.optimizer) return absl::FailedPreconditionError("GatherMoments: the pipeline model is frozen");

@@ -163,6 +163,10 @@ class PipelineModel {
   // order, on every stage (each stage broadcasts its own). ABORTED when a
   // collective fails.
   absl::StatusOr<Named> GatherFull();
+  // The same on the first stage only, each stage sending its own
+  // parameters there point to point (weight sync: no other stage holds the
+  // whole model); the other stages get an empty list.
+  absl::StatusOr<Named> GatherToFirst();
   // AdamW's moments, (exp_avg, exp_avg_sq), in DataParallel's flat layout of
   // the whole model (NamedParameters() order), on every stage.
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> GatherMoments();

@@ -182,6 +182,14 @@ absl::StatusOr<StageRun> TrainStage(const actor::ModelConfig& c, const Start& st
   auto full = pm.GatherFull();
   if (!full.ok()) return full.status();
   r.weights = *full;
+  // Weight sync's gather: the whole model on the first stage only, the
+  // same bits as the broadcast's.
+  auto first = pm.GatherToFirst();
+  if (!first.ok()) return first.status();
+  if (pm.stage() == 0 && parallel::model_testing::MaxAbsDiffOrMinusOne(*first, *full) != 0) {
+    return absl::InternalError("GatherToFirst differs from GatherFull on the first stage");
+  }
+  if (pm.stage() != 0 && !first->empty()) return absl::InternalError("GatherToFirst returned weights off stage 0");
   auto moments = pm.GatherMoments();
   if (!moments.ok()) return moments.status();
   r.exp_avg = moments->first;
