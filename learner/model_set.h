@@ -24,10 +24,10 @@
 #include "actor/transformer.h"
 #include "dist/gloo.h"
 #include "dist/store.h"
-#include "learner/data_parallel.h"
-#include "learner/expert_parallel.h"
 #include "learner/batching.h"
 #include "learner/context_parallel.h"
+#include "learner/data_parallel.h"
+#include "learner/expert_parallel.h"
 #include "learner/fully_sharded.h"
 #include "learner/pipeline_parallel.h"
 #include "learner/stage_options.h"
@@ -199,7 +199,8 @@ struct ModelSet {
   // ZeRO-3 and TP every rank reads it whole and keeps its part).
   absl::Status LoadCriticWeights(const std::string& dir);
   // Sums `t` over the learner's data-parallel replicas in place (alone:
-  // unchanged): the whole group, or under TP and PP the replicas'.
+  // unchanged): the whole group, or under TP, PP and CP the replicas' (a
+  // replica's ranks hold the same rows).
   absl::Status AllReduceSum(at::Tensor& t);
   // learner.pp > 1: the last stage's step metrics `m` to every stage of its
   // pipeline (only the last stage computes the loss); every stage must call
