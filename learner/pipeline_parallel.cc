@@ -7,6 +7,7 @@
 #include <chrono>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <utility>
@@ -34,12 +35,6 @@ constexpr const char* kEmbedding = "model.embed_tokens.weight";
 int64_t LayerOf(const std::string& name) {
   if (!absl::StartsWith(name, "model.layers.")) return -1;
   return std::stoll(name.substr(13, name.find('.', 13) - 13));
-}
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 // Parameters of one dense decoder layer, of the embedding and of the
@@ -138,6 +133,9 @@ struct PipelineModel::Impl {
     int stage = 0;
   };
   std::vector<Param> all;
+  // Elements of each stage's parameters: consecutive ranges of the whole
+  // model's flat layout, in stage order.
+  std::vector<int64_t> stage_numel;
   // This stage's parameters by name (the module's tensors) and, on the last
   // stage of a tied model split over stages, the embedding's copy.
   std::map<std::string, at::Tensor> mine;
@@ -265,9 +263,11 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
     };
     at::NoGradGuard no_grad;
     const bool tied_copy = config.tie_embeddings && stages > 1 && m->stage_ == stages - 1;
+    im.stage_numel.assign(stages, 0);
     for (auto& [name, p] : im.model->NamedParameters()) {
       const int s = stage_of(name);
       im.all.push_back({name, p.sizes().vec(), s});
+      im.stage_numel[s] += p.numel();
       if (s == m->stage_) {
         im.mine[name] = p;
         im.trained.push_back(p);
@@ -510,9 +510,7 @@ absl::StatusOr<PipelineModel::Named> PipelineModel::GatherToFirst() {
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments() {
   Impl& im = *impl_;
   if (!im.optimizer) return absl::FailedPreconditionError("GatherMoments: the pipeline model is frozen");
-  // Stage s's parameters are a contiguous range of the whole flat layout.
-  std::vector<int64_t> counts(stages_, 0);
-  for (const Impl::Param& p : im.all) counts[p.stage] += Numel(p.shape);
+  const std::vector<int64_t>& counts = im.stage_numel;
   std::vector<at::Tensor> m, v;
   try {
     for (int s = 0; s < stages_; ++s) {
@@ -537,14 +535,9 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments()
 absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps) {
   Impl& im = *impl_;
   if (!im.optimizer) return absl::FailedPreconditionError("LoadMoments: the pipeline model is frozen");
-  int64_t total = 0, begin = 0, count = 0, embedding = 0;
-  for (const Impl::Param& p : im.all) {
-    const int64_t n = Numel(p.shape);
-    if (p.stage < stage_) begin += n;
-    if (p.stage == stage_) count += n;
-    if (p.name == kEmbedding) embedding = n;
-    total += n;
-  }
+  const std::vector<int64_t>& n = im.stage_numel;
+  const int64_t begin = std::accumulate(n.begin(), n.begin() + stage_, int64_t{0}), count = n[stage_];
+  const int64_t total = std::accumulate(n.begin(), n.end(), int64_t{0});
   if (exp_avg.numel() != total || exp_avg_sq.numel() != total) {
     return absl::InvalidArgumentError(absl::StrCat("moments: ", exp_avg.numel(), " and ", exp_avg_sq.numel(),
                                                    " elements, the model has ", total));
@@ -553,7 +546,7 @@ absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Ten
     at::Tensor flat = whole.reshape({-1}).to(at::kFloat);
     at::Tensor mine = flat.narrow(0, begin, count);
     // The tied copy's moments are the embedding's (the first elements).
-    return im.tied_copy.defined() ? at::cat({mine, flat.narrow(0, 0, embedding)}) : mine.clone();
+    return im.tied_copy.defined() ? at::cat({mine, flat.narrow(0, 0, im.tied_copy.numel())}) : mine.clone();
   };
   return im.optimizer->LoadOptimizerState(part(exp_avg), part(exp_avg_sq), steps);
 }
