@@ -874,10 +874,6 @@ absl::Status SplitContextParallel(const StageOptions& stage, int rank, int world
   if (s.device_type != c10::DeviceType::CPU) {
     return absl::UnimplementedError("experiment.learner.cp > 1 runs on the CPU so far");
   }
-  if ((stage.kind != StageKind::kSft && stage.kind != StageKind::kGrpo) || s.critic || s.teacher) {
-    return absl::UnimplementedError(
-        "experiment.learner.cp > 1 is built for SFT and GRPO-family stages without a distillation teacher");
-  }
   const int cp = stage.learner.cp, replica = rank / cp, r = rank % cp, replicas = world_size / cp;
   RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("cp", replica), r, cp, gloo, &s.cp_group));
   RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("cpdp", r), replica, replicas, gloo, &s.dp_group));
@@ -899,10 +895,6 @@ absl::Status SplitPolicyPipeline(const StageOptions& stage, int rank, int world_
   ModelSet& s = *models;
   if (s.device_type != c10::DeviceType::CPU) {
     return absl::UnimplementedError("experiment.learner.pp > 1 runs on the CPU so far");
-  }
-  if ((stage.kind != StageKind::kSft && stage.kind != StageKind::kGrpo) || s.critic || s.teacher) {
-    return absl::UnimplementedError(
-        "experiment.learner.pp > 1 is built for SFT and GRPO-family stages without a distillation teacher");
   }
   const int pp = stage.learner.pp, replica = rank / pp, st = rank % pp, replicas = world_size / pp;
   RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("pp", replica), st, pp, gloo, &s.pp_group));
