@@ -580,6 +580,21 @@ TEST_CASE("learner.zero: 3 under bf16 autocast (K=1 and K=2) equals plain bf16: 
   for (int r = 0; r < 2; ++r) CHECK(std::abs(norm_k2[r] - norm16) < 0.25 * std::abs(norm16 - norm32));
 }
 
+// `layout` on 4 ranks resumes the step-3 checkpoint `single` saved in
+// `ckpt` and trains steps 3 and 4; then `single` trains them too, and rank 0
+// must hold its weights.
+void CheckFourRanksResume(Trainer& single, const ExperimentConfig& layout, const std::string& ckpt,
+                          const std::string& store) {
+  Trainer ranks[4];
+  auto results = testing::TrainShards(ranks, 4, Request(layout, ckpt), store, 2, [](int i) { return SftStep(3 + i); });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << results[r].ToString());
+    REQUIRE(results[r].ok());
+  }
+  for (int step = 3; step < 5; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+  CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+}
+
 TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints resume across the layouts") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
@@ -667,16 +682,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
   }
   SECTION("tp=2 x dp=2 with sequence parallelism, resumed from the plain checkpoint") {
     t.mutable_learner()->set_sequence_parallel(true);
-    Trainer ranks[4];
-    // Resumes single's step-3 checkpoint, then trains steps 3 and 4.
-    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_plain")), dir.File("store4"), 2,
-                                        [](int i) { return SftStep(3 + i); });
-    for (int r = 0; r < 4; ++r) {
-      INFO("rank " << r << ": " << results[r].ToString());
-      REQUIRE(results[r].ok());
-    }
-    for (int step = 3; step < 5; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
-    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
   }
   SECTION("tp=2 x dp=2 x ZeRO-3: weight sync in 4 pieces from the ranks' slices; the checkpoint resumes in one "
           "plain process") {
@@ -821,15 +827,7 @@ TEST_CASE("learner.pp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT; che
     CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
   }
   SECTION("pp=2 x dp=2, resumed from the plain checkpoint") {
-    Trainer ranks[4];
-    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_plain")), dir.File("store4"), 2,
-                                        [](int i) { return SftStep(3 + i); });
-    for (int r = 0; r < 4; ++r) {
-      INFO("rank " << r << ": " << results[r].ToString());
-      REQUIRE(results[r].ok());
-    }
-    for (int step = 3; step < 5; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
-    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
   }
 }
 
@@ -843,21 +841,22 @@ TEST_CASE("learner.cp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT, wit
   Trainer single, untrained;
   REQUIRE(single.Configure(Request(e, dir.File("ckpt_plain"))).ok());
   REQUIRE(untrained.Configure(Request(e)).ok());
-  std::vector<double> losses;
-  for (int step = 0; step < 3; ++step) {
-    auto r = single.TrainStep(SftStep(step));
-    REQUIRE(r.ok());
-    losses.push_back(r->metrics().values().at("loss"));
-  }
+  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+  REQUIRE(single.Save().ok());
   REQUIRE(MaxAbsDiff(single, untrained) > 1e-3);
   ExperimentConfig t = e;
   t.mutable_learner()->set_cp(2);
-  SECTION("cp=2: every rank holds the whole policy and reports the replica's loss") {
+  SECTION("cp=2: every rank holds the whole policy and reports the replica's loss; its checkpoint resumes in one "
+          "plain process") {
     Trainer ranks[2];
-    std::vector<double> rank_losses[2];
-    auto results = testing::TrainShards(ranks, 2, Request(t, dir.File("ckpt_cp")), dir.File("store"), 3, SftStep);
+    std::string saved;
+    auto results = testing::TrainShards(ranks, 2, Request(t, dir.File("ckpt_cp")), dir.File("store"), 3, SftStep,
+                                        testing::SaveKeepingRank0Path(&saved));
     REQUIRE(results[0].ok());
     REQUIRE(results[1].ok());
+    Trainer resumed;
+    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_cp"))).ok());
+    CHECK(resumed.Status().step() == 3);
     CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
     CHECK(MaxAbsDiff(single, ranks[1]) <= 1e-5);
     // The next step's loss on both ranks is one process's.
@@ -870,15 +869,11 @@ TEST_CASE("learner.cp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT, wit
     REQUIRE(s3.ok());
     CHECK(std::abs(a->metrics().values().at("loss") - s3->metrics().values().at("loss")) < 1e-5);
     CHECK(std::abs(r1->metrics().values().at("loss") - s3->metrics().values().at("loss")) < 1e-5);
+    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
   }
-  SECTION("cp=2 x dp=2") {
-    Trainer ranks[4];
-    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_cp4")), dir.File("store4"), 3, SftStep);
-    for (int r = 0; r < 4; ++r) {
-      INFO("rank " << r << ": " << results[r].ToString());
-      REQUIRE(results[r].ok());
-    }
-    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  SECTION("cp=2 x dp=2, resumed from the plain checkpoint") {
+    CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
   }
 }
 
