@@ -17,16 +17,25 @@
 #include "actor/rope.h"
 #include "actor/transformer.h"
 #include "common/status_macros.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/token_inputs.h"
 
 namespace rlmesh::learner {
 
 struct ContextParallelModel::Impl {
+  // The whole model, or under tensor parallelism the shard of `tp`.
   actor::Transformer model{nullptr};
   actor::RopeFrequencies rope;
   c10::intrusive_ptr<c10d::Backend> group;  // null for one rank
   int rank = 0, size = 1;
   int64_t logprob_chunk = 128;
+  // The whole model's vocabulary (the shard holds 1 / tp of it).
+  int64_t vocab_size = 0;
+  // Tensor parallelism: the model whose shard runs, its group (null
+  // without) and this rank's place in it.
+  parallel::TensorParallelModel* tp = nullptr;
+  c10d::Backend* tp_group = nullptr;
+  int tp_rank = 0;
 };
 
 namespace {
@@ -166,13 +175,15 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   }
 };
 
-// One decoder layer on this rank's tokens h [B, 2c, H].
+// One decoder layer on this rank's tokens h [B, 2c, H]; under tensor
+// parallelism with the shard's heads and channels, entering and leaving
+// each block as parallel/tensor_parallel.h's layer does.
 at::Tensor Layer(ContextParallelModel::Impl& im, actor::DecoderLayerImpl& layer, const at::Tensor& h,
                  const at::Tensor& cos, const at::Tensor& sin) {
   const actor::ModelConfig& c = im.model->config();
   const int64_t B = h.size(0), T = h.size(1), D = c.HeadDim();
   actor::AttentionImpl& a = *layer.self_attn;
-  const at::Tensor x = layer.input_layernorm(h);
+  const at::Tensor x = parallel::CopyToTensorParallel(layer.input_layernorm(h), im.tp_group);
   at::Tensor q = a.q_proj(x).view({B, T, c.num_heads, D});
   if (a.q_norm) q = a.q_norm(q);
   at::Tensor k = a.k_proj(x).view({B, T, c.num_kv_heads, D});
@@ -182,8 +193,12 @@ at::Tensor Layer(ContextParallelModel::Impl& im, actor::DecoderLayerImpl& layer,
   const at::Tensor v = a.v_proj(x).view({B, T, c.num_kv_heads, D}).transpose(1, 2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const at::Tensor o = AttentionFunction::apply(reinterpret_cast<int64_t>(&im), scale, q, k, v);
-  const at::Tensor y = h + a.o_proj(o.transpose(1, 2).reshape({B, T, c.num_heads * D}));
-  return y + layer.mlp(layer.post_attention_layernorm(y));
+  const at::Tensor y =
+      h + parallel::ReduceFromTensorParallel(a.o_proj(o.transpose(1, 2).reshape({B, T, c.num_heads * D})),
+                                             im.tp_group);
+  return y + parallel::ReduceFromTensorParallel(
+                 layer.mlp(parallel::CopyToTensorParallel(layer.post_attention_layernorm(y), im.tp_group)),
+                 im.tp_group);
 }
 
 }  // namespace
@@ -246,12 +261,37 @@ absl::StatusOr<std::unique_ptr<ContextParallelModel>> ContextParallelModel::Wrap
   im.rank = group ? group->getRank() : 0;
   im.group = im.size > 1 ? group : nullptr;
   im.logprob_chunk = logprob_chunk;
+  im.vocab_size = model->config().vocab_size;
   m->rank_ = im.rank;
   m->size_ = im.size;
   return m;
 }
 
+absl::StatusOr<std::unique_ptr<ContextParallelModel>> ContextParallelModel::WrapTensorParallel(
+    parallel::TensorParallelModel& tp, c10::intrusive_ptr<c10d::Backend> group, int64_t logprob_chunk) {
+  RLMESH_RETURN_IF_ERROR(ValidateContextParallel(tp.config()));
+  if (tp.options().sequence_parallel) {
+    return absl::UnimplementedError("learner.sequence_parallel: with learner.cp > 1 is not built");
+  }
+  if (tp.options().activation_checkpointing) {
+    return absl::UnimplementedError("learner.gradient_checkpointing: with learner.cp > 1 is not built");
+  }
+  RLMESH_ASSIGN_OR_RETURN(std::unique_ptr<ContextParallelModel> m, Wrap(tp.shard(), std::move(group), logprob_chunk));
+  Impl& im = *m->impl_;
+  im.vocab_size = tp.config().vocab_size;
+  im.tp = &tp;
+  im.tp_group = tp.group();
+  im.tp_rank = tp.rank();
+  try {
+    im.rope = actor::ComputeRope(tp.config());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("context-parallel model: ", e.what()));
+  }
+  return m;
+}
+
 absl::Status ContextParallelModel::LoadFromFull(const Named& full) {
+  if (impl_->tp != nullptr) return impl_->tp->LoadFromFull(full);
   std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
   at::NoGradGuard no_grad;
   for (auto& [name, p] : impl_->model->NamedParameters()) {
@@ -268,7 +308,10 @@ absl::Status ContextParallelModel::LoadFromFull(const Named& full) {
 
 ContextParallelModel::Named ContextParallelModel::NamedParameters() const { return impl_->model->NamedParameters(); }
 
-std::vector<at::Tensor> ContextParallelModel::Parameters() const { return impl_->model->parameters(); }
+std::vector<at::Tensor> ContextParallelModel::Parameters() const {
+  // Under tensor parallelism in the order of its NormWeights.
+  return impl_->tp != nullptr ? impl_->tp->TrainedParameters() : impl_->model->parameters();
+}
 
 absl::StatusOr<ContextParallelOutput> ContextParallelModel::TokenLogProbs(const at::Tensor& ids,
                                                                         const at::Tensor& positions,
@@ -277,7 +320,7 @@ absl::StatusOr<ContextParallelOutput> ContextParallelModel::TokenLogProbs(const 
                                                                         const at::Tensor& attention_mask) {
   Impl& im = *impl_;
   const actor::ModelConfig& c = im.model->config();
-  RLMESH_RETURN_IF_ERROR(parallel::ValidateTokenInputs(ids, positions, targets, temperature, c.vocab_size));
+  RLMESH_RETURN_IF_ERROR(parallel::ValidateTokenInputs(ids, positions, targets, temperature, im.vocab_size));
   if (attention_mask.defined()) {
     return absl::InvalidArgumentError(
         "attention_mask: context parallelism takes right-padded rows without a mask (packed rows are not built)");
@@ -299,15 +342,25 @@ absl::StatusOr<ContextParallelOutput> ContextParallelModel::TokenLogProbs(const 
     const at::Tensor my_ids = pad(ids, 0).index_select(1, index);
     const at::Tensor my_pos = pos_padded.index_select(1, index);
     const at::Tensor my_targets = pad(targets, -1).index_select(1, index);
-    at::Tensor h = im.model->model->embed_tokens(my_ids);
+    at::Tensor h = im.tp_group == nullptr ? im.model->model->embed_tokens(my_ids)
+                                          : parallel::ReduceFromTensorParallel(
+                                                parallel::VocabParallelLookup(*im.model, my_ids, im.tp_rank),
+                                                im.tp_group);
     auto [cos, sin] = actor::RopeCosSin(c, im.rope, my_pos, h.scalar_type());
     for (const auto& layer : *im.model->model->layers) {
       h = Layer(im, *layer->as<actor::DecoderLayerImpl>(), h, cos, sin);
     }
-    RLMESH_ASSIGN_OR_RETURN(
-        actor::TokenLogProbsOutput local,
-        actor::TokenLogProbsFromHidden(im.model->model->norm(h), im.model->LmHeadWeight(), my_targets,
-                                       im.logprob_chunk, temperature));
+    actor::TokenLogProbsOutput local;
+    if (im.tp_group == nullptr) {
+      RLMESH_ASSIGN_OR_RETURN(local, actor::TokenLogProbsFromHidden(im.model->model->norm(h),
+                                                                    im.model->LmHeadWeight(), my_targets,
+                                                                    im.logprob_chunk, temperature));
+    } else {
+      // The vocabulary-parallel log-softmax: no rank forms the whole logits.
+      local = parallel::VocabParallelLogProbs(
+          parallel::CopyToTensorParallel(im.model->model->norm(h), im.tp_group), im.model->LmHeadWeight(),
+          my_targets, temperature, im.tp_group);
+    }
     // Back to [B, T]: the rank's positions inside T carry its values.
     std::vector<int64_t> keep, at_t;
     for (size_t i = 0; i < mine.size(); ++i) {

@@ -35,8 +35,20 @@
 // cross-rank terms wrongly. A loss that needs whole sequences (a
 // per-sequence mean) is not built.
 //
+// With tensor parallelism (WrapTensorParallel, learner.cp x learner.tp):
+// each rank holds a tensor-parallel slice of the model (parallel/
+// tensor_parallel.h) and runs its slice's heads and channels on its zig-zag
+// share of the tokens. The tensor-parallel collectives (the row-parallel
+// sums, the vocabulary-parallel embedding and log-softmax) run over the
+// tensor-parallel group, the ranks holding the same tokens; the keys and
+// values travel over the context-parallel group, the ranks holding the
+// same slices. The optimizer then steps each slice over the ranks holding
+// it (every replica and context rank), the local weight as above.
+//
 // Limits, refused by name: MoE layers, a value head, attention masks
-// (packed rows; right padding needs none under causal attention).
+// (packed rows; right padding needs none under causal attention), and
+// under tensor parallelism its sequence parallelism and activation
+// checkpointing.
 //
 // Collectives: every rank of the group must make the same calls with the
 // same [rows, T] shapes. A failed collective returns ABORTED.
@@ -60,6 +72,9 @@
 namespace rlmesh::actor {
 class Transformer;
 }  // namespace rlmesh::actor
+namespace rlmesh::parallel {
+class TensorParallelModel;
+}  // namespace rlmesh::parallel
 
 namespace rlmesh::learner {
 
@@ -99,15 +114,24 @@ class ContextParallelModel {
   static absl::StatusOr<std::unique_ptr<ContextParallelModel>> Wrap(const actor::Transformer& model,
                                                                     c10::intrusive_ptr<c10d::Backend> group,
                                                                     int64_t logprob_chunk = 128);
+  // The same around a tensor-parallel model `tp` (which must outlive this
+  // one): its slices are the parameters, and LoadFromFull goes through it.
+  // `group` holds the ranks with the same slices and the other tokens.
+  // UNIMPLEMENTED naming the option when `tp` runs sequence parallelism or
+  // activation checkpointing.
+  static absl::StatusOr<std::unique_ptr<ContextParallelModel>> WrapTensorParallel(
+      parallel::TensorParallelModel& tp, c10::intrusive_ptr<c10d::Backend> group, int64_t logprob_chunk = 128);
   ~ContextParallelModel();
   ContextParallelModel(const ContextParallelModel&) = delete;
   ContextParallelModel& operator=(const ContextParallelModel&) = delete;
 
-  // Copies the whole model's weights (Hugging Face names). INVALID_ARGUMENT
-  // naming a missing or misshapen parameter.
+  // Copies the whole model's weights (Hugging Face names; under tensor
+  // parallelism this rank's slices of them). INVALID_ARGUMENT naming a
+  // missing or misshapen parameter.
   absl::Status LoadFromFull(const Named& full);
   // The model's parameters under Hugging Face names (every rank holds them
-  // all), and as the optimizer takes them.
+  // all, or under tensor parallelism its slices), and as the optimizer
+  // takes them.
   Named NamedParameters() const;
   std::vector<at::Tensor> Parameters() const;
 

@@ -3,7 +3,8 @@
 // zig-zag share of every row's tokens; the log-probs equal the whole
 // model's, and three clipped AdamW steps (DataParallel over every rank,
 // each weighing 1/C of its replica's loss tokens) give one process's weights within
-// 1e-5 at cp = 2 and cp = 4 and cp = 2 x dp = 2, for Llama and Qwen3.
+// 3e-5 at cp = 2, cp = 4, cp = 2 x dp = 2 and cp = 2 x tp = 2 (with and
+// without dp = 2), for Llama and Qwen3.
 #include "learner/context_parallel.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -23,6 +24,7 @@
 #include "dist/store.h"
 #include "learner/data_parallel.h"
 #include "learner/testing/model_parallel_testing.h"
+#include "parallel/tensor_parallel.h"
 
 namespace rlmesh::learner {
 namespace {
@@ -53,36 +55,61 @@ struct RankRun {
   Named first_grads;  // the first step's averaged gradient
 };
 
-// `world` = dp x cp ranks on threads (rank = replica * cp + context rank):
-// every rank in one group for the optimizer, each replica's ranks in a
-// context-parallel group; replica d trains rows [d * B/dp, ...).
+// `world` = dp x cp x tp ranks on threads (rank = (replica * cp + context
+// rank) * tp + tensor rank): the optimizer over the ranks holding the same
+// slices (every rank without TP), each replica's ranks with the same slices
+// in a context-parallel group and the ranks with the same tokens in a
+// tensor-parallel group; replica d trains rows [d * B/dp, ...). The
+// weights and first gradients come back whole (gathered under TP).
 std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Named& init, const Batch& batch,
-                                          int cp, int dp) {
+                                          int cp, int dp, int tp = 1) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::future<absl::StatusOr<RankRun>>> futures;
-  std::vector<std::vector<c10::intrusive_ptr<c10d::Backend>>> keep(cp * dp);
+  const int world_size = cp * dp * tp;
+  std::vector<std::vector<c10::intrusive_ptr<c10d::Backend>>> keep(world_size);
   const int64_t per = batch.ids.size(0) / dp;
-  for (int rank = 0; rank < cp * dp; ++rank) {
+  for (int rank = 0; rank < world_size; ++rank) {
     futures.push_back(std::async(std::launch::async, [&, rank]() -> absl::StatusOr<RankRun> {
-      const int d = rank / cp, r = rank % cp;
+      const int t = rank % tp, r = (rank / tp) % cp, d = rank / (tp * cp);
       dist::GlooGroupOptions gloo;
       gloo.timeout_ms = 60'000;
-      auto world = dist::CreateGlooGroup(dist::WithPrefix(store, "world"), rank, cp * dp, gloo);
-      if (!world.ok()) return world.status();
-      keep[rank].push_back(*world);
-      c10::intrusive_ptr<c10d::Backend> group;
-      if (cp > 1) {
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, absl::StrCat("cp", d)), r, cp, gloo);
-        if (!g.ok()) return g.status();
-        group = *g;
-        keep[rank].push_back(group);
+      auto join = [&](const std::string& prefix, int index, int size) -> absl::StatusOr<c10::intrusive_ptr<c10d::Backend>> {
+        if (size == 1) return c10::intrusive_ptr<c10d::Backend>();
+        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), index, size, gloo);
+        if (g.ok()) keep[rank].push_back(*g);
+        return g;
+      };
+      auto opt_group = join(absl::StrCat("opt", t), rank / tp, cp * dp);
+      if (!opt_group.ok()) return opt_group.status();
+      auto cp_group = join(absl::StrCat("cp", d, ".", t), r, cp);
+      if (!cp_group.ok()) return cp_group.status();
+      auto tp_group = join(absl::StrCat("tp", d, ".", r), t, tp);
+      if (!tp_group.ok()) return tp_group.status();
+      DataParallelOptions o = Optimizer();
+      std::unique_ptr<parallel::TensorParallelModel> tp_model;
+      absl::StatusOr<std::unique_ptr<ContextParallelModel>> model;
+      if (tp > 1) {
+        auto made = parallel::TensorParallelModel::Create(c, *tp_group);
+        if (!made.ok()) return made.status();
+        tp_model = *std::move(made);
+        model = ContextParallelModel::WrapTensorParallel(*tp_model, *cp_group, 4);
+        o.norm_groups = {*tp_group};
+        o.norm_weights = tp_model->NormWeights();
+      } else {
+        model = ContextParallelModel::Create(c, *cp_group, 4);
       }
-      auto model = ContextParallelModel::Create(c, group, 4);
       if (!model.ok()) return model.status();
       absl::Status s = (*model)->LoadFromFull(init);
       if (!s.ok()) return s;
-      auto opt = DataParallel::Create(*world, (*model)->Parameters(), Optimizer());
+      auto opt = DataParallel::Create(*opt_group, (*model)->Parameters(), o);
       if (!opt.ok()) return opt.status();
+      // The whole model's tensors from this rank's (its slices under TP).
+      auto whole = [&](const Named& local) -> absl::StatusOr<Named> {
+        if (!tp_model) return local;
+        std::vector<at::Tensor> v;
+        for (const auto& [name, x] : local) v.push_back(x);
+        return tp_model->GatherFullOf(v);
+      };
       const Batch rows = Rows(batch, d * per, d == dp - 1 ? batch.ids.size(0) - d * per : per);
       RankRun run;
       for (int step = 0; step < kSteps; ++step) {
@@ -103,19 +130,27 @@ std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Nam
         if (step == 0) {
           // DataParallel's average, taken here to compare before AdamW.
           at::Tensor total = at::full({1}, w, at::kDouble);
-          std::vector<at::Tensor> t{total};
-          (*world)->allreduce(t)->wait();
+          std::vector<at::Tensor> tw{total};
+          (*opt_group)->allreduce(tw)->wait();
+          Named averaged;
           for (auto& [name, p] : (*model)->NamedParameters()) {
             std::vector<at::Tensor> g{p.grad().mul(w).contiguous()};
-            (*world)->allreduce(g)->wait();
-            run.first_grads.emplace_back(name, g[0] / total.item<double>());
+            (*opt_group)->allreduce(g)->wait();
+            averaged.emplace_back(name, g[0] / total.item<double>());
           }
+          auto gathered = whole(averaged);
+          if (!gathered.ok()) return gathered.status();
+          run.first_grads = *std::move(gathered);
         }
         auto stats = (*opt)->Step(w, kLr);
         if (!stats.ok()) return stats.status();
         run.norms.push_back(stats->grad_norm);
       }
-      for (auto& [name, p] : (*model)->NamedParameters()) run.weights.emplace_back(name, p.detach().clone());
+      Named weights;
+      for (auto& [name, p] : (*model)->NamedParameters()) weights.emplace_back(name, p.detach().clone());
+      auto gathered = whole(weights);
+      if (!gathered.ok()) return gathered.status();
+      run.weights = *std::move(gathered);
       return run;
     }));
   }
@@ -150,8 +185,9 @@ Named FirstGradients(const actor::ModelConfig& c, const Named& init, const Batch
 // which magnifies the gradients' last-bit differences (the other summation
 // order of the ranks' parts) for the entries whose gradient is small;
 // the first gradient itself is held to 1e-6.
-void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, int dp, double tolerance = 3e-5) {
-  CAPTURE(arch, cp, dp, batch.ids.size(1));
+void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, int dp, int tp = 1,
+                          double tolerance = 3e-5) {
+  CAPTURE(arch, cp, dp, tp, batch.ids.size(1));
   actor::ModelConfig c = SmallConfig(arch);
   const Named init = InitialWeights(c);
   const Run ref = Reference(c, init, batch);
@@ -169,18 +205,22 @@ void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, i
     REQUIRE(o.ok());
     whole_lp = o->logprobs;
   }
-  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, cp, dp);
+  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, cp, dp, tp);
   const int64_t per = batch.ids.size(0) / dp;
   for (int d = 0; d < dp; ++d) {
-    at::Tensor joined = at::zeros_like(runs[d * cp].logprobs), covered = at::zeros_like(runs[d * cp].mine);
-    for (int r = 0; r < cp; ++r) {
-      joined = joined + runs[d * cp + r].logprobs;
-      covered = covered + runs[d * cp + r].mine;
+    for (int t = 0; t < tp; ++t) {
+      // Rank (d * cp + r) * tp + t: context rank r of replica d, slice t.
+      auto at_rank = [&](int r) -> const RankRun& { return runs[(d * cp + r) * tp + t]; };
+      at::Tensor joined = at::zeros_like(at_rank(0).logprobs), covered = at::zeros_like(at_rank(0).mine);
+      for (int r = 0; r < cp; ++r) {
+        joined = joined + at_rank(r).logprobs;
+        covered = covered + at_rank(r).mine;
+      }
+      // Every position held by exactly one rank.
+      CHECK(at::equal(covered, at::ones_like(covered)));
+      const int64_t n = d == dp - 1 ? batch.ids.size(0) - d * per : per;
+      CHECK(AbsDiffMax(joined, whole_lp.narrow(0, d * per, n)) < 1e-5);
     }
-    // Every position held by exactly one rank.
-    CHECK(at::equal(covered, at::ones_like(covered)));
-    const int64_t n = d == dp - 1 ? batch.ids.size(0) - d * per : per;
-    CHECK(AbsDiffMax(joined, whole_lp.narrow(0, d * per, n)) < 1e-5);
   }
   for (const RankRun& r : runs) {
     CHECK(MaxAbsDiff(r.first_grads, ref_grads) < 1e-6);
@@ -209,6 +249,13 @@ TEST_CASE("cp=2 x dp=2 equals one process") {
   for (const char* arch : {"llama", "qwen3"}) CheckEqualsReference(arch, LongBatch(4, 24), 2, 2);
 }
 
+TEST_CASE("cp=2 x tp=2 equals one process: each rank its slices' heads on its share of the tokens") {
+  for (const char* arch : {"llama", "qwen3"}) {
+    CheckEqualsReference(arch, LongBatch(2, 29), 2, 1, 2);
+    CheckEqualsReference(arch, LongBatch(4, 24), 2, 2, 2);
+  }
+}
+
 TEST_CASE("context parallelism refuses attention masks, MoE and value-head models by name") {
   auto m = ContextParallelModel::Create(SmallConfig("llama"), nullptr);
   REQUIRE(m.ok());
@@ -225,6 +272,12 @@ TEST_CASE("context parallelism refuses attention masks, MoE and value-head model
   actor::ModelConfig value = SmallConfig("llama");
   value.value_head = true;
   CHECK(ValidateContextParallel(value).code() == absl::StatusCode::kUnimplemented);
+  parallel::TensorParallelOptions sp;
+  sp.sequence_parallel = true;
+  auto tp = parallel::TensorParallelModel::Create(SmallConfig("llama"), nullptr, sp);
+  REQUIRE(tp.ok());
+  auto wrapped = ContextParallelModel::WrapTensorParallel(**tp, nullptr);
+  CHECK(absl::StrContains(wrapped.status().message(), "learner.sequence_parallel"));
 }
 
 }  // namespace

@@ -229,6 +229,12 @@ class TensorParallelModel {
   const actor::ModelConfig& config() const { return config_; }
   // The shard's own shape (heads / tp, ...), for memory accounting.
   const actor::ModelConfig& shard_config() const { return shard_config_; }
+  // The shard's module, the group and the options, for a layout that runs
+  // the shard's layers itself with the pieces above (context parallelism,
+  // learner/context_parallel.h): the module's parameters are this model's.
+  const actor::Transformer& shard() const { return shard_; }
+  c10d::Backend* group() const { return size_ > 1 ? group_.get() : nullptr; }
+  const TensorParallelOptions& options() const { return options_; }
 
  private:
   TensorParallelModel() = default;
