@@ -208,13 +208,18 @@ TEST_CASE("learner.cp divides the shards and is refused by name where not built"
   ExperimentConfig ok;
   REQUIRE(Normalize("name: x\nlearner: {shards: 4, cp: 2}\n" + grpo, &ok).ok());
   CHECK(ok.learner().cp() == 2);
+  ExperimentConfig with_tp;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 8, cp: 2, tp: 2}\n" + grpo, &with_tp).ok());
+  CHECK(with_tp.learner().tp() == 2);
   ExperimentConfig plain;
   REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
   CHECK(plain.learner().cp() == 1);
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"learner: {shards: 3, cp: 2}\n" + sft, "learner.cp: must divide learner.shards (3)"},
+      {"learner: {shards: 6, cp: 2, tp: 2}\n" + sft, "learner.cp: must divide learner.shards (6) with learner.tp x learner.pp (4 ranks per replica)"},
       {"learner: {shards: 4, cp: 2, pp: 2}\n" + sft, "learner.pp: > 1 with learner.cp > 1 is not built"},
-      {"learner: {shards: 4, cp: 2, tp: 2}\n" + sft, "learner.tp: > 1 with learner.cp > 1 is not built"},
+      {"learner: {shards: 4, cp: 2, tp: 2, sequence_parallel: true}\n" + sft,
+       "learner.sequence_parallel: true with learner.cp > 1 is not built"},
       {"learner: {shards: 2, cp: 2, zero: 3}\n" + sft, "learner.zero: 3 with learner.cp > 1 is not built"},
       {"learner: {shards: 2, cp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.cp > 1"},
       {"model: {device: cuda}\nlearner: {shards: 2, cp: 2}\n" + sft, "learner.cp: context parallelism runs on the CPU"},

@@ -106,6 +106,15 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   if (sharded && m.get() == policy.get()) {
     return sharded->TokenLogProbs(ids, pos, targets, temperature, attention_mask, chunk);
   }
+  // Context parallelism (with tensor parallelism or not): this rank's
+  // positions (0 elsewhere).
+  ContextParallelModel* context = cp_policy && m.get() == policy.get()            ? cp_policy.get()
+                                  : cp_reference && m.get() == reference.get() ? cp_reference.get()
+                                                                               : nullptr;
+  if (context != nullptr) {
+    RLMESH_ASSIGN_OR_RETURN(auto out, context->TokenLogProbs(ids, pos, targets, temperature, attention_mask));
+    return out.out;
+  }
   // Tensor parallelism: the vocabulary-parallel log-softmax never forms
   // the full logits, so there is nothing to chunk.
   if (tp_policy && m.get() == policy.get()) {
@@ -113,14 +122,6 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   }
   if (tp_reference && m.get() == reference.get()) {
     return tp_reference->TokenLogProbs(ids, pos, targets, temperature, attention_mask);
-  }
-  // Context parallelism: this rank's positions (0 elsewhere).
-  ContextParallelModel* context = cp_policy && m.get() == policy.get()            ? cp_policy.get()
-                                  : cp_reference && m.get() == reference.get() ? cp_reference.get()
-                                                                               : nullptr;
-  if (context != nullptr) {
-    RLMESH_ASSIGN_OR_RETURN(auto out, context->TokenLogProbs(ids, pos, targets, temperature, attention_mask));
-    return out.out;
   }
   // Pipeline parallelism: a no-grad pass through the stages; passes with
   // gradient run in the steps' schedules (PipelineModel::Train).
@@ -325,7 +326,7 @@ absl::Status ModelSet::AllReduceSum(at::Tensor& t) {
   }
   // A pipeline's stages (a context-parallel group's ranks) hold the same
   // rows: the replicas' sum.
-  const c10::intrusive_ptr<c10d::Backend>& over = pp_policy || cp_policy ? dp_group : group;
+  const c10::intrusive_ptr<c10d::Backend>& over = pp_policy ? dp_group : cp_policy ? cp_replicas : group;
   if (!over) return absl::OkStatus();
   return dist::CollectiveOn("all-reduce of statistics", device, t, [&](at::Tensor& x) {
     std::vector<at::Tensor> v = {x};
@@ -864,24 +865,32 @@ absl::Status JoinTensorParallelGroups(const StageOptions& stage, int rank, int w
   return JoinSubgroup(s, absl::StrCat("dp", tp_rank), replica, replicas, gloo, &s.dp_group);
 }
 
-// learner.cp > 1: this replica's context-parallel group and the replicas
-// holding the same share (rank r is context rank r % cp of replica r / cp),
-// and the policy and reference run over the former, sharing their modules.
-// `dp` (plain DP over every rank) is built as without it.
+// learner.cp > 1: this replica's context-parallel group (the ranks with
+// the same tensor-parallel slices: rank r is tensor rank r % tp and context
+// rank (r / tp) % cp of replica r / (tp * cp)) and the replicas holding the
+// same share of the tokens and the same slices; the policy and reference
+// run over the former, sharing their modules (under TP the split models').
+// The optimizer is built as without it: plain DP over every rank, or under
+// TP over the ranks holding the same slices (dp_group).
 absl::Status SplitContextParallel(const StageOptions& stage, int rank, int world_size,
                                   const dist::GlooGroupOptions& gloo, ModelSet* models) {
   ModelSet& s = *models;
   if (s.device_type != c10::DeviceType::CPU) {
     return absl::UnimplementedError("experiment.learner.cp > 1 runs on the CPU so far");
   }
-  const int cp = stage.learner.cp, replica = rank / cp, r = rank % cp, replicas = world_size / cp;
-  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("cp", replica), r, cp, gloo, &s.cp_group));
-  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("cpdp", r), replica, replicas, gloo, &s.dp_group));
-  auto made = ContextParallelModel::Wrap(s.policy, s.cp_group, s.logprob_chunk);
+  const int tp = stage.learner.tp, cp = stage.learner.cp;
+  const int t = rank % tp, r = (rank / tp) % cp, replica = rank / (tp * cp), replicas = world_size / (tp * cp);
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("cp", replica, ".", t), r, cp, gloo, &s.cp_group));
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("cpdp", r, ".", t), replica, replicas, gloo, &s.cp_replicas));
+  auto wrap = [&](const actor::Transformer& whole, TensorParallelModel* split) {
+    return split != nullptr ? ContextParallelModel::WrapTensorParallel(*split, s.cp_group, s.logprob_chunk)
+                            : ContextParallelModel::Wrap(whole, s.cp_group, s.logprob_chunk);
+  };
+  auto made = wrap(s.policy, s.tp_policy.get());
   if (!made.ok()) return PrefixStatus("experiment", made.status());
   s.cp_policy = *std::move(made);
   if (s.reference) {
-    RLMESH_ASSIGN_OR_RETURN(s.cp_reference, ContextParallelModel::Wrap(s.reference, s.cp_group, s.logprob_chunk));
+    RLMESH_ASSIGN_OR_RETURN(s.cp_reference, wrap(s.reference, s.tp_reference.get()));
   }
   return absl::OkStatus();
 }
@@ -1242,6 +1251,7 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
     RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, world_size, gloo, &s));
   } else if (stage.learner.tp > 1) {
     RLMESH_RETURN_IF_ERROR(SplitPolicyTensorParallel(stage, rank, world_size, gloo, &s));
+    if (stage.learner.cp > 1) RLMESH_RETURN_IF_ERROR(SplitContextParallel(stage, rank, world_size, gloo, &s));
   } else if (stage.learner.ep > 1) {
     RLMESH_RETURN_IF_ERROR(SplitPolicyExpertParallel(stage, rank, world_size, gloo, &s));
   } else if (stage.learner.pp > 1) {

@@ -101,14 +101,17 @@ struct ModelSet {
   // (TrainerOptions.logprob_chunk).
   int64_t logprob_chunk = 64;
   // learner.cp > 1: the policy (and the reference) over this replica's
-  // context-parallel group (`cp_group`: ranks [d*cp, (d+1)*cp) for replica
-  // d), sharing `policy`'s module: each rank runs its zig-zag share of
+  // context-parallel group (`cp_group`: rank r is context rank (r / tp) %
+  // cp of replica r / (tp * cp), with the ranks of its replica that hold
+  // the same tensor-parallel slice), sharing `policy`'s module, or under
+  // TP tp_policy's (tp_reference's): each rank runs its zig-zag share of
   // every row's tokens, and LogProbs gives 0 at the other ranks' positions
-  // (ContextMask). `dp` steps the whole policy over every rank, each rank's
+  // (ContextMask). `dp` steps the policy over every rank (under TP its
+  // slices over `dp_group`, the ranks holding the same slices), each rank's
   // local weight its replica's / cp (learner/context_parallel.h);
-  // `dp_group` is the replicas holding the same share.
+  // `cp_replicas` is the replicas holding the same share and slices.
   std::unique_ptr<ContextParallelModel> cp_policy, cp_reference;
-  c10::intrusive_ptr<c10d::Backend> cp_group;
+  c10::intrusive_ptr<c10d::Backend> cp_group, cp_replicas;
   // Context-parallel ranks per replica (1 without).
   int ContextRanks() const { return cp_group ? cp_group->getSize() : 1; }
   // 1 at this rank's positions of [rows, T] inputs (all of them without

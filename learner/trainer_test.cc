@@ -875,6 +875,31 @@ TEST_CASE("learner.cp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT, wit
   SECTION("cp=2 x dp=2, resumed from the plain checkpoint") {
     CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
   }
+  SECTION("cp=2 x tp=2: rank 0 holds the gathered weights; its checkpoint resumes in one plain process") {
+    t.mutable_learner()->set_tp(2);
+    Trainer ranks[4];
+    std::string saved;
+    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_cptp")), dir.File("store_cptp"), 3,
+                                        SftStep, testing::SaveKeepingRank0Path(&saved));
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    auto state = VerifyCheckpoint(saved);
+    REQUIRE(state.ok());
+    CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
+    Trainer resumed;
+    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_cptp"))).ok());
+    CHECK(resumed.Status().step() == 3);
+    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+    REQUIRE(single.TrainStep(SftStep(3)).ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  }
+  SECTION("cp=2 x tp=2, resumed from the plain checkpoint") {
+    t.mutable_learner()->set_tp(2);
+    CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store_cptp4"));
+  }
 }
 
 TEST_CASE("learner.tp is refused by name where it is not built") {
@@ -1148,6 +1173,18 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       *r.add_stages() = rs;
       CHECK(ShardedRlDiff(split(r), groups, dir.File(absl::StrCat("store_", layout, "2dp2_rpp")), &r, 4) <= 1e-5);
     }
+  }
+  SECTION("GRPO under learner.cp: 2 x learner.tp: 2: KL to the reference over two mini-batches") {
+    ExperimentConfig p = e;
+    Stage s = GrpoStageOf(2, kLr);
+    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
+    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
+    *p.add_stages() = s;
+    p.mutable_learner()->set_micro_batch_tokens(40);
+    ExperimentConfig c = p;
+    c.mutable_learner()->set_cp(2);
+    c.mutable_learner()->set_tp(2);
+    CHECK(ShardedRlDiff(c, groups, dir.File("store_cp2tp2"), &p, 4) <= 1e-5);
   }
   // The critic is split like the policy under ZeRO-3 and TP: its weights
   // (read from the checkpoints) must equal one process's as the policy's

@@ -391,10 +391,13 @@ void CheckContextParallel(Checker& c, ExperimentConfig* config) {
   const int cp = l->cp();
   const int others = std::max(1, l->tp()) * std::max(1, l->pp());
   c.Require(cp >= 1 && cp * others <= l->shards() && l->shards() % (cp * others) == 0, "learner.cp",
-            absl::StrCat("must divide learner.shards (", l->shards(), ")"));
+            absl::StrCat("must divide learner.shards (", l->shards(), ")",
+                         others > 1 ? absl::StrCat(" with learner.tp x learner.pp (", cp * others,
+                                                   " ranks per replica)")
+                                    : ""));
   if (cp == 1) return;
   const char* why = " with learner.cp > 1 is not built";
-  c.Require(l->tp() <= 1, "learner.tp", absl::StrCat("> 1", why));
+  c.Require(!l->sequence_parallel(), "learner.sequence_parallel", absl::StrCat("true", why));
   c.Require(l->pp() <= 1, "learner.pp", absl::StrCat("> 1", why));
   c.Require(l->ep() <= 1, "learner.ep", absl::StrCat("> 1", why));
   c.Require(l->zero() == 0, "learner.zero", absl::StrCat(l->zero(), why, " (plain data parallelism is)"));
