@@ -174,6 +174,9 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
   REQUIRE(Normalize("name: x\nlearner: {shards: 2, pp: 2, pp_microbatches: 8, pp_layers: [1, 2]}\n" + sft, &layers)
               .ok());
   CHECK(layers.learner().pp_microbatches() == 8);
+  ExperimentConfig zero1;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 4, pp: 2, zero: 1}\n" + sft, &zero1).ok());
+  CHECK(zero1.learner().zero() == 1);
   ExperimentConfig plain;
   REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
   CHECK(plain.learner().pp() == 1);
@@ -181,7 +184,7 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"learner: {shards: 3, pp: 2}\n" + sft, "learner.pp: must divide learner.shards (3)"},
       {"learner: {shards: 4, pp: 2, tp: 2}\n" + sft, "learner.tp: > 1 with learner.pp > 1 is not built"},
-      {"learner: {shards: 2, pp: 2, zero: 1}\n" + sft, "learner.zero: 1 with learner.pp > 1 is not built"},
+      {"learner: {shards: 2, pp: 2, zero: 3}\n" + sft, "learner.zero: 3 with learner.pp > 1 is not built"},
       {"learner: {shards: 2, pp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.pp > 1"},
       {"learner: {shards: 2, pp: 2, gradient_checkpointing: true}\n" + sft,
        "learner.gradient_checkpointing: true with learner.pp > 1"},

@@ -913,6 +913,7 @@ absl::Status SplitPolicyPipeline(const StageOptions& stage, int rank, int world_
   po.logprob_chunk = s.logprob_chunk;
   po.optimizer.adamw = stage.optimizer().adamw;
   po.optimizer.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
+  po.optimizer.zero1 = stage.learner.zero1;
   po.data_parallel = s.dp_group;
   {
     std::lock_guard<std::mutex> lock(InitMutex());

@@ -227,9 +227,6 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
   const int stages = pipeline ? pipeline->getSize() : 1;
   RLMESH_RETURN_IF_ERROR(ValidatePipeline(config, stages, options.stage_layers));
   if (options.logprob_chunk <= 0) return absl::InvalidArgumentError("logprob_chunk: must be > 0");
-  if (options.optimizer.zero1) {
-    return absl::UnimplementedError("learner.zero: ZeRO-1 over pipeline stages is not built");
-  }
   if (!options.optimizer.norm_groups.empty() || !options.optimizer.norm_weights.empty() ||
       !options.optimizer.norm_ranges.empty()) {
     return absl::InvalidArgumentError("optimizer: the pipeline sets the norm groups and weights itself");
@@ -513,10 +510,19 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments()
   const std::vector<int64_t>& counts = im.stage_numel;
   std::vector<at::Tensor> m, v;
   try {
+    // This stage's moments, [2, its flat elements] (the tied copy's last).
+    at::Tensor mine = at::stack({im.optimizer->exp_avg(), im.optimizer->exp_avg_sq()});
+    const c10::intrusive_ptr<c10d::Backend>& replicas = im.options.data_parallel;
+    if (im.options.optimizer.zero1 && replicas && replicas->getSize() > 1) {
+      // ZeRO-1: the replicas' equal shares of the zero-padded flat layout.
+      std::vector<at::Tensor> in{mine.contiguous()};
+      std::vector<std::vector<at::Tensor>> out(1);
+      for (int r = 0; r < replicas->getSize(); ++r) out[0].push_back(at::empty_like(in[0]));
+      replicas->allgather(out, in)->wait();
+      mine = at::cat(out[0], 1);
+    }
     for (int s = 0; s < stages_; ++s) {
-      std::vector<at::Tensor> both{s == stage_ ? at::stack({im.optimizer->exp_avg().narrow(0, 0, counts[s]),
-                                                            im.optimizer->exp_avg_sq().narrow(0, 0, counts[s])})
-                                                     .contiguous()
+      std::vector<at::Tensor> both{s == stage_ ? mine.narrow(1, 0, counts[s]).contiguous()
                                                : at::empty({2, counts[s]}, at::kFloat)};
       if (im.pipeline) {
         c10d::BroadcastOptions root;
@@ -548,7 +554,9 @@ absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Ten
     // The tied copy's moments are the embedding's (the first elements).
     return im.tied_copy.defined() ? at::cat({mine, flat.narrow(0, 0, im.tied_copy.numel())}) : mine.clone();
   };
-  return im.optimizer->LoadOptimizerState(part(exp_avg), part(exp_avg_sq), steps);
+  // Under ZeRO-1 the optimizer keeps its share.
+  return im.options.optimizer.zero1 ? im.optimizer->LoadWholeOptimizerState(part(exp_avg), part(exp_avg_sq), steps)
+                                    : im.optimizer->LoadOptimizerState(part(exp_avg), part(exp_avg_sq), steps);
 }
 
 int64_t PipelineModel::steps() const { return impl_->optimizer ? impl_->optimizer->steps() : 0; }

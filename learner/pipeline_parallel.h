@@ -32,14 +32,16 @@
 // last stage's tied copy of the embedding counted once. The results equal
 // one process holding the whole batch up to floating-point summation order
 // (learner/pipeline_parallel_test.cc: 1e-5 in fp32 after three AdamW steps).
+// With options.optimizer.zero1, each replica of a stage keeps the AdamW
+// state of its share of the stage's parameters (ZeRO-1 over the replicas
+// holding the stage).
 //
 // Checkpoints stay layout-free: GatherFull gives the Hugging Face layout,
 // GatherMoments the AdamW moments in DataParallel's flat layout of the whole
 // model, and LoadFromFull / LoadMoments take this stage's part of them, so a
 // run saved at one P (or one process) resumes at another.
 //
-// Limits, refused by name: MoE layers, a value head, bf16, ZeRO-1 over the
-// replicas.
+// Limits, refused by name: MoE layers, a value head, bf16.
 //
 // Collectives: every rank of the pipeline must make the same calls in the
 // same order: LogProbs, Train, Step, the gathers. A failed send, receive or
@@ -72,8 +74,9 @@ struct PipelineOptions {
   // Time steps per chunk of the vocabulary logits on the last stage.
   // Default 128.
   int64_t logprob_chunk = 128;
-  // AdamW and gradient clipping; zero1 and the norm groups must stay at
-  // their defaults (the pipeline sets its own).
+  // AdamW, gradient clipping and ZeRO-1 over `data_parallel`; the norm
+  // groups and weights must stay at their defaults (the pipeline sets its
+  // own).
   DataParallelOptions optimizer;
   // The replicas holding this same stage (null or of size 1: none).
   c10::intrusive_ptr<c10d::Backend> data_parallel;
@@ -168,10 +171,12 @@ class PipelineModel {
   // whole model); the other stages get an empty list.
   absl::StatusOr<Named> GatherToFirst();
   // AdamW's moments, (exp_avg, exp_avg_sq), in DataParallel's flat layout of
-  // the whole model (NamedParameters() order), on every stage.
+  // the whole model (NamedParameters() order), on every stage (under ZeRO-1
+  // gathered over the replicas first: every rank must call it).
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> GatherMoments();
-  // Sets this stage's moments from the whole model's in that layout.
-  // INVALID_ARGUMENT when the sizes differ from the whole model's.
+  // Sets this stage's moments (under ZeRO-1 this rank's share of them) from
+  // the whole model's in that layout. INVALID_ARGUMENT when the sizes
+  // differ from the whole model's.
   absl::Status LoadMoments(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t steps);
   int64_t steps() const;
 

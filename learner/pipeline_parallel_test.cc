@@ -2,7 +2,8 @@
 // over a HashStore, each rank one PipelineModel stage under the 1F1B
 // schedule, trained three AdamW steps (gradient clipping active) on the
 // same batch as the whole model; gradient norms and gathered weights agree
-// within 1e-5 (fp32) at pp = 2, pp = 4 and pp = 2 x dp = 2, for Llama and
+// within 1e-5 (fp32) at pp = 2, pp = 4 and pp = 2 x dp = 2 (with and without
+// ZeRO-1 over the replicas), for Llama and
 // Qwen3 (tied embeddings), with a supervised loss and with GRPO's clipped
 // surrogate over old log-probs the pipeline computed. The schedule is
 // 1F1B's, checkpoints resume across pipeline sizes, and layouts the
@@ -145,9 +146,11 @@ std::vector<PipelineMicroBatch> PerRow(const Batch& rows) {
 // whole batch (the advantages follow the row).
 absl::StatusOr<StageRun> TrainStage(const actor::ModelConfig& c, const Start& start, const Batch& rows,
                                     int64_t first_row, c10::intrusive_ptr<c10d::Backend> pipeline,
-                                    c10::intrusive_ptr<c10d::Backend> data_parallel, LossKind kind, int steps) {
+                                    c10::intrusive_ptr<c10d::Backend> data_parallel, LossKind kind, int steps,
+                                    bool zero1) {
   PipelineOptions o;
   o.optimizer = Optimizer();
+  o.optimizer.zero1 = zero1;
   o.logprob_chunk = 4;
   o.data_parallel = data_parallel;
   auto model = PipelineModel::Create(c, pipeline, o);
@@ -200,9 +203,10 @@ absl::StatusOr<StageRun> TrainStage(const actor::ModelConfig& c, const Start& st
 }
 
 // pp x dp ranks on threads (rank = replica * pp + stage): the fixture's
-// layout threads, its tensor-parallel group serving as the pipeline.
+// layout threads, its tensor-parallel group serving as the pipeline;
+// `zero1`: ZeRO-1 over the replicas of each stage.
 std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& start, const Batch& batch, int pp,
-                                    int dp, LossKind kind, int steps) {
+                                    int dp, LossKind kind, int steps, bool zero1 = false) {
   const int64_t per = batch.ids.size(0) / dp;
   // Runs come back through Run.weights only; keep the rest by rank.
   std::vector<StageRun> stage_runs(pp * dp);
@@ -211,7 +215,7 @@ std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& st
   auto runs = TrainOnLayout(batch, dp, pp, [&](const Batch& rows, auto pipeline, auto data_parallel) {
     const int d = data_parallel ? data_parallel->getRank() : 0;
     const int s = pipeline ? pipeline->getRank() : 0;
-    auto r = TrainStage(c, start, rows, d * per, pipeline, data_parallel, kind, steps);
+    auto r = TrainStage(c, start, rows, d * per, pipeline, data_parallel, kind, steps, zero1);
     if (!r.ok()) return absl::StatusOr<Run>(r.status());
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -282,6 +286,41 @@ TEST_CASE("pp=2 x dp=2 equals plain data parallelism at dp=2 and one process") {
         for (int step = 0; step < kSteps; ++step) CHECK(r.norms[step] == Approx(plain[0].norms[step]).epsilon(1e-5));
       }
       CheckEqualsReference(arch, 4, 2, 2, kind, /*tolerance=*/3e-5);
+    }
+  }
+}
+
+// ZeRO-1 over a stage's replicas changes where AdamW's state lives, not
+// the arithmetic: the weights and the gathered moments are plain DP's at
+// the same layout's, and its gathered moments resume it as the plain
+// layout's do.
+TEST_CASE("pp=2 x dp=2 with ZeRO-1 equals it without; its gathered moments resume at pp=2 and pp=4") {
+  for (const char* arch : {"llama", "qwen3"}) {
+    CAPTURE(arch);
+    const actor::ModelConfig c = Config(arch, 4);
+    const Named init = InitialWeights(c);
+    const Batch batch = MakeBatch();
+    const std::vector<StageRun> plain = TrainPipeline(c, Start{init}, batch, 2, 2, LossKind::kSupervised, 2);
+    const std::vector<StageRun> zero1 =
+        TrainPipeline(c, Start{init}, batch, 2, 2, LossKind::kSupervised, 2, /*zero1=*/true);
+    REQUIRE(zero1.size() == 4);
+    for (size_t r = 0; r < zero1.size(); ++r) {
+      CAPTURE(r);
+      CHECK(MaxAbsDiff(zero1[r].weights, plain[r].weights) < 1e-6);
+      REQUIRE(zero1[r].exp_avg.sizes() == plain[r].exp_avg.sizes());
+      CHECK(AbsDiffMax(zero1[r].exp_avg, plain[r].exp_avg) < 1e-6);
+      CHECK(AbsDiffMax(zero1[r].exp_avg_sq, plain[r].exp_avg_sq) < 1e-9);
+      CHECK(zero1[r].steps == 2);
+    }
+    // Not vacuous: the moments are not all zero.
+    REQUIRE(plain[0].exp_avg_sq.abs().max().item<double>() > 0);
+    const Start resume{zero1[0].weights, zero1[0].exp_avg, zero1[0].exp_avg_sq, zero1[0].steps};
+    const Start resume_plain{plain[0].weights, plain[0].exp_avg, plain[0].exp_avg_sq, plain[0].steps};
+    const StageRun ref = Reference(c, resume_plain, batch, LossKind::kSupervised, 1);
+    for (int pp : {2, 4}) {
+      for (const StageRun& r : TrainPipeline(c, resume, batch, pp, 2, LossKind::kSupervised, 1, /*zero1=*/true)) {
+        CHECK(MaxAbsDiff(r.weights, ref.weights) < 3e-5);
+      }
     }
   }
 }

@@ -32,6 +32,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Whether a save under `l` writes ZeRO-1's per-rank moment files (the
+// layout trainer_state.json's zero1 records). A pipeline's stages gather
+// their ZeRO-1 shares and rank 0 writes the plain layout instead.
+bool ZeroOneFiles(const LearnerSettings& l) { return l.zero1 && l.pp == 1; }
+
 // The parameters DataParallel steps for `m`, as moments_layout.h names them
 // (a reward model's and a critic's lm_head is left out of the optimizer).
 ParameterShapes ShapesOf(actor::Transformer& m, bool skip_lm_head, bool adapters = false) {
@@ -199,8 +204,9 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     if (!mine.ok() || code == 0) return mine;
     return absl::Status(static_cast<absl::StatusCode>(code), "another learner rank failed its part of the save");
   };
-  // ZeRO-1 and EP: each rank writes its own moments; else rank 0 all of them.
-  const bool per_rank = s.opt.learner.zero1 || s.opt.learner.ep > 1;
+  // ZeRO-1 and EP: each rank writes its own moments; else rank 0 all of them
+  // (also under PP with ZeRO-1, whose moments the stages gather).
+  const bool per_rank = ZeroOneFiles(s.opt.learner) || s.opt.learner.ep > 1;
   const std::string opt_file =
       per_rank ? absl::StrFormat("optimizer-rank-%d.safetensors", s.rank) : "optimizer.safetensors";
 
@@ -271,7 +277,7 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     ts.optimizer_steps = s.models.PolicySteps();
     ts.critic_optimizer_steps = s.models.CriticSteps();
     ts.world_size = s.world;
-    ts.zero1 = s.opt.learner.zero1;
+    ts.zero1 = ZeroOneFiles(s.opt.learner);
     ts.tp = s.opt.learner.tp;
     ts.ep = s.opt.learner.ep;
     ts.critic_tp = s.models.tp_critic ? s.opt.learner.tp : 1;
@@ -373,7 +379,7 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
   // policy's moments from the files and keeps its part
   // (learner/moments_layout.h).
   const bool per_rank = ts.zero1 || ts.ep > 1;
-  const bool own_share = per_rank && ts.zero1 == s.opt.learner.zero1 && ts.world_size == s.world &&
+  const bool own_share = per_rank && ts.zero1 == ZeroOneFiles(s.opt.learner) && ts.world_size == s.world &&
                          ts.tp == s.opt.learner.tp && ts.ep == s.opt.learner.ep;
   const MomentsLayout saved{ts.world_size, ts.tp, ts.zero1, ts.ep};
   RLMESH_RETURN_IF_ERROR(CatchAll("load", [&]() -> absl::Status {
@@ -397,7 +403,7 @@ absl::Status Trainer::LoadFrom(const std::string& dir) {
       RLMESH_LOG(INFO) << "resharding optimizer moments of " << dir << " from world_size=" << ts.world_size
                        << " tp=" << ts.tp << " zero1=" << ts.zero1 << " ep=" << ts.ep << " to world_size="
                        << s.world << " tp=" << s.opt.learner.tp << " zero1=" << s.opt.learner.zero1
-                       << " ep=" << s.opt.learner.ep;
+                       << " ep=" << s.opt.learner.ep << " pp=" << s.opt.learner.pp;
     }
     const ParameterShapes policy_shapes =
         s.models.PolicySplit() ? s.models.policy_shapes

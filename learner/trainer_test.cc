@@ -793,7 +793,8 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
   }
 }
 
-TEST_CASE("learner.pp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT; checkpoints resume across the layouts") {
+TEST_CASE("learner.pp: 2 (alone, and x 2 replicas, with and without ZeRO-1) equals plain K=1 for SFT; checkpoints "
+          "resume across the layouts") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
   ExperimentConfig e = Tiny();
@@ -829,10 +830,59 @@ TEST_CASE("learner.pp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT; che
   SECTION("pp=2 x dp=2, resumed from the plain checkpoint") {
     CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
   }
+  SECTION("pp=2 x dp=2 with ZeRO-1: the stages gather their shares into one plain moments file, which resumes in "
+          "one process") {
+    t.mutable_learner()->set_zero(1);
+    Trainer ranks[4];
+    std::string saved;
+    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_ppz1")), dir.File("store_ppz1"), 3,
+                                        SftStep, testing::SaveKeepingRank0Path(&saved));
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    auto state = VerifyCheckpoint(saved);
+    REQUIRE(state.ok());
+    CHECK(state->files.count("optimizer.safetensors") == 1);
+    CHECK(state->files.count("optimizer-rank-0.safetensors") == 0);
+    CHECK(!state->zero1);
+    Trainer resumed;
+    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_ppz1"))).ok());
+    CHECK(resumed.Status().step() == 3);
+    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+    REQUIRE(single.TrainStep(SftStep(3)).ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  }
+  SECTION("pp=2 x dp=2 with ZeRO-1 resumes the plain checkpoint and plain ZeRO-1's per-rank one") {
+    ExperimentConfig z = e;
+    z.mutable_learner()->set_zero(1);
+    Trainer plain_ranks[4];
+    auto results = testing::TrainShards(plain_ranks, 4, Request(z, dir.File("ckpt_z1")), dir.File("store_z1"), 3,
+                                        SftStep, [](int, Trainer& tr) { return tr.Save().status(); });
+    for (int r = 0; r < 4; ++r) {
+      INFO("plain ZeRO-1 rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    t.mutable_learner()->set_zero(1);
+    Trainer from_plain[4], from_z1[4];
+    auto a = testing::TrainShards(from_plain, 4, Request(t, dir.File("ckpt_plain")), dir.File("store_ppz1_a"), 2,
+                                  [](int i) { return SftStep(3 + i); });
+    auto b = testing::TrainShards(from_z1, 4, Request(t, dir.File("ckpt_z1")), dir.File("store_ppz1_b"), 2,
+                                  [](int i) { return SftStep(3 + i); });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << a[r].ToString() << " / " << b[r].ToString());
+      REQUIRE(a[r].ok());
+      REQUIRE(b[r].ok());
+    }
+    for (int step = 3; step < 5; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+    CHECK(MaxAbsDiff(single, from_plain[0]) <= 1e-5);
+    CHECK(MaxAbsDiff(single, from_z1[0]) <= 1e-5);
+  }
 }
 
-TEST_CASE("learner.cp: 2 (alone, and x 2 replicas) equals plain K=1 for SFT, with the same loss; checkpoints "
-          "resume") {
+TEST_CASE("learner.cp: 2 (alone, x 2 replicas, and x learner.tp: 2) equals plain K=1 for SFT, with the same "
+          "loss; checkpoints resume") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
   ExperimentConfig e = Tiny();

@@ -368,7 +368,8 @@ void CheckPipeline(Checker& c, ExperimentConfig* config) {
   const char* why = " with learner.pp > 1 is not built";
   c.Require(l->tp() == 1, "learner.tp", absl::StrCat("> 1", why));
   c.Require(l->ep() <= 1, "learner.ep", absl::StrCat("> 1", why));
-  c.Require(l->zero() == 0, "learner.zero", absl::StrCat(l->zero(), why, " (plain data parallelism over the replicas is)"));
+  c.Require(l->zero() != 3, "learner.zero",
+            absl::StrCat("3", why, " (plain data parallelism and ZeRO-1 over the replicas are)"));
   c.Require(l->autocast().empty() || l->autocast() == "fp32", "learner.autocast", absl::StrCat("bf16", why));
   c.Require(!l->gradient_checkpointing(), "learner.gradient_checkpointing", absl::StrCat("true", why));
   c.Require(config->model().device().empty() || config->model().device() == "cpu", "learner.pp",
