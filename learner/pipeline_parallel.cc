@@ -20,9 +20,13 @@
 #include "actor/rope.h"
 #include "actor/transformer.h"
 #include "common/status_macros.h"
+#include "parallel/layout_shapes.h"
 #include "parallel/token_inputs.h"
 
 namespace rlmesh::learner {
+
+using parallel::BalancedStageLayers;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -37,59 +41,7 @@ int64_t LayerOf(const std::string& name) {
   return std::stoll(name.substr(13, name.find('.', 13) - 13));
 }
 
-// Parameters of one dense decoder layer, of the embedding and of the
-// head (output projection and final norm) of `c`.
-struct StageCosts {
-  int64_t layer = 0, embedding = 0, head = 0;
-};
-
-StageCosts CostsOf(const actor::ModelConfig& c) {
-  StageCosts k;
-  actor::DecoderLayer layer(c, -1);
-  for (const auto& p : layer->parameters()) k.layer += p.numel();
-  k.embedding = c.vocab_size * c.hidden_size;
-  k.head = c.vocab_size * c.hidden_size + c.hidden_size;
-  return k;
-}
-
 }  // namespace
-
-absl::StatusOr<std::vector<int64_t>> BalancedStageLayers(const actor::ModelConfig& config, int stages) {
-  const int64_t L = config.num_layers;
-  if (stages < 1 || stages > L) {
-    return absl::InvalidArgumentError(absl::StrCat("learner.pp: ", stages,
-                                                   " stages need between 1 and the model's num_layers (", L,
-                                                   ") decoder layers, at least one per stage"));
-  }
-  const StageCosts k = CostsOf(config);
-  auto extra = [&](int s) { return (s == 0 ? k.embedding : 0) + (s == stages - 1 ? k.head : 0); };
-  // best[s][j]: the smallest largest-stage cost of layers [0, j) over
-  // stages [0, s); from[s][j] the first layer of stage s - 1 there.
-  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
-  std::vector<std::vector<int64_t>> best(stages + 1, std::vector<int64_t>(L + 1, kInf));
-  std::vector<std::vector<int64_t>> from(stages + 1, std::vector<int64_t>(L + 1, -1));
-  best[0][0] = 0;
-  for (int s = 1; s <= stages; ++s) {
-    for (int64_t j = s; j <= L; ++j) {
-      for (int64_t i = s - 1; i < j; ++i) {
-        if (best[s - 1][i] == kInf) continue;
-        const int64_t cost = std::max(best[s - 1][i], (j - i) * k.layer + extra(s - 1));
-        // `<=`: among equal costs the latest start, so later stages hold fewer layers.
-        if (cost <= best[s][j]) {
-          best[s][j] = cost;
-          from[s][j] = i;
-        }
-      }
-    }
-  }
-  std::vector<int64_t> layers(stages);
-  for (int64_t s = stages, j = L; s > 0; --s) {
-    const int64_t i = from[s][j];
-    layers[s - 1] = j - i;
-    j = i;
-  }
-  return layers;
-}
 
 absl::Status ValidatePipeline(const actor::ModelConfig& config, int stages, const std::vector<int64_t>& stage_layers) {
   if (config.NumMoeLayers() > 0) {

@@ -7,7 +7,9 @@
 // holds the embedding, the last the final norm and the output head (with
 // tied embeddings, a copy of the embedding whose gradient it sums with the
 // first stage's before every step, as Megatron does). Layers are balanced by
-// parameter count (BalancedStageLayers), or as options.stage_layers says.
+// parameter count (parallel/layout_shapes.h's BalancedStageLayers, the head
+// counted tied or not, since it computes either way), or as
+// options.stage_layers says.
 // Activations travel forward and their gradients backward point to point
 // ([rows, T, hidden] fp32 per micro-batch), sends asynchronous, receives
 // blocking.
@@ -64,6 +66,7 @@
 #include "actor/logprobs.h"
 #include "actor/model_config.h"
 #include "learner/data_parallel.h"
+#include "parallel/layout_shapes.h"
 
 namespace rlmesh::learner {
 
@@ -85,14 +88,6 @@ struct PipelineOptions {
   // true.
   bool trainable = true;
 };
-
-// The layers of each of `stages` stages, contiguous and in order, that make
-// the largest stage's parameter count (the embedding on the first, the final
-// norm and output head on the last, tied or not, since the head computes
-// either way) as small as it can be; ties go to the earlier stages holding
-// fewer layers. INVALID_ARGUMENT naming learner.pp when stages < 1 or
-// exceeds the model's layers.
-absl::StatusOr<std::vector<int64_t>> BalancedStageLayers(const actor::ModelConfig& config, int stages);
 
 // OK when `config` can be split into `stages` stages of `stage_layers`
 // (empty = balanced); INVALID_ARGUMENT or UNIMPLEMENTED naming the field

@@ -34,6 +34,7 @@ namespace rlmesh::learner {
 namespace {
 
 using namespace model_parallel_testing;  // NOLINT: the shared fixture
+using parallel::BalancedStageLayers;
 
 enum class LossKind { kSupervised, kGrpo };
 

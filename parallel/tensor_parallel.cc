@@ -117,16 +117,6 @@ bool TensorParallelGradientIsPartial(const std::string& name, bool sequence_para
   return sequence_parallel && (absl::StrContains(name, "norm.weight") || name == "score.weight");
 }
 
-actor::ModelConfig TensorParallelShardConfig(const actor::ModelConfig& config, int tp) {
-  actor::ModelConfig s = config;
-  s.head_dim = config.HeadDim();
-  s.num_heads /= tp;
-  s.num_kv_heads /= tp;
-  s.intermediate_size /= tp;
-  s.vocab_size /= tp;
-  return s;
-}
-
 at::Tensor CopyToTensorParallel(const at::Tensor& x, c10d::Backend* group) {
   return group != nullptr && group->getSize() > 1 ? CopyToShards::apply(x, GroupKey(group)) : x;
 }

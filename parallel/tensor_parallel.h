@@ -59,6 +59,7 @@
 #include "actor/model_config.h"
 #include "actor/rope.h"
 #include "actor/transformer.h"
+#include "parallel/layout_shapes.h"
 
 namespace rlmesh::parallel {
 
@@ -90,14 +91,12 @@ absl::StatusOr<at::Tensor> TensorParallelPiece(const std::string& name, const at
 at::Tensor JoinTensorParallelPieces(const std::string& name, const std::vector<at::Tensor>& pieces);
 
 // The pieces of the tensor-parallel forward pass, for a caller that holds a
-// shard's module itself: learner/fully_sharded.h binds one's parameters a
-// unit at a time when ZeRO-3 shards each tensor-parallel rank's slices over
-// the replicas. `group` is the tensor-parallel group; null (one rank) makes
-// each of them the whole model's plain computation. No sequence parallelism.
-//
-// The shard's shape: heads, KV heads, intermediate size and vocabulary
-// divided by tp, the head dimension kept. REQUIRES: ValidateTensorParallel.
-actor::ModelConfig TensorParallelShardConfig(const actor::ModelConfig& config, int tp);
+// shard's module itself (of TensorParallelShardConfig's shape,
+// parallel/layout_shapes.h): learner/fully_sharded.h binds one's parameters
+// a unit at a time when ZeRO-3 shards each tensor-parallel rank's slices
+// over the replicas. `group` is the tensor-parallel group; null (one rank)
+// makes each of them the whole model's plain computation. No sequence
+// parallelism.
 // Megatron's "f" (identity forward, gradient summed over the group: entering
 // a column-parallel region) and "g" (sum over the group forward, identity
 // backward: leaving a row-parallel one).
