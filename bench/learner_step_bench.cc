@@ -15,8 +15,9 @@
 //   bazel-bin/bench/learner_step_bench --model_dir=DIR --threads=1 --steps=3
 //
 // With --world > 1 it is one rank of a learner layout (--rank, --store, and
-// learner.tp / learner.zero from --tp / --zero): bench/learner_layouts.py
-// starts the ranks as processes.
+// learner.tp / learner.zero / learner.pp / learner.cp from their flags):
+// bench/learner_layouts.py and bench/memory_plan.py start the ranks as
+// processes.
 //
 // With --lora_rank > 0 the stage trains LoRA adapters (experiment.model.lora,
 // all seven targets, alpha = 2 x rank); --kl_coef > 0 gives the GRPO stage a
@@ -83,6 +84,9 @@ ABSL_FLAG(int, tp, 1, "learner.tp.");
 ABSL_FLAG(bool, sequence_parallel, false, "learner.sequence_parallel.");
 ABSL_FLAG(int, zero, 0, "learner.zero (0, 1 or 3).");
 ABSL_FLAG(int, ep, 1, "learner.ep (a MoE --model_dir; equal to --world when > 1).");
+ABSL_FLAG(int, pp, 1, "learner.pp.");
+ABSL_FLAG(int, pp_microbatches, 0, "learner.pp_microbatches (0 = 2 x pp).");
+ABSL_FLAG(int, cp, 1, "learner.cp.");
 ABSL_FLAG(bool, gradient_checkpointing, false, "learner.gradient_checkpointing.");
 ABSL_FLAG(std::string, autocast, "fp32", "learner.autocast: fp32 or bf16.");
 ABSL_FLAG(bool, whole_model, false,
@@ -230,6 +234,9 @@ int Run() {
   e.mutable_learner()->set_sequence_parallel(absl::GetFlag(FLAGS_sequence_parallel));
   e.mutable_learner()->set_zero(absl::GetFlag(FLAGS_zero));
   e.mutable_learner()->set_ep(absl::GetFlag(FLAGS_ep));
+  e.mutable_learner()->set_pp(absl::GetFlag(FLAGS_pp));
+  e.mutable_learner()->set_pp_microbatches(absl::GetFlag(FLAGS_pp_microbatches));
+  e.mutable_learner()->set_cp(absl::GetFlag(FLAGS_cp));
   e.mutable_learner()->set_gradient_checkpointing(absl::GetFlag(FLAGS_gradient_checkpointing));
   e.mutable_learner()->set_autocast(absl::GetFlag(FLAGS_autocast));
   e.mutable_weight_sync()->set_whole_model(absl::GetFlag(FLAGS_whole_model));

@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/experiment_config.h"
+#include "parallel/layout_shapes.h"
+#include "weight_sync/pieces.h"
 
 namespace rlmesh {
 namespace {
@@ -20,6 +24,11 @@ constexpr int64_t kLogprobChunk = 64;
 // scaling, log p, p, the gradient and its temporaries (-p g, p (log p + H),
 // the difference).
 constexpr double kChunkTensors = 8;
+// [tokens, vocabulary / tp] fp32 tensors alive at once in the
+// vocabulary-parallel log-softmax (parallel/tensor_parallel.cc's
+// VocabParallelLogProbs): the scaled logits and their exponentials kept
+// for the backward, and two gradients of that size in it.
+constexpr double kVocabParallelTensors = 4;
 
 std::string Gib(double bytes) { return absl::StrFormat("%.2f GiB", bytes / (1 << 30)); }
 
@@ -70,45 +79,181 @@ double RoleMemory::Each() const {
   return total;
 }
 
-int64_t ParameterCount(const actor::ModelConfig& m) {
-  const int64_t h = m.hidden_size, hd = m.HeadDim(), q = m.num_heads * hd, kv = m.num_kv_heads * hd;
-  int64_t n = m.vocab_size * h * (m.tie_embeddings ? 1 : 2) + h;  // embeddings, lm_head, final norm
-  if (m.value_head) n += h;
-  for (int64_t layer = 0; layer < m.num_layers; ++layer) {
-    int64_t l = 2 * h;                    // the two RMSNorms
-    l += h * q + 2 * h * kv + q * h;      // q, k, v, o
-    if (m.HasQkvBias()) l += q + 2 * kv;  // q/k/v biases
-    if (m.HasOBias()) l += h;
-    if (m.HasQkNorm()) l += 2 * hd;
-    const bool dense = !m.IsMoeArch() ||
-                       std::find(m.mlp_only_layers.begin(), m.mlp_only_layers.end(), layer) != m.mlp_only_layers.end() ||
-                       (layer + 1) % std::max<int64_t>(1, m.decoder_sparse_step) != 0;
-    if (dense) {
-      l += 3 * h * m.intermediate_size;
+namespace {
+
+// A learner group's layout, as the plan counts it.
+struct LearnerLayout {
+  int shards = 1, tp = 1, pp = 1, cp = 1, zero = 0;
+  // Data-parallel replicas: shards / (tp x pp x cp).
+  int replicas = 1;
+  // Micro-batches per mini-batch under the pipeline (1 without).
+  int64_t micro_batches = 1;
+  bool gradient_checkpointing = false;
+  // Rank 0 keeps the whole policy between steps for weight sync (a split
+  // layout that syncs it whole); with ZeRO-3's pieces each rank keeps its
+  // slice instead.
+  bool whole_on_rank0 = false;
+  bool sync_slices = false;
+};
+
+// What one learner rank holds and runs.
+struct RankShape {
+  // Its parameters (a tensor-parallel slice, a pipeline stage's).
+  double params = 0;
+  // Decoder layers it runs, and micro-batches whose activations it holds at
+  // once (1F1B: stage s of P holds min(P - s, M)).
+  int64_t layers = 0;
+  int64_t in_flight = 1;
+  // Whether it scores the vocabulary (the last stage).
+  bool head = true;
+  bool rank0 = false;
+};
+
+// The learner's terms for one rank (see memory_plan.h), less the runtime.
+std::vector<MemoryPart> LearnerParts(const LearnerLayout& l, const RankShape& r, const actor::ModelConfig& shard,
+                                     double whole_params, int64_t tokens, int64_t rows, bool reference, bool critic) {
+  std::vector<MemoryPart> parts;
+  const double p = r.params;
+  if (l.zero == 3) {
+    // Over the replicas of each tensor-parallel slice.
+    const int over = l.shards / l.tp;
+    parts.push_back({"training state (ZeRO-3, 20 B/param / dp)", 20 * p / over});
+    parts.push_back({"gradients (/ dp)", 4 * p / over});
+  } else {
+    parts.push_back({"weights", 4 * p});
+    parts.push_back({"flat weights and gradients", 8 * p});
+    if (l.zero == 1) {
+      // Over the ranks holding the same slice or stage.
+      const int over = l.shards / (l.tp * l.pp);
+      parts.push_back({"AdamW moments (ZeRO-1, / dp)", 8 * p / over});
+      parts.push_back({"shard of gradients and weights (/ dp)", 8 * p / over});
     } else {
-      l += m.num_experts * h + m.num_experts * 3 * h * m.moe_intermediate_size;  // router, experts
-      if (m.shared_expert_intermediate_size > 0) l += 3 * h * m.shared_expert_intermediate_size + h;
+      parts.push_back({"AdamW moments", 8 * p});
     }
-    n += l;
+    parts.push_back({"gradients", 4 * p});
   }
-  return n;
+  if (r.rank0 && l.whole_on_rank0) parts.push_back({"gathered policy (rank 0)", 4 * whole_params});
+  if (l.sync_slices) parts.push_back({"weight-sync slice (4 B/param / shards)", 4 * whole_params / l.shards});
+  // Split like the policy under TP and PP (whole under ZeRO-3).
+  if (reference) parts.push_back({"frozen reference", 4 * (l.zero == 3 ? whole_params : p)});
+  // Each context-parallel rank runs its share of the tokens.
+  const int64_t own = (tokens + l.cp - 1) / l.cp;
+  const double layer = LayerActivationBytes(shard);
+  const double kept = l.gradient_checkpointing ? own * (r.layers * kFp32 * shard.hidden_size + layer)
+                                               : own * r.layers * layer;
+  double activations = r.in_flight * kept + own * kFp32 * 3 * shard.hidden_size;
+  if (r.head && l.tp > 1) {
+    // The vocabulary-parallel log-softmax is not chunked: the scaled
+    // logits and their exponentials, [tokens, vocabulary / tp] fp32, and
+    // two gradients of their size in the backward.
+    activations += kVocabParallelTensors * own * shard.vocab_size * kFp32;
+  } else if (r.head) {
+    activations += rows * kLogprobChunk * shard.vocab_size * kFp32 * kChunkTensors;
+  }
+  if (l.cp > 1) {
+    // One layer's keys and values of every rank, repeated for the query
+    // heads, and their gradients in the backward.
+    activations += 4.0 * tokens * shard.num_heads * shard.HeadDim() * kFp32;
+  }
+  parts.push_back({l.gradient_checkpointing ? "activations (checkpointed)" : "activations", activations});
+  if (critic) {
+    double critic_bytes = 0;
+    for (const auto& part : parts) {
+      if (part.name.rfind("frozen", 0) != 0 && part.name.rfind("gathered", 0) != 0) critic_bytes += part.bytes;
+    }
+    parts.push_back({"critic (state and activations)", critic_bytes});
+  }
+  return parts;
 }
+
+// The learner's roles, one per kind of rank: on GPUs one per shard; on the
+// CPU rank 0 apart when it keeps the whole policy, and each pipeline stage
+// apart. `parts` gives a rank's terms; `runtime` is added to each role on
+// the CPU.
+using PartsOf = std::function<std::vector<MemoryPart>(const RankShape&)>;
+absl::StatusOr<std::vector<RoleMemory>> LearnerRoles(const ExperimentConfig& e, const LearnerLayout& l,
+                                                     const actor::ModelConfig& m, const actor::ModelConfig& shard,
+                                                     double p, double runtime, const PartsOf& parts) {
+  const LearnerConfig& lc = e.learner();
+  std::vector<RoleMemory> roles;
+  const std::string learner_device = DeviceOf(e.model().device());
+  if (learner_device != "cpu") {
+    // One GPU per shard, from model.device on (PlaceLearnerShardsOnGpus);
+    // only data parallelism and ZeRO-1 run there.
+    const int first = learner_device == "cuda:0" ? 0 : std::stoi(learner_device.substr(5));
+    for (int k = 0; k < l.shards; ++k) {
+      roles.push_back({l.shards == 1 ? "learner" : absl::StrCat("learner ", k), absl::StrCat("cuda:", first + k), 1,
+                       parts({.params = p, .layers = m.num_layers, .rank0 = k == 0})});
+    }
+  } else if (l.pp > 1) {
+    // Stage s is ranks s, s + pp, ...: its parameters, layers and the
+    // micro-batches 1F1B keeps in flight there; rank 0 is stage 0.
+    std::vector<int64_t> layers(lc.pp_layers().begin(), lc.pp_layers().end());
+    if (layers.empty()) {
+      auto balanced = parallel::BalancedStageLayers(m, l.pp);
+      if (!balanced.ok()) return balanced.status();
+      layers = *balanced;
+    }
+    const std::vector<int64_t> held = parallel::StageParameterCounts(m, layers);
+    const int per_stage = l.shards / l.pp;
+    for (int st = 0; st < l.pp; ++st) {
+      RankShape r{.params = static_cast<double>(held[st]), .layers = layers[st],
+                  .in_flight = std::min<int64_t>(l.pp - st, l.micro_batches), .head = st == l.pp - 1};
+      const std::string name = absl::StrCat("learner stage ", st);
+      if (st == 0) {
+        RankShape first = r;
+        first.rank0 = true;
+        RoleMemory zero{"learner 0 (stage 0)", "cpu", 1, parts(first)};
+        zero.parts.push_back({"runtime", runtime});
+        roles.push_back(zero);
+        if (per_stage == 1) continue;
+      }
+      RoleMemory role{name, "cpu", st == 0 ? per_stage - 1 : per_stage, parts(r)};
+      role.parts.push_back({"runtime", runtime});
+      roles.push_back(role);
+    }
+  } else {
+    const RankShape r{.params = static_cast<double>(parallel::ParameterCount(shard)), .layers = m.num_layers};
+    RoleMemory all{"learner", "cpu", l.shards, parts(r)};
+    if (l.whole_on_rank0 && l.shards > 1) {
+      RankShape first = r;
+      first.rank0 = true;
+      RoleMemory zero{"learner 0", "cpu", 1, parts(first)};
+      zero.parts.push_back({"runtime", runtime});
+      roles.push_back(zero);
+      all.count = l.shards - 1;
+    }
+    all.parts.push_back({"runtime", runtime});
+    roles.push_back(all);
+  }
+
+  return roles;
+}
+
+}  // namespace
 
 absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::ModelConfig& m,
                                       const PlanSequences& lengths, const PlanCapacity& capacity) {
   if (absl::Status s = capacity.Validate(); !s.ok()) return s;
   const LearnerConfig& lc = e.learner();
-  if (lc.tp() > 1) return absl::UnimplementedError("learner.tp: coordinator plan does not plan tensor parallelism yet");
   if (lc.ep() > 1) return absl::UnimplementedError("learner.ep: coordinator plan does not plan expert parallelism yet");
-  if (lc.pp() > 1) return absl::UnimplementedError("learner.pp: coordinator plan does not plan pipeline parallelism yet");
-  if (lc.cp() > 1) return absl::UnimplementedError("learner.cp: coordinator plan does not plan context parallelism yet");
   if (e.rollout().tp() > 1) {
     return absl::UnimplementedError("rollout.tp: coordinator plan does not plan tensor-parallel rollout yet");
   }
   MemoryPlan plan;
-  const double p = static_cast<double>(ParameterCount(m));
+  const double p = static_cast<double>(parallel::ParameterCount(m));
   plan.parameters = static_cast<int64_t>(p);
-  const int dp = std::max(1, lc.shards());
+  LearnerLayout l;
+  l.shards = std::max(1, lc.shards());
+  l.tp = std::max(1, lc.tp());
+  l.pp = std::max(1, lc.pp());
+  l.cp = std::max(1, lc.cp());
+  l.zero = lc.zero();
+  l.replicas = std::max(1, l.shards / (l.tp * l.pp * l.cp));
+  l.gradient_checkpointing = lc.gradient_checkpointing();
+  const bool pieces = weight_sync::ConfiguredWeightPieces(e, l.shards) > 1;
+  l.whole_on_rank0 = (l.zero == 3 || l.tp > 1) ? !pieces : l.pp > 1;
+  l.sync_slices = l.zero == 3 && pieces;
   auto bounded = [&](int64_t n) { return n > 0 ? std::min<int64_t>(n, m.max_positions) : m.max_positions; };
   const int64_t context = bounded(lengths.train);
   const int64_t generated = bounded(lengths.generate);
@@ -117,72 +262,29 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
   bool reference = false, critic = false;
   int64_t sequences = 1;
   for (const Stage& stage : e.stages()) {
-    sequences = std::max(sequences, SequencesPerRank(stage, dp));
+    sequences = std::max(sequences, SequencesPerRank(stage, l.replicas));
     const RlStage* rl = RlSettings(stage);
     reference |= stage.has_dpo() || (rl != nullptr && rl->kl().coef() > 0);
     critic |= stage.has_ppo();
   }
   int64_t tokens = sequences * context;
   if (lc.micro_batch_tokens() > 0) tokens = std::min(tokens, std::max(lc.micro_batch_tokens(), context));
+  if (l.pp > 1) {
+    // The pipeline cuts each mini-batch into at least pp_microbatches.
+    l.micro_batches = std::max<int64_t>(1, lc.pp_microbatches());
+    tokens = std::min(tokens, (sequences + l.micro_batches - 1) / l.micro_batches * context);
+    l.micro_batches = std::max(l.micro_batches, (sequences * context + tokens - 1) / tokens);
+  }
   plan.micro_batch_tokens = tokens;
   plan.micro_batch_rows = std::max<int64_t>(1, tokens / context);
-
-  const double layer = LayerActivationBytes(m);
-  const double kept = lc.gradient_checkpointing()
-                          ? tokens * (m.num_layers * kFp32 * m.hidden_size + layer)
-                          : tokens * m.num_layers * layer;
-  const double activations = kept + tokens * kFp32 * 3 * m.hidden_size +
-                             plan.micro_batch_rows * kLogprobChunk * m.vocab_size * kFp32 * kChunkTensors;
-
-  auto learner_parts = [&](bool rank0) {
-    std::vector<MemoryPart> parts;
-    if (lc.zero() == 3) {
-      parts.push_back({"training state (ZeRO-3, 20 B/param / dp)", 20 * p / dp});
-      parts.push_back({"gradients (/ dp)", 4 * p / dp});
-      if (rank0) parts.push_back({"gathered policy (rank 0)", 4 * p});
-    } else {
-      parts.push_back({"weights", 4 * p});
-      parts.push_back({"flat weights and gradients", 8 * p});
-      if (lc.zero() == 1) {
-        parts.push_back({"AdamW moments (ZeRO-1, / dp)", 8 * p / dp});
-        parts.push_back({"shard of gradients and weights (/ dp)", 8 * p / dp});
-      } else {
-        parts.push_back({"AdamW moments", 8 * p});
-      }
-      parts.push_back({"gradients", 4 * p});
-    }
-    if (reference) parts.push_back({"frozen reference", 4 * p});
-    parts.push_back({lc.gradient_checkpointing() ? "activations (checkpointed)" : "activations", activations});
-    if (critic) {
-      double critic_bytes = 0;
-      for (const auto& part : parts) {
-        if (part.name.rfind("frozen", 0) != 0 && part.name.rfind("gathered", 0) != 0) critic_bytes += part.bytes;
-      }
-      parts.push_back({"critic (state and activations)", critic_bytes});
-    }
-    return parts;
+  const actor::ModelConfig shard = l.tp > 1 ? parallel::TensorParallelShardConfig(m, l.tp) : m;
+  auto parts = [&](const RankShape& r) {
+    return LearnerParts(l, r, shard, p, tokens, plan.micro_batch_rows, reference, critic);
   };
 
-  const std::string learner_device = DeviceOf(e.model().device());
-  const bool learners_on_gpu = learner_device != "cpu";
-  if (!learners_on_gpu) {
-    RoleMemory all{"learner", "cpu", dp, learner_parts(/*rank0=*/false)};
-    if (lc.zero() == 3 && dp > 1) {
-      RoleMemory zero{"learner 0", "cpu", 1, learner_parts(/*rank0=*/true)};
-      zero.parts.push_back({"runtime", capacity.runtime_bytes});
-      plan.roles.push_back(zero);
-      all.count = dp - 1;
-    }
-    all.parts.push_back({"runtime", capacity.runtime_bytes});
-    plan.roles.push_back(all);
-  } else {
-    // One GPU per shard, from model.device on (PlaceLearnerShardsOnGpus).
-    const int first = learner_device == "cuda:0" ? 0 : std::stoi(learner_device.substr(5));
-    for (int k = 0; k < dp; ++k) {
-      plan.roles.push_back({dp == 1 ? "learner" : absl::StrCat("learner ", k), absl::StrCat("cuda:", first + k), 1,
-                            learner_parts(/*rank0=*/k == 0)});
-    }
-  }
+  auto learners = LearnerRoles(e, l, m, shard, p, capacity.runtime_bytes, parts);
+  if (!learners.ok()) return learners.status();
+  plan.roles = *std::move(learners);
 
   // Rollout workers: the weights in rollout.dtype, the KV cache (the same
   // type) of max_batch sequences of the whole context, and one batch of

@@ -5,27 +5,40 @@
 // device it runs on: what `coordinator plan` prints (and `run --dry-run`
 // for a local run). Pure arithmetic, no LibTorch.
 //
-// The learner's terms are the theory bench/learner_memory.md and
-// bench/learner_layouts.md measure (fp32 masters, P parameters):
+// The learner's terms are the theory bench/learner_memory.md,
+// bench/learner_layouts.md and bench/memory_plan.md measure (fp32 masters,
+// P the parameters a rank holds: the whole model, a tensor-parallel slice,
+// a pipeline stage's layers):
 //   weights 4 P, DataParallel's flat weights and gradients 8 P, AdamW's
 //   moments 8 P (ZeRO-1: 8 P / dp, plus the rank's shard of gradients and
-//   weights, 8 P / dp), the parameters' gradients 4 P; ZeRO-3 holds 24 P /
-//   dp, plus the gathered policy (4 P) on rank 0;
+//   weights, 8 P / dp, dp the ranks holding the same slice or stage), the
+//   parameters' gradients 4 P; ZeRO-3 holds 24 P / dp;
+//   rank 0 keeps the whole policy (4 B a parameter) for weight sync under
+//   ZeRO-3, TP and PP, unless the weights travel in pieces
+//   (weight_sync/pieces.h), when ZeRO-3's ranks keep 1/shards of it each;
 //   a frozen reference 4 P (RL with kl.coef > 0, DPO); PPO's critic its own
 //   state and activations;
 //   activations of one micro-batch of N tokens in R rows (N = the stage's
-//   sequences per shard x the longest training sequence, at most
-//   learner.micro_batch_tokens): N x L x 4 x (9H + 4KV + 4I + A + 4) in the
-//   layers (with activation checkpointing each layer keeps its input, 4H
-//   per token, and one layer is recomputed at a time), N x 4 x 3H around
-//   them, and eight [R, 64, V] fp32 tensors of the log-prob chunk's
-//   backward (actor/logprobs.cc: the recomputed logits, log p, p, the
-//   gradient and its temporaries).
+//   sequences per replica x the longest training sequence, at most
+//   learner.micro_batch_tokens, and under PP at most 1/pp_microbatches of
+//   the mini-batch): N x L x 4 x (9H + 4KV + 4I + A + 4) in the layers
+//   (with activation checkpointing each layer keeps its input, 4H per
+//   token, and one layer is recomputed at a time), N x 4 x 3H around them,
+//   and eight [R, 64, V] fp32 tensors of the log-prob chunk's backward
+//   (actor/logprobs.cc: the recomputed logits, log p, p, the gradient and
+//   its temporaries). Under TP the heads, KV heads, MLP width and
+//   vocabulary are the slice's, and the vocabulary-parallel log-softmax
+//   holds four [N, V / tp] fp32 tensors instead of the chunks; under CP a
+//   rank runs N / cp tokens and holds one layer's gathered keys and values
+//   and their gradients (4 x N x A x D x 4 B); under PP a stage runs its L
+//   layers on min(pp - s, M) micro-batches at once (1F1B), and only the
+//   last scores the vocabulary.
 // A rollout worker holds the weights (fp32), a KV cache of
 // rollout.max_batch sequences of the longest generated sequence, and a
 // batch of logits. Every process on the host adds the runtime it starts
 // with (LibTorch).
-// Tensor and expert parallelism are not planned (UNIMPLEMENTED, by field).
+// Expert parallelism and tensor-parallel rollout are not planned
+// (UNIMPLEMENTED, by field).
 
 #include <cstdint>
 #include <string>
@@ -73,7 +86,9 @@ struct MemoryPart {
 
 // One kind of process: `count` of them on `device`, each needing `parts`.
 struct RoleMemory {
-  std::string role;    // "learner", "learner 0" (ZeRO-3's rank 0), "rollout_worker"
+  // "learner", "learner 0" (rank 0 holding the gathered policy), "learner
+  // stage 1" (a pipeline stage's ranks), "rollout_worker", ...
+  std::string role;
   std::string device;  // "cpu" or "cuda:<i>"
   int count = 1;
   std::vector<MemoryPart> parts;
@@ -95,10 +110,6 @@ struct MemoryPlan {
   std::vector<RoleMemory> roles;
   std::vector<DeviceUse> devices;
 };
-
-// Parameters of a model of this shape, as Hugging Face counts them (a tied
-// lm_head once).
-int64_t ParameterCount(const actor::ModelConfig& model);
 
 // REQUIRES: `experiment` normalized (NormalizeExperiment); `model` the
 // policy's shape (config.json of model.path, or the scratch sizes with the

@@ -3,9 +3,12 @@
 #include "catch2/catch.hpp"
 #include "common/proto_yaml.h"
 #include "coordinator/experiment_config.h"
+#include "parallel/layout_shapes.h"
 
 namespace rlmesh {
 namespace {
+
+using parallel::ParameterCount;
 
 constexpr double kGib = 1 << 30;
 
@@ -100,11 +103,20 @@ TEST_CASE("The learner's state follows the layout") {
   CHECK(Part(Role(*zero1, "learner"), "shard of gradients and weights") == 4 * p);
   CHECK(Role(*zero1, "learner").Each() < Role(*plain, "learner").Each());
 
+  // ZeRO-3 syncs the weights in pieces by default: each rank keeps its
+  // slice, none the whole policy; with weight_sync.whole_model rank 0 does.
   auto zero3 = PlanMemory(Experiment(grpo + "learner: {shards: 2, zero: 3}\n"), m, {}, cap);
   REQUIRE(zero3.ok());
-  CHECK(Part(Role(*zero3, "learner 0"), "gathered policy") == 4 * p);
+  CHECK(Role(*zero3, "learner").count == 2);
   CHECK(Part(Role(*zero3, "learner"), "training state") == 10 * p);
+  CHECK(Part(Role(*zero3, "learner"), "weight-sync slice") == 2 * p);
   CHECK(Part(Role(*zero3, "learner"), "gathered policy") == -1);
+  auto zero3_whole =
+      PlanMemory(Experiment(grpo + "learner: {shards: 2, zero: 3}\nweight_sync: {whole_model: true}\n"), m, {}, cap);
+  REQUIRE(zero3_whole.ok());
+  CHECK(Part(Role(*zero3_whole, "learner 0"), "gathered policy") == 4 * p);
+  CHECK(Part(Role(*zero3_whole, "learner"), "gathered policy") == -1);
+  CHECK(Part(Role(*zero3_whole, "learner"), "weight-sync slice") == -1);
 
   auto kl = PlanMemory(Experiment("stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, optimizer: {lr: 1.0e-5}, "
                                   "kl: {coef: 0.01}}}}]\n"),
@@ -125,9 +137,88 @@ TEST_CASE("The learner's state follows the layout") {
   CHECK(short_rows->micro_batch_rows == 32);
   CHECK(Part(Role(*short_rows, "rollout_worker"), "KV cache") == 2.0 * 4 * 4 * 64 * 64 * 48 * 4);
 
-  auto tp = PlanMemory(Experiment(grpo + "learner: {shards: 2, tp: 2}\n"), m, {}, cap);
-  CHECK(tp.status().code() == absl::StatusCode::kUnimplemented);
-  CHECK(std::string(tp.status().message()).find("learner.tp") != std::string::npos);
+  ExperimentConfig moe = Experiment(grpo + "learner: {shards: 2}\n");
+  moe.mutable_learner()->set_ep(2);
+  auto ep = PlanMemory(moe, m, {}, cap);
+  CHECK(ep.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(ep.status().message()).find("learner.ep") != std::string::npos);
+}
+
+TEST_CASE("Tensor, pipeline and context parallelism: what each rank holds and runs") {
+  const actor::ModelConfig m = Llama(2048, 4);
+  const double p = ParameterCount(m);
+  PlanCapacity cap;
+  cap.host_bytes = 64 * kGib;
+  const std::string grpo =
+      "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, samples_per_prompt: 4, optimizer: {lr: 1.0e-5}}}}]\n";
+  auto plain = PlanMemory(Experiment(grpo), m, {.train = 128}, cap);
+  REQUIRE(plain.ok());
+  const double plain_activations = Part(Role(*plain, "learner"), "activations");
+
+  // TP: each rank its slice's state; the layers' and the head's activations
+  // shrink, the stream's do not. Weight sync in pieces: no whole policy.
+  auto tp = PlanMemory(Experiment(grpo + "learner: {shards: 2, tp: 2}\n"), m, {.train = 128}, cap);
+  REQUIRE(tp.ok());
+  const double slice = ParameterCount(parallel::TensorParallelShardConfig(m, 2));
+  CHECK(slice < 0.51 * p);
+  CHECK(Role(*tp, "learner").count == 2);
+  CHECK(Part(Role(*tp, "learner"), "weights") == 4 * slice);
+  CHECK(Part(Role(*tp, "learner"), "AdamW moments") == 8 * slice);
+  CHECK(Part(Role(*tp, "learner"), "gathered policy") == -1);
+  CHECK(Part(Role(*tp, "learner"), "activations") < 0.8 * plain_activations);
+  CHECK(Part(Role(*tp, "learner"), "activations") > 0.3 * plain_activations);
+  CHECK(tp->micro_batch_rows == plain->micro_batch_rows);
+  auto tp_whole = PlanMemory(Experiment(grpo + "learner: {shards: 4, tp: 2, zero: 1}\nweight_sync: {whole_model: true}\n"),
+                             m, {.train = 128}, cap);
+  REQUIRE(tp_whole.ok());
+  CHECK(Part(Role(*tp_whole, "learner 0"), "gathered policy") == 4 * p);
+  CHECK(Role(*tp_whole, "learner").count == 3);
+  // ZeRO-1 over the two replicas of each slice.
+  CHECK(Part(Role(*tp_whole, "learner"), "AdamW moments") == 4 * slice);
+
+  // PP: stage s holds its layers' parameters (the embedding on the first,
+  // the head on the last) and min(pp - s, M) micro-batches' activations;
+  // only the last stage scores the vocabulary; rank 0 keeps the whole
+  // policy for weight sync.
+  auto pp = PlanMemory(Experiment(grpo + "learner: {shards: 4, pp: 2}\n"), m, {.train = 128}, cap);
+  REQUIRE(pp.ok());
+  auto layers = parallel::BalancedStageLayers(m, 2);
+  REQUIRE(layers.ok());
+  const std::vector<int64_t> held = parallel::StageParameterCounts(m, *layers);
+  CHECK(held[0] + held[1] == static_cast<int64_t>(p));  // untied: nothing held twice
+  const RoleMemory& first = Role(*pp, "learner 0 (stage 0)");
+  CHECK(first.count == 1);
+  CHECK(Role(*pp, "learner stage 0").count == 1);
+  CHECK(Role(*pp, "learner stage 1").count == 2);
+  CHECK(Part(first, "weights") == 4 * held[0]);
+  CHECK(Part(Role(*pp, "learner stage 1"), "weights") == 4 * held[1]);
+  CHECK(Part(first, "gathered policy") == 4 * p);
+  CHECK(Part(Role(*pp, "learner stage 0"), "gathered policy") == -1);
+  // 16 rows a replica in at least 4 micro-batches (2 x pp).
+  CHECK(pp->micro_batch_rows == 4);
+  const double stage0 = Part(Role(*pp, "learner stage 0"), "activations");
+  const double stage1 = Part(Role(*pp, "learner stage 1"), "activations");
+  // Two layers each; stage 0 holds two micro-batches of 4 x 128 tokens,
+  // stage 1 one but scores the vocabulary: eight [4, 64, 2048] fp32 chunks.
+  REQUIRE(*layers == std::vector<int64_t>{2, 2});
+  const double micro = 4 * 128 * 2 * 4.0 * (9 * 512 + 4 * 256 + 4 * 1408 + 8 + 4);
+  CHECK(stage0 - stage1 == Approx(micro - 4 * 64 * 2048 * 4.0 * 8));
+  CHECK(stage0 < plain_activations);
+
+  // CP: the whole model on every rank, half the tokens' activations each.
+  auto cp = PlanMemory(Experiment(grpo + "learner: {shards: 2, cp: 2}\n"), m, {.train = 128}, cap);
+  REQUIRE(cp.ok());
+  CHECK(Role(*cp, "learner").count == 2);
+  CHECK(Part(Role(*cp, "learner"), "weights") == 4 * p);
+  CHECK(Part(Role(*cp, "learner"), "gathered policy") == -1);
+  CHECK(Part(Role(*cp, "learner"), "activations") < plain_activations);
+  CHECK(cp->micro_batch_rows == plain->micro_batch_rows);
+  // cp x tp: a slice's state and half the tokens.
+  auto cptp = PlanMemory(Experiment(grpo + "learner: {shards: 4, cp: 2, tp: 2}\n"), m, {.train = 128}, cap);
+  REQUIRE(cptp.ok());
+  CHECK(Role(*cptp, "learner").count == 4);
+  CHECK(Part(Role(*cptp, "learner"), "weights") == 4 * slice);
+  CHECK(Part(Role(*cptp, "learner"), "activations") < Part(Role(*tp, "learner"), "activations"));
 }
 
 TEST_CASE("The rollout worker's KV cache and a plan that does not fit") {
