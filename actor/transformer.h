@@ -107,15 +107,17 @@ class AttentionImpl : public torch::nn::Module {
                        torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& lens,
                        const torch::Tensor& key_mask, int64_t used);
 
+  // [B, T, heads, D] projections of x [B, T, H], QK-normed where the model
+  // has it, RoPE'd with cos/sin [B, T, D] (a layout that runs the attention
+  // itself, learner/context_parallel.cc, takes them from here).
+  torch::Tensor Queries(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::Tensor Keys(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
   LoraLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   // Qwen3's per-head RMSNorm on q and k (null elsewhere).
   RmsNorm q_norm{nullptr}, k_norm{nullptr};
 
  private:
-  // [.., T, heads, D] projections, QK-normed where the model has it, RoPE'd.
-  torch::Tensor Queries(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-  torch::Tensor Keys(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-
   int64_t heads_, kv_heads_, head_dim_;
 };
 TORCH_MODULE(Attention);

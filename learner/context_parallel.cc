@@ -43,17 +43,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// rotate_half and RoPE on [B, T, heads, D] with cos/sin [B, T, D], the same
-// operations as the transformer's attention.
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return x * cos.unsqueeze(2) + RotateHalf(x) * sin.unsqueeze(2);
-}
-
 // Every rank's [B, kv, 2c, D] keys (or values) laid out in sequence order,
 // [B, kv, 2C c, D]: rank r's first half is chunk r, its second chunk
 // 2C - 1 - r.
@@ -184,12 +173,8 @@ at::Tensor Layer(ContextParallelModel::Impl& im, actor::DecoderLayerImpl& layer,
   const int64_t B = h.size(0), T = h.size(1), D = c.HeadDim();
   actor::AttentionImpl& a = *layer.self_attn;
   const at::Tensor x = parallel::CopyToTensorParallel(layer.input_layernorm(h), im.tp_group);
-  at::Tensor q = a.q_proj(x).view({B, T, c.num_heads, D});
-  if (a.q_norm) q = a.q_norm(q);
-  at::Tensor k = a.k_proj(x).view({B, T, c.num_kv_heads, D});
-  if (a.k_norm) k = a.k_norm(k);
-  q = ApplyRope(q, cos, sin).transpose(1, 2);
-  k = ApplyRope(k, cos, sin).transpose(1, 2);
+  const at::Tensor q = a.Queries(x, cos, sin).transpose(1, 2);
+  const at::Tensor k = a.Keys(x, cos, sin).transpose(1, 2);
   const at::Tensor v = a.v_proj(x).view({B, T, c.num_kv_heads, D}).transpose(1, 2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const at::Tensor o = AttentionFunction::apply(reinterpret_cast<int64_t>(&im), scale, q, k, v);
