@@ -34,6 +34,15 @@ ExperimentConfig Experiment(const std::string& yaml) {
   return cfg;
 }
 
+// A host of 64 GiB, and a GRPO stage of 8 prompts x 4 samples a step.
+PlanCapacity Host64Gib() {
+  PlanCapacity cap;
+  cap.host_bytes = 64 * kGib;
+  return cap;
+}
+const char* const kGrpo =
+    "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, samples_per_prompt: 4, optimizer: {lr: 1.0e-5}}}}]\n";
+
 const RoleMemory& Role(const MemoryPlan& plan, const std::string& name) {
   for (const auto& r : plan.roles) {
     if (r.role == name) return r;
@@ -78,10 +87,8 @@ TEST_CASE("ParameterCount counts as transformers does") {
 TEST_CASE("The learner's state follows the layout") {
   const actor::ModelConfig m = Llama(2048, 4);
   const double p = ParameterCount(m);
-  PlanCapacity cap;
-  cap.host_bytes = 64 * kGib;
-  const std::string grpo =
-      "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, samples_per_prompt: 4, optimizer: {lr: 1.0e-5}}}}]\n";
+  const PlanCapacity cap = Host64Gib();
+  const std::string grpo = kGrpo;
   auto plain = PlanMemory(Experiment(grpo), m, {}, cap);
   REQUIRE(plain.ok());
   const RoleMemory& one = Role(*plain, "learner");
@@ -147,10 +154,8 @@ TEST_CASE("The learner's state follows the layout") {
 TEST_CASE("Tensor, pipeline and context parallelism: what each rank holds and runs") {
   const actor::ModelConfig m = Llama(2048, 4);
   const double p = ParameterCount(m);
-  PlanCapacity cap;
-  cap.host_bytes = 64 * kGib;
-  const std::string grpo =
-      "stages: [{grpo: {rl: {steps: 1, prompts_per_step: 8, samples_per_prompt: 4, optimizer: {lr: 1.0e-5}}}}]\n";
+  const PlanCapacity cap = Host64Gib();
+  const std::string grpo = kGrpo;
   auto plain = PlanMemory(Experiment(grpo), m, {.train = 128}, cap);
   REQUIRE(plain.ok());
   const double plain_activations = Part(Role(*plain, "learner"), "activations");

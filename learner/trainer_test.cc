@@ -595,6 +595,42 @@ void CheckFourRanksResume(Trainer& single, const ExperimentConfig& layout, const
   CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
 }
 
+// `layout` over four ranks for three SFT steps from scratch, then saved to
+// `ckpt`: rank 0's weights are `single`'s after its three. Returns the
+// checkpoint's state and its folder.
+std::pair<TrainerState, std::string> TrainFourRanksAndSave(Trainer& single, const ExperimentConfig& layout,
+                                                           const std::string& ckpt, const std::string& store) {
+  Trainer ranks[4];
+  std::string saved;
+  auto results =
+      testing::TrainShards(ranks, 4, Request(layout, ckpt), store, 3, SftStep, testing::SaveKeepingRank0Path(&saved));
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << results[r].ToString());
+    REQUIRE(results[r].ok());
+  }
+  CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+  auto state = VerifyCheckpoint(saved);
+  REQUIRE(state.ok());
+  return {*state, saved};
+}
+
+// TrainFourRanksAndSave, then: the checkpoint holds one plain moments file
+// and resumes in one process of `plain` to single's fourth step (which
+// `single` takes here). Returns the checkpoint's state.
+TrainerState CheckFourRanksSaveResumesPlain(Trainer& single, const ExperimentConfig& layout,
+                                            const ExperimentConfig& plain, const std::string& ckpt,
+                                            const std::string& store) {
+  const TrainerState state = TrainFourRanksAndSave(single, layout, ckpt, store).first;
+  CHECK(state.files.count("optimizer.safetensors") == 1);
+  Trainer resumed;
+  REQUIRE(resumed.Configure(Request(plain, ckpt)).ok());
+  CHECK(resumed.Status().step() == 3);
+  REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+  REQUIRE(single.TrainStep(SftStep(3)).ok());
+  CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  return state;
+}
+
 TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints resume across the layouts") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
@@ -726,19 +762,9 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
   }
   SECTION("tp=2 x dp=2 with ZeRO-1: per-rank moments that resume in any layout") {
     t.mutable_learner()->set_zero(1);
-    Trainer ranks[4];
-    std::string saved;
-    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_z1")), dir.File("store_z1"), 3, SftStep,
-                                        testing::SaveKeepingRank0Path(&saved));
-    for (int r = 0; r < 4; ++r) {
-      INFO("rank " << r << ": " << results[r].ToString());
-      REQUIRE(results[r].ok());
-    }
-    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
-    auto state = VerifyCheckpoint(saved);
-    REQUIRE(state.ok());
-    for (int r = 0; r < 4; ++r) CHECK(state->files.count(absl::StrFormat("optimizer-rank-%d.safetensors", r)) == 1);
-    CHECK(state->tp == 2);
+    const auto [state, saved] = TrainFourRanksAndSave(single, t, dir.File("ckpt_z1"), dir.File("store_z1"));
+    for (int r = 0; r < 4; ++r) CHECK(state.files.count(absl::StrFormat("optimizer-rank-%d.safetensors", r)) == 1);
+    CHECK(state.tp == 2);
     // Each rank's moments are its ZeRO-1 half of its TP half of the policy.
     const int64_t whole = testing::MomentsNumel(plain_saved->path() + "/optimizer.safetensors");
     REQUIRE(whole > 0);
@@ -833,26 +859,10 @@ TEST_CASE("learner.pp: 2 (alone, and x 2 replicas, with and without ZeRO-1) equa
   SECTION("pp=2 x dp=2 with ZeRO-1: the stages gather their shares into one plain moments file, which resumes in "
           "one process") {
     t.mutable_learner()->set_zero(1);
-    Trainer ranks[4];
-    std::string saved;
-    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_ppz1")), dir.File("store_ppz1"), 3,
-                                        SftStep, testing::SaveKeepingRank0Path(&saved));
-    for (int r = 0; r < 4; ++r) {
-      INFO("rank " << r << ": " << results[r].ToString());
-      REQUIRE(results[r].ok());
-    }
-    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
-    auto state = VerifyCheckpoint(saved);
-    REQUIRE(state.ok());
-    CHECK(state->files.count("optimizer.safetensors") == 1);
-    CHECK(state->files.count("optimizer-rank-0.safetensors") == 0);
-    CHECK(!state->zero1);
-    Trainer resumed;
-    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_ppz1"))).ok());
-    CHECK(resumed.Status().step() == 3);
-    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
-    REQUIRE(single.TrainStep(SftStep(3)).ok());
-    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+    const TrainerState state =
+        CheckFourRanksSaveResumesPlain(single, t, e, dir.File("ckpt_ppz1"), dir.File("store_ppz1"));
+    CHECK(state.files.count("optimizer-rank-0.safetensors") == 0);
+    CHECK(!state.zero1);
   }
   SECTION("pp=2 x dp=2 with ZeRO-1 resumes the plain checkpoint and plain ZeRO-1's per-rank one") {
     ExperimentConfig z = e;
@@ -927,24 +937,7 @@ TEST_CASE("learner.cp: 2 (alone, x 2 replicas, and x learner.tp: 2) equals plain
   }
   SECTION("cp=2 x tp=2: rank 0 holds the gathered weights; its checkpoint resumes in one plain process") {
     t.mutable_learner()->set_tp(2);
-    Trainer ranks[4];
-    std::string saved;
-    auto results = testing::TrainShards(ranks, 4, Request(t, dir.File("ckpt_cptp")), dir.File("store_cptp"), 3,
-                                        SftStep, testing::SaveKeepingRank0Path(&saved));
-    for (int r = 0; r < 4; ++r) {
-      INFO("rank " << r << ": " << results[r].ToString());
-      REQUIRE(results[r].ok());
-    }
-    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
-    auto state = VerifyCheckpoint(saved);
-    REQUIRE(state.ok());
-    CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
-    Trainer resumed;
-    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_cptp"))).ok());
-    CHECK(resumed.Status().step() == 3);
-    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
-    REQUIRE(single.TrainStep(SftStep(3)).ok());
-    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+    CHECK(CheckFourRanksSaveResumesPlain(single, t, e, dir.File("ckpt_cptp"), dir.File("store_cptp")).tp == 2);
   }
   SECTION("cp=2 x tp=2, resumed from the plain checkpoint") {
     t.mutable_learner()->set_tp(2);
@@ -1161,13 +1154,18 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
   }
   // Two mini-batches: mini-batch m is the same groups whatever the number of
   // replicas (RankSlice), so K replicas make the same optimizer steps.
-  SECTION("GRPO under learner.zero: 3, two mini-batches of uneven micro-batches, KL to the reference") {
-    ExperimentConfig z = e;
+  // GRPO with KL to the reference, two mini-batches of uneven micro-batches.
+  auto kl_two_mini_batches = [&] {
+    ExperimentConfig c = e;
     Stage s = GrpoStageOf(2, kLr);
     s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
     s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
-    *z.add_stages() = s;
-    z.mutable_learner()->set_micro_batch_tokens(40);
+    *c.add_stages() = s;
+    c.mutable_learner()->set_micro_batch_tokens(40);
+    return c;
+  };
+  SECTION("GRPO under learner.zero: 3, two mini-batches of uneven micro-batches, KL to the reference") {
+    ExperimentConfig z = kl_two_mini_batches();
     ExperimentConfig plain = z;
     plain.mutable_learner()->set_zero(0);
     z.mutable_learner()->set_zero(3);
@@ -1178,12 +1176,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
   }
   SECTION("GRPO under learner.tp: 2, alone, x 2 replicas with sequence parallelism and x 2 replicas under ZeRO-3, "
           "KL to the reference") {
-    ExperimentConfig t = e;
-    Stage s = GrpoStageOf(2, kLr);
-    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
-    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
-    *t.add_stages() = s;
-    t.mutable_learner()->set_micro_batch_tokens(40);
+    ExperimentConfig t = kl_two_mini_batches();
     ExperimentConfig plain = t;
     t.mutable_learner()->set_tp(2);
     CHECK(ShardedRlDiff(t, groups, dir.File("store_tp2"), &plain, 2) <= 1e-5);
@@ -1204,12 +1197,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
         if (!pp) c.mutable_learner()->set_cp(2);
         return c;
       };
-      ExperimentConfig p = e;
-      Stage s = GrpoStageOf(2, kLr);
-      s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
-      s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
-      *p.add_stages() = s;
-      p.mutable_learner()->set_micro_batch_tokens(40);
+      const ExperimentConfig p = kl_two_mini_batches();
       CHECK(ShardedRlDiff(split(p), groups, dir.File(absl::StrCat("store_", layout, "2")), &p, 2) <= 1e-5);
       CHECK(ShardedRlDiff(split(p), groups, dir.File(absl::StrCat("store_", layout, "2dp2")), &p, 4) <= 1e-5);
       // One mini-batch, no reference: the last stage takes the old
@@ -1225,12 +1213,7 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
     }
   }
   SECTION("GRPO under learner.cp: 2 x learner.tp: 2: KL to the reference over two mini-batches") {
-    ExperimentConfig p = e;
-    Stage s = GrpoStageOf(2, kLr);
-    s.mutable_grpo()->mutable_rl()->set_mini_batches(2);
-    s.mutable_grpo()->mutable_rl()->mutable_kl()->set_coef(0.1);
-    *p.add_stages() = s;
-    p.mutable_learner()->set_micro_batch_tokens(40);
+    const ExperimentConfig p = kl_two_mini_batches();
     ExperimentConfig c = p;
     c.mutable_learner()->set_cp(2);
     c.mutable_learner()->set_tp(2);
