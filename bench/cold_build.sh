@@ -8,7 +8,8 @@
 #   bench/cold_build.sh [--targets "//coordinator"] COMMIT [COMMIT ...]
 #
 # Run it on an otherwise idle machine: the two cores are the whole budget.
-# Each commit takes 8-10 minutes here (bench/cold_build.md). Work folders go
+# Each commit takes 8-10 minutes here (bench/cold_build.md); with
+# --targets "//..." (the whole suite) about 25. Work folders go
 # under ${TMPDIR:-/tmp}/rlmesh-cold-build and are removed afterwards.
 set -uo pipefail
 
