@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "actor/attention_inputs.h"
 #include "actor/rope.h"
 #include "actor/transformer.h"
 #include "common/status_macros.h"
+#include "learner/tensor_checks.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/token_inputs.h"
 
@@ -277,16 +277,10 @@ absl::StatusOr<std::unique_ptr<ContextParallelModel>> ContextParallelModel::Wrap
 
 absl::Status ContextParallelModel::LoadFromFull(const Named& full) {
   if (impl_->tp != nullptr) return impl_->tp->LoadFromFull(full);
-  std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  const std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
   at::NoGradGuard no_grad;
-  for (auto& [name, p] : impl_->model->NamedParameters()) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
-    if (it->second.sizes() != p.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": shape [", absl::StrJoin(it->second.sizes(), ", "),
-                                                     "], the model's is [", absl::StrJoin(p.sizes(), ", "), "]"));
-    }
-    p.copy_(it->second);
+  for (const auto& [name, p] : impl_->model->NamedParameters()) {
+    RLMESH_RETURN_IF_ERROR(internal::CopyNamed(by_name, name, p));
   }
   return absl::OkStatus();
 }

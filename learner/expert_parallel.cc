@@ -14,10 +14,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "dist/collective.h"
+#include "learner/tensor_checks.h"
 
 namespace rlmesh::learner {
 namespace {
@@ -143,17 +143,9 @@ bool ExpertParallelModel::IsLocal(const std::string& hf_name) const {
 }
 
 absl::Status ExpertParallelModel::LoadFromFull(const Named& full) {
-  std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  const std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
   at::NoGradGuard no_grad;
-  for (auto& [name, p] : NamedParameters()) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
-    if (it->second.sizes() != p.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": shape [", absl::StrJoin(it->second.sizes(), ","),
-                                                     "], the model's is [", absl::StrJoin(p.sizes(), ","), "]"));
-    }
-    p.copy_(it->second);
-  }
+  for (const auto& [name, p] : NamedParameters()) RLMESH_RETURN_IF_ERROR(internal::CopyNamed(by_name, name, p));
   return absl::OkStatus();
 }
 

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -15,11 +14,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "actor/attention_inputs.h"
 #include "actor/rope.h"
 #include "actor/transformer.h"
 #include "common/status_macros.h"
+#include "learner/tensor_checks.h"
 #include "parallel/layout_shapes.h"
 #include "parallel/token_inputs.h"
 
@@ -246,20 +245,10 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
 
 absl::Status PipelineModel::LoadFromFull(const Named& full) {
   Impl& im = *impl_;
-  std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  const std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
   at::NoGradGuard no_grad;
-  auto load = [&](const std::string& name, at::Tensor& dst) -> absl::Status {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
-    if (it->second.sizes() != dst.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": shape [", absl::StrJoin(it->second.sizes(), ", "),
-                                                     "], the model's is [", absl::StrJoin(dst.sizes(), ", "), "]"));
-    }
-    dst.copy_(it->second);
-    return absl::OkStatus();
-  };
-  for (auto& [name, p] : im.mine) RLMESH_RETURN_IF_ERROR(load(name, p));
-  if (im.tied_copy.defined()) RLMESH_RETURN_IF_ERROR(load(kEmbedding, im.tied_copy));
+  for (const auto& [name, p] : im.mine) RLMESH_RETURN_IF_ERROR(internal::CopyNamed(by_name, name, p));
+  if (im.tied_copy.defined()) RLMESH_RETURN_IF_ERROR(internal::CopyNamed(by_name, kEmbedding, im.tied_copy));
   return absl::OkStatus();
 }
 

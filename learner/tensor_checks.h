@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <exception>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -44,6 +45,22 @@ inline absl::Status CheckSameShape(const at::Tensor& a, const char* a_name, cons
                                                    " does not match ", a_name, " shape ",
                                                    ShapeString(a)));
   }
+  return absl::OkStatus();
+}
+
+// Copies the tensor `by_name` holds under `name` into `dst` (a parameter:
+// the caller turns gradient recording off). INVALID_ARGUMENT naming the
+// parameter when it is missing or its shape differs; `dst` is unchanged
+// then. How the split models load their part of a whole model's weights.
+inline absl::Status CopyNamed(const std::map<std::string, at::Tensor>& by_name, const std::string& name,
+                              const at::Tensor& dst) {
+  auto it = by_name.find(name);
+  if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat(name, ": missing"));
+  if (it->second.sizes() != dst.sizes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": shape ", ShapeString(it->second), ", the model's is ", ShapeString(dst)));
+  }
+  dst.copy_(it->second);
   return absl::OkStatus();
 }
 
