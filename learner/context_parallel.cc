@@ -267,11 +267,8 @@ absl::StatusOr<std::unique_ptr<ContextParallelModel>> ContextParallelModel::Wrap
   im.tp = &tp;
   im.tp_group = tp.group();
   im.tp_rank = tp.rank();
-  try {
-    im.rope = actor::ComputeRope(tp.config());
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("context-parallel model: ", e.what()));
-  }
+  // Wrap's RoPE tables from the shard's config are the whole model's: the
+  // shard keeps the head dimension, theta and scaling.
   return m;
 }
 
