@@ -595,6 +595,28 @@ void CheckFourRanksResume(Trainer& single, const ExperimentConfig& layout, const
   CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
 }
 
+// The split layouts' reference: `single`, one plain process, trains the SFT
+// stage three steps (7 rows a step: at dp=2 replica 0 trains 3 and replica
+// 1 trains 4) and saves to `ckpt`; the steps moved the weights. Returns the
+// experiment and the checkpoint's folder.
+// lr 1e-3: AdamW's first steps move each weight by about lr whatever its
+// gradient's size, so a gradient summed in TP's order moves a near-zero
+// entry by up to lr. At 1e-2 that reached 1.15e-5 on an AMD EPYC CPU (MKL's
+// AMD kernels); at 1e-3 the same order gives about a tenth.
+std::pair<ExperimentConfig, std::string> PlainSftThreeSteps(Trainer& single, const std::string& ckpt) {
+  ExperimentConfig e = Tiny();
+  *e.add_stages() = SftStageOf(5, 7, 1e-3);
+  e.mutable_learner()->set_micro_batch_tokens(24);
+  Trainer untrained;
+  REQUIRE(single.Configure(Request(e, ckpt)).ok());
+  REQUIRE(untrained.Configure(Request(e)).ok());
+  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
+  auto saved = single.Save();
+  REQUIRE(saved.ok());
+  REQUIRE(MaxAbsDiff(single, untrained) > 1e-3);
+  return {e, saved->path()};
+}
+
 // `layout` over four ranks for three SFT steps from scratch, then saved to
 // `ckpt`: rank 0's weights are `single`'s after its three. Returns the
 // checkpoint's state and its folder.
@@ -634,19 +656,8 @@ TrainerState CheckFourRanksSaveResumesPlain(Trainer& single, const ExperimentCon
 TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints resume across the layouts") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
-  ExperimentConfig e = Tiny();
-  // 7 rows a step: at tp=2 x dp=2, replica 0 trains 3 and replica 1 trains 4.
-  // lr 1e-3: AdamW's first steps move each weight by about lr whatever its
-  // gradient's size, so a gradient summed in TP's order moves a near-zero
-  // entry by up to lr. At 1e-2 that reached 1.15e-5 on an AMD EPYC CPU
-  // (MKL's AMD kernels); at 1e-3 the same order gives about a tenth.
-  *e.add_stages() = SftStageOf(5, 7, 1e-3);
-  e.mutable_learner()->set_micro_batch_tokens(24);
   Trainer single;
-  REQUIRE(single.Configure(Request(e, dir.File("ckpt_plain"))).ok());
-  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
-  auto plain_saved = single.Save();
-  REQUIRE(plain_saved.ok());
+  const auto [e, plain_saved] = PlainSftThreeSteps(single, dir.File("ckpt_plain"));
 
   ExperimentConfig t = e;
   t.mutable_learner()->set_tp(2);
@@ -766,7 +777,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     for (int r = 0; r < 4; ++r) CHECK(state.files.count(absl::StrFormat("optimizer-rank-%d.safetensors", r)) == 1);
     CHECK(state.tp == 2);
     // Each rank's moments are its ZeRO-1 half of its TP half of the policy.
-    const int64_t whole = testing::MomentsNumel(plain_saved->path() + "/optimizer.safetensors");
+    const int64_t whole = testing::MomentsNumel(plain_saved + "/optimizer.safetensors");
     REQUIRE(whole > 0);
     for (int r = 0; r < 4; ++r) {
       const int64_t mine = testing::MomentsNumel(absl::StrFormat("%s/optimizer-rank-%d.safetensors", saved, r));
@@ -823,15 +834,8 @@ TEST_CASE("learner.pp: 2 (alone, and x 2 replicas, with and without ZeRO-1) equa
           "resume across the layouts") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
-  ExperimentConfig e = Tiny();
-  *e.add_stages() = SftStageOf(5, 7, 1e-3);
-  e.mutable_learner()->set_micro_batch_tokens(24);
-  Trainer single, untrained;
-  REQUIRE(single.Configure(Request(e, dir.File("ckpt_plain"))).ok());
-  REQUIRE(untrained.Configure(Request(e)).ok());
-  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
-  REQUIRE(single.Save().ok());
-  REQUIRE(MaxAbsDiff(single, untrained) > 1e-3);
+  Trainer single;
+  const ExperimentConfig e = PlainSftThreeSteps(single, dir.File("ckpt_plain")).first;
   ExperimentConfig t = e;
   t.mutable_learner()->set_pp(2);
   SECTION("pp=2: rank 0 holds the gathered weights; its checkpoint resumes in one plain process") {
@@ -895,15 +899,8 @@ TEST_CASE("learner.cp: 2 (alone, x 2 replicas, and x learner.tp: 2) equals plain
           "loss; checkpoints resume") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
-  ExperimentConfig e = Tiny();
-  *e.add_stages() = SftStageOf(5, 7, 1e-3);
-  e.mutable_learner()->set_micro_batch_tokens(24);
-  Trainer single, untrained;
-  REQUIRE(single.Configure(Request(e, dir.File("ckpt_plain"))).ok());
-  REQUIRE(untrained.Configure(Request(e)).ok());
-  for (int step = 0; step < 3; ++step) REQUIRE(single.TrainStep(SftStep(step)).ok());
-  REQUIRE(single.Save().ok());
-  REQUIRE(MaxAbsDiff(single, untrained) > 1e-3);
+  Trainer single;
+  const ExperimentConfig e = PlainSftThreeSteps(single, dir.File("ckpt_plain")).first;
   ExperimentConfig t = e;
   t.mutable_learner()->set_cp(2);
   SECTION("cp=2: every rank holds the whole policy and reports the replica's loss; its checkpoint resumes in one "
