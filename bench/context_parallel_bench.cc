@@ -25,6 +25,7 @@
 #include "actor/threads.h"
 #include "actor/transformer.h"
 #include "bench/process_memory.h"
+#include "bench/small_llama.h"
 #include "dist/gloo.h"
 #include "dist/store.h"
 #include "learner/context_parallel.h"
@@ -48,15 +49,8 @@ int Main() {
   actor::ConfigureThreads(1);
   const int world = absl::GetFlag(FLAGS_world), rank = absl::GetFlag(FLAGS_rank);
   const int64_t T = absl::GetFlag(FLAGS_tokens);
-  actor::ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = absl::GetFlag(FLAGS_vocab);
-  c.hidden_size = absl::GetFlag(FLAGS_hidden);
-  c.intermediate_size = 4 * c.hidden_size;
-  c.num_layers = absl::GetFlag(FLAGS_layers);
-  c.num_heads = 8;
-  c.num_kv_heads = 4;
-  c.max_positions = T;
+  const actor::ModelConfig c =
+      bench::SmallLlama(absl::GetFlag(FLAGS_vocab), absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_layers), T);
   at::manual_seed(1);
   at::Tensor ids = at::randint(0, c.vocab_size, {1, T}, at::kLong);
   at::Tensor pos = at::arange(T, at::kLong).unsqueeze(0);

@@ -34,6 +34,7 @@
 #include "actor/logprobs.h"
 #include "actor/threads.h"
 #include "actor/transformer.h"
+#include "bench/small_llama.h"
 #include "dist/gloo.h"
 #include "learner/pipeline_parallel.h"
 
@@ -88,15 +89,8 @@ int Main() {
     ms.push_back(m);
   }
   const int rows = absl::GetFlag(FLAGS_rows), tokens = absl::GetFlag(FLAGS_tokens);
-  actor::ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = absl::GetFlag(FLAGS_vocab);
-  c.hidden_size = absl::GetFlag(FLAGS_hidden);
-  c.intermediate_size = 4 * c.hidden_size;
-  c.num_layers = absl::GetFlag(FLAGS_layers);
-  c.num_heads = 8;
-  c.num_kv_heads = 4;
-  c.max_positions = tokens;
+  const actor::ModelConfig c =
+      bench::SmallLlama(absl::GetFlag(FLAGS_vocab), absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_layers), tokens);
   at::manual_seed(1);
   actor::Transformer whole(c);
   const auto init = whole->NamedParameters();
