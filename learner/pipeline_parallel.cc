@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "learner/tensor_checks.h"
 #include "parallel/layout_shapes.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/token_inputs.h"
 
 namespace rlmesh::learner {
@@ -42,7 +43,8 @@ int64_t LayerOf(const std::string& name) {
 
 }  // namespace
 
-absl::Status ValidatePipeline(const actor::ModelConfig& config, int stages, const std::vector<int64_t>& stage_layers) {
+absl::Status ValidatePipeline(const actor::ModelConfig& config, int stages, const std::vector<int64_t>& stage_layers,
+                              int virtual_stages) {
   if (config.NumMoeLayers() > 0) {
     return absl::UnimplementedError("learner.pp: pipeline parallelism is not built for MoE models");
   }
@@ -51,10 +53,22 @@ absl::Status ValidatePipeline(const actor::ModelConfig& config, int stages, cons
         "learner.pp: pipeline parallelism is not built for value-head models (reward models, critics)");
   }
   if (stages < 1) return absl::InvalidArgumentError(absl::StrCat("learner.pp: must be >= 1, got ", stages));
-  if (stage_layers.empty()) return BalancedStageLayers(config, stages).status();
-  if (static_cast<int>(stage_layers.size()) != stages) {
-    return absl::InvalidArgumentError(absl::StrCat("learner.pp_layers: ", stage_layers.size(),
-                                                   " entries for ", stages, " stages"));
+  if (virtual_stages < 1 || (virtual_stages > 1 && stages < 2)) {
+    return absl::InvalidArgumentError(absl::StrCat("learner.pp_virtual_stages: must be 1, or > 1 with learner.pp > 1; got ",
+                                                   virtual_stages, " at learner.pp ", stages));
+  }
+  const int chunks = stages * virtual_stages;
+  if (stage_layers.empty()) {
+    absl::Status balanced = BalancedStageLayers(config, chunks).status();
+    if (balanced.ok() || virtual_stages == 1) return balanced;
+    return absl::InvalidArgumentError(absl::StrCat("learner.pp_virtual_stages: ", stages, " stages x ", virtual_stages,
+                                                   " virtual stages need at least ", chunks,
+                                                   " layers, the model has num_layers ", config.num_layers));
+  }
+  if (static_cast<int>(stage_layers.size()) != chunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learner.pp_layers: ", stage_layers.size(), " entries for ", stages, " stages",
+                     virtual_stages > 1 ? absl::StrCat(" x ", virtual_stages, " virtual stages") : ""));
   }
   int64_t sum = 0;
   for (size_t s = 0; s < stage_layers.size(); ++s) {
@@ -77,15 +91,16 @@ struct PipelineModel::Impl {
   PipelineOptions options;
   c10::intrusive_ptr<c10d::Backend> pipeline;
   // Every parameter of the whole model in NamedParameters() order: its
-  // name, shape and stage.
+  // name, shape, stage, and where it starts in the whole model's flat
+  // layout and in its stage's (the stage's parameters in this order).
   struct Param {
     std::string name;
     std::vector<int64_t> shape;
     int stage = 0;
+    int64_t offset = 0, stage_offset = 0, numel = 0;
   };
   std::vector<Param> all;
-  // Elements of each stage's parameters: consecutive ranges of the whole
-  // model's flat layout, in stage order.
+  // Elements of each stage's parameters (its tied copy not counted).
   std::vector<int64_t> stage_numel;
   // This stage's parameters by name (the module's tensors) and, on the last
   // stage of a tied model split over stages, the embedding's copy.
@@ -95,39 +110,54 @@ struct PipelineModel::Impl {
   // tied copy.
   std::vector<at::Tensor> trained;
   std::unique_ptr<DataParallel> optimizer;
-  // Messages this stage has sent and received, per direction (forward:
-  // activations to stage + 1; backward: gradients to stage - 1): the tags.
-  int64_t sent[2] = {0, 0}, received[2] = {0, 0};
   // Asynchronous sends not yet known complete, with their buffers.
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> pending;
   double wait_seconds = 0;
-  int64_t layer_begin = 0, layer_end = 0;
+  // This stage's model chunks' decoder layers, [begin, end) each; chunk v
+  // is the model's chunk v x P + stage.
+  std::vector<std::pair<int64_t, int64_t>> chunk_layers;
 
   int stage() const { return pipeline ? pipeline->getRank() : 0; }
   int stages() const { return pipeline ? pipeline->getSize() : 1; }
+  int chunks() const { return static_cast<int>(chunk_layers.size()); }
   bool first() const { return stage() == 0; }
   bool last() const { return stage() == stages() - 1; }
+  // The model's chunk index of this stage's chunk v.
+  int64_t ModelChunk(int v) const { return static_cast<int64_t>(v) * stages() + stage(); }
+  // Whether chunk v is the model's first (it embeds) or last (it scores).
+  bool FirstChunk(int v) const { return ModelChunk(v) == 0; }
+  bool LastChunk(int v) const { return ModelChunk(v) == static_cast<int64_t>(stages()) * chunks() - 1; }
 
-  static int Tag(int direction, int64_t n) { return static_cast<int>((n * 2 + direction) % (1 << 30)); }
+  // One tag per message of a call: micro-batch, the sending model chunk and
+  // the direction (0: activations forward, 1: gradients backward). Below
+  // 2^30, the tied exchange's tag.
+  int Tag(int direction, int64_t micro, int64_t from_chunk) const {
+    const int64_t n = static_cast<int64_t>(stages()) * chunks();
+    return static_cast<int>(((micro * n + from_chunk) * 2 + direction) % (1 << 30));
+  }
 
-  void Send(int direction, at::Tensor t) {
+  // Sends chunk v's output forward (direction 0) or its input's gradient
+  // backward (1) to the stage holding the next or previous model chunk.
+  void Send(int direction, int64_t micro, int v, at::Tensor t) {
     t = t.contiguous();
-    std::vector<at::Tensor> v{t};
-    const int peer = stage() + (direction == 0 ? 1 : -1);
-    auto work = pipeline->send(v, peer, Tag(direction, sent[direction]++));
+    std::vector<at::Tensor> buffers{t};
+    const int peer = (stage() + (direction == 0 ? 1 : stages() - 1)) % stages();
+    auto work = pipeline->send(buffers, peer, Tag(direction, micro, ModelChunk(v)));
     pending.emplace_back(std::move(work), std::move(t));
     // Drop the buffers of sends already done.
     pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& p) { return p.first->isCompleted(); }),
                   pending.end());
   }
 
-  at::Tensor Recv(int direction, const std::vector<int64_t>& shape) {
-    std::vector<at::Tensor> v{at::empty(shape, at::kFloat)};
-    const int peer = stage() + (direction == 0 ? -1 : 1);
+  // Receives chunk v's input (direction 0) or its output's gradient (1).
+  at::Tensor Recv(int direction, int64_t micro, int v, const std::vector<int64_t>& shape) {
+    std::vector<at::Tensor> buffers{at::empty(shape, at::kFloat)};
+    const int peer = (stage() + (direction == 0 ? stages() - 1 : 1)) % stages();
+    const int64_t from = ModelChunk(v) + (direction == 0 ? -1 : 1);
     const auto t = Clock::now();
-    pipeline->recv(v, peer, Tag(direction, received[direction]++))->wait();
+    pipeline->recv(buffers, peer, Tag(direction, micro, from))->wait();
     wait_seconds += Since(t);
-    return v[0];
+    return buffers[0];
   }
 
   void WaitSends() {
@@ -137,24 +167,24 @@ struct PipelineModel::Impl {
     wait_seconds += Since(t);
   }
 
-  // This stage's forward of one micro-batch: the hidden states it hands on
-  // ([rows, T, H] after its layers). `input` receives the stage's input
-  // (the received activations; undefined on the first stage), a leaf that
-  // requires grad when `grad`.
-  at::Tensor Forward(const PipelineMicroBatch& mb, bool grad, at::Tensor* input) {
+  // Chunk v's forward of micro-batch `micro`: the hidden states it hands on
+  // ([rows, T, H] after its layers). `input` receives the chunk's input
+  // (the received activations; undefined on the model's first chunk), a
+  // leaf that requires grad when `grad`.
+  at::Tensor Forward(const PipelineMicroBatch& mb, int64_t micro, int v, bool grad, at::Tensor* input) {
     const int64_t B = mb.ids.size(0), T = mb.ids.size(1), H = model->config().hidden_size;
     at::Tensor h;
     auto* backbone = model->model.get();
-    if (first()) {
+    if (FirstChunk(v)) {
       h = backbone->embed_tokens(mb.ids);
     } else {
-      *input = Recv(0, {B, T, H});
+      *input = Recv(0, micro, v, {B, T, H});
       if (grad) input->requires_grad_(true);
       h = *input;
     }
     auto [cos, sin] = actor::RopeCosSin(model->config(), rope, mb.positions, h.scalar_type());
     const at::Tensor mask = actor::AttentionMask4d(mb.attention_mask, T, h.device());
-    for (int64_t l = layer_begin; l < layer_end; ++l) {
+    for (int64_t l = chunk_layers[v].first; l < chunk_layers[v].second; ++l) {
       h = (*backbone->layers)[l]->as<actor::DecoderLayerImpl>()->Forward(h, cos, sin, mask, nullptr);
     }
     return h;
@@ -175,16 +205,17 @@ PipelineModel::~PipelineModel() = default;
 absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor::ModelConfig& config,
                                                                      c10::intrusive_ptr<c10d::Backend> pipeline,
                                                                      const PipelineOptions& options) {
-  const int stages = pipeline ? pipeline->getSize() : 1;
-  RLMESH_RETURN_IF_ERROR(ValidatePipeline(config, stages, options.stage_layers));
+  const int stages = pipeline ? pipeline->getSize() : 1, V = options.virtual_stages;
+  RLMESH_RETURN_IF_ERROR(ValidatePipeline(config, stages, options.stage_layers, V));
   if (options.logprob_chunk <= 0) return absl::InvalidArgumentError("logprob_chunk: must be > 0");
   if (!options.optimizer.norm_groups.empty() || !options.optimizer.norm_weights.empty() ||
       !options.optimizer.norm_ranges.empty()) {
     return absl::InvalidArgumentError("optimizer: the pipeline sets the norm groups and weights itself");
   }
+  // Decoder layers per model chunk (chunk c on stage c % P).
   std::vector<int64_t> layers = options.stage_layers;
   if (layers.empty()) {
-    RLMESH_ASSIGN_OR_RETURN(layers, BalancedStageLayers(config, stages));
+    RLMESH_ASSIGN_OR_RETURN(layers, BalancedStageLayers(config, stages * V));
   }
   std::unique_ptr<PipelineModel> m(new PipelineModel());
   m->impl_ = std::make_unique<Impl>();
@@ -194,27 +225,30 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
   m->stage_ = pipeline ? pipeline->getRank() : 0;
   im.options = options;
   im.pipeline = stages > 1 ? pipeline : nullptr;
-  for (int s = 0; s < m->stage_; ++s) m->layer_begin_ += layers[s];
-  m->layer_end_ = m->layer_begin_ + layers[m->stage_];
-  im.layer_begin = m->layer_begin_;
-  im.layer_end = m->layer_end_;
+  std::vector<int> chunk_of_layer;
+  for (size_t c = 0; c < layers.size(); ++c) {
+    if (static_cast<int>(c) % stages == m->stage_) {
+      const auto begin = static_cast<int64_t>(chunk_of_layer.size());
+      im.chunk_layers.emplace_back(begin, begin + layers[c]);
+    }
+    chunk_of_layer.insert(chunk_of_layer.end(), layers[c], static_cast<int>(c));
+  }
   try {
     im.model = actor::Transformer(config);
     im.rope = actor::ComputeRope(config);
     auto stage_of = [&](const std::string& name) {
       const int64_t l = LayerOf(name);
       if (l < 0) return name == kEmbedding ? 0 : stages - 1;
-      int s = 0;
-      for (int64_t end = layers[0]; l >= end; end += layers[++s]) {
-      }
-      return s;
+      return chunk_of_layer[l] % stages;
     };
     at::NoGradGuard no_grad;
     const bool tied_copy = config.tie_embeddings && stages > 1 && m->stage_ == stages - 1;
     im.stage_numel.assign(stages, 0);
+    int64_t offset = 0;
     for (auto& [name, p] : im.model->NamedParameters()) {
       const int s = stage_of(name);
-      im.all.push_back({name, p.sizes().vec(), s});
+      im.all.push_back({name, p.sizes().vec(), s, offset, im.stage_numel[s], p.numel()});
+      offset += p.numel();
       im.stage_numel[s] += p.numel();
       if (s == m->stage_) {
         im.mine[name] = p;
@@ -262,13 +296,17 @@ absl::StatusOr<std::vector<actor::TokenLogProbsOutput>> PipelineModel::LogProbs(
   std::vector<actor::TokenLogProbsOutput> out(micro.size());
   try {
     at::NoGradGuard no_grad;
+    // Micro-batch by micro-batch, each through this stage's chunks in
+    // order: every pass's input was sent by a pass earlier in that order.
     for (size_t k = 0; k < micro.size(); ++k) {
-      at::Tensor input;
-      at::Tensor h = im.Forward(micro[k], /*grad=*/false, &input);
-      if (im.last()) {
-        out[k] = im.Head(h, micro[k].targets, temperature);
-      } else {
-        im.Send(0, h);
+      for (int v = 0; v < im.chunks(); ++v) {
+        at::Tensor input;
+        at::Tensor h = im.Forward(micro[k], k, v, /*grad=*/false, &input);
+        if (im.LastChunk(v)) {
+          out[k] = im.Head(h, micro[k].targets, temperature);
+        } else {
+          im.Send(0, k, v, h);
+        }
       }
     }
     im.WaitSends();
@@ -291,9 +329,9 @@ absl::StatusOr<std::vector<actor::TokenLogProbsOutput>> PipelineModel::LogProbs(
   return out;
 }
 
-// Long because: the 1F1B schedule's three phases and the two kinds of
-// step (forward, backward) that each stage kind runs differently, kept
-// together so the order of sends and receives reads in one place.
+// Long because: the two kinds of pass (forward, backward), which the
+// model's first and last chunks run differently, kept beside the loop over
+// the schedule so the order of sends and receives reads in one place.
 absl::Status PipelineModel::Train(const std::vector<PipelineMicroBatch>& micro, double temperature,
                                   const LossFn& loss, PipelineTrace* trace) {
   Impl& im = *impl_;
@@ -302,25 +340,30 @@ absl::Status PipelineModel::Train(const std::vector<PipelineMicroBatch>& micro, 
         parallel::ValidateTokenInputs(mb.ids, mb.positions, mb.targets, temperature, config_.vocab_size));
   }
   if (!im.optimizer) return absl::FailedPreconditionError("Train: the pipeline model is frozen");
+  if (micro.empty()) return absl::InvalidArgumentError("Train: no micro-batches");
+  RLMESH_ASSIGN_OR_RETURN(const std::vector<parallel::PipelineOp> schedule,
+                          parallel::PipelineSchedule(stages_, stage_, im.chunks(), micro.size()));
   const auto t_start = Clock::now();
   im.wait_seconds = 0;
   PipelineTrace local;
   PipelineTrace& tr = trace ? *trace : local;
   tr = PipelineTrace();
-  // Per micro-batch in flight: the stage's input (a leaf; undefined on the
-  // first stage) and what its backward starts from (the output, or the
-  // loss on the last stage).
+  // Per (micro-batch, chunk) in flight: the chunk's input (a leaf;
+  // undefined on the model's first chunk) and what its backward starts
+  // from (the output, or the loss on the model's last chunk).
   struct InFlight {
     at::Tensor input, output;
   };
-  std::map<size_t, InFlight> flight;
-  const int64_t M = static_cast<int64_t>(micro.size());
+  std::map<std::pair<int64_t, int>, InFlight> flight;
   absl::Status loss_error;
-  auto forward = [&](size_t k) {
-    tr.ops.push_back(absl::StrCat("F", k));
+  auto name = [&](const parallel::PipelineOp& op) {
+    return im.chunks() == 1 ? absl::StrCat(op.forward ? "F" : "B", op.micro)
+                            : absl::StrCat(op.forward ? "F" : "B", op.micro, ".", op.chunk);
+  };
+  auto forward = [&](int64_t k, int v) {
     InFlight f;
-    at::Tensor h = im.Forward(micro[k], /*grad=*/true, &f.input);
-    if (im.last()) {
+    at::Tensor h = im.Forward(micro[k], k, v, /*grad=*/true, &f.input);
+    if (im.LastChunk(v)) {
       absl::StatusOr<at::Tensor> l = loss(k, im.Head(h, micro[k].targets, temperature));
       if (!l.ok()) {
         loss_error = l.status();
@@ -328,35 +371,34 @@ absl::Status PipelineModel::Train(const std::vector<PipelineMicroBatch>& micro, 
       }
       f.output = *l;
     } else {
-      im.Send(0, h.detach());
+      im.Send(0, k, v, h.detach());
       f.output = h;
     }
-    flight[k] = std::move(f);
+    flight[{k, v}] = std::move(f);
     tr.max_in_flight = std::max<int64_t>(tr.max_in_flight, flight.size());
   };
-  auto backward = [&](size_t k) {
-    tr.ops.push_back(absl::StrCat("B", k));
-    InFlight& f = flight.at(k);
-    if (im.last()) {
+  auto backward = [&](int64_t k, int v) {
+    InFlight& f = flight.at({k, v});
+    if (im.LastChunk(v)) {
       torch::autograd::backward({f.output});
     } else {
-      torch::autograd::backward({f.output}, {im.Recv(1, f.output.sizes().vec())});
+      torch::autograd::backward({f.output}, {im.Recv(1, k, v, f.output.sizes().vec())});
     }
-    if (!im.first()) {
+    if (!im.FirstChunk(v)) {
       at::Tensor g = f.input.grad();
-      im.Send(1, g.defined() ? g : at::zeros_like(f.input));
+      im.Send(1, k, v, g.defined() ? g : at::zeros_like(f.input));
     }
-    flight.erase(k);
+    flight.erase({k, v});
   };
   try {
-    const int64_t warmup = std::min<int64_t>(stages_ - 1 - stage_, M);
-    int64_t fwd = 0, bwd = 0;
-    while (fwd < warmup) forward(fwd++);
-    while (fwd < M) {
-      forward(fwd++);
-      backward(bwd++);
+    for (const parallel::PipelineOp& op : schedule) {
+      tr.ops.push_back(name(op));
+      if (op.forward) {
+        forward(op.micro, op.chunk);
+      } else {
+        backward(op.micro, op.chunk);
+      }
     }
-    while (bwd < M) backward(bwd++);
     im.WaitSends();
   } catch (const std::exception& e) {
     im.pending.clear();
@@ -462,6 +504,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments()
       replicas->allgather(out, in)->wait();
       mine = at::cat(out[0], 1);
     }
+    std::vector<at::Tensor> stage_moments;
     for (int s = 0; s < stages_; ++s) {
       std::vector<at::Tensor> both{s == stage_ ? mine.narrow(1, 0, counts[s]).contiguous()
                                                : at::empty({2, counts[s]}, at::kFloat)};
@@ -470,8 +513,14 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments()
         root.rootRank = s;
         im.pipeline->broadcast(both, root)->wait();
       }
-      m.push_back(both[0][0]);
-      v.push_back(both[0][1]);
+      stage_moments.push_back(both[0]);
+    }
+    // The whole model's layout, parameter by parameter (a stage's
+    // parameters are not contiguous in it under the interleaved schedule).
+    for (const Impl::Param& p : im.all) {
+      const at::Tensor part = stage_moments[p.stage].narrow(1, p.stage_offset, p.numel);
+      m.push_back(part[0]);
+      v.push_back(part[1]);
     }
   } catch (const std::exception& e) {
     return absl::AbortedError(absl::StrCat("pipeline moments gather failed: ", e.what()));
@@ -483,7 +532,6 @@ absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Ten
   Impl& im = *impl_;
   if (!im.optimizer) return absl::FailedPreconditionError("LoadMoments: the pipeline model is frozen");
   const std::vector<int64_t>& n = im.stage_numel;
-  const int64_t begin = std::accumulate(n.begin(), n.begin() + stage_, int64_t{0}), count = n[stage_];
   const int64_t total = std::accumulate(n.begin(), n.end(), int64_t{0});
   if (exp_avg.numel() != total || exp_avg_sq.numel() != total) {
     return absl::InvalidArgumentError(absl::StrCat("moments: ", exp_avg.numel(), " and ", exp_avg_sq.numel(),
@@ -491,9 +539,13 @@ absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Ten
   }
   auto part = [&](const at::Tensor& whole) {
     at::Tensor flat = whole.reshape({-1}).to(at::kFloat);
-    at::Tensor mine = flat.narrow(0, begin, count);
+    std::vector<at::Tensor> mine;
+    for (const Impl::Param& p : im.all) {
+      if (p.stage == stage_) mine.push_back(flat.narrow(0, p.offset, p.numel));
+    }
     // The tied copy's moments are the embedding's (the first elements).
-    return im.tied_copy.defined() ? at::cat({mine, flat.narrow(0, 0, im.tied_copy.numel())}) : mine.clone();
+    if (im.tied_copy.defined()) mine.push_back(flat.narrow(0, 0, im.tied_copy.numel()));
+    return at::cat(mine);
   };
   // Under ZeRO-1 the optimizer keeps its share.
   return im.options.optimizer.zero1 ? im.optimizer->LoadWholeOptimizerState(part(exp_avg), part(exp_avg_sq), steps)
@@ -501,6 +553,8 @@ absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Ten
 }
 
 int64_t PipelineModel::steps() const { return impl_->optimizer ? impl_->optimizer->steps() : 0; }
+
+std::vector<std::pair<int64_t, int64_t>> PipelineModel::chunk_layers() const { return impl_->chunk_layers; }
 
 PipelineModel::Named PipelineModel::StageParameters() const {
   Named out;

@@ -3,7 +3,8 @@
 // Pipeline parallelism for the Llama / Qwen2 / Qwen3 family over a c10d
 // group of P ranks (Gloo on the CPU), one pipeline stage per rank.
 //
-// Stage s holds a contiguous run of decoder layers; the first stage also
+// Stage s holds a contiguous run of decoder layers (V runs under the
+// interleaved schedule, below); the first stage also
 // holds the embedding, the last the final norm and the output head (with
 // tied embeddings, a copy of the embedding whose gradient it sums with the
 // first stage's before every step, as Megatron does). Layers are balanced by
@@ -14,17 +15,22 @@
 // ([rows, T, hidden] fp32 per micro-batch), sends asynchronous, receives
 // blocking.
 //
-// Train runs a mini-batch's micro-batches in the one-forward-one-backward
-// (1F1B) schedule of PipeDream-Flush / Megatron: stage s first runs
+// Train runs a mini-batch's micro-batches in the order
+// parallel/pipeline_schedule.h gives: the one-forward-one-backward (1F1B)
+// schedule of PipeDream-Flush / Megatron, where stage s first runs
 // min(P - 1 - s, M) forwards, then alternates one forward and one backward,
 // then drains the backwards, so that it holds at most P - s micro-batches'
-// activations (GPipe holds M). The last stage scores each micro-batch's
-// log-probs and entropies, asks the caller's loss function for the loss to
-// backpropagate, and runs the backward at once. Only the last stage calls
-// the loss function; every stage makes the same number of sends and
-// receives, so every rank must call Train with the same micro-batch shapes.
-// Idle time follows the schedule's bubble, (P - 1) / (M + P - 1) of a
-// stage's time with equal stages (bench/pipeline_parallel.md).
+// activations (GPipe holds M); or, with options.virtual_stages = V > 1,
+// Megatron's interleaved schedule, the model cut into P x V chunks, chunk c
+// on stage c % P, which shrinks the bubble by V for more activations in
+// flight. The stage holding the model's last chunk scores each
+// micro-batch's log-probs and entropies, asks the caller's loss function
+// for the loss to backpropagate, and runs the backward at once. Only the
+// last stage calls the loss function; every stage makes the same number of
+// sends and receives, so every rank must call Train with the same
+// micro-batch shapes. Idle time follows the schedule's bubble,
+// (P - 1) / (V M + P - 1) of a stage's time with equal stages
+// (bench/pipeline_parallel.md).
 //
 // The optimizer follows DataParallel's convention (learner/data_parallel.h)
 // over `options.data_parallel`, the replicas that hold the same stage:
@@ -71,8 +77,12 @@
 namespace rlmesh::learner {
 
 struct PipelineOptions {
-  // Decoder layers per stage, one entry per stage, each >= 1, summing to the
-  // model's layers. Empty = BalancedStageLayers. Default empty.
+  // Model chunks per stage: 1 = the 1F1B schedule, V > 1 = the interleaved
+  // schedule over P x V chunks (needs P > 1). Default 1.
+  int virtual_stages = 1;
+  // Decoder layers per model chunk in model order (chunk c on stage c % P),
+  // P x virtual_stages entries, each >= 1, summing to the model's layers.
+  // Empty = BalancedStageLayers over the chunks. Default empty.
   std::vector<int64_t> stage_layers;
   // Time steps per chunk of the vocabulary logits on the last stage.
   // Default 128.
@@ -89,11 +99,11 @@ struct PipelineOptions {
   bool trainable = true;
 };
 
-// OK when `config` can be split into `stages` stages of `stage_layers`
-// (empty = balanced); INVALID_ARGUMENT or UNIMPLEMENTED naming the field
-// otherwise.
+// OK when `config` can be split into `stages` x `virtual_stages` chunks of
+// `stage_layers` (empty = balanced); INVALID_ARGUMENT or UNIMPLEMENTED
+// naming the field otherwise.
 absl::Status ValidatePipeline(const actor::ModelConfig& config, int stages,
-                              const std::vector<int64_t>& stage_layers = {});
+                              const std::vector<int64_t>& stage_layers = {}, int virtual_stages = 1);
 
 // One micro-batch's inputs, the same on every stage: [rows, T] int64 ids,
 // positions and targets (-1 = no target), and an optional attention mask
@@ -103,7 +113,7 @@ struct PipelineMicroBatch {
 };
 
 // What a stage did in one Train call: its operations in order ("F0", "B0",
-// ...), the most micro-batches whose activations it held at once, and the
+// ...), the most (micro-batch, chunk) activations it held at once, and the
 // seconds it spent computing and waiting for its peers.
 struct PipelineTrace {
   std::vector<std::string> ops;
@@ -144,9 +154,10 @@ class PipelineModel {
   absl::StatusOr<std::vector<actor::TokenLogProbsOutput>> LogProbs(const std::vector<PipelineMicroBatch>& micro,
                                                                    double temperature);
 
-  // One mini-batch's forward and backward passes in the 1F1B schedule,
-  // accumulating into this stage's gradients (ZeroGrad first). `trace`, if
-  // not null, receives what this stage did. The first error `loss` returns
+  // One mini-batch's forward and backward passes in the pipeline's
+  // schedule, accumulating into this stage's gradients (ZeroGrad first).
+  // `trace`, if not null, receives what this stage did ("F3" / "B3" for
+  // micro-batch 3; "F3.1" for its pass through chunk 1 when interleaved). The first error `loss` returns
   // on the last stage is returned there; the other stages then fail with
   // ABORTED at the pipeline's timeout.
   absl::Status Train(const std::vector<PipelineMicroBatch>& micro, double temperature, const LossFn& loss,
@@ -180,9 +191,9 @@ class PipelineModel {
   Named StageParameters() const;
   int stage() const { return stage_; }
   int stages() const { return stages_; }
-  // Decoder layers [layer_begin, layer_end) are this stage's.
-  int64_t layer_begin() const { return layer_begin_; }
-  int64_t layer_end() const { return layer_end_; }
+  // This stage's chunks' decoder layers, [begin, end) each (one run under
+  // 1F1B).
+  std::vector<std::pair<int64_t, int64_t>> chunk_layers() const;
   const actor::ModelConfig& config() const { return config_; }
 
  private:
@@ -192,8 +203,6 @@ class PipelineModel {
   actor::ModelConfig config_;
   int stage_ = 0;
   int stages_ = 1;
-  int64_t layer_begin_ = 0;
-  int64_t layer_end_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -29,6 +29,7 @@
 #include "learner/data_parallel.h"
 #include "learner/losses.h"
 #include "learner/testing/model_parallel_testing.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace rlmesh::learner {
 namespace {
@@ -148,8 +149,9 @@ std::vector<PipelineMicroBatch> PerRow(const Batch& rows) {
 absl::StatusOr<StageRun> TrainStage(const actor::ModelConfig& c, const Start& start, const Batch& rows,
                                     int64_t first_row, c10::intrusive_ptr<c10d::Backend> pipeline,
                                     c10::intrusive_ptr<c10d::Backend> data_parallel, LossKind kind, int steps,
-                                    bool zero1) {
+                                    bool zero1, int virtual_stages) {
   PipelineOptions o;
+  o.virtual_stages = virtual_stages;
   o.optimizer = Optimizer();
   o.optimizer.zero1 = zero1;
   o.logprob_chunk = 4;
@@ -205,9 +207,10 @@ absl::StatusOr<StageRun> TrainStage(const actor::ModelConfig& c, const Start& st
 
 // pp x dp ranks on threads (rank = replica * pp + stage): the fixture's
 // layout threads, its tensor-parallel group serving as the pipeline;
-// `zero1`: ZeRO-1 over the replicas of each stage.
+// `zero1`: ZeRO-1 over the replicas of each stage; `virtual_stages` > 1:
+// the interleaved schedule.
 std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& start, const Batch& batch, int pp,
-                                    int dp, LossKind kind, int steps, bool zero1 = false) {
+                                    int dp, LossKind kind, int steps, bool zero1 = false, int virtual_stages = 1) {
   const int64_t per = batch.ids.size(0) / dp;
   // Runs come back through Run.weights only; keep the rest by rank.
   std::vector<StageRun> stage_runs(pp * dp);
@@ -216,7 +219,7 @@ std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& st
   auto runs = TrainOnLayout(batch, dp, pp, [&](const Batch& rows, auto pipeline, auto data_parallel) {
     const int d = data_parallel ? data_parallel->getRank() : 0;
     const int s = pipeline ? pipeline->getRank() : 0;
-    auto r = TrainStage(c, start, rows, d * per, pipeline, data_parallel, kind, steps, zero1);
+    auto r = TrainStage(c, start, rows, d * per, pipeline, data_parallel, kind, steps, zero1, virtual_stages);
     if (!r.ok()) return absl::StatusOr<Run>(r.status());
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -235,8 +238,8 @@ std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& st
 // `tolerance`: what plain data parallelism at this dp itself meets (see
 // the pp x dp case).
 void CheckEqualsReference(const std::string& arch, int64_t layers, int pp, int dp, LossKind kind,
-                          double tolerance = 1e-5) {
-  CAPTURE(arch, layers, pp, dp, kind == LossKind::kGrpo);
+                          double tolerance = 1e-5, int virtual_stages = 1) {
+  CAPTURE(arch, layers, pp, dp, kind == LossKind::kGrpo, virtual_stages);
   const actor::ModelConfig c = Config(arch, layers);
   const Named init = InitialWeights(c);
   const Batch batch = MakeBatch();
@@ -244,7 +247,7 @@ void CheckEqualsReference(const std::string& arch, int64_t layers, int pp, int d
   // Not vacuous: clipping acted and the weights moved.
   REQUIRE(ref.norms[0] > Optimizer().grad_clip);
   REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
-  for (const StageRun& r : TrainPipeline(c, Start{init}, batch, pp, dp, kind, kSteps)) {
+  for (const StageRun& r : TrainPipeline(c, Start{init}, batch, pp, dp, kind, kSteps, false, virtual_stages)) {
     for (int step = 0; step < kSteps; ++step) {
       CAPTURE(step);
       CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
@@ -356,6 +359,67 @@ TEST_CASE("the schedule is 1F1B: stage s runs P - 1 - s forwards first and holds
   }
 }
 
+// The interleaved schedule moves where passes run and when, not the
+// arithmetic. Three micro-batches (the batch's rows) at pp = 2: not a
+// multiple of the stages, so the order without its missing micro-batch.
+TEST_CASE("interleaved: pp=2 x 2 virtual stages and pp=4 x 2 equal one process (llama, qwen3; supervised, GRPO)") {
+  for (const char* arch : {"llama", "qwen3"}) {
+    for (LossKind kind : {LossKind::kSupervised, LossKind::kGrpo}) {
+      CheckEqualsReference(arch, 4, 2, 1, kind, 1e-5, /*virtual_stages=*/2);
+    }
+  }
+  CheckEqualsReference("qwen3", 8, 4, 1, LossKind::kGrpo, 1e-5, /*virtual_stages=*/2);
+}
+
+// Each stage holds two runs of layers (1 and 3 on stage 0, 2 on stage 1 at
+// pp = 2 x 2 over 4 layers), so its moments are not one range of the whole
+// model's layout: gathered at this layout and resumed at 1F1B's, at pp = 4
+// and as one process, they give one process's third step.
+TEST_CASE("interleaved x dp=2 with ZeRO-1: the order is the schedule's, and its checkpoint resumes under 1F1B") {
+  for (const char* arch : {"llama", "qwen3"}) {
+    CAPTURE(arch);
+    const actor::ModelConfig c = Config(arch, 4);
+    const Named init = InitialWeights(c);
+    const Batch b3 = MakeBatch();
+    // Four rows (the batch's, then its first): two micro-batches per replica.
+    const Batch batch{at::cat({b3.ids, b3.ids.narrow(0, 0, 1)}), at::cat({b3.pos, b3.pos.narrow(0, 0, 1)}),
+                      at::cat({b3.targets, b3.targets.narrow(0, 0, 1)}), at::cat({b3.mask, b3.mask.narrow(0, 0, 1)})};
+    const std::vector<StageRun> ref_runs = TrainPipeline(c, Start{init}, batch, 1, 2, LossKind::kSupervised, kSteps);
+    const std::vector<StageRun> first =
+        TrainPipeline(c, Start{init}, batch, 2, 2, LossKind::kSupervised, 2, /*zero1=*/true, /*virtual_stages=*/2);
+    REQUIRE(first.size() == 4);
+    for (const StageRun& r : first) {
+      const int stage = static_cast<int>(&r - first.data()) % 2;
+      CAPTURE(stage);
+      auto want = parallel::PipelineSchedule(2, stage, 2, 2);
+      REQUIRE(want.ok());
+      std::vector<std::string> names;
+      for (const parallel::PipelineOp& op : *want) {
+        names.push_back(absl::StrCat(op.forward ? "F" : "B", op.micro, ".", op.chunk));
+      }
+      CHECK(absl::StrJoin(r.traces[0].ops, " ") == absl::StrJoin(names, " "));
+      // The simulation's count of activations held, met by the real run.
+      auto sim = parallel::SimulatePipeline(2, 2, 2);
+      REQUIRE(sim.ok());
+      CHECK(r.traces[0].max_in_flight == sim->max_in_flight[stage]);
+    }
+    const Start saved{first[0].weights, first[0].exp_avg, first[0].exp_avg_sq, first[0].steps};
+    REQUIRE(saved.steps == 2);
+    for (int pp : {2, 4}) {
+      for (const StageRun& r : TrainPipeline(c, saved, batch, pp, 2, LossKind::kSupervised, 1)) {
+        CHECK(MaxAbsDiff(r.weights, ref_runs[0].weights) < 1e-6);
+      }
+    }
+    // The plain layout's checkpoint resumes at the interleaved one.
+    const std::vector<StageRun> plain = TrainPipeline(c, Start{init}, batch, 1, 2, LossKind::kSupervised, 2);
+    const Start plain_saved{plain[0].weights, plain[0].exp_avg, plain[0].exp_avg_sq, plain[0].steps};
+    for (const StageRun& r :
+         TrainPipeline(c, plain_saved, batch, 2, 2, LossKind::kSupervised, 1, /*zero1=*/false, /*virtual_stages=*/2)) {
+      CHECK(MaxAbsDiff(r.weights, ref_runs[0].weights) < 1e-6);
+    }
+  }
+}
+
 TEST_CASE("a checkpoint resumes across pipeline sizes: 2 steps at pp=2, then 1 at pp=4 or as one process") {
   for (const char* arch : {"llama", "qwen3"}) {
     CAPTURE(arch);
@@ -405,6 +469,11 @@ TEST_CASE("stages are balanced by parameter count, and layouts the pipeline cann
   CHECK(absl::StrContains(too_many.status().message(), "learner.pp"));
   absl::Status sum_off = ValidatePipeline(Config("llama", 4), 2, {1, 2});
   CHECK(absl::StrContains(sum_off.message(), "learner.pp_layers"));
+  // Under the interleaved schedule, one entry per chunk, and a layer each.
+  CHECK(absl::StrContains(ValidatePipeline(Config("llama", 4), 2, {2, 2}, 2).message(), "x 2 virtual stages"));
+  CHECK(ValidatePipeline(Config("llama", 4), 2, {1, 1, 1, 1}, 2).ok());
+  CHECK(absl::StrContains(ValidatePipeline(Config("llama", 3), 2, {}, 2).message(), "learner.pp_virtual_stages"));
+  CHECK(absl::StrContains(ValidatePipeline(Config("llama", 4), 1, {}, 2).message(), "learner.pp_virtual_stages"));
   actor::ModelConfig moe = Config("qwen3", 2);
   moe.arch = "qwen3_moe";
   moe.num_experts = 4;
