@@ -228,8 +228,9 @@ const std::map<std::string, std::string>& Readers() {
     {"rlmesh.LearnerConfig.pp_microbatches", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.pp_layers", "learner/stage_options.cc"},
     {"rlmesh.LearnerConfig.cp", "learner/stage_options.cc"},
-    // 1f1b is the one schedule built; the schema refuses the other by name.
+    // The schema turns the schedule into pp_virtual_stages (1 for 1f1b).
     {"rlmesh.LearnerConfig.pp_schedule", "schema/experiment.cc"},
+    {"rlmesh.LearnerConfig.pp_virtual_stages", "learner/stage_options.cc"},
     {"rlmesh.ExperimentConfig.weight_sync", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.backend", "coordinator/weights.cc"},
     {"rlmesh.WeightSyncConfig.bucket_mb", "coordinator/weights.cc"},

@@ -174,6 +174,13 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
   REQUIRE(Normalize("name: x\nlearner: {shards: 2, pp: 2, pp_microbatches: 8, pp_layers: [1, 2]}\n" + sft, &layers)
               .ok());
   CHECK(layers.learner().pp_microbatches() == 8);
+  CHECK(layers.learner().pp_virtual_stages() == 1);
+  ExperimentConfig interleaved;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 2, pp: 2, pp_schedule: interleaved, pp_layers: [1, 1, 1, 1]}\n" +
+                        grpo,
+                    &interleaved)
+              .ok());
+  CHECK(interleaved.learner().pp_virtual_stages() == 2);
   ExperimentConfig zero1;
   REQUIRE(Normalize("name: x\nlearner: {shards: 4, pp: 2, zero: 1}\n" + sft, &zero1).ok());
   CHECK(zero1.learner().zero() == 1);
@@ -189,8 +196,14 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
       {"learner: {shards: 2, pp: 2, gradient_checkpointing: true}\n" + sft,
        "learner.gradient_checkpointing: true with learner.pp > 1"},
       {"model: {device: cuda}\nlearner: {shards: 2, pp: 2}\n" + sft, "learner.pp: pipeline parallelism runs on the CPU"},
-      {"learner: {shards: 2, pp: 2, pp_schedule: interleaved}\n" + sft,
-       "learner.pp_schedule: interleaved (virtual stages) is not built"},
+      {"learner: {shards: 2, pp_schedule: interleaved}\n" + sft,
+       "learner.pp_schedule: interleaved needs learner.pp > 1"},
+      {"learner: {shards: 2, pp: 2, pp_virtual_stages: 2}\n" + sft,
+       "learner.pp_virtual_stages: must be 1 (or 0) under pp_schedule 1f1b"},
+      {"learner: {shards: 2, pp: 2, pp_schedule: interleaved, pp_virtual_stages: 1}\n" + sft,
+       "learner.pp_virtual_stages: must be in [2, 64] under pp_schedule interleaved"},
+      {"learner: {shards: 2, pp: 2, pp_schedule: interleaved, pp_layers: [2, 2]}\n" + sft,
+       "learner.pp_layers: has 2 entries for learner.pp = 2 stages x learner.pp_virtual_stages = 2"},
       {"learner: {shards: 2, pp: 2, pp_schedule: gpipe}\n" + sft, "learner.pp_schedule: must be 1f1b or interleaved"},
       {"learner: {shards: 2, pp: 2, pp_layers: [3]}\n" + sft, "learner.pp_layers: has 1 entries for learner.pp = 2"},
       {"learner: {shards: 2, pp: 2, pp_layers: [0, 3]}\n" + sft, "learner.pp_layers[0]: must be >= 1"},

@@ -910,6 +910,7 @@ absl::Status SplitPolicyPipeline(const StageOptions& stage, int rank, int world_
   RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("ppdp", st), replica, replicas, gloo, &s.dp_group));
   PipelineOptions po;
   po.stage_layers = stage.learner.pp_layers;
+  po.virtual_stages = stage.learner.pp_virtual_stages;
   po.logprob_chunk = s.logprob_chunk;
   po.optimizer.adamw = stage.optimizer().adamw;
   po.optimizer.grad_clip = std::max(0.0, stage.optimizer().grad_clip);

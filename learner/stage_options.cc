@@ -44,6 +44,7 @@ LearnerSettings MakeLearnerSettings(const ExperimentConfig& exp) {
   l.pp = std::max(1, lc.pp());
   l.pp_microbatches = lc.pp_microbatches();
   l.pp_layers.assign(lc.pp_layers().begin(), lc.pp_layers().end());
+  l.pp_virtual_stages = std::max(1, lc.pp_virtual_stages());
   l.cp = std::max(1, lc.cp());
   l.micro_tokens = lc.micro_batch_tokens();
   l.autocast_bf16 = lc.autocast() == "bf16";

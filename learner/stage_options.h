@@ -72,8 +72,11 @@ struct LearnerSettings {
   // learner.pp_microbatches: with pp > 1, the fewest micro-batches per
   // mini-batch. Default 0 (set to 2 x pp by the schema).
   int pp_microbatches = 0;
-  // learner.pp_layers: decoder layers per stage; empty = balanced.
+  // learner.pp_layers: decoder layers per chunk; empty = balanced.
   std::vector<int64_t> pp_layers;
+  // learner.pp_virtual_stages: model chunks per stage, > 1 under the
+  // interleaved schedule. Default 1.
+  int pp_virtual_stages = 1;
   // learner.cp: context-parallel ranks per replica
   // (learner/context_parallel.h), splitting each row's tokens. Default 1.
   int cp = 1;

@@ -603,8 +603,10 @@ void CheckFourRanksResume(Trainer& single, const ExperimentConfig& layout, const
 // gradient's size, so a gradient summed in TP's order moves a near-zero
 // entry by up to lr. At 1e-2 that reached 1.15e-5 on an AMD EPYC CPU (MKL's
 // AMD kernels); at 1e-3 the same order gives about a tenth.
-std::pair<ExperimentConfig, std::string> PlainSftThreeSteps(Trainer& single, const std::string& ckpt) {
+std::pair<ExperimentConfig, std::string> PlainSftThreeSteps(Trainer& single, const std::string& ckpt,
+                                                            int layers = 2) {
   ExperimentConfig e = Tiny();
+  e.mutable_model()->set_layers(layers);
   *e.add_stages() = SftStageOf(5, 7, 1e-3);
   e.mutable_learner()->set_micro_batch_tokens(24);
   Trainer untrained;
@@ -1056,6 +1058,46 @@ std::map<std::string, MergedMetric> MergeOfRanks(const ExperimentConfig& e, cons
     m.weighted = num / m.weight_sum;
   }
   return out;
+}
+
+// Four layers, so that each of the two stages holds two one-layer chunks.
+TEST_CASE("learner.pp: 2 interleaved (2 virtual stages) equals plain K=1 for SFT and GRPO; its ZeRO-1 checkpoint "
+          "resumes in one process") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  auto interleaved = [](ExperimentConfig c) {
+    c.mutable_learner()->set_pp(2);
+    c.mutable_learner()->set_pp_schedule("interleaved");
+    c.mutable_learner()->set_pp_virtual_stages(2);
+    return c;
+  };
+  SECTION("SFT, pp=2 x dp=2 with ZeRO-1: one plain moments file that resumes in one process") {
+    Trainer single;
+    const ExperimentConfig e = PlainSftThreeSteps(single, dir.File("ckpt_plain"), /*layers=*/4).first;
+    ExperimentConfig t = interleaved(e);
+    t.mutable_learner()->set_zero(1);
+    CheckFourRanksSaveResumesPlain(single, t, e, dir.File("ckpt_pp_int"), dir.File("store_pp_int"));
+  }
+  SECTION("GRPO, alone and x 2 replicas") {
+    ExperimentConfig e = Tiny(11);
+    e.mutable_model()->set_layers(4);
+    *e.add_stages() = GrpoStageOf(2, 1e-3);
+    Trainer t;
+    REQUIRE(t.Configure(Request(e)).ok());
+    int64_t i = 0;
+    const GroupList groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
+      return static_cast<double>(i++ % 2) + static_cast<double>(toks.size() % 3);
+    });
+    CHECK(ShardedRlDiff(interleaved(e), groups, dir.File("store_int2"), &e, 2) <= 1e-5);
+    CHECK(ShardedRlDiff(interleaved(e), groups, dir.File("store_int2dp2"), &e, 4) <= 1e-5);
+  }
+  SECTION("the schedule reaches the pipeline: 2 layers cannot make pp x pp_virtual_stages = 4 chunks") {
+    ExperimentConfig e = Tiny();
+    *e.add_stages() = SftStageOf(5, 7, 1e-3);
+    Trainer ranks[2];
+    auto results = testing::TrainShards(ranks, 2, Request(interleaved(e)), dir.File("store_few"), 1, SftStep);
+    for (const absl::Status& r : results) CHECK(absl::StrContains(r.message(), "learner.pp_virtual_stages"));
+  }
 }
 
 TEST_CASE("SFT over two ranks: the ranks' loss, weighted by their mean_weight (target tokens), is one process's") {

@@ -355,12 +355,17 @@ void CheckPipeline(Checker& c, ExperimentConfig* config) {
   c.Require(l->pp_microbatches() >= 0 && l->pp_microbatches() <= 4096, "learner.pp_microbatches",
             "must be in [0, 4096] (0 = 2 x learner.pp)");
   if (pp > 1 && l->pp_microbatches() == 0) l->set_pp_microbatches(2 * pp);
-  c.Require(l->pp_schedule() == "1f1b" || l->pp_schedule() == "interleaved", "learner.pp_schedule",
-            "must be 1f1b or interleaved");
-  c.Require(l->pp_schedule() != "interleaved", "learner.pp_schedule",
-            "interleaved (virtual stages) is not built; 1f1b is");
-  c.Require(l->pp_layers_size() == 0 || l->pp_layers_size() == pp, "learner.pp_layers",
-            absl::StrCat("has ", l->pp_layers_size(), " entries for learner.pp = ", pp, " stages"));
+  const bool interleaved = l->pp_schedule() == "interleaved";
+  c.Require(l->pp_schedule() == "1f1b" || interleaved, "learner.pp_schedule", "must be 1f1b or interleaved");
+  c.Require(!interleaved || pp > 1, "learner.pp_schedule", "interleaved needs learner.pp > 1");
+  if (l->pp_virtual_stages() == 0) l->set_pp_virtual_stages(interleaved ? 2 : 1);
+  const int v = l->pp_virtual_stages();
+  c.Require(interleaved ? v >= 2 && v <= 64 : v == 1, "learner.pp_virtual_stages",
+            interleaved ? "must be in [2, 64] under pp_schedule interleaved"
+                        : "must be 1 (or 0) under pp_schedule 1f1b; > 1 is the interleaved schedule's");
+  c.Require(l->pp_layers_size() == 0 || l->pp_layers_size() == pp * v, "learner.pp_layers",
+            absl::StrCat("has ", l->pp_layers_size(), " entries for learner.pp = ", pp, " stages",
+                         interleaved ? absl::StrCat(" x learner.pp_virtual_stages = ", v) : ""));
   for (int i = 0; i < l->pp_layers_size(); ++i) {
     c.Require(l->pp_layers(i) >= 1, absl::StrCat("learner.pp_layers[", i, "]"), "must be >= 1");
   }
