@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/experiment_config.h"
 #include "parallel/layout_shapes.h"
+#include "parallel/pipeline_schedule.h"
 #include "weight_sync/pieces.h"
 
 namespace rlmesh {
@@ -84,6 +85,8 @@ namespace {
 // A learner group's layout, as the plan counts it.
 struct LearnerLayout {
   int shards = 1, tp = 1, pp = 1, cp = 1, zero = 0;
+  // Model chunks per pipeline stage (learner.pp_virtual_stages).
+  int virtual_stages = 1;
   // Data-parallel replicas: shards / (tp x pp x cp).
   int replicas = 1;
   // Micro-batches per mini-batch under the pipeline (1 without).
@@ -101,9 +104,10 @@ struct RankShape {
   // Its parameters (a tensor-parallel slice, a pipeline stage's).
   double params = 0;
   // Decoder layers it runs, and micro-batches whose activations it holds at
-  // once (1F1B: stage s of P holds min(P - s, M)).
+  // once, in whole passes through those layers (1F1B: stage s of P holds
+  // min(P - s, M); interleaved: the schedule's most chunks held / V).
   int64_t layers = 0;
-  int64_t in_flight = 1;
+  double in_flight = 1;
   // Whether it scores the vocabulary (the last stage).
   bool head = true;
   bool rank0 = false;
@@ -186,19 +190,38 @@ absl::StatusOr<std::vector<RoleMemory>> LearnerRoles(const ExperimentConfig& e, 
                        parts({.params = p, .layers = m.num_layers, .rank0 = k == 0})});
     }
   } else if (l.pp > 1) {
-    // Stage s is ranks s, s + pp, ...: its parameters, layers and the
-    // micro-batches 1F1B keeps in flight there; rank 0 is stage 0.
+    // Stage s is ranks s, s + pp, ...: its chunks' parameters and layers
+    // (chunk c on stage c % pp) and the micro-batches its schedule keeps in
+    // flight there; rank 0 is stage 0.
+    const int chunks = l.pp * l.virtual_stages;
     std::vector<int64_t> layers(lc.pp_layers().begin(), lc.pp_layers().end());
     if (layers.empty()) {
-      auto balanced = parallel::BalancedStageLayers(m, l.pp);
+      auto balanced = parallel::BalancedStageLayers(m, chunks);
+      if (!balanced.ok() && l.virtual_stages > 1) {
+        return absl::InvalidArgumentError(absl::StrCat("learner.pp_virtual_stages: ", chunks,
+                                                       " chunks need at least as many layers, the model has ",
+                                                       m.num_layers));
+      }
       if (!balanced.ok()) return balanced.status();
       layers = *balanced;
     }
-    const std::vector<int64_t> held = parallel::StageParameterCounts(m, layers);
+    if (static_cast<int>(layers.size()) != chunks) {
+      return absl::InvalidArgumentError(absl::StrCat("learner.pp_layers: ", layers.size(), " entries for ", chunks,
+                                                     " chunks"));
+    }
+    const std::vector<int64_t> chunk_params = parallel::StageParameterCounts(m, layers);
+    std::vector<int64_t> held(l.pp, 0), stage_layers(l.pp, 0);
+    for (int c = 0; c < chunks; ++c) {
+      held[c % l.pp] += chunk_params[c];
+      stage_layers[c % l.pp] += layers[c];
+    }
+    auto schedule = parallel::SimulatePipeline(l.pp, l.virtual_stages, l.micro_batches);
+    if (!schedule.ok()) return schedule.status();
     const int per_stage = l.shards / l.pp;
     for (int st = 0; st < l.pp; ++st) {
-      RankShape r{.params = static_cast<double>(held[st]), .layers = layers[st],
-                  .in_flight = std::min<int64_t>(l.pp - st, l.micro_batches), .head = st == l.pp - 1};
+      RankShape r{.params = static_cast<double>(held[st]), .layers = stage_layers[st],
+                  .in_flight = static_cast<double>(schedule->max_in_flight[st]) / l.virtual_stages,
+                  .head = st == l.pp - 1};
       const std::string name = absl::StrCat("learner stage ", st);
       if (st == 0) {
         RankShape first = r;
@@ -247,6 +270,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
   l.shards = std::max(1, lc.shards());
   l.tp = std::max(1, lc.tp());
   l.pp = std::max(1, lc.pp());
+  l.virtual_stages = std::max(1, lc.pp_virtual_stages());
   l.cp = std::max(1, lc.cp());
   l.zero = lc.zero();
   l.replicas = std::max(1, l.shards / (l.tp * l.pp * l.cp));

@@ -1,5 +1,6 @@
 #include "coordinator/memory_plan.h"
 
+#include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "common/proto_yaml.h"
 #include "coordinator/experiment_config.h"
@@ -209,6 +210,23 @@ TEST_CASE("Tensor, pipeline and context parallelism: what each rank holds and ru
   const double micro = 4 * 128 * 2 * 4.0 * (9 * 512 + 4 * 256 + 4 * 1408 + 8 + 4);
   CHECK(stage0 - stage1 == Approx(micro - 4 * 64 * 2048 * 4.0 * 8));
   CHECK(stage0 < plain_activations);
+
+  // Interleaved, two chunks a stage (layers 0 and 2 on stage 0, 1 and 3 on
+  // stage 1): the schedule holds 5 and 3 chunks' activations at once, 2.5
+  // and 1.5 passes through a stage's two layers against 1F1B's 2 and 1.
+  auto inter =
+      PlanMemory(Experiment(grpo + "learner: {shards: 4, pp: 2, pp_schedule: interleaved}\n"), m, {.train = 128}, cap);
+  REQUIRE(inter.ok());
+  const std::vector<int64_t> chunk_params = parallel::StageParameterCounts(m, {1, 1, 1, 1});
+  CHECK(Part(Role(*inter, "learner stage 0"), "weights") == 4 * (chunk_params[0] + chunk_params[2]));
+  CHECK(Part(Role(*inter, "learner stage 1"), "weights") == 4 * (chunk_params[1] + chunk_params[3]));
+  CHECK(Part(Role(*inter, "learner stage 0"), "activations") - stage0 == Approx(0.5 * micro));
+  CHECK(Part(Role(*inter, "learner stage 1"), "activations") - stage1 == Approx(0.5 * micro));
+  auto too_deep = PlanMemory(
+      Experiment(grpo + "learner: {shards: 2, pp: 2, pp_schedule: interleaved, pp_virtual_stages: 4}\n"), m,
+      {.train = 128}, cap);
+  REQUIRE(!too_deep.ok());
+  CHECK(absl::StrContains(too_deep.status().message(), "learner.pp_virtual_stages: 8 chunks"));
 
   // CP: the whole model on every rank, half the tokens' activations each.
   auto cp = PlanMemory(Experiment(grpo + "learner: {shards: 2, cp: 2}\n"), m, {.train = 128}, cap);
