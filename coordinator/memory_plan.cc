@@ -105,7 +105,8 @@ struct RankShape {
   double params = 0;
   // Decoder layers it runs, and micro-batches whose activations it holds at
   // once, in whole passes through those layers (1F1B: stage s of P holds
-  // min(P - s, M); interleaved: the schedule's most chunks held / V).
+  // min(P - s, M); interleaved: the schedule's most layers held at once,
+  // each held chunk counting its layers, over the stage's layers).
   int64_t layers = 0;
   double in_flight = 1;
   // Whether it scores the vocabulary (the last stage).
@@ -196,12 +197,7 @@ absl::StatusOr<std::vector<RoleMemory>> LearnerRoles(const ExperimentConfig& e, 
     const int chunks = l.pp * l.virtual_stages;
     std::vector<int64_t> layers(lc.pp_layers().begin(), lc.pp_layers().end());
     if (layers.empty()) {
-      auto balanced = parallel::BalancedStageLayers(m, chunks);
-      if (!balanced.ok() && l.virtual_stages > 1) {
-        return absl::InvalidArgumentError(absl::StrCat("learner.pp_virtual_stages: ", chunks,
-                                                       " chunks need at least as many layers, the model has ",
-                                                       m.num_layers));
-      }
+      auto balanced = parallel::PipelineChunkLayers(m, l.pp, l.virtual_stages);
       if (!balanced.ok()) return balanced.status();
       layers = *balanced;
     }
@@ -215,12 +211,12 @@ absl::StatusOr<std::vector<RoleMemory>> LearnerRoles(const ExperimentConfig& e, 
       held[c % l.pp] += chunk_params[c];
       stage_layers[c % l.pp] += layers[c];
     }
-    auto schedule = parallel::SimulatePipeline(l.pp, l.virtual_stages, l.micro_batches);
+    auto schedule = parallel::SimulatePipeline(l.pp, l.virtual_stages, l.micro_batches, 1.0, 2.0, layers);
     if (!schedule.ok()) return schedule.status();
     const int per_stage = l.shards / l.pp;
     for (int st = 0; st < l.pp; ++st) {
       RankShape r{.params = static_cast<double>(held[st]), .layers = stage_layers[st],
-                  .in_flight = static_cast<double>(schedule->max_in_flight[st]) / l.virtual_stages,
+                  .in_flight = static_cast<double>(schedule->max_layers_in_flight[st]) / stage_layers[st],
                   .head = st == l.pp - 1};
       const std::string name = absl::StrCat("learner stage ", st);
       if (st == 0) {

@@ -226,7 +226,7 @@ TEST_CASE("Tensor, pipeline and context parallelism: what each rank holds and ru
       Experiment(grpo + "learner: {shards: 2, pp: 2, pp_schedule: interleaved, pp_virtual_stages: 4}\n"), m,
       {.train = 128}, cap);
   REQUIRE(!too_deep.ok());
-  CHECK(absl::StrContains(too_deep.status().message(), "learner.pp_virtual_stages: 8 chunks"));
+  CHECK(absl::StrContains(too_deep.status().message(), "learner.pp_virtual_stages: 2 stages x 4 virtual stages need at least 8 layers"));
 
   // CP: the whole model on every rank, half the tokens' activations each.
   auto cp = PlanMemory(Experiment(grpo + "learner: {shards: 2, cp: 2}\n"), m, {.train = 128}, cap);

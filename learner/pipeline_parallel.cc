@@ -25,8 +25,6 @@
 
 namespace rlmesh::learner {
 
-using parallel::BalancedStageLayers;
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -58,13 +56,7 @@ absl::Status ValidatePipeline(const actor::ModelConfig& config, int stages, cons
                                                    virtual_stages, " at learner.pp ", stages));
   }
   const int chunks = stages * virtual_stages;
-  if (stage_layers.empty()) {
-    absl::Status balanced = BalancedStageLayers(config, chunks).status();
-    if (balanced.ok() || virtual_stages == 1) return balanced;
-    return absl::InvalidArgumentError(absl::StrCat("learner.pp_virtual_stages: ", stages, " stages x ", virtual_stages,
-                                                   " virtual stages need at least ", chunks,
-                                                   " layers, the model has num_layers ", config.num_layers));
-  }
+  if (stage_layers.empty()) return parallel::PipelineChunkLayers(config, stages, virtual_stages).status();
   if (static_cast<int>(stage_layers.size()) != chunks) {
     return absl::InvalidArgumentError(
         absl::StrCat("learner.pp_layers: ", stage_layers.size(), " entries for ", stages, " stages",
@@ -215,7 +207,7 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
   // Decoder layers per model chunk (chunk c on stage c % P).
   std::vector<int64_t> layers = options.stage_layers;
   if (layers.empty()) {
-    RLMESH_ASSIGN_OR_RETURN(layers, BalancedStageLayers(config, stages * V));
+    RLMESH_ASSIGN_OR_RETURN(layers, parallel::PipelineChunkLayers(config, stages, V));
   }
   std::unique_ptr<PipelineModel> m(new PipelineModel());
   m->impl_ = std::make_unique<Impl>();

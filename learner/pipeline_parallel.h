@@ -9,7 +9,8 @@
 // tied embeddings, a copy of the embedding whose gradient it sums with the
 // first stage's before every step, as Megatron does). Layers are balanced by
 // parameter count (parallel/layout_shapes.h's BalancedStageLayers, the head
-// counted tied or not, since it computes either way), or as
+// counted tied or not, since it computes either way), spread evenly over
+// the chunks under the interleaved schedule (PipelineChunkLayers), or as
 // options.stage_layers says.
 // Activations travel forward and their gradients backward point to point
 // ([rows, T, hidden] fp32 per micro-batch), sends asynchronous, receives
@@ -82,7 +83,7 @@ struct PipelineOptions {
   int virtual_stages = 1;
   // Decoder layers per model chunk in model order (chunk c on stage c % P),
   // P x virtual_stages entries, each >= 1, summing to the model's layers.
-  // Empty = BalancedStageLayers over the chunks. Default empty.
+  // Empty = parallel::PipelineChunkLayers. Default empty.
   std::vector<int64_t> stage_layers;
   // Time steps per chunk of the vocabulary logits on the last stage.
   // Default 128.

@@ -464,6 +464,16 @@ TEST_CASE("stages are balanced by parameter count, and layouts the pipeline cann
   CHECK((*four)[0] < (*four)[1]);
   CHECK((*four)[3] < (*four)[2]);
 
+  // Interleaved: the layers spread evenly over the chunks, whatever the
+  // embedding weighs, so that the stages run equal layers.
+  auto chunks = parallel::PipelineChunkLayers(c, 2, 2);
+  REQUIRE(chunks.ok());
+  CHECK(*chunks == std::vector<int64_t>{2, 2, 2, 2});
+  auto uneven = parallel::PipelineChunkLayers(Config("llama", 10), 2, 4);
+  REQUIRE(uneven.ok());
+  CHECK(*uneven == std::vector<int64_t>{1, 2, 2, 1, 1, 1, 1, 1});
+  CHECK(*parallel::PipelineChunkLayers(c, 4, 1) == *four);
+
   auto too_many = BalancedStageLayers(Config("llama", 2), 3);
   REQUIRE(!too_many.ok());
   CHECK(absl::StrContains(too_many.status().message(), "learner.pp"));

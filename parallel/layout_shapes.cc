@@ -107,4 +107,23 @@ std::vector<int64_t> StageParameterCounts(const actor::ModelConfig& config, cons
   return out;
 }
 
+absl::StatusOr<std::vector<int64_t>> PipelineChunkLayers(const actor::ModelConfig& config, int stages,
+                                                         int virtual_stages) {
+  if (virtual_stages <= 1 || stages <= 1) {
+    if (virtual_stages > 1) {
+      return absl::InvalidArgumentError("learner.pp_virtual_stages: > 1 needs learner.pp > 1");
+    }
+    return BalancedStageLayers(config, stages);
+  }
+  const int64_t chunks = static_cast<int64_t>(stages) * virtual_stages, L = config.num_layers;
+  if (L < chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("learner.pp_virtual_stages: ", stages, " stages x ", virtual_stages,
+                                                   " virtual stages need at least ", chunks,
+                                                   " layers, the model has num_layers ", L));
+  }
+  std::vector<int64_t> layers(chunks, L / chunks);
+  for (int64_t c = 1; c <= L % chunks; ++c) ++layers[c];
+  return layers;
+}
+
 }  // namespace rlmesh::parallel

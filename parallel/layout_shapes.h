@@ -36,6 +36,19 @@ actor::ModelConfig TensorParallelShardConfig(const actor::ModelConfig& config, i
 // stages is outside [1, num_layers].
 absl::StatusOr<std::vector<int64_t>> BalancedStageLayers(const actor::ModelConfig& config, int stages);
 
+// Decoder layers per model chunk of a pipeline of `stages` stages with
+// `virtual_stages` chunks each, in model order (chunk c on stage c % P):
+// BalancedStageLayers for one chunk per stage; for the interleaved
+// schedule's P x V chunks, the layers spread evenly (the first chunks after
+// the embedding's taking one more each when P x V does not divide them), as
+// Megatron does, so that every stage runs the same layers; balancing each
+// chunk by parameter count instead can leave one stage three times
+// another's layers when the embedding weighs several layers.
+// INVALID_ARGUMENT naming learner.pp or learner.pp_virtual_stages when a
+// chunk would have no layer.
+absl::StatusOr<std::vector<int64_t>> PipelineChunkLayers(const actor::ModelConfig& config, int stages,
+                                                         int virtual_stages);
+
 // The parameters each stage of a pipeline with `stage_layers` holds: its
 // layers', plus the embedding on the first stage and the final norm and
 // output projection on the last (with tied embeddings the last stage's

@@ -88,7 +88,11 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int stages, int stage, 
 // Long because: the event simulation (stage cursors, the passes' end times
 // and the in-flight counts) reads best as one loop.
 absl::StatusOr<PipelineSimulation> SimulatePipeline(int stages, int chunks, int64_t micro_batches, double forward,
-                                                    double backward) {
+                                                    double backward, const std::vector<int64_t>& chunk_layers) {
+  if (!chunk_layers.empty() && chunk_layers.size() != static_cast<size_t>(stages) * std::max(chunks, 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_layers: ", chunk_layers.size(), " entries for ", stages,
+                                                   " x ", chunks, " chunks"));
+  }
   std::vector<std::vector<PipelineOp>> schedule(stages);
   for (int s = 0; s < stages; ++s) {
     auto ops = PipelineSchedule(stages, s, chunks, micro_batches);
@@ -100,9 +104,10 @@ absl::StatusOr<PipelineSimulation> SimulatePipeline(int stages, int chunks, int6
   std::map<std::tuple<bool, int64_t, int>, double> done;
   std::vector<size_t> next(stages, 0);
   std::vector<double> free_at(stages, 0.0);
-  std::vector<int64_t> held(stages, 0);
+  std::vector<int64_t> held(stages, 0), held_layers(stages, 0);
   PipelineSimulation sim;
   sim.max_in_flight.assign(stages, 0);
+  sim.max_layers_in_flight.assign(stages, 0);
   size_t remaining = 0;
   for (const auto& ops : schedule) remaining += ops.size();
   while (remaining > 0) {
@@ -134,7 +139,9 @@ absl::StatusOr<PipelineSimulation> SimulatePipeline(int stages, int chunks, int6
         free_at[s] = ready + (op.forward ? forward : backward);
         done[{op.forward, op.micro, c}] = free_at[s];
         held[s] += op.forward ? 1 : -1;
+        held_layers[s] += (op.forward ? 1 : -1) * (chunk_layers.empty() ? 1 : chunk_layers[c]);
         sim.max_in_flight[s] = std::max(sim.max_in_flight[s], held[s]);
+        sim.max_layers_in_flight[s] = std::max(sim.max_layers_in_flight[s], held_layers[s]);
         ++next[s];
         --remaining;
         progress = true;

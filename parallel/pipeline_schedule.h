@@ -60,16 +60,22 @@ struct PipelineSimulation {
   // Per stage: the most (micro-batch, chunk) activations it holds at once
   // (forwards run whose backward has not).
   std::vector<int64_t> max_in_flight;
+  // Per stage: the most decoder layers' activations it holds at once, each
+  // held chunk counting its layers (`chunk_layers`; empty: 1 each).
+  std::vector<int64_t> max_layers_in_flight;
 };
 
 // Runs every stage's PipelineSchedule as the pipeline does: a stage runs
 // its passes in order; a forward waits for the previous chunk's forward of
 // the same micro-batch (on the stage before, the last stage's on the
-// first), a backward for the next chunk's backward. FAILED_PRECONDITION
-// when the schedules would deadlock; the errors of PipelineSchedule
-// otherwise.
+// first), a backward for the next chunk's backward. `chunk_layers`: the
+// layers of each of the model's stages x chunks chunks, in model order
+// (empty: 1 each). FAILED_PRECONDITION when the schedules would deadlock;
+// INVALID_ARGUMENT when chunk_layers has the wrong size; the errors of
+// PipelineSchedule otherwise.
 absl::StatusOr<PipelineSimulation> SimulatePipeline(int stages, int chunks, int64_t micro_batches,
-                                                    double forward = 1.0, double backward = 2.0);
+                                                    double forward = 1.0, double backward = 2.0,
+                                                    const std::vector<int64_t>& chunk_layers = {});
 
 // The bubble an ideal schedule of this shape has with equal stages:
 // (P - 1) / (V M + P - 1).

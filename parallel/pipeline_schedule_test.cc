@@ -100,6 +100,20 @@ TEST_CASE("the simulated bubble is (P - 1) / (V M + P - 1) when P divides M, and
   }
 }
 
+TEST_CASE("layers in flight weigh each held chunk by its layers") {
+  // P = 2, V = 2, M = 2: every forward first, so each stage holds all of
+  // its chunks for both micro-batches at once.
+  auto sim = SimulatePipeline(2, 2, 2, 1.0, 2.0, {1, 3, 2, 5});
+  REQUIRE(sim.ok());
+  CHECK(sim->max_in_flight == std::vector<int64_t>{4, 4});
+  CHECK(sim->max_layers_in_flight == std::vector<int64_t>{2 * (1 + 2), 2 * (3 + 5)});
+  // 1F1B at P = 2, M = 4: stage 0 holds two micro-batches of its 3 layers.
+  auto plain = SimulatePipeline(2, 1, 4, 1.0, 2.0, {3, 1});
+  REQUIRE(plain.ok());
+  CHECK(plain->max_layers_in_flight == std::vector<int64_t>{6, 1});
+  CHECK(!SimulatePipeline(2, 2, 2, 1.0, 2.0, {1, 1}).ok());
+}
+
 TEST_CASE("bad shapes are refused by field") {
   auto no_stages = PipelineSchedule(0, 0, 1, 4);
   CHECK(absl::StrContains(no_stages.status().message(), "learner.pp:"));
