@@ -15,7 +15,8 @@
 //   bazel-bin/bench/learner_step_bench --model_dir=DIR --threads=1 --steps=3
 //
 // With --world > 1 it is one rank of a learner layout (--rank, --store, and
-// learner.tp / learner.zero / learner.pp / learner.cp from their flags):
+// learner.tp / learner.zero / learner.pp and its schedule / learner.cp from
+// their flags):
 // bench/learner_layouts.py and bench/memory_plan.py start the ranks as
 // processes.
 //
@@ -86,6 +87,8 @@ ABSL_FLAG(int, zero, 0, "learner.zero (0, 1 or 3).");
 ABSL_FLAG(int, ep, 1, "learner.ep (a MoE --model_dir; equal to --world when > 1).");
 ABSL_FLAG(int, pp, 1, "learner.pp.");
 ABSL_FLAG(int, pp_microbatches, 0, "learner.pp_microbatches (0 = 2 x pp).");
+ABSL_FLAG(std::string, pp_schedule, "1f1b", "learner.pp_schedule: 1f1b or interleaved.");
+ABSL_FLAG(int, pp_virtual_stages, 1, "learner.pp_virtual_stages (> 1 with pp_schedule interleaved).");
 ABSL_FLAG(int, cp, 1, "learner.cp.");
 ABSL_FLAG(bool, gradient_checkpointing, false, "learner.gradient_checkpointing.");
 ABSL_FLAG(std::string, autocast, "fp32", "learner.autocast: fp32 or bf16.");
@@ -236,6 +239,8 @@ int Run() {
   e.mutable_learner()->set_ep(absl::GetFlag(FLAGS_ep));
   e.mutable_learner()->set_pp(absl::GetFlag(FLAGS_pp));
   e.mutable_learner()->set_pp_microbatches(absl::GetFlag(FLAGS_pp_microbatches));
+  e.mutable_learner()->set_pp_schedule(absl::GetFlag(FLAGS_pp_schedule));
+  e.mutable_learner()->set_pp_virtual_stages(absl::GetFlag(FLAGS_pp_virtual_stages));
   e.mutable_learner()->set_cp(absl::GetFlag(FLAGS_cp));
   e.mutable_learner()->set_gradient_checkpointing(absl::GetFlag(FLAGS_gradient_checkpointing));
   e.mutable_learner()->set_autocast(absl::GetFlag(FLAGS_autocast));

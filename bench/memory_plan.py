@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`coordinator plan` against measured peaks: for each learner layout (one
-process; two data-parallel ranks under ZeRO-1; tensor, pipeline and context
-parallelism over two ranks; context x tensor parallelism over four), the
+process; two data-parallel ranks under ZeRO-1; tensor, pipeline (1F1B and
+interleaved) and context parallelism over two ranks; context x tensor parallelism over four), the
 learner memory the plan predicts for each rank beside the peak resident set
 a real GRPO step reaches in rlmesh's Trainer (bench/learner_step_bench, one
 process per rank, the learner's own Configure and TCMalloc).
@@ -42,6 +42,8 @@ LAYOUTS = [("K=1, 32 rows", 1, 8, {}), ("K=1, 16 rows", 1, 4, {}),
            ("dp=2 ZeRO-1, 16 rows a rank", 2, 8, {"zero": 1}),
            ("tp=2, 32 rows", 2, 8, {"tp": 2}),
            ("pp=2, 32 rows in 4 micro-batches", 2, 8, {"pp": 2}),
+           ("pp=2 interleaved (2 virtual stages), 32 rows in 4 micro-batches", 2, 8,
+            {"pp": 2, "pp_schedule": "interleaved", "pp_virtual_stages": 2}),
            ("cp=2, 32 rows", 2, 8, {"cp": 2}),
            ("cp=2 x tp=2, 32 rows", 4, 8, {"cp": 2, "tp": 2})]
 
