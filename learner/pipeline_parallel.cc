@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <set>
@@ -21,6 +22,7 @@
 #include "learner/tensor_checks.h"
 #include "parallel/layout_shapes.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/token_inputs.h"
 
 namespace rlmesh::learner {
@@ -82,17 +84,27 @@ struct PipelineModel::Impl {
   actor::RopeFrequencies rope;
   PipelineOptions options;
   c10::intrusive_ptr<c10d::Backend> pipeline;
+  // The stage's tensor-parallel group; null without one.
+  c10::intrusive_ptr<c10d::Backend> tp;
+  actor::ModelConfig config;
   // Every parameter of the whole model in NamedParameters() order: its
   // name, shape, stage, and where it starts in the whole model's flat
-  // layout and in its stage's (the stage's parameters in this order).
+  // layout and in its stage's (the stage's parameters in this order); the
+  // dimension tensor parallelism splits (-1: none), and on this stage the
+  // shape this rank holds and where it starts in the optimizer's flat
+  // layout of the stage.
   struct Param {
     std::string name;
     std::vector<int64_t> shape;
     int stage = 0;
     int64_t offset = 0, stage_offset = 0, numel = 0;
+    int split = -1;
+    std::vector<int64_t> held_shape;
+    int64_t held_offset = 0, held_numel = 0;
   };
   std::vector<Param> all;
-  // Elements of each stage's parameters (its tied copy not counted).
+  std::map<std::string, size_t> index;
+  // Elements of each stage's parameters, whole (its tied copy not counted).
   std::vector<int64_t> stage_numel;
   // This stage's parameters by name (the module's tensors) and, on the last
   // stage of a tied model split over stages, the embedding's copy.
@@ -110,6 +122,25 @@ struct PipelineModel::Impl {
   std::vector<std::pair<int64_t, int64_t>> chunk_layers;
 
   int stage() const { return pipeline ? pipeline->getRank() : 0; }
+  int tp_rank() const { return tp ? tp->getRank() : 0; }
+  int tp_size() const { return tp ? tp->getSize() : 1; }
+
+  // `held` (shaped like this rank's slice of p) joined whole over the
+  // tensor-parallel group; `held` itself when p is not split.
+  at::Tensor Join(const Param& p, const at::Tensor& held) const {
+    if (!tp || p.split < 0) return held;
+    std::vector<at::Tensor> in{held.contiguous()};
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < tp_size(); ++r) out[0].push_back(at::empty_like(in[0]));
+    tp->allgather(out, in)->wait();
+    return at::cat(out[0], p.split);
+  }
+  // This rank's slice of `whole` (shaped like p).
+  at::Tensor Slice(const Param& p, const at::Tensor& whole) const {
+    if (!tp || p.split < 0) return whole;
+    const int64_t n = p.held_shape[p.split];
+    return whole.narrow(p.split, tp_rank() * n, n);
+  }
   int stages() const { return pipeline ? pipeline->getSize() : 1; }
   int chunks() const { return static_cast<int>(chunk_layers.size()); }
   bool first() const { return stage() == 0; }
@@ -168,16 +199,19 @@ struct PipelineModel::Impl {
     at::Tensor h;
     auto* backbone = model->model.get();
     if (FirstChunk(v)) {
-      h = backbone->embed_tokens(mb.ids);
+      h = tp ? parallel::ReduceFromTensorParallel(parallel::VocabParallelLookup(*model, mb.ids, tp_rank()), tp.get())
+             : backbone->embed_tokens(mb.ids);
     } else {
       *input = Recv(0, micro, v, {B, T, H});
       if (grad) input->requires_grad_(true);
       h = *input;
     }
-    auto [cos, sin] = actor::RopeCosSin(model->config(), rope, mb.positions, h.scalar_type());
+    auto [cos, sin] = actor::RopeCosSin(config, rope, mb.positions, h.scalar_type());
     const at::Tensor mask = actor::AttentionMask4d(mb.attention_mask, T, h.device());
     for (int64_t l = chunk_layers[v].first; l < chunk_layers[v].second; ++l) {
-      h = (*backbone->layers)[l]->as<actor::DecoderLayerImpl>()->Forward(h, cos, sin, mask, nullptr);
+      auto* layer = (*backbone->layers)[l]->as<actor::DecoderLayerImpl>();
+      h = tp ? parallel::TensorParallelLayer(*layer, h, cos, sin, mask, tp.get())
+             : layer->Forward(h, cos, sin, mask, nullptr);
     }
     return h;
   }
@@ -185,6 +219,12 @@ struct PipelineModel::Impl {
   // The last stage's log-probs and entropies from its hidden states.
   actor::TokenLogProbsOutput Head(const at::Tensor& h, const at::Tensor& targets, double temperature) {
     const at::Tensor weight = tied_copy.defined() ? tied_copy : model->LmHeadWeight();
+    if (tp) {
+      // The head is vocabulary-parallel: no rank holds the [rows, T, V]
+      // logits.
+      return parallel::VocabParallelLogProbs(parallel::CopyToTensorParallel(model->model->norm(h), tp.get()), weight,
+                                             targets, temperature, tp.get());
+    }
     auto out = actor::TokenLogProbsFromHidden(model->model->norm(h), weight, targets, options.logprob_chunk,
                                               temperature);
     TORCH_CHECK(out.ok(), out.status().ToString());
@@ -198,7 +238,9 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
                                                                      c10::intrusive_ptr<c10d::Backend> pipeline,
                                                                      const PipelineOptions& options) {
   const int stages = pipeline ? pipeline->getSize() : 1, V = options.virtual_stages;
+  const int tp = options.tensor_parallel ? options.tensor_parallel->getSize() : 1;
   RLMESH_RETURN_IF_ERROR(ValidatePipeline(config, stages, options.stage_layers, V));
+  if (tp > 1) RLMESH_RETURN_IF_ERROR(parallel::ValidateTensorParallel(config, tp));
   if (options.logprob_chunk <= 0) return absl::InvalidArgumentError("logprob_chunk: must be > 0");
   if (!options.optimizer.norm_groups.empty() || !options.optimizer.norm_weights.empty() ||
       !options.optimizer.norm_ranges.empty()) {
@@ -217,6 +259,8 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
   m->stage_ = pipeline ? pipeline->getRank() : 0;
   im.options = options;
   im.pipeline = stages > 1 ? pipeline : nullptr;
+  im.tp = tp > 1 ? options.tensor_parallel : nullptr;
+  im.config = config;
   std::vector<int> chunk_of_layer;
   for (size_t c = 0; c < layers.size(); ++c) {
     if (static_cast<int>(c) % stages == m->stage_) {
@@ -226,7 +270,9 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
     chunk_of_layer.insert(chunk_of_layer.end(), layers[c], static_cast<int>(c));
   }
   try {
-    im.model = actor::Transformer(config);
+    // Under tensor parallelism the module is this rank's slice of every
+    // stage (parallel::TensorParallelShardConfig's shape).
+    im.model = actor::Transformer(parallel::TensorParallelShardConfig(config, tp));
     im.rope = actor::ComputeRope(config);
     auto stage_of = [&](const std::string& name) {
       const int64_t l = LayerOf(name);
@@ -236,20 +282,40 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
     at::NoGradGuard no_grad;
     const bool tied_copy = config.tie_embeddings && stages > 1 && m->stage_ == stages - 1;
     im.stage_numel.assign(stages, 0);
-    int64_t offset = 0;
+    int64_t offset = 0, held_offset = 0;
     for (auto& [name, p] : im.model->NamedParameters()) {
       const int s = stage_of(name);
-      im.all.push_back({name, p.sizes().vec(), s, offset, im.stage_numel[s], p.numel()});
-      offset += p.numel();
-      im.stage_numel[s] += p.numel();
+      Impl::Param param{name, p.sizes().vec(), s, offset, im.stage_numel[s], p.numel()};
+      if (tp > 1) {
+        param.split = parallel::TensorParallelSplitDim(name);
+        if (param.split >= 0) param.shape[param.split] *= tp;
+        param.numel = std::accumulate(param.shape.begin(), param.shape.end(), int64_t{1}, std::multiplies<>());
+      }
+      param.held_shape = p.sizes().vec();
+      param.held_numel = p.numel();
+      offset += param.numel;
+      im.stage_numel[s] += param.numel;
       if (s == m->stage_) {
+        param.held_offset = held_offset;
+        held_offset += p.numel();
         im.mine[name] = p;
         im.trained.push_back(p);
+        if (tp > 1 && parallel::TensorParallelGradientIsPartial(name, /*sequence_parallel=*/false)) {
+          // Each slice saw only its own heads' share of this gradient.
+          c10::intrusive_ptr<c10d::Backend> group = im.tp;
+          p.register_hook([group](const at::Tensor& g) {
+            std::vector<at::Tensor> sum{g.clone()};
+            group->allreduce(sum)->wait();
+            return sum[0];
+          });
+        }
       } else if (name == kEmbedding && tied_copy) {
         im.tied_copy = p;
       } else {
         p.set_data(at::empty({0}, p.options()));
       }
+      im.index[name] = im.all.size();
+      im.all.push_back(std::move(param));
     }
     if (im.tied_copy.defined()) im.trained.push_back(im.tied_copy);
     if (!options.trainable) {
@@ -257,10 +323,16 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
       return m;
     }
     DataParallelOptions o = options.optimizer;
-    if (im.pipeline) {
-      o.norm_groups = {im.pipeline};
-      o.norm_weights.assign(im.trained.size(), 1.0);
-      if (im.tied_copy.defined()) o.norm_weights.back() = 0.0;  // counted once, on the first stage
+    if (im.pipeline || im.tp) {
+      // The whole model's norm: summed over the stages and the slices, a
+      // replicated parameter weighing 1/tp on each slice.
+      for (const auto& g : {im.pipeline, im.tp}) {
+        if (g) o.norm_groups.push_back(g);
+      }
+      for (const Impl::Param& q : im.all) {
+        if (q.stage == m->stage_) o.norm_weights.push_back(q.split >= 0 || tp == 1 ? 1.0 : 1.0 / tp);
+      }
+      if (im.tied_copy.defined()) o.norm_weights.push_back(0.0);  // counted once, on the first stage
     }
     RLMESH_ASSIGN_OR_RETURN(im.optimizer, DataParallel::Create(options.data_parallel, im.trained, o));
   } catch (const std::exception& e) {
@@ -271,7 +343,17 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(const actor
 
 absl::Status PipelineModel::LoadFromFull(const Named& full) {
   Impl& im = *impl_;
-  const std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  std::map<std::string, at::Tensor> by_name(full.begin(), full.end());
+  if (im.tp) {
+    // This rank's slices of the whole tensors (a misshapen one is left
+    // whole, for CopyNamed to name).
+    for (auto& [name, t] : by_name) {
+      auto it = im.index.find(name);
+      if (it == im.index.end()) continue;
+      const Impl::Param& p = im.all[it->second];
+      if (t.sizes().vec() == p.shape) t = im.Slice(p, t);
+    }
+  }
   at::NoGradGuard no_grad;
   for (const auto& [name, p] : im.mine) RLMESH_RETURN_IF_ERROR(internal::CopyNamed(by_name, name, p));
   if (im.tied_copy.defined()) RLMESH_RETURN_IF_ERROR(internal::CopyNamed(by_name, kEmbedding, im.tied_copy));
@@ -437,7 +519,7 @@ absl::StatusOr<PipelineModel::Named> PipelineModel::GatherFull() {
   Named out;
   try {
     for (const Impl::Param& p : im.all) {
-      std::vector<at::Tensor> t{p.stage == stage_ ? im.mine.at(p.name).detach().clone()
+      std::vector<at::Tensor> t{p.stage == stage_ ? im.Join(p, im.mine.at(p.name).detach()).clone()
                                                   : at::empty(p.shape, at::kFloat)};
       if (im.pipeline) {
         c10d::BroadcastOptions root;
@@ -454,22 +536,29 @@ absl::StatusOr<PipelineModel::Named> PipelineModel::GatherFull() {
 
 absl::StatusOr<PipelineModel::Named> PipelineModel::GatherToFirst() {
   Impl& im = *impl_;
-  if (!im.pipeline) return GatherFull();
+  if (!im.pipeline && !im.tp) return GatherFull();
   // Tags above the schedule's (which stay below 2^30) and the tied
   // exchange's (2^30).
   constexpr int kTagBase = (1 << 30) + 1;
+  // Slice 0 of each stage joins its stage's parameters over the slices and
+  // sends them on; slice 0 of the first stage receives.
+  const bool root = stage_ == 0 && im.tp_rank() == 0;
   Named out;
   try {
     std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> sends;
     for (size_t i = 0; i < im.all.size(); ++i) {
       const Impl::Param& p = im.all[i];
-      if (stage_ == 0) {
-        std::vector<at::Tensor> t{p.stage == 0 ? im.mine.at(p.name).detach().clone() : at::empty(p.shape, at::kFloat)};
-        if (p.stage != 0) im.pipeline->recv(t, p.stage, kTagBase + static_cast<int>(i))->wait();
+      if (p.stage == stage_) {
+        std::vector<at::Tensor> t{im.Join(p, im.mine.at(p.name).detach()).contiguous()};
+        if (root) {
+          out.emplace_back(p.name, t[0].clone());
+        } else if (stage_ != 0 && im.tp_rank() == 0) {
+          sends.emplace_back(im.pipeline->send(t, 0, kTagBase + static_cast<int>(i)), t[0]);
+        }
+      } else if (root) {
+        std::vector<at::Tensor> t{at::empty(p.shape, at::kFloat)};
+        im.pipeline->recv(t, p.stage, kTagBase + static_cast<int>(i))->wait();
         out.emplace_back(p.name, t[0]);
-      } else if (p.stage == stage_) {
-        std::vector<at::Tensor> t{im.mine.at(p.name).detach().contiguous()};
-        sends.emplace_back(im.pipeline->send(t, 0, kTagBase + static_cast<int>(i)), t[0]);
       }
     }
     for (auto& s : sends) s.first->wait();
@@ -495,6 +584,17 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> PipelineModel::GatherMoments()
       for (int r = 0; r < replicas->getSize(); ++r) out[0].push_back(at::empty_like(in[0]));
       replicas->allgather(out, in)->wait();
       mine = at::cat(out[0], 1);
+    }
+    // This stage's moments in its whole parameters' layout, [2, elements].
+    if (im.tp) {
+      std::vector<at::Tensor> parts;
+      for (const Impl::Param& p : im.all) {
+        if (p.stage != stage_) continue;
+        const at::Tensor held = mine.narrow(1, p.held_offset, p.held_numel);
+        parts.push_back(at::stack({im.Join(p, held[0].reshape(p.held_shape)).reshape({-1}),
+                                   im.Join(p, held[1].reshape(p.held_shape)).reshape({-1})}));
+      }
+      mine = at::cat(parts, 1);
     }
     std::vector<at::Tensor> stage_moments;
     for (int s = 0; s < stages_; ++s) {
@@ -531,18 +631,23 @@ absl::Status PipelineModel::LoadMoments(const at::Tensor& exp_avg, const at::Ten
   }
   auto part = [&](const at::Tensor& whole) {
     at::Tensor flat = whole.reshape({-1}).to(at::kFloat);
+    auto held = [&](const Impl::Param& p) {
+      return im.Slice(p, flat.narrow(0, p.offset, p.numel).view(p.shape)).reshape({-1});
+    };
     std::vector<at::Tensor> mine;
     for (const Impl::Param& p : im.all) {
-      if (p.stage == stage_) mine.push_back(flat.narrow(0, p.offset, p.numel));
+      if (p.stage == stage_) mine.push_back(held(p));
     }
-    // The tied copy's moments are the embedding's (the first elements).
-    if (im.tied_copy.defined()) mine.push_back(flat.narrow(0, 0, im.tied_copy.numel()));
+    // The tied copy's moments are the embedding's.
+    if (im.tied_copy.defined()) mine.push_back(held(im.all[im.index.at(kEmbedding)]));
     return at::cat(mine);
   };
   // Under ZeRO-1 the optimizer keeps its share.
   return im.options.optimizer.zero1 ? im.optimizer->LoadWholeOptimizerState(part(exp_avg), part(exp_avg_sq), steps)
                                     : im.optimizer->LoadOptimizerState(part(exp_avg), part(exp_avg_sq), steps);
 }
+
+int PipelineModel::tensor_parallel_rank() const { return impl_->tp_rank(); }
 
 int64_t PipelineModel::steps() const { return impl_->optimizer ? impl_->optimizer->steps() : 0; }
 

@@ -50,7 +50,13 @@
 // model, and LoadFromFull / LoadMoments take this stage's part of them, so a
 // run saved at one P (or one process) resumes at another.
 //
-// Limits, refused by name: MoE layers, a value head, bf16.
+// With options.tensor_parallel, each stage is split over its own
+// tensor-parallel group as parallel/tensor_parallel.h splits a whole model
+// (PP x TP); the gathers join the slices, so the checkpoints and the weight
+// sync's whole model are the same as without it.
+//
+// Limits, refused by name: MoE layers, a value head, bf16, and what
+// tensor parallelism refuses (parallel::ValidateTensorParallel).
 //
 // Collectives: every rank of the pipeline must make the same calls in the
 // same order: LogProbs, Train, Step, the gathers. A failed send, receive or
@@ -92,8 +98,17 @@ struct PipelineOptions {
   // groups and weights must stay at their defaults (the pipeline sets its
   // own).
   DataParallelOptions optimizer;
-  // The replicas holding this same stage (null or of size 1: none).
+  // The replicas holding this same stage and tensor-parallel slice (null
+  // or of size 1: none).
   c10::intrusive_ptr<c10d::Backend> data_parallel;
+  // The ranks that hold this same stage, each a tensor-parallel slice of it
+  // (null or of size 1: none). With one, the stage's layers, embedding and
+  // head are split Megatron-style over it (parallel/tensor_parallel.h: the
+  // attention heads, MLP channels and vocabulary), and `pipeline` links the
+  // stages' ranks of the same slice: activations and their gradients are
+  // replicated over the slices, so slice t of stage s sends to slice t of
+  // stage s + 1. Default null.
+  c10::intrusive_ptr<c10d::Backend> tensor_parallel;
   // False for a frozen model (a KL reference): no gradient, no optimizer;
   // Train, Step and the moments' calls return FAILED_PRECONDITION. Default
   // true.
@@ -173,9 +188,10 @@ class PipelineModel {
   // order, on every stage (each stage broadcasts its own). ABORTED when a
   // collective fails.
   absl::StatusOr<Named> GatherFull();
-  // The same on the first stage only, each stage sending its own
-  // parameters there point to point (weight sync: no other stage holds the
-  // whole model); the other stages get an empty list.
+  // The same on the first stage only (under tensor parallelism its slice 0:
+  // rank 0 of the replica), each stage sending its own parameters there
+  // point to point (weight sync: no other stage holds the whole model); the
+  // other ranks get an empty list.
   absl::StatusOr<Named> GatherToFirst();
   // AdamW's moments, (exp_avg, exp_avg_sq), in DataParallel's flat layout of
   // the whole model (NamedParameters() order), on every stage (under ZeRO-1
@@ -188,10 +204,13 @@ class PipelineModel {
   int64_t steps() const;
 
   // This stage's trained parameters under Hugging Face names (the last
-  // stage's tied copy of the embedding excluded).
+  // stage's tied copy of the embedding excluded; slices under tensor
+  // parallelism).
   Named StageParameters() const;
   int stage() const { return stage_; }
   int stages() const { return stages_; }
+  // This rank's tensor-parallel slice of its stage (0 without).
+  int tensor_parallel_rank() const;
   // This stage's chunks' decoder layers, [begin, end) each (one run under
   // 1F1B).
   std::vector<std::pair<int64_t, int64_t>> chunk_layers() const;
