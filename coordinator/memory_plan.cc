@@ -191,9 +191,10 @@ absl::StatusOr<std::vector<RoleMemory>> LearnerRoles(const ExperimentConfig& e, 
                        parts({.params = p, .layers = m.num_layers, .rank0 = k == 0})});
     }
   } else if (l.pp > 1) {
-    // Stage s is ranks s, s + pp, ...: its chunks' parameters and layers
-    // (chunk c on stage c % pp) and the micro-batches its schedule keeps in
-    // flight there; rank 0 is stage 0.
+    // Each stage's ranks (shards / pp: its replicas, and with TP its
+    // slices) hold its chunks' parameters and layers (chunk c on stage
+    // c % pp; with TP a slice of each) and the micro-batches its schedule
+    // keeps in flight there; rank 0 is stage 0.
     const int chunks = l.pp * l.virtual_stages;
     std::vector<int64_t> layers(lc.pp_layers().begin(), lc.pp_layers().end());
     if (layers.empty()) {
@@ -205,7 +206,7 @@ absl::StatusOr<std::vector<RoleMemory>> LearnerRoles(const ExperimentConfig& e, 
       return absl::InvalidArgumentError(absl::StrCat("learner.pp_layers: ", layers.size(), " entries for ", chunks,
                                                      " chunks"));
     }
-    const std::vector<int64_t> chunk_params = parallel::StageParameterCounts(m, layers);
+    const std::vector<int64_t> chunk_params = parallel::StageParameterCounts(shard, layers);
     std::vector<int64_t> held(l.pp, 0), stage_layers(l.pp, 0);
     for (int c = 0; c < chunks; ++c) {
       held[c % l.pp] += chunk_params[c];
@@ -272,7 +273,9 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ExperimentConfig& e, const actor::Mo
   l.replicas = std::max(1, l.shards / (l.tp * l.pp * l.cp));
   l.gradient_checkpointing = lc.gradient_checkpointing();
   const bool pieces = weight_sync::ConfiguredWeightPieces(e, l.shards) > 1;
-  l.whole_on_rank0 = (l.zero == 3 || l.tp > 1) ? !pieces : l.pp > 1;
+  // A pipeline gathers the whole policy on rank 0 (TP in its stages or
+  // not); ZeRO-3 and TP alone unless the weights travel in pieces.
+  l.whole_on_rank0 = l.pp > 1 || ((l.zero == 3 || l.tp > 1) && !pieces);
   l.sync_slices = l.zero == 3 && pieces;
   auto bounded = [&](int64_t n) { return n > 0 ? std::min<int64_t>(n, m.max_positions) : m.max_positions; };
   const int64_t context = bounded(lengths.train);

@@ -228,6 +228,26 @@ TEST_CASE("Tensor, pipeline and context parallelism: what each rank holds and ru
   REQUIRE(!too_deep.ok());
   CHECK(absl::StrContains(too_deep.status().message(), "learner.pp_virtual_stages: 2 stages x 4 virtual stages need at least 8 layers"));
 
+  // PP x TP: each stage's ranks hold a tensor-parallel slice of its layers
+  // (the shard's parameter count), the vocabulary-parallel head on the last
+  // stage; rank 0 still gathers the whole policy.
+  auto pptp = PlanMemory(Experiment(grpo + "learner: {shards: 4, pp: 2, tp: 2}\n"), m, {.train = 128}, cap);
+  REQUIRE(pptp.ok());
+  const std::vector<int64_t> held_slice =
+      parallel::StageParameterCounts(parallel::TensorParallelShardConfig(m, 2), *layers);
+  CHECK(Part(Role(*pptp, "learner 0 (stage 0)"), "weights") == 4 * held_slice[0]);
+  CHECK(Part(Role(*pptp, "learner stage 1"), "weights") == 4 * held_slice[1]);
+  CHECK(held_slice[1] < 0.51 * held[1]);
+  CHECK(Role(*pptp, "learner stage 1").count == 2);
+  CHECK(Part(Role(*pptp, "learner 0 (stage 0)"), "gathered policy") == 4 * p);
+  // The layers' activations shrink with the slices (the stream's do not),
+  // against the pipeline of one replica alone.
+  auto pp_one = PlanMemory(Experiment(grpo + "learner: {shards: 2, pp: 2}\n"), m, {.train = 128}, cap);
+  REQUIRE(pp_one.ok());
+  CHECK(pptp->micro_batch_rows == pp_one->micro_batch_rows);
+  CHECK(Part(Role(*pptp, "learner 0 (stage 0)"), "activations") <
+        0.8 * Part(Role(*pp_one, "learner 0 (stage 0)"), "activations"));
+
   // CP: the whole model on every rank, half the tokens' activations each.
   auto cp = PlanMemory(Experiment(grpo + "learner: {shards: 2, cp: 2}\n"), m, {.train = 128}, cap);
   REQUIRE(cp.ok());

@@ -16,6 +16,9 @@ int WeightPieces(int learner_tp, int rollout_tp) {
 int LearnerWeightSlices(const ExperimentConfig& exp, int learner_world) {
   // ZeRO-3 (with TP or not): every rank keeps slice r of the whole world.
   if (exp.learner().zero() == 3) return std::max(learner_world, 1);
+  // A pipeline (with TP inside its stages or not) gathers the whole policy
+  // on rank 0.
+  if (exp.learner().pp() > 1) return 1;
   if (exp.learner().tp() > 1) return exp.learner().tp();
   return 1;
 }

@@ -19,8 +19,9 @@ int WeightPieces(int learner_tp, int rollout_tp);
 // The learner ranks the weights are published from, each holding one slice
 // (slice r of this many for rank r): the `learner_world` ranks of
 // learner.zero: 3, with learner.tp or not (after each step every rank keeps
-// its slice of the gathered weights), else learner.tp when it splits the
-// model (replica 0's ranks), else 1.
+// its slice of the gathered weights), else 1 under learner.pp > 1 (rank 0
+// gathers the whole policy, TP inside the stages or not), else learner.tp
+// when it splits the model (replica 0's ranks), else 1.
 int LearnerWeightSlices(const ExperimentConfig& exp, int learner_world);
 
 // The pieces a run's weight sync travels in: WeightPieces(

@@ -28,6 +28,14 @@ TEST_CASE("pieces: the larger tp when it is a multiple of the smaller, else the 
   CHECK(ConfiguredWeightPieces(exp, 4) == 4);
   exp.mutable_weight_sync()->set_whole_model(true);
   CHECK(ConfiguredWeightPieces(exp, 4) == 0);
+  // Under a pipeline rank 0 gathers the whole policy, TP in its stages or
+  // not: pieces only as the rollout's TP asks.
+  exp.mutable_weight_sync()->set_whole_model(false);
+  exp.mutable_learner()->set_pp(2);
+  CHECK(LearnerWeightSlices(exp, 8) == 1);
+  CHECK(ConfiguredWeightPieces(exp, 8) == 4);
+  exp.mutable_rollout()->set_tp(1);
+  CHECK(ConfiguredWeightPieces(exp, 8) == 0);
 }
 
 TEST_CASE("pieces under learner.zero: 3: one slice per learner rank") {
