@@ -181,6 +181,8 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
                     &interleaved)
               .ok());
   CHECK(interleaved.learner().pp_virtual_stages() == 2);
+  ExperimentConfig with_tp;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 8, pp: 2, tp: 2, zero: 1}\n" + sft, &with_tp).ok());
   ExperimentConfig zero1;
   REQUIRE(Normalize("name: x\nlearner: {shards: 4, pp: 2, zero: 1}\n" + sft, &zero1).ok());
   CHECK(zero1.learner().zero() == 1);
@@ -190,7 +192,10 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
   CHECK(plain.learner().pp_microbatches() == 0);
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"learner: {shards: 3, pp: 2}\n" + sft, "learner.pp: must divide learner.shards (3)"},
-      {"learner: {shards: 4, pp: 2, tp: 2}\n" + sft, "learner.tp: > 1 with learner.pp > 1 is not built"},
+      {"learner: {shards: 4, pp: 2, tp: 2, sequence_parallel: true}\n" + sft,
+       "learner.sequence_parallel: true with learner.pp > 1 is not built"},
+      {"learner: {shards: 6, pp: 2, tp: 2}\n" + sft,
+       "learner.pp: must divide learner.shards (6) with learner.tp (4 ranks per replica)"},
       {"learner: {shards: 2, pp: 2, zero: 3}\n" + sft, "learner.zero: 3 with learner.pp > 1 is not built"},
       {"learner: {shards: 2, pp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.pp > 1"},
       {"learner: {shards: 2, pp: 2, gradient_checkpointing: true}\n" + sft,

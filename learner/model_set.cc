@@ -524,10 +524,11 @@ absl::Status ModelSet::GatherIntoRank0() {
     RLMESH_ASSIGN_OR_RETURN(full, tp_policy->GatherFull());
     if (tp_policy->rank() != 0) return absl::OkStatus();
   } else if (pp_policy) {
-    // The replicas hold the same stages: replica 0's stages gather them.
+    // The replicas hold the same stages: replica 0's stages gather them,
+    // to its rank 0.
     if (dp_group && dp_group->getRank() != 0) return absl::OkStatus();
     RLMESH_ASSIGN_OR_RETURN(full, pp_policy->GatherToFirst());
-    if (pp_policy->stage() != 0) return absl::OkStatus();
+    if (pp_policy->stage() != 0 || pp_policy->tensor_parallel_rank() != 0) return absl::OkStatus();
   } else if (ep_policy) {
     // The groups hold the same experts: the first group's ranks gather them.
     const int world_rank = group ? group->getRank() : 0;
@@ -896,19 +897,23 @@ absl::Status SplitContextParallel(const StageOptions& stage, int rank, int world
 }
 
 // learner.pp > 1: this replica's pipeline and the replicas holding the same
-// stage (rank r is stage r % pp of replica r / pp; the same join order
-// everywhere), the policy and the reference cut into this rank's stage, and
-// DataParallel over the replicas inside the stage.
+// stage (rank r is tensor-parallel slice r % tp of stage (r / tp) % pp of
+// replica r / (pp x tp); the same join order everywhere), the policy and
+// the reference cut into this rank's stage (and slice), and DataParallel
+// over the replicas holding the same stage and slice.
 absl::Status SplitPolicyPipeline(const StageOptions& stage, int rank, int world_size,
                                  const dist::GlooGroupOptions& gloo, ModelSet* models) {
   ModelSet& s = *models;
   if (s.device_type != c10::DeviceType::CPU) {
     return absl::UnimplementedError("experiment.learner.pp > 1 runs on the CPU so far");
   }
-  const int pp = stage.learner.pp, replica = rank / pp, st = rank % pp, replicas = world_size / pp;
-  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("pp", replica), st, pp, gloo, &s.pp_group));
-  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("ppdp", st), replica, replicas, gloo, &s.dp_group));
+  const int pp = stage.learner.pp, tp = stage.learner.tp;
+  const int t = rank % tp, st = (rank / tp) % pp, replica = rank / (pp * tp), replicas = world_size / (pp * tp);
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("pptp", replica, ".", st), t, tp, gloo, &s.tp_group));
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("pp", replica, ".", t), st, pp, gloo, &s.pp_group));
+  RLMESH_RETURN_IF_ERROR(JoinSubgroup(s, absl::StrCat("ppdp", st, ".", t), replica, replicas, gloo, &s.dp_group));
   PipelineOptions po;
+  po.tensor_parallel = s.tp_group;
   po.stage_layers = stage.learner.pp_layers;
   po.virtual_stages = stage.learner.pp_virtual_stages;
   po.logprob_chunk = s.logprob_chunk;
@@ -919,7 +924,7 @@ absl::Status SplitPolicyPipeline(const StageOptions& stage, int rank, int world_
   {
     std::lock_guard<std::mutex> lock(InitMutex());
     auto made = PipelineModel::Create(s.policy->config(), s.pp_group, po);
-    if (!made.ok()) return PrefixStatus("experiment", made.status());
+    if (!made.ok()) return PrefixStatus(tp > 1 ? "experiment.learner.tp" : "experiment", made.status());
     s.pp_policy = *std::move(made);
     if (s.reference) {
       po.trainable = false;
@@ -1247,17 +1252,20 @@ absl::Status BuildTrainingModels(const ExperimentConfig& exp, const StageOptions
   // gathered only for checkpoints.
   const bool reward_model = stage.kind == StageKind::kRewardModel;
   const bool pieces = weight_sync::ConfiguredWeightPieces(exp, world_size) > 1;
-  s.whole_on_demand = (stage.learner.tp > 1 || stage.learner.zero3) && (pieces || reward_model);
+  // Under a pipeline (with TP or not) rank 0 gathers and keeps the whole
+  // policy.
+  s.whole_on_demand =
+      ((stage.learner.tp > 1 && stage.learner.pp == 1) || stage.learner.zero3) && (pieces || reward_model);
   s.zero3_sync_slices = stage.learner.zero3 && pieces && !reward_model;
   if (stage.learner.zero3) {
     RLMESH_RETURN_IF_ERROR(ShardPolicy(stage, rank, world_size, gloo, &s));
+  } else if (stage.learner.pp > 1) {
+    RLMESH_RETURN_IF_ERROR(SplitPolicyPipeline(stage, rank, world_size, gloo, &s));
   } else if (stage.learner.tp > 1) {
     RLMESH_RETURN_IF_ERROR(SplitPolicyTensorParallel(stage, rank, world_size, gloo, &s));
     if (stage.learner.cp > 1) RLMESH_RETURN_IF_ERROR(SplitContextParallel(stage, rank, world_size, gloo, &s));
   } else if (stage.learner.ep > 1) {
     RLMESH_RETURN_IF_ERROR(SplitPolicyExpertParallel(stage, rank, world_size, gloo, &s));
-  } else if (stage.learner.pp > 1) {
-    RLMESH_RETURN_IF_ERROR(SplitPolicyPipeline(stage, rank, world_size, gloo, &s));
   } else {
     // A reward model never uses its lm_head; keep it out of the optimizer.
     RLMESH_ASSIGN_OR_RETURN(s.dp, make_dp(s.policy, stage.optimizer(), stage.kind == StageKind::kRewardModel));

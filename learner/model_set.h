@@ -89,10 +89,12 @@ struct ModelSet {
   // under TP, `policy` holds the whole model on rank 0 only (SyncPolicy).
   std::unique_ptr<ExpertParallelModel> ep_policy;
   // learner.pp > 1: this rank's stage of its replica's pipeline (`pp_group`:
-  // ranks [d*pp, (d+1)*pp) for replica d), for the policy and, when there
+  // ranks [d*pp, (d+1)*pp) for replica d; with learner.tp > 1 the same
+  // tensor-parallel slice of each stage, the slices of a stage in
+  // `tp_group`), for the policy and, when there
   // is one, the frozen reference; `dp_group` is the replicas holding the
-  // same stage (null for one replica). The steps run their training passes
-  // through pp_policy->Train in the 1F1B schedule; LogProbs serves no-grad
+  // same stage and slice (null for one replica). The steps run their training passes
+  // through pp_policy->Train in the pipeline's schedule; LogProbs serves no-grad
   // passes only. As under TP, `policy` holds the whole model on rank 0 only
   // (SyncPolicy), and `reference` no parameter data.
   std::unique_ptr<PipelineModel> pp_policy, pp_reference;

@@ -149,6 +149,23 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> Trainer::PolicyP
 
 void* Trainer::policy_model() { return s_ ? &s_->models.policy : nullptr; }
 
+int64_t Trainer::PolicyElementsHeld() const {
+  if (!s_) return 0;
+  const ModelSet& m = s_->models;
+  int64_t n = 0;
+  if (m.sharded) return m.sharded->shard_numel();
+  if (m.tp_policy) {
+    for (const at::Tensor& t : m.tp_policy->Parameters()) n += t.numel();
+  } else if (m.pp_policy) {
+    for (const auto& [name, t] : m.pp_policy->StageParameters()) n += t.numel();
+  } else if (m.ep_policy) {
+    for (const auto& [name, t] : m.ep_policy->model()->NamedParameters()) n += t.numel();
+  } else {
+    for (const auto& [name, t] : m.policy->NamedParameters()) n += t.numel();
+  }
+  return n;
+}
+
 int64_t Trainer::CriticElementsHeld() const {
   if (!s_ || !s_->models.critic) return 0;
   if (s_->models.sharded_critic) return s_->models.sharded_critic->shard_numel();

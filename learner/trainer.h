@@ -188,6 +188,12 @@ class Trainer {
   // The policy model as an opaque pointer to actor::Transformer (tests
   // that generate with it include actor/transformer.h and cast).
   void* policy_model();
+  // The policy's parameter elements this rank holds: its whole size, or
+  // under ZeRO-3 its shards', under TP its slices', under a pipeline its
+  // stage's (slices of them with TP; a tied copy not counted), under EP its
+  // experts' and the replicated rest. Rank 0 may keep a whole copy for
+  // weight sync besides (not counted).
+  int64_t PolicyElementsHeld() const;
   // The critic's parameter elements this rank holds (PPO; 0 otherwise): its
   // whole size, or under ZeRO-3 its shards' and under TP its slices'
   // (frozen lm_head included).

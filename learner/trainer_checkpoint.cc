@@ -278,7 +278,8 @@ absl::StatusOr<SaveResponse> Trainer::Save(const std::string& path) {
     ts.critic_optimizer_steps = s.models.CriticSteps();
     ts.world_size = s.world;
     ts.zero1 = ZeroOneFiles(s.opt.learner);
-    ts.tp = s.opt.learner.tp;
+    // The moments' layout: a pipeline gathers plain DP's whole layout.
+    ts.tp = s.models.pp_policy ? 1 : s.opt.learner.tp;
     ts.ep = s.opt.learner.ep;
     ts.critic_tp = s.models.tp_critic ? s.opt.learner.tp : 1;
     for (fs::recursive_directory_iterator it(staging), end; it != end; ++it) {

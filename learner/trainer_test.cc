@@ -1100,6 +1100,59 @@ TEST_CASE("learner.pp: 2 interleaved (2 virtual stages) equals plain K=1 for SFT
   }
 }
 
+TEST_CASE("learner.pp: 2 x learner.tp: 2 equals plain K=1 for SFT and GRPO; its checkpoint resumes in one process") {
+  actor::ConfigureThreads(1);
+  rlmesh::testing::TempDir dir;
+  auto split = [](ExperimentConfig c) {
+    c.mutable_learner()->set_pp(2);
+    c.mutable_learner()->set_tp(2);
+    return c;
+  };
+  SECTION("SFT: rank 0 gathers the whole policy; one plain moments file that resumes in one process") {
+    Trainer single;
+    const ExperimentConfig e = PlainSftThreeSteps(single, dir.File("ckpt_plain"), /*layers=*/4).first;
+    Trainer ranks[4];
+    std::string saved;
+    auto results = testing::TrainShards(ranks, 4, Request(split(e), dir.File("ckpt_pptp")), dir.File("store_pptp"),
+                                        3, SftStep, testing::SaveKeepingRank0Path(&saved));
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r << ": " << results[r].ToString());
+      REQUIRE(results[r].ok());
+    }
+    CHECK(MaxAbsDiff(single, ranks[0]) <= 1e-5);
+    // Each rank holds a slice of its stage: together about the model once
+    // (the replicated norms twice), each under a third of it.
+    int64_t held = 0;
+    for (const Trainer& r : ranks) {
+      CHECK(r.PolicyElementsHeld() < single.PolicyElementsHeld() / 3);
+      held += r.PolicyElementsHeld();
+    }
+    CHECK(held >= single.PolicyElementsHeld());
+    CHECK(held < single.PolicyElementsHeld() * 1.05);
+    auto state = VerifyCheckpoint(saved);
+    REQUIRE(state.ok());
+    CHECK(state->files.count("optimizer.safetensors") == 1);
+    CHECK(state->tp == 1);  // the moments' layout: plain DP's, not TP's slices
+    Trainer resumed;
+    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_pptp"))).ok());
+    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+    REQUIRE(single.TrainStep(SftStep(3)).ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  }
+  SECTION("GRPO, one pipeline of two stages of two slices") {
+    ExperimentConfig e = Tiny(11);
+    e.mutable_model()->set_layers(4);
+    *e.add_stages() = GrpoStageOf(2, 1e-3);
+    Trainer t;
+    REQUIRE(t.Configure(Request(e)).ok());
+    int64_t i = 0;
+    const GroupList groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
+      return static_cast<double>(i++ % 2) + static_cast<double>(toks.size() % 3);
+    });
+    CHECK(ShardedRlDiff(split(e), groups, dir.File("store_pptp_rl"), &e, 4) <= 1e-5);
+  }
+}
+
 TEST_CASE("SFT over two ranks: the ranks' loss, weighted by their mean_weight (target tokens), is one process's") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;

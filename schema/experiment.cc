@@ -351,7 +351,9 @@ void CheckPipeline(Checker& c, ExperimentConfig* config) {
   if (l->pp_schedule().empty()) l->set_pp_schedule("1f1b");
   const int pp = l->pp();
   c.Require(pp >= 1 && l->tp() >= 1 && pp * l->tp() <= l->shards() && l->shards() % (pp * l->tp()) == 0,
-            "learner.pp", absl::StrCat("must divide learner.shards (", l->shards(), ")"));
+            "learner.pp",
+            absl::StrCat("must divide learner.shards (", l->shards(), ")",
+                         l->tp() > 1 ? absl::StrCat(" with learner.tp (", pp * l->tp(), " ranks per replica)") : ""));
   c.Require(l->pp_microbatches() >= 0 && l->pp_microbatches() <= 4096, "learner.pp_microbatches",
             "must be in [0, 4096] (0 = 2 x learner.pp)");
   if (pp > 1 && l->pp_microbatches() == 0) l->set_pp_microbatches(2 * pp);
@@ -371,7 +373,8 @@ void CheckPipeline(Checker& c, ExperimentConfig* config) {
   }
   if (pp == 1) return;
   const char* why = " with learner.pp > 1 is not built";
-  c.Require(l->tp() == 1, "learner.tp", absl::StrCat("> 1", why));
+  c.Require(!l->sequence_parallel(), "learner.sequence_parallel",
+            absl::StrCat("true", why, " (the stages pass each other the replicated stream)"));
   c.Require(l->ep() <= 1, "learner.ep", absl::StrCat("> 1", why));
   c.Require(l->zero() != 3, "learner.zero",
             absl::StrCat("3", why, " (plain data parallelism and ZeRO-1 over the replicas are)"));
