@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`coordinator plan` against measured peaks: for each learner layout (one
 process; two data-parallel ranks under ZeRO-1; tensor, pipeline (1F1B and
-interleaved) and context parallelism over two ranks; context x tensor parallelism over four), the
+interleaved) and context parallelism over two ranks; pipeline x tensor and
+context x tensor parallelism over four), the
 learner memory the plan predicts for each rank beside the peak resident set
 a real GRPO step reaches in rlmesh's Trainer (bench/learner_step_bench, one
 process per rank, the learner's own Configure and TCMalloc).
@@ -44,6 +45,7 @@ LAYOUTS = [("K=1, 32 rows", 1, 8, {}), ("K=1, 16 rows", 1, 4, {}),
            ("pp=2, 32 rows in 4 micro-batches", 2, 8, {"pp": 2}),
            ("pp=2 interleaved (2 virtual stages), 32 rows in 4 micro-batches", 2, 8,
             {"pp": 2, "pp_schedule": "interleaved", "pp_virtual_stages": 2}),
+           ("pp=2 x tp=2, 32 rows in 4 micro-batches", 4, 8, {"pp": 2, "tp": 2}),
            ("cp=2, 32 rows", 2, 8, {"cp": 2}),
            ("cp=2 x tp=2, 32 rows", 4, 8, {"cp": 2, "tp": 2})]
 
@@ -92,13 +94,13 @@ def plan(model_dir, world, groups, settings, work):
     assert sum(r["count"] for r in roles.values()) == world, (roles, world)
 
     def role_of(rank):
-        # A pipeline's stage s is ranks s, s + pp, ...; rank 0 may hold more.
-        pp = settings.get("pp", 1)
+        # Rank r is stage (r / tp) % pp of a pipeline; rank 0 may hold more.
+        pp, tp = settings.get("pp", 1), settings.get("tp", 1)
         if rank == 0:
             for name in ("learner 0 (stage 0)", "learner 0"):
                 if name in roles:
                     return name
-        return f"learner stage {rank % pp}" if pp > 1 else "learner"
+        return f"learner stage {rank // tp % pp}" if pp > 1 else "learner"
 
     ranks = [(role_of(k), roles[role_of(k)]["each"] - roles[role_of(k)]["parts"]["runtime"]) for k in range(world)]
     runtime = next(iter(roles.values()))["parts"]["runtime"]
