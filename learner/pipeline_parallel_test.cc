@@ -30,8 +30,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "catch2/catch.hpp"
-#include "dist/gloo.h"
-#include "dist/store.h"
 #include "learner/data_parallel.h"
 #include "learner/losses.h"
 #include "learner/testing/model_parallel_testing.h"
@@ -275,21 +273,10 @@ std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& st
     futures.push_back(std::async(std::launch::async, [&, rank]() {
       LayoutRankResult out;
       const int t = rank % tp, s = (rank / tp) % pp, d = rank / (tp * pp);
-      auto join = [&](const std::string& prefix, int group_rank, int size,
-                      c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
-        if (size == 1) return absl::OkStatus();
-        dist::GlooGroupOptions gloo;
-        gloo.timeout_ms = 60'000;
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
-        if (!g.ok()) return g.status();
-        *group = *g;
-        out.groups.push_back(*g);
-        return absl::OkStatus();
-      };
       c10::intrusive_ptr<c10d::Backend> tensor_parallel, pipeline, data_parallel;
-      absl::Status joined = join(absl::StrCat("tp", d, ".", s), t, tp, &tensor_parallel);
-      if (joined.ok()) joined = join(absl::StrCat("pp", d, ".", t), s, pp, &pipeline);
-      if (joined.ok()) joined = join(absl::StrCat("dp", s, ".", t), d, dp, &data_parallel);
+      absl::Status joined = out.Join(store, absl::StrCat("tp", d, ".", s), t, tp, &tensor_parallel);
+      if (joined.ok()) joined = out.Join(store, absl::StrCat("pp", d, ".", t), s, pp, &pipeline);
+      if (joined.ok()) joined = out.Join(store, absl::StrCat("dp", s, ".", t), d, dp, &data_parallel);
       if (!joined.ok()) {
         out.run = joined;
         return out;

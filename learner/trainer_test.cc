@@ -1061,6 +1061,22 @@ std::map<std::string, MergedMetric> MergeOfRanks(const ExperimentConfig& e, cons
 }
 
 // Four layers, so that each of the two stages holds two one-layer chunks.
+// A GRPO stage of the 4-layer Tiny model (seed 11) and one rollout of four
+// prompts by its untrained policy, rewards differing within each group: the
+// pipeline's layouts need the layers.
+std::pair<ExperimentConfig, GroupList> FourLayerGrpo() {
+  ExperimentConfig e = Tiny(11);
+  e.mutable_model()->set_layers(4);
+  *e.add_stages() = GrpoStageOf(2, 1e-3);
+  Trainer t;
+  REQUIRE(t.Configure(Request(e)).ok());
+  int64_t i = 0;
+  GroupList groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
+    return static_cast<double>(i++ % 2) + static_cast<double>(toks.size() % 3);
+  });
+  return {e, groups};
+}
+
 TEST_CASE("learner.pp: 2 interleaved (2 virtual stages) equals plain K=1 for SFT and GRPO; its ZeRO-1 checkpoint "
           "resumes in one process") {
   actor::ConfigureThreads(1);
@@ -1079,15 +1095,7 @@ TEST_CASE("learner.pp: 2 interleaved (2 virtual stages) equals plain K=1 for SFT
     CheckFourRanksSaveResumesPlain(single, t, e, dir.File("ckpt_pp_int"), dir.File("store_pp_int"));
   }
   SECTION("GRPO, alone and x 2 replicas") {
-    ExperimentConfig e = Tiny(11);
-    e.mutable_model()->set_layers(4);
-    *e.add_stages() = GrpoStageOf(2, 1e-3);
-    Trainer t;
-    REQUIRE(t.Configure(Request(e)).ok());
-    int64_t i = 0;
-    const GroupList groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
-      return static_cast<double>(i++ % 2) + static_cast<double>(toks.size() % 3);
-    });
+    const auto [e, groups] = FourLayerGrpo();
     CHECK(ShardedRlDiff(interleaved(e), groups, dir.File("store_int2"), &e, 2) <= 1e-5);
     CHECK(ShardedRlDiff(interleaved(e), groups, dir.File("store_int2dp2"), &e, 4) <= 1e-5);
   }
@@ -1140,15 +1148,7 @@ TEST_CASE("learner.pp: 2 x learner.tp: 2 equals plain K=1 for SFT and GRPO; its 
     CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
   }
   SECTION("GRPO, one pipeline of two stages of two slices") {
-    ExperimentConfig e = Tiny(11);
-    e.mutable_model()->set_layers(4);
-    *e.add_stages() = GrpoStageOf(2, 1e-3);
-    Trainer t;
-    REQUIRE(t.Configure(Request(e)).ok());
-    int64_t i = 0;
-    const GroupList groups = Rollout(t, testing::TaskPrompts(e, 4), 4, 1.0f, 21, [&](const std::vector<int64_t>& toks) {
-      return static_cast<double>(i++ % 2) + static_cast<double>(toks.size() % 3);
-    });
+    const auto [e, groups] = FourLayerGrpo();
     CHECK(ShardedRlDiff(split(e), groups, dir.File("store_pptp_rl"), &e, 4) <= 1e-5);
   }
 }

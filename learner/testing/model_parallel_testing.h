@@ -166,6 +166,21 @@ std::vector<Run> Collect(std::vector<std::future<RankResult>>& futures) {
 struct LayoutRankResult {
   absl::StatusOr<Run> run = absl::UnknownError("not run");
   std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
+
+  // Rank `group_rank` of a Gloo group of `size` ranks with keys under
+  // `prefix` of `store` into `*group` (left null for one rank), kept in
+  // `groups`.
+  absl::Status Join(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int group_rank,
+                    int size, c10::intrusive_ptr<c10d::Backend>* group) {
+    if (size == 1) return absl::OkStatus();
+    dist::GlooGroupOptions gloo;
+    gloo.timeout_ms = 60'000;
+    auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
+    if (!g.ok()) return g.status();
+    *group = *g;
+    groups.push_back(*g);
+    return absl::OkStatus();
+  }
 };
 
 // Runs `train(rows, tp_group, dp_group)` on dp x tp ranks, a thread each
@@ -186,21 +201,9 @@ inline std::vector<Run> TrainOnLayout(
     futures.push_back(std::async(std::launch::async, [=]() {
       LayoutRankResult r;
       const int d = rank / tp, t = rank % tp;
-      // This rank's group among `size` ranks (null for one), keys under `prefix`.
-      auto join = [&](const std::string& prefix, int group_rank, int size,
-                      c10::intrusive_ptr<c10d::Backend>* group) -> absl::Status {
-        if (size == 1) return absl::OkStatus();
-        dist::GlooGroupOptions gloo;
-        gloo.timeout_ms = 60'000;
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
-        if (!g.ok()) return g.status();
-        *group = *g;
-        r.groups.push_back(*g);
-        return absl::OkStatus();
-      };
       c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
-      absl::Status joined = join(absl::StrCat("tp", d), t, tp, &tp_group);
-      if (joined.ok()) joined = join(absl::StrCat("dp", t), d, dp, &dp_group);
+      absl::Status joined = r.Join(store, absl::StrCat("tp", d), t, tp, &tp_group);
+      if (joined.ok()) joined = r.Join(store, absl::StrCat("dp", t), d, dp, &dp_group);
       if (!joined.ok()) {
         r.run = joined;
         return r;
