@@ -28,6 +28,7 @@ struct ContextParallelModel::Impl {
   actor::RopeFrequencies rope;
   c10::intrusive_ptr<c10d::Backend> group;  // null for one rank
   int rank = 0, size = 1;
+  KeyValueExchange exchange = KeyValueExchange::kRing;
   int64_t logprob_chunk = 128;
   // The whole model's vocabulary (the shard holds 1 / tp of it).
   int64_t vocab_size = 0;
@@ -43,33 +44,69 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// One ring round: sends `t` to rank + 1 and returns what rank - 1 sent.
+at::Tensor RingStep(c10d::Backend* group, int size, int rank, const at::Tensor& t) {
+  std::vector<at::Tensor> out{t}, in{at::empty_like(t)};
+  auto sent = group->send(out, (rank + 1) % size, 0);
+  group->recv(in, (rank + size - 1) % size, 0)->wait();
+  sent->wait();
+  return in[0];
+}
+
 // Every rank's [B, kv, 2c, D] keys (or values) laid out in sequence order,
 // [B, kv, 2C c, D]: rank r's first half is chunk r, its second chunk
-// 2C - 1 - r.
-at::Tensor GatherSequence(c10d::Backend* group, int size, const at::Tensor& local) {
+// 2C - 1 - r. By ring, C - 1 rounds each passing on what came from rank - 1
+// the round before; or by c10d's all-gather.
+at::Tensor GatherSequence(const ContextParallelModel::Impl& im, const at::Tensor& local) {
+  const int size = im.size, rank = im.rank;
   if (size == 1) return local;
-  std::vector<at::Tensor> in{local.contiguous()};
-  std::vector<std::vector<at::Tensor>> out(1);
-  for (int r = 0; r < size; ++r) out[0].push_back(at::empty_like(in[0]));
-  group->allgather(out, in)->wait();
+  std::vector<at::Tensor> shares(size);
+  shares[rank] = local.contiguous();
+  if (im.exchange == KeyValueExchange::kRing) {
+    for (int i = 0; i < size - 1; ++i) {
+      const int from = (rank + size - 1 - i) % size, held = (from + 1) % size;
+      shares[from] = RingStep(im.group.get(), size, rank, shares[held]);
+    }
+  } else {
+    std::vector<at::Tensor> in{shares[rank]};
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < size; ++r) out[0].push_back(at::empty_like(in[0]));
+    im.group->allgather(out, in)->wait();
+    shares = out[0];
+  }
   const int64_t c = local.size(2) / 2;
   std::vector<at::Tensor> chunks(2 * size);
   for (int r = 0; r < size; ++r) {
-    chunks[r] = out[0][r].narrow(2, 0, c);
-    chunks[2 * size - 1 - r] = out[0][r].narrow(2, c, c);
+    chunks[r] = shares[r].narrow(2, 0, c);
+    chunks[2 * size - 1 - r] = shares[r].narrow(2, c, c);
   }
   return at::cat(chunks, 2);
 }
 
-// The rank's own part of a whole-sequence tensor laid out as GatherSequence
-// returns it, summed over the group first.
-at::Tensor ReduceToLocal(c10d::Backend* group, int size, int rank, at::Tensor whole) {
-  if (size > 1) {
-    std::vector<at::Tensor> t{whole};
-    group->allreduce(t)->wait();
-  }
+// Rank r's share of a whole-sequence tensor laid out as GatherSequence
+// returns it: chunks r and 2C - 1 - r.
+at::Tensor Share(const at::Tensor& whole, int size, int r) {
   const int64_t c = whole.size(2) / (2 * size);
-  return at::cat({whole.narrow(2, rank * c, c), whole.narrow(2, (2 * size - 1 - rank) * c, c)}, 2);
+  return at::cat({whole.narrow(2, r * c, c), whole.narrow(2, (2 * size - 1 - r) * c, c)}, 2);
+}
+
+// This rank's share of a whole-sequence tensor laid out as GatherSequence
+// returns it, summed over the group. By ring (a reduce-scatter: round i
+// passes on the partial sum of rank (rank - i - 1)'s share, adding this
+// rank's part of the next), or by c10d's all-reduce of the whole.
+at::Tensor ReduceToLocal(const ContextParallelModel::Impl& im, at::Tensor whole) {
+  const int size = im.size, rank = im.rank;
+  if (size == 1) return Share(whole, size, rank);
+  if (im.exchange == KeyValueExchange::kRing) {
+    at::Tensor partial = Share(whole, size, (rank + size - 1) % size).contiguous();
+    for (int i = 0; i < size - 1; ++i) {
+      partial = RingStep(im.group.get(), size, rank, partial) + Share(whole, size, (rank + 2 * size - 2 - i) % size);
+    }
+    return partial;
+  }
+  std::vector<at::Tensor> t{whole};
+  im.group->allreduce(t)->wait();
+  return Share(whole, size, rank);
 }
 
 // Key/value heads repeated for grouped queries, [B, kv, T, D] ->
@@ -98,8 +135,8 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                             const at::Tensor& k, const at::Tensor& v) {
     auto* im = reinterpret_cast<ContextParallelModel::Impl*>(impl);
     const int64_t g = q.size(1) / k.size(1), c = q.size(2) / 2;
-    const at::Tensor K = ExpandHeads(GatherSequence(im->group.get(), im->size, k), g);
-    const at::Tensor V = ExpandHeads(GatherSequence(im->group.get(), im->size, v), g);
+    const at::Tensor K = ExpandHeads(GatherSequence(*im, k), g);
+    const at::Tensor V = ExpandHeads(GatherSequence(*im, v), g);
     std::vector<at::Tensor> outs, lses;
     for (int half = 0; half < 2; ++half) {
       const int64_t chunk = half == 0 ? im->rank : 2 * im->size - 1 - im->rank;
@@ -135,8 +172,8 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const int64_t g = q.size(1) / k.size(1), c = q.size(2) / 2;
-    const at::Tensor K = ExpandHeads(GatherSequence(im->group.get(), im->size, k), g);
-    const at::Tensor V = ExpandHeads(GatherSequence(im->group.get(), im->size, v), g);
+    const at::Tensor K = ExpandHeads(GatherSequence(*im, k), g);
+    const at::Tensor V = ExpandHeads(GatherSequence(*im, v), g);
     const at::Tensor dout = grad_out[0].contiguous();
     at::Tensor dK = at::zeros_like(K), dV = at::zeros_like(V);
     std::vector<at::Tensor> dqs;
@@ -158,8 +195,8 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
       }
       dqs.push_back(dq);
     }
-    at::Tensor dk = ReduceToLocal(im->group.get(), im->size, im->rank, SumHeads(dK, g).contiguous());
-    at::Tensor dv = ReduceToLocal(im->group.get(), im->size, im->rank, SumHeads(dV, g).contiguous());
+    at::Tensor dk = ReduceToLocal(*im, SumHeads(dK, g).contiguous());
+    at::Tensor dv = ReduceToLocal(*im, SumHeads(dV, g).contiguous());
     return {at::Tensor(), at::Tensor(), at::cat(dqs, 2), dk, dv};
   }
 };
@@ -281,6 +318,8 @@ absl::Status ContextParallelModel::LoadFromFull(const Named& full) {
   }
   return absl::OkStatus();
 }
+
+void ContextParallelModel::set_key_value_exchange(KeyValueExchange exchange) { impl_->exchange = exchange; }
 
 ContextParallelModel::Named ContextParallelModel::NamedParameters() const { return impl_->model->NamedParameters(); }
 

@@ -10,7 +10,7 @@
 // key-query pairs. Embedding, MLPs, norms and the output head run on the
 // rank's own tokens only: activations are 1/C of one process's.
 //
-// Attention. Each layer all-gathers the keys and values of every rank
+// Attention. Each layer gathers the keys and values of every rank
 // (after RoPE; [rows, kv_heads, T, head_dim] in all, for one layer at a
 // time), and each of the rank's two query chunks attends over the chunks
 // before it (no mask) and its own chunk (causal) with the CPU flash kernel,
@@ -20,8 +20,11 @@
 // whole row's), and sums the keys' and values' gradients over the group so
 // that each rank keeps its own tokens'. Only the rank's own queries, keys,
 // values, outputs and log-sum-exps are kept between the passes. The keys
-// travel by one all-gather per layer and pass, not a ring of C - 1
-// exchanges overlapped with the blocks' compute (docs/design/parallelism.md).
+// and values travel by a ring of point-to-point sends per layer and pass
+// (C - 1 rounds; the gradients back by a ring reduce-scatter), or by
+// c10d's all-gather and all-reduce (set_key_value_exchange); the whole
+// sequence's are gathered before the blocks are computed, not overlapped
+// with them (docs/design/parallelism.md, bench/context_parallel.md).
 //
 // Gradients. Every rank's loss covers its own tokens, but its gradient also
 // reaches the other ranks' keys and values (the backward's sum over the
@@ -99,6 +102,15 @@ struct ContextParallelOutput {
 // `ranks`.
 at::Tensor ZigZagMask(int64_t rows, int64_t T, int rank, int ranks);
 
+// How the keys and values (and their gradients) travel between the ranks.
+enum class KeyValueExchange {
+  // A ring of point-to-point sends: C - 1 rounds, each passing on what came
+  // from rank - 1 the round before (the gradients: a ring reduce-scatter).
+  kRing,
+  // c10d's all-gather, and an all-reduce of the whole sequence's gradients.
+  kCollectives,
+};
+
 class ContextParallelModel {
  public:
   using Named = std::vector<std::pair<std::string, at::Tensor>>;
@@ -145,6 +157,8 @@ class ContextParallelModel {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Default kRing; every rank of the group must use the same.
+  void set_key_value_exchange(KeyValueExchange exchange);
 
   struct Impl;
 

@@ -4,7 +4,8 @@
 // model's, and three clipped AdamW steps (DataParallel over every rank,
 // each weighing 1/C of its replica's loss tokens) give one process's weights within
 // 3e-5 at cp = 2, cp = 4, cp = 2 x dp = 2 and cp = 2 x tp = 2 (with and
-// without dp = 2), for Llama and Qwen3.
+// without dp = 2), for Llama and Qwen3, the keys and values passed by ring
+// or by c10d's collectives.
 #include "learner/context_parallel.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -62,7 +63,8 @@ struct RankRun {
 // tensor-parallel group; replica d trains rows [d * B/dp, ...). The
 // weights and first gradients come back whole (gathered under TP).
 std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Named& init, const Batch& batch,
-                                          int cp, int dp, int tp = 1) {
+                                          int cp, int dp, int tp = 1,
+                                          KeyValueExchange exchange = KeyValueExchange::kRing) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::future<absl::StatusOr<RankRun>>> futures;
   const int world_size = cp * dp * tp;
@@ -99,6 +101,7 @@ std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Nam
         model = ContextParallelModel::Create(c, *cp_group, 4);
       }
       if (!model.ok()) return model.status();
+      (*model)->set_key_value_exchange(exchange);
       absl::Status s = (*model)->LoadFromFull(init);
       if (!s.ok()) return s;
       auto opt = DataParallel::Create(*opt_group, (*model)->Parameters(), o);
@@ -186,8 +189,8 @@ Named FirstGradients(const actor::ModelConfig& c, const Named& init, const Batch
 // order of the ranks' parts) for the entries whose gradient is small;
 // the first gradient itself is held to 1e-6.
 void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, int dp, int tp = 1,
-                          double tolerance = 3e-5) {
-  CAPTURE(arch, cp, dp, tp, batch.ids.size(1));
+                          double tolerance = 3e-5, KeyValueExchange exchange = KeyValueExchange::kRing) {
+  CAPTURE(arch, cp, dp, tp, batch.ids.size(1), exchange == KeyValueExchange::kRing);
   actor::ModelConfig c = SmallConfig(arch);
   const Named init = InitialWeights(c);
   const Run ref = Reference(c, init, batch);
@@ -205,7 +208,7 @@ void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, i
     REQUIRE(o.ok());
     whole_lp = o->logprobs;
   }
-  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, cp, dp, tp);
+  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, cp, dp, tp, exchange);
   const int64_t per = batch.ids.size(0) / dp;
   for (int d = 0; d < dp; ++d) {
     for (int t = 0; t < tp; ++t) {
@@ -242,6 +245,17 @@ TEST_CASE("cp=2 and cp=4 equal one process: log-probs and three clipped AdamW st
     CheckEqualsReference(arch, MakeBatch(), 2, 1);
     CheckEqualsReference(arch, LongBatch(2, 29), 2, 1);
     CheckEqualsReference(arch, LongBatch(2, 29), 4, 1);
+  }
+}
+
+// The cases above pass the keys and values by ring (the default); c10d's
+// all-gather and all-reduce give the same. At cp = 4 a ring that filed a
+// share under the wrong rank fails both, where cp = 2 cannot tell.
+TEST_CASE("keys and values by c10d's collectives instead of the ring: the same at cp=2 and cp=4") {
+  for (const char* arch : {"llama", "qwen3"}) {
+    for (int cp : {2, 4}) {
+      CheckEqualsReference(arch, LongBatch(2, 29), cp, 1, 1, 3e-5, KeyValueExchange::kCollectives);
+    }
   }
 }
 
