@@ -3,10 +3,12 @@ the whole row (bench/context_parallel.md).
 
 For each row length, one process (`--world=1`) and the C ranks of a
 context-parallel step (`--world=C`, separate processes over a file store)
-each run bench/context_parallel_bench; the layouts alternate within every
-repeat. The report gives, per length, the median activation MiB of one
-process and of the largest rank, their ratio against 1/C, and the step
-times.
+for each way of moving the keys and values (`--exchanges`: the default ring
+and c10d's collectives) each run bench/context_parallel_bench; the layouts
+alternate within every repeat, reversed on odd repeats. The report gives,
+per length and exchange, the median activation MiB of one process and of the
+largest rank, their ratio against 1/C, and the step times (the slowest
+rank's).
 
     bazel build -c opt //bench:context_parallel_bench
     python3 bench/context_parallel.py --tokens 4096 16384 --ranks 2 --repeats 3
@@ -44,29 +46,34 @@ def main():
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--exchanges", nargs="+", default=["ring", "collectives"], choices=["ring", "collectives"])
     ap.add_argument("extra", nargs="*", help="flags passed on to the binary (after --)")
     a = ap.parse_args()
     rows = []
     for tokens in a.tokens:
-        one, cp, t_one, t_cp = [], [], [], []
+        layouts = [None] + a.exchanges  # None: one process
+        mib = {k: [] for k in layouts}
+        sec = {k: [] for k in layouts}
         for rep in range(a.repeats):
-            order = [1, a.ranks] if rep % 2 == 0 else [a.ranks, 1]
-            for world in order:
-                ranks = run(world, tokens, a.extra)
-                mib = max(m for m, _ in ranks)
-                sec = max(s for _, s in ranks)
-                (one if world == 1 else cp).append(mib)
-                (t_one if world == 1 else t_cp).append(sec)
-        m1, mc = statistics.median(one), statistics.median(cp)
-        rows.append((tokens, m1, min(one), max(one), mc, min(cp), max(cp), mc / m1, statistics.median(t_one),
-                     statistics.median(t_cp)))
+            for layout in (layouts if rep % 2 == 0 else layouts[::-1]):
+                if layout is None:
+                    ranks = run(1, tokens, a.extra)
+                else:
+                    ranks = run(a.ranks, tokens, a.extra + [f"--kv_exchange={layout}"])
+                mib[layout].append(max(m for m, _ in ranks))
+                sec[layout].append(max(s for _, s in ranks))
+        m1 = statistics.median(mib[None])
+        for ex in a.exchanges:
+            mc = statistics.median(mib[ex])
+            rows.append((tokens, ex, m1, min(mib[None]), max(mib[None]), mc, min(mib[ex]), max(mib[ex]), mc / m1,
+                         statistics.median(sec[None]), statistics.median(sec[ex]), min(sec[ex]), max(sec[ex])))
     print(f"C = {a.ranks}, {a.repeats} repeats, medians (min-max)")
-    print("| tokens | one process MiB | largest rank MiB | rank / one process (target <= 1/C + 0.10) "
+    print("| tokens | exchange | one process MiB | largest rank MiB | rank / one process (target <= 1/C + 0.10) "
           "| one process s | context-parallel s |")
-    print("|---|---|---|---|---|---|")
-    for t, m1, l1, h1, mc, lc, hc, r, s1, sc in rows:
-        print(f"| {t} | {m1:.0f} ({l1:.0f}-{h1:.0f}) | {mc:.0f} ({lc:.0f}-{hc:.0f}) | {r:.3f} "
-              f"(<= {1 / a.ranks + 0.10:.2f}) | {s1:.2f} | {sc:.2f} |")
+    print("|---|---|---|---|---|---|---|")
+    for t, ex, m1, l1, h1, mc, lc, hc, r, s1, sc, slo, shi in rows:
+        print(f"| {t} | {ex} | {m1:.0f} ({l1:.0f}-{h1:.0f}) | {mc:.0f} ({lc:.0f}-{hc:.0f}) | {r:.3f} "
+              f"(<= {1 / a.ranks + 0.10:.2f}) | {s1:.2f} | {sc:.2f} ({slo:.2f}-{shi:.2f}) |")
 
 
 if __name__ == "__main__":

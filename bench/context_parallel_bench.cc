@@ -37,6 +37,7 @@ ABSL_FLAG(int, tokens, 4096, "tokens in the row");
 ABSL_FLAG(int, hidden, 256, "hidden size");
 ABSL_FLAG(int, layers, 4, "decoder layers");
 ABSL_FLAG(int, vocab, 512, "vocabulary size");
+ABSL_FLAG(std::string, kv_exchange, "ring", "how keys and values travel (world > 1): ring or collectives");
 
 namespace rlmesh {
 namespace {
@@ -88,6 +89,13 @@ int Main() {
       return 1;
     }
     cp = *std::move(m);
+    const std::string exchange = absl::GetFlag(FLAGS_kv_exchange);
+    if (exchange != "ring" && exchange != "collectives") {
+      std::fprintf(stderr, "--kv_exchange: \"%s\" is not ring or collectives\n", exchange.c_str());
+      return 2;
+    }
+    cp->set_key_value_exchange(exchange == "ring" ? learner::KeyValueExchange::kRing
+                                                  : learner::KeyValueExchange::kCollectives);
     params = cp->Parameters();
     loss = [&] {
       auto out = cp->TokenLogProbs(ids, pos, targets);
