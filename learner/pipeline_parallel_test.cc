@@ -50,6 +50,18 @@ actor::ModelConfig Config(const std::string& arch, int64_t layers) {
   return c;
 }
 
+// A 4-layer model of `arch`, its initial weights and the fixture's batch:
+// what most cases below start from.
+struct FourLayerCase {
+  actor::ModelConfig c;
+  Named init;
+  Batch batch;
+};
+FourLayerCase FourLayers(const std::string& arch) {
+  const actor::ModelConfig c = Config(arch, 4);
+  return {c, InitialWeights(c), MakeBatch()};
+}
+
 // GRPO's per-token inputs for `b`: an advantage per row (+1, -1, +0.5, ...)
 // on the scored tokens.
 at::Tensor Advantages(const Batch& b, int64_t first_row) {
@@ -346,9 +358,7 @@ TEST_CASE("pp=2 x dp=2 equals plain data parallelism at dp=2 and one process") {
   for (const char* arch : {"llama", "qwen3"}) {
     for (LossKind kind : {LossKind::kSupervised, LossKind::kGrpo}) {
       CAPTURE(arch, kind == LossKind::kGrpo);
-      const actor::ModelConfig c = Config(arch, 4);
-      const Named init = InitialWeights(c);
-      const Batch batch = MakeBatch();
+      const auto [c, init, batch] = FourLayers(arch);
       const std::vector<StageRun> plain = TrainPipeline(c, Start{init}, batch, 1, 2, kind, kSteps);
       for (const StageRun& r : TrainPipeline(c, Start{init}, batch, 2, 2, kind, kSteps)) {
         CHECK(MaxAbsDiff(r.weights, plain[0].weights) < 1e-6);
@@ -366,9 +376,7 @@ TEST_CASE("pp=2 x dp=2 equals plain data parallelism at dp=2 and one process") {
 TEST_CASE("pp=2 x dp=2 with ZeRO-1 equals it without; its gathered moments resume at pp=2 and pp=4") {
   for (const char* arch : {"llama", "qwen3"}) {
     CAPTURE(arch);
-    const actor::ModelConfig c = Config(arch, 4);
-    const Named init = InitialWeights(c);
-    const Batch batch = MakeBatch();
+    const auto [c, init, batch] = FourLayers(arch);
     const std::vector<StageRun> plain = TrainPipeline(c, Start{init}, batch, 2, 2, LossKind::kSupervised, 2);
     const std::vector<StageRun> zero1 =
         TrainPipeline(c, Start{init}, batch, 2, 2, LossKind::kSupervised, 2, /*zero1=*/true);
@@ -443,9 +451,7 @@ TEST_CASE("interleaved: pp=2 x 2 virtual stages and pp=4 x 2 equal one process (
 TEST_CASE("interleaved x dp=2 with ZeRO-1: the order is the schedule's, and its checkpoint resumes under 1F1B") {
   for (const char* arch : {"llama", "qwen3"}) {
     CAPTURE(arch);
-    const actor::ModelConfig c = Config(arch, 4);
-    const Named init = InitialWeights(c);
-    const Batch b3 = MakeBatch();
+    const auto [c, init, b3] = FourLayers(arch);
     // Four rows (the batch's, then its first): two micro-batches per replica.
     const Batch batch{at::cat({b3.ids, b3.ids.narrow(0, 0, 1)}), at::cat({b3.pos, b3.pos.narrow(0, 0, 1)}),
                       at::cat({b3.targets, b3.targets.narrow(0, 0, 1)}), at::cat({b3.mask, b3.mask.narrow(0, 0, 1)})};
@@ -500,9 +506,7 @@ TEST_CASE("pp=2 x tp=2 equals plain TP and one process (llama, qwen3; supervised
   for (const char* arch : {"llama", "qwen3"}) {
     for (LossKind kind : {LossKind::kSupervised, LossKind::kGrpo}) {
       CAPTURE(arch, kind == LossKind::kGrpo);
-      const actor::ModelConfig c = Config(arch, 4);
-      const Named init = InitialWeights(c);
-      const Batch batch = MakeBatch();
+      const auto [c, init, batch] = FourLayers(arch);
       const Named tp = PlainTensorParallel(c, init, batch, kind);
       const StageRun ref = Reference(c, Start{init}, batch, kind, kSteps);
       REQUIRE(ref.norms[0] > Optimizer().grad_clip);
@@ -536,9 +540,7 @@ TEST_CASE("pp=2 x tp=2 equals plain TP and one process (llama, qwen3; supervised
 TEST_CASE("pp=2 x tp=2 x dp=2 with ZeRO-1: its checkpoint resumes at pp=4 and as one process") {
   for (const char* arch : {"llama", "qwen3"}) {
     CAPTURE(arch);
-    const actor::ModelConfig c = Config(arch, 4);
-    const Named init = InitialWeights(c);
-    const Batch batch = MakeBatch();
+    const auto [c, init, batch] = FourLayers(arch);
     const std::vector<StageRun> plain = TrainPipeline(c, Start{init}, batch, 1, 2, LossKind::kSupervised, 2);
     const std::vector<StageRun> split = TrainPipeline(c, Start{init}, batch, 2, 2, LossKind::kSupervised, 2,
                                                       /*zero1=*/true, /*virtual_stages=*/1, /*tp=*/2);
@@ -567,9 +569,7 @@ TEST_CASE("pp=2 x tp=2 x dp=2 with ZeRO-1: its checkpoint resumes at pp=4 and as
 TEST_CASE("a checkpoint resumes across pipeline sizes: 2 steps at pp=2, then 1 at pp=4 or as one process") {
   for (const char* arch : {"llama", "qwen3"}) {
     CAPTURE(arch);
-    const actor::ModelConfig c = Config(arch, 4);
-    const Named init = InitialWeights(c);
-    const Batch batch = MakeBatch();
+    const auto [c, init, batch] = FourLayers(arch);
     const StageRun ref = Reference(c, Start{init}, batch, LossKind::kSupervised, kSteps);
     const std::vector<StageRun> first = TrainPipeline(c, Start{init}, batch, 2, 1, LossKind::kSupervised, 2);
     const Start saved{first[0].weights, first[0].exp_avg, first[0].exp_avg_sq, first[0].steps};
