@@ -133,7 +133,7 @@ struct PipelineModel::Impl {
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < tp_size(); ++r) out[0].push_back(at::empty_like(in[0]));
     tp->allgather(out, in)->wait();
-    return at::cat(out[0], p.split);
+    return parallel::JoinTensorParallelPieces(p.name, out[0]);
   }
   // This rank's slice of `whole` (shaped like p).
   at::Tensor Slice(const Param& p, const at::Tensor& whole) const {
