@@ -2,9 +2,8 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/eye.h>
-#include <ATen/ops/ones.h>
 
 namespace rlmesh::actor {
 
@@ -31,25 +30,32 @@ std::pair<at::Tensor, at::Tensor> RopeCosSin(const ModelConfig& config, const Ro
 
 at::Tensor AttentionMask4d(const at::Tensor& attention_mask, int64_t T, c10::Device device) {
   if (!attention_mask.defined()) return {};
-  auto opts = at::TensorOptions().dtype(at::kBool).device(device);
-  auto causal = at::ones({T, T}, opts).tril();
-  auto eye = at::eye(T, opts);
+  const at::Tensor index = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device));
+  return AttentionMaskBlock(attention_mask.to(device), index, index);
+}
+
+at::Tensor AttentionMaskBlock(const at::Tensor& attention_mask, const at::Tensor& queries, const at::Tensor& keys) {
+  const c10::Device device = attention_mask.device();
+  const at::Tensor qi = queries.to(device).view({-1, 1}), ki = keys.to(device).view({1, -1});
+  const int64_t Q = qi.size(0), K = ki.size(1);
+  const at::Tensor causal = qi.ge(ki), self = qi.eq(ki);  // [Q, K]
   if (attention_mask.is_floating_point() || attention_mask.scalar_type() == at::kBool) {
-    auto keys = attention_mask.to(device, at::kBool).view({-1, 1, 1, T});
-    return causal.logical_and(keys.logical_or(eye));
+    const at::Tensor real = attention_mask.to(at::kBool).index_select(1, ki.view({-1})).view({-1, 1, 1, K});
+    return causal.logical_and(real.logical_or(self));
   }
-  auto seg = attention_mask.to(device, at::kLong);
-  auto query = seg.view({-1, 1, T, 1}), key = seg.view({-1, 1, 1, T});
-  auto seen = query.eq(key);
+  const at::Tensor seg = attention_mask.to(at::kLong);
+  const at::Tensor query = seg.index_select(1, qi.view({-1})).view({-1, 1, Q, 1});
+  const at::Tensor key = seg.index_select(1, ki.view({-1})).view({-1, 1, 1, K});
+  at::Tensor seen = query.eq(key);
   if (seg.numel() > 0 && seg.max().item<int64_t>() >= kSharedPrefixStride) {
     // A shared prefix's keys (a multiple of the stride) are seen by the
     // continuations of the same g.
-    auto is_prefix = key.remainder(kSharedPrefixStride).eq(0);
-    auto same_group = query.div(kSharedPrefixStride, "floor").eq(key.div(kSharedPrefixStride, "floor"));
+    const at::Tensor is_prefix = key.remainder(kSharedPrefixStride).eq(0);
+    const at::Tensor same_group =
+        query.div(kSharedPrefixStride, "floor").eq(key.div(kSharedPrefixStride, "floor"));
     seen = seen.logical_or(is_prefix.logical_and(same_group));
   }
-  auto keys = key.gt(0);
-  return causal.logical_and(seen.logical_and(keys).logical_or(eye));
+  return causal.logical_and(seen.logical_and(key.gt(0)).logical_or(self));
 }
 
 }  // namespace rlmesh::actor

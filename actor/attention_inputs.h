@@ -38,4 +38,11 @@ inline constexpr int64_t kSharedPrefixStride = int64_t{1} << 32;
 // `attention_mask` gives an undefined mask (plain causal).
 at::Tensor AttentionMask4d(const at::Tensor& attention_mask, int64_t T, c10::Device device);
 
+// The same rule for a block of it: [B,1,Q,K] for the queries at int64
+// indices `queries` [Q] and the keys at `keys` [K] into the rows of the
+// [B,T] `attention_mask` (defined), on its device. A query sees a key only
+// at or before its own index. Context parallelism (learner/
+// context_parallel.h) masks its attention blocks with it.
+at::Tensor AttentionMaskBlock(const at::Tensor& attention_mask, const at::Tensor& queries, const at::Tensor& keys);
+
 }  // namespace rlmesh::actor
