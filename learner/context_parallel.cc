@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -128,11 +129,82 @@ std::vector<std::tuple<int64_t, int64_t, bool>> Blocks(int64_t g, int64_t c) {
   return out;
 }
 
+// Keys per block under an attention mask: the block's additive mask is
+// [B, 1, c, kMaskedKeys] floats.
+constexpr int64_t kMaskedKeys = 256;
+
+// Under an attention mask, the key blocks query chunk `g` (of length c)
+// attends over: [0, (g + 1) c) in pieces of kMaskedKeys, each with its
+// [B, 1, c, len] mask (actor::AttentionMaskBlock's rule, causal included;
+// `mask` is the padded [B, T] attention mask). Blocks no query of the chunk
+// sees (a packed row's other documents) are left out.
+std::vector<std::tuple<int64_t, int64_t, at::Tensor>> MaskedBlocks(const at::Tensor& mask, int64_t g, int64_t c) {
+  const at::Tensor queries = at::arange(g * c, (g + 1) * c, at::kLong);
+  std::vector<std::tuple<int64_t, int64_t, at::Tensor>> out;
+  for (int64_t begin = 0; begin < (g + 1) * c; begin += kMaskedKeys) {
+    const int64_t len = std::min(kMaskedKeys, (g + 1) * c - begin);
+    at::Tensor seen = actor::AttentionMaskBlock(mask, queries, at::arange(begin, begin + len, at::kLong));
+    if (seen.any().item<bool>()) out.emplace_back(begin, len, std::move(seen));
+  }
+  return out;
+}
+
+// The flash kernel's form of a block's mask: 0 where `seen`, -inf elsewhere,
+// in the queries' dtype.
+at::Tensor Additive(const at::Tensor& seen, const at::Tensor& q) {
+  return at::zeros(seen.sizes(), q.options()).masked_fill_(seen.logical_not(), -INFINITY);
+}
+
+// Masked attention of qc [B, H, c, D] over kb, vb [B, H, len, D] where
+// `seen` [B, 1, c, len] allows, by the flash kernel: the output and the
+// log-sum-exp, -inf (with a zero output) for a query that sees no key of
+// the block (the kernel gives 0 there, which would weigh it as e^0).
+std::pair<at::Tensor, at::Tensor> MaskedBlock(const at::Tensor& qc, const at::Tensor& kb, const at::Tensor& vb,
+                                              const at::Tensor& seen, double scale) {
+  auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qc, kb.contiguous(), vb.contiguous(), 0.0, false,
+                                                                  Additive(seen, qc), scale);
+  return {o, lse.masked_fill(seen.any(-1).logical_not(), -INFINITY)};
+}
+
+// The gradients (dq, dk, dv) of MaskedBlock's share of a query's attention,
+// from the whole row's output `o` and log-sum-exp `lse` (the block's
+// probabilities are its share of the row's softmax; a query that sees no
+// key of the block gets none).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> MaskedBlockBackward(const at::Tensor& dout, const at::Tensor& qc,
+                                                                   const at::Tensor& kb, const at::Tensor& vb,
+                                                                   const at::Tensor& o, const at::Tensor& lse,
+                                                                   const at::Tensor& seen, double scale) {
+  return at::_scaled_dot_product_flash_attention_for_cpu_backward(dout.contiguous(), qc.contiguous(),
+                                                                  kb.contiguous(), vb.contiguous(), o.contiguous(),
+                                                                  lse.contiguous(), 0.0, false, Additive(seen, qc),
+                                                                  scale);
+}
+
+// One query chunk's attention over key blocks, merged by the blocks'
+// log-sum-exps.
+struct MergedAttention {
+  at::Tensor o, lse;
+  void Add(const at::Tensor& ob, const at::Tensor& lb) {
+    if (!o.defined()) {
+      o = ob;
+      lse = lb;
+      return;
+    }
+    // Two softmaxes over disjoint keys, merged by their normalisers; a
+    // query that has seen no key yet (-inf in both) weighs nothing.
+    const at::Tensor merged = at::logaddexp(lse, lb);
+    const at::Tensor norm = merged.masked_fill(merged.isinf(), 0);
+    o = (lse - norm).exp().unsqueeze(-1) * o + (lb - norm).exp().unsqueeze(-1) * ob;
+    lse = merged;
+  }
+};
+
 // Causal attention of this rank's queries over every rank's keys and
-// values. q [B, H, 2c, D]; k, v [B, kv, 2c, D], all after RoPE.
+// values. q [B, H, 2c, D]; k, v [B, kv, 2c, D], all after RoPE. `mask`:
+// the padded [B, 2Cc] attention mask, or none (plain causal).
 struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static at::Tensor forward(AutogradContext* ctx, int64_t impl, double scale, const at::Tensor& q,
-                            const at::Tensor& k, const at::Tensor& v) {
+                            const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask) {
     auto* im = reinterpret_cast<ContextParallelModel::Impl*>(impl);
     const int64_t g = q.size(1) / k.size(1), c = q.size(2) / 2;
     const at::Tensor K = ExpandHeads(GatherSequence(*im, k), g);
@@ -141,27 +213,27 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     for (int half = 0; half < 2; ++half) {
       const int64_t chunk = half == 0 ? im->rank : 2 * im->size - 1 - im->rank;
       const at::Tensor qc = q.narrow(2, half * c, c);
-      at::Tensor o, lse;
-      for (const auto& [begin, len, causal] : Blocks(chunk, c)) {
-        auto [ob, lb] = at::_scaled_dot_product_flash_attention_for_cpu(qc, K.narrow(2, begin, len),
-                                                                        V.narrow(2, begin, len), 0.0, causal,
-                                                                        std::nullopt, scale);
-        if (!o.defined()) {
-          o = ob;
-          lse = lb;
-          continue;
+      MergedAttention merged;
+      if (mask) {
+        for (const auto& [begin, len, seen] : MaskedBlocks(*mask, chunk, c)) {
+          auto [ob, lb] = MaskedBlock(qc, K.narrow(2, begin, len), V.narrow(2, begin, len), seen, scale);
+          merged.Add(ob, lb);
         }
-        // Two softmaxes over disjoint keys, merged by their normalisers.
-        const at::Tensor merged = at::logaddexp(lse, lb);
-        o = (lse - merged).exp().unsqueeze(-1) * o + (lb - merged).exp().unsqueeze(-1) * ob;
-        lse = merged;
+      } else {
+        for (const auto& [begin, len, causal] : Blocks(chunk, c)) {
+          auto [ob, lb] = at::_scaled_dot_product_flash_attention_for_cpu(qc, K.narrow(2, begin, len),
+                                                                          V.narrow(2, begin, len), 0.0, causal,
+                                                                          std::nullopt, scale);
+          merged.Add(ob, lb);
+        }
       }
-      outs.push_back(o.contiguous());
-      lses.push_back(lse.contiguous());
+      outs.push_back(merged.o.contiguous());
+      lses.push_back(merged.lse.contiguous());
     }
     at::Tensor out = at::cat(outs, 2), lse = at::cat(lses, 2);
     ctx->saved_data["impl"] = impl;
     ctx->saved_data["scale"] = scale;
+    if (mask) ctx->saved_data["mask"] = *mask;
     ctx->save_for_backward({q, k, v, out, lse});
     return out;
   }
@@ -171,6 +243,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const double scale = ctx->saved_data["scale"].toDouble();
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const auto mask = ctx->saved_data.find("mask");
     const int64_t g = q.size(1) / k.size(1), c = q.size(2) / 2;
     const at::Tensor K = ExpandHeads(GatherSequence(*im, k), g);
     const at::Tensor V = ExpandHeads(GatherSequence(*im, v), g);
@@ -182,22 +255,33 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
       const at::Tensor qc = q.narrow(2, half * c, c), oc = out.narrow(2, half * c, c);
       const at::Tensor lc = lse.narrow(2, half * c, c), dc = dout.narrow(2, half * c, c);
       at::Tensor dq = at::zeros_like(qc);
-      for (const auto& [begin, len, causal] : Blocks(chunk, c)) {
-        // The whole row's output and normaliser: the block's share of the
-        // softmax, so its gradients are exact.
-        auto [dqb, dkb, dvb] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-            dc.contiguous(), qc.contiguous(), K.narrow(2, begin, len).contiguous(),
-            V.narrow(2, begin, len).contiguous(), oc.contiguous(), lc.contiguous(), 0.0, causal, std::nullopt,
-            scale);
+      // The whole row's output and normaliser: the block's share of the
+      // softmax, so its gradients are exact.
+      auto add = [&](int64_t begin, int64_t len, const at::Tensor& dqb, const at::Tensor& dkb, const at::Tensor& dvb) {
         dq = dq + dqb;
         dK.narrow(2, begin, len).add_(dkb);
         dV.narrow(2, begin, len).add_(dvb);
+      };
+      if (mask != ctx->saved_data.end()) {
+        for (const auto& [begin, len, seen] : MaskedBlocks(mask->second.toTensor(), chunk, c)) {
+          auto [dqb, dkb, dvb] = MaskedBlockBackward(dc, qc, K.narrow(2, begin, len), V.narrow(2, begin, len), oc,
+                                                     lc, seen, scale);
+          add(begin, len, dqb, dkb, dvb);
+        }
+      } else {
+        for (const auto& [begin, len, causal] : Blocks(chunk, c)) {
+          auto [dqb, dkb, dvb] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+              dc.contiguous(), qc.contiguous(), K.narrow(2, begin, len).contiguous(),
+              V.narrow(2, begin, len).contiguous(), oc.contiguous(), lc.contiguous(), 0.0, causal, std::nullopt,
+              scale);
+          add(begin, len, dqb, dkb, dvb);
+        }
       }
       dqs.push_back(dq);
     }
     at::Tensor dk = ReduceToLocal(*im, SumHeads(dK, g).contiguous());
     at::Tensor dv = ReduceToLocal(*im, SumHeads(dV, g).contiguous());
-    return {at::Tensor(), at::Tensor(), at::cat(dqs, 2), dk, dv};
+    return {at::Tensor(), at::Tensor(), at::cat(dqs, 2), dk, dv, at::Tensor()};
   }
 };
 
@@ -205,7 +289,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 // parallelism with the shard's heads and channels, entering and leaving
 // each block as parallel/tensor_parallel.h's layer does.
 at::Tensor Layer(ContextParallelModel::Impl& im, actor::DecoderLayerImpl& layer, const at::Tensor& h,
-                 const at::Tensor& cos, const at::Tensor& sin) {
+                 const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask) {
   const actor::ModelConfig& c = im.model->config();
   const int64_t B = h.size(0), T = h.size(1), D = c.HeadDim();
   actor::AttentionImpl& a = *layer.self_attn;
@@ -214,7 +298,8 @@ at::Tensor Layer(ContextParallelModel::Impl& im, actor::DecoderLayerImpl& layer,
   const at::Tensor k = a.Keys(x, cos, sin).transpose(1, 2);
   const at::Tensor v = a.v_proj(x).view({B, T, c.num_kv_heads, D}).transpose(1, 2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const at::Tensor o = AttentionFunction::apply(reinterpret_cast<int64_t>(&im), scale, q, k, v);
+  const at::Tensor o = AttentionFunction::apply(reinterpret_cast<int64_t>(&im), scale, q, k, v,
+                                                mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt);
   const at::Tensor y =
       h + parallel::ReduceFromTensorParallel(a.o_proj(o.transpose(1, 2).reshape({B, T, c.num_heads * D})),
                                              im.tp_group);
@@ -336,9 +421,8 @@ absl::StatusOr<ContextParallelOutput> ContextParallelModel::TokenLogProbs(const 
   Impl& im = *impl_;
   const actor::ModelConfig& c = im.model->config();
   RLMESH_RETURN_IF_ERROR(parallel::ValidateTokenInputs(ids, positions, targets, temperature, im.vocab_size));
-  if (attention_mask.defined()) {
-    return absl::InvalidArgumentError(
-        "attention_mask: context parallelism takes right-padded rows without a mask (packed rows are not built)");
+  if (attention_mask.defined() && attention_mask.sizes() != ids.sizes()) {
+    return absl::InvalidArgumentError("attention_mask: must be [rows, T] like input_ids");
   }
   try {
     const int64_t B = ids.size(0), T = ids.size(1);
@@ -357,13 +441,16 @@ absl::StatusOr<ContextParallelOutput> ContextParallelModel::TokenLogProbs(const 
     const at::Tensor my_ids = pad(ids, 0).index_select(1, index);
     const at::Tensor my_pos = pos_padded.index_select(1, index);
     const at::Tensor my_targets = pad(targets, -1).index_select(1, index);
+    // The whole (padded) row's mask: every rank builds its blocks' masks
+    // from it. The padding is its own (padding) segment.
+    const at::Tensor mask = attention_mask.defined() ? pad(attention_mask, 0) : at::Tensor();
     at::Tensor h = im.tp_group == nullptr ? im.model->model->embed_tokens(my_ids)
                                           : parallel::ReduceFromTensorParallel(
                                                 parallel::VocabParallelLookup(*im.model, my_ids, im.tp_rank),
                                                 im.tp_group);
     auto [cos, sin] = actor::RopeCosSin(c, im.rope, my_pos, h.scalar_type());
     for (const auto& layer : *im.model->model->layers) {
-      h = Layer(im, *layer->as<actor::DecoderLayerImpl>(), h, cos, sin);
+      h = Layer(im, *layer->as<actor::DecoderLayerImpl>(), h, cos, sin, mask);
     }
     actor::TokenLogProbsOutput local;
     if (im.tp_group == nullptr) {

@@ -26,6 +26,15 @@
 // sequence's are gathered before the blocks are computed, not overlapped
 // with them (docs/design/parallelism.md, bench/context_parallel.md).
 //
+// Masks. With an attention mask (packed rows' segment ids, shared
+// prefixes, or a padding mask; actor/attention_inputs.h) every rank holds
+// the whole row's mask, and each query chunk attends over the keys before
+// it in blocks of 256, the flash kernel taking each block's mask (the
+// mask's rule for its queries and keys, causality included) in additive
+// form; blocks no query of the chunk sees (a packed row's other
+// documents) are skipped. The blocks merge, and their gradients follow,
+// as above.
+//
 // Gradients. Every rank's loss covers its own tokens, but its gradient also
 // reaches the other ranks' keys and values (the backward's sum over the
 // group), so the ranks of a replica must scale their losses alike. With
@@ -48,10 +57,8 @@
 // same slices. The optimizer then steps each slice over the ranks holding
 // it (every replica and context rank), the local weight as above.
 //
-// Limits, refused by name: MoE layers, a value head, attention masks
-// (packed rows; right padding needs none under causal attention), and
-// under tensor parallelism its sequence parallelism and activation
-// checkpointing.
+// Limits, refused by name: MoE layers, a value head, and under tensor
+// parallelism its sequence parallelism and activation checkpointing.
 //
 // Collectives: every rank of the group must make the same calls with the
 // same [rows, T] shapes. A failed collective returns ABORTED.
@@ -149,8 +156,9 @@ class ContextParallelModel {
 
   // Per-token log-probs of `targets` (-1 = none) at this rank's positions
   // of [rows, T] int64 ids and positions; see ContextParallelOutput.
-  // INVALID_ARGUMENT for bad inputs or an attention mask (before any
-  // collective); ABORTED when a collective fails.
+  // `attention_mask` [rows, T] as actor::AttentionMask4d takes it (segment
+  // ids or a padding mask), or undefined (causal). INVALID_ARGUMENT for bad
+  // inputs (before any collective); ABORTED when a collective fails.
   absl::StatusOr<ContextParallelOutput> TokenLogProbs(const at::Tensor& input_ids, const at::Tensor& positions,
                                                       const at::Tensor& targets, double temperature = 1.0,
                                                       const at::Tensor& attention_mask = {});

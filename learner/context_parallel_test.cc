@@ -5,7 +5,8 @@
 // each weighing 1/C of its replica's loss tokens) give one process's weights within
 // 3e-5 at cp = 2, cp = 4, cp = 2 x dp = 2 and cp = 2 x tp = 2 (with and
 // without dp = 2), for Llama and Qwen3, the keys and values passed by ring
-// or by c10d's collectives.
+// or by c10d's collectives; and with packed rows' segment ids, shared
+// prefixes and padding masks.
 #include "learner/context_parallel.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -20,6 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "actor/attention_inputs.h"
 #include "catch2/catch.hpp"
 #include "dist/gloo.h"
 #include "dist/store.h"
@@ -48,6 +50,49 @@ Batch LongBatch(int64_t rows, int64_t t) {
   return b;
 }
 
+// Rows of `t` tokens packed with documents of `lengths` (taken in turn):
+// segment ids 1, 2, ..., positions restarting per document, no target
+// across a document's end, and the last row's final 5 tokens padding
+// (segment 0). With `shared`, a row's first document is a prefix (id
+// kSharedPrefixStride) that its next two continue (ids kSharedPrefixStride
+// + 1 and + 2, positions following the prefix's), as learner/batching.h
+// lays out a group's shared prompt. `scored` > 0: only each document's
+// last `scored` tokens have targets (a prompt and its response).
+Batch PackedBatch(int64_t rows, int64_t t, const std::vector<int64_t>& lengths, bool shared = false,
+                  int64_t scored = 0) {
+  at::manual_seed(23);
+  Batch b;
+  b.ids = at::randint(0, 48, {rows, t}, at::kLong);
+  b.pos = at::zeros({rows, t}, at::kLong);
+  b.mask = at::zeros({rows, t}, at::kLong);
+  b.targets = at::full({rows, t}, -1, at::kLong);
+  auto ids = b.ids.accessor<int64_t, 2>();
+  auto pos = b.pos.accessor<int64_t, 2>(), seg = b.mask.accessor<int64_t, 2>(), tg = b.targets.accessor<int64_t, 2>();
+  size_t next = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t end = r == rows - 1 ? t - 5 : t;
+    int64_t prefix = 0;
+    for (int64_t at = 0, doc = 1; at < end; ++doc) {
+      const int64_t len = std::min(lengths[next++ % lengths.size()], end - at);
+      int64_t id = doc, first = 0;
+      if (shared && doc == 1) {
+        id = actor::kSharedPrefixStride;
+        prefix = len;
+      } else if (shared && doc <= 3) {
+        id = actor::kSharedPrefixStride + doc - 1;
+        first = prefix;
+      }
+      for (int64_t k = 0; k < len; ++k) {
+        seg[r][at + k] = id;
+        pos[r][at + k] = first + k;
+        if (k + 1 < len && (scored == 0 || k + 1 + scored >= len)) tg[r][at + k] = ids[r][at + k + 1];
+      }
+      at += len;
+    }
+  }
+  return b;
+}
+
 struct RankRun {
   std::vector<double> norms;
   Named weights;
@@ -64,7 +109,8 @@ struct RankRun {
 // weights and first gradients come back whole (gathered under TP).
 std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Named& init, const Batch& batch,
                                           int cp, int dp, int tp = 1,
-                                          KeyValueExchange exchange = KeyValueExchange::kRing) {
+                                          KeyValueExchange exchange = KeyValueExchange::kRing,
+                                          bool with_mask = false) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::future<absl::StatusOr<RankRun>>> futures;
   const int world_size = cp * dp * tp;
@@ -117,7 +163,8 @@ std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Nam
       RankRun run;
       for (int step = 0; step < kSteps; ++step) {
         (*opt)->ZeroGrad();
-        auto out = (*model)->TokenLogProbs(rows.ids, rows.pos, rows.targets, 0.9);
+        auto out = (*model)->TokenLogProbs(rows.ids, rows.pos, rows.targets, 0.9,
+                                           with_mask ? rows.mask : at::Tensor());
         if (!out.ok()) return out.status();
         if (step == 0) {
           run.logprobs = out->out.logprobs.detach().clone();
@@ -188,9 +235,12 @@ Named FirstGradients(const actor::ModelConfig& c, const Named& init, const Batch
 // which magnifies the gradients' last-bit differences (the other summation
 // order of the ranks' parts) for the entries whose gradient is small;
 // the first gradient itself is held to 1e-6.
+// `with_mask`: the ranks take the batch's attention mask too (the
+// reference always does).
 void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, int dp, int tp = 1,
-                          double tolerance = 3e-5, KeyValueExchange exchange = KeyValueExchange::kRing) {
-  CAPTURE(arch, cp, dp, tp, batch.ids.size(1), exchange == KeyValueExchange::kRing);
+                          double tolerance = 3e-5, KeyValueExchange exchange = KeyValueExchange::kRing,
+                          bool with_mask = false) {
+  CAPTURE(arch, cp, dp, tp, batch.ids.size(1), exchange == KeyValueExchange::kRing, with_mask);
   actor::ModelConfig c = SmallConfig(arch);
   const Named init = InitialWeights(c);
   const Run ref = Reference(c, init, batch);
@@ -208,7 +258,7 @@ void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, i
     REQUIRE(o.ok());
     whole_lp = o->logprobs;
   }
-  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, cp, dp, tp, exchange);
+  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, cp, dp, tp, exchange, with_mask);
   const int64_t per = batch.ids.size(0) / dp;
   for (int d = 0; d < dp; ++d) {
     for (int t = 0; t < tp; ++t) {
@@ -270,11 +320,28 @@ TEST_CASE("cp=2 x tp=2 equals one process: each rank its slices' heads on its sh
   }
 }
 
-TEST_CASE("context parallelism refuses attention masks, MoE and value-head models by name") {
+// Packed rows: every rank masks its attention blocks by the whole row's
+// segment ids. At 600 tokens and cp = 2 a query chunk's keys span up to
+// three blocks of 256, and most blocks of a row of short documents are
+// seen by none of the chunk's queries (skipped); at cp = 4 and 29 tokens
+// the documents cross the chunks' borders.
+TEST_CASE("packed rows (segment ids, shared prefixes) and padding masks at cp=2 and cp=4 equal one process") {
+  for (const char* arch : {"llama", "qwen3"}) {
+    CheckEqualsReference(arch, PackedBatch(2, 29, {5, 9, 3, 12}), 2, 1, 1, 3e-5, KeyValueExchange::kRing, true);
+    CheckEqualsReference(arch, PackedBatch(2, 29, {5, 9, 3, 12}, true), 4, 1, 1, 3e-5, KeyValueExchange::kRing,
+                         true);
+    CheckEqualsReference(arch, LongBatch(2, 29), 2, 1, 1, 3e-5, KeyValueExchange::kRing, true);
+  }
+  CheckEqualsReference("qwen3", PackedBatch(2, 600, {70, 130, 41}, true, 4), 2, 1, 1, 3e-5, KeyValueExchange::kRing,
+                       true);
+  CheckEqualsReference("llama", PackedBatch(4, 24, {7, 11}), 2, 2, 2, 3e-5, KeyValueExchange::kRing, true);
+}
+
+TEST_CASE("context parallelism refuses a misshapen attention mask, MoE and value-head models by name") {
   auto m = ContextParallelModel::Create(SmallConfig("llama"), nullptr);
   REQUIRE(m.ok());
   const Batch b = MakeBatch();
-  auto masked = (*m)->TokenLogProbs(b.ids, b.pos, b.targets, 1.0, b.mask);
+  auto masked = (*m)->TokenLogProbs(b.ids, b.pos, b.targets, 1.0, b.mask.narrow(1, 0, 3));
   CHECK(masked.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(masked.status().message(), "attention_mask"));
   actor::ModelConfig moe = SmallConfig("qwen3");
