@@ -133,6 +133,10 @@ struct RlStep {
   // per-token outputs back as [e - a, T] rows.
   PipelineMicroBatch MicroInputs(int64_t a, int64_t e, int64_t T);
   actor::TokenLogProbsOutput Unpacked(int64_t a, int64_t e, int64_t T, actor::TokenLogProbsOutput lp);
+  // learner.cp > 1: 1 at the positions of rows [a, e) whose log-probs this
+  // rank computes, [e - a, T]: its zig-zag share of the rows, or of the
+  // packed rows, unpacked.
+  at::Tensor ContextShare(int64_t a, int64_t e, int64_t T);
   // learner.pp > 1: OldLogProbs' passes, every micro-batch through the
   // pipeline at once.
   absl::Status PipelinedOldLogProbs();
@@ -352,7 +356,7 @@ void RlStep::Layout() {
   // prompt once where that is cheaper (TrainerOptions.share_prompts),
   // except for MoE policies, whose rows each carry their own routes.
   moe = models.policy->config().NumMoeLayers() > 0;
-  if (options.share_prompts && options.pack_rl != TrainerOptions::RlPacking::kOff && !moe && !models.cp_policy) {
+  if (options.share_prompts && options.pack_rl != TrainerOptions::RlPacking::kOff && !moe) {
     sharing.pair_cost = PairCost(models.policy->config());
     std::vector<std::vector<const Seq*>> by_group(group_rewards.size());
     for (const Row& r : rows) by_group[r.group].push_back(&r.seq);
@@ -415,8 +419,7 @@ void RlStep::Layout() {
 }
 
 const PackedRows* RlStep::Packing(int64_t a, int64_t e, int64_t T) {
-  // Context parallelism splits rows of one sequence each (no masks).
-  if (options.pack_rl == TrainerOptions::RlPacking::kOff || models.cp_policy) return nullptr;
+  if (options.pack_rl == TrainerOptions::RlPacking::kOff) return nullptr;
   auto [it, fresh] = packed.try_emplace({a, e});
   if (fresh) {
     PackedRows p = PackSeqs(seqs, a, e, T, sharing);
@@ -459,6 +462,13 @@ actor::TokenLogProbsOutput RlStep::Unpacked(int64_t a, int64_t e, int64_t T, act
   lp.logprobs = p->Unpack(lp.logprobs);
   if (lp.entropy.defined()) lp.entropy = p->Unpack(lp.entropy);
   return lp;
+}
+
+at::Tensor RlStep::ContextShare(int64_t a, int64_t e, int64_t T) {
+  const PackedRows* p = Packing(a, e, T);
+  if (p == nullptr) return models.ContextMask(e - a, T);
+  // Each unpacked position reads one packed position, which one rank holds.
+  return p->Unpack(models.ContextMask(p->batch.input_ids.size(0), p->batch.input_ids.size(1)));
 }
 
 absl::Status RlStep::PipelinedOldLogProbs() {
@@ -758,7 +768,7 @@ absl::StatusOr<at::Tensor> RlStep::MicroLoss(int64_t a, int64_t e, int64_t T, do
   // share (1/C) of the mini-batch (learner/context_parallel.h).
   const int C = models.ContextRanks();
   if (C > 1) {
-    mk = mk * models.ContextMask(e - a, T);
+    mk = mk * ContextShare(a, e, T);
     w = mk.sum().item<double>();
     mini_w /= C;
   }

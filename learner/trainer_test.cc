@@ -934,6 +934,29 @@ TEST_CASE("learner.cp: 2 (alone, x 2 replicas, and x learner.tp: 2) equals plain
   SECTION("cp=2 x dp=2, resumed from the plain checkpoint") {
     CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
   }
+  SECTION("cp=2 with sft.packing: the ranks split the packed rows and mask by segment, as one packing process") {
+    ExperimentConfig packed = e;
+    packed.mutable_stages(0)->mutable_sft()->set_packing(true);
+    Trainer one;
+    REQUIRE(one.Configure(Request(packed)).ok());
+    for (int step = 0; step < 3; ++step) REQUIRE(one.TrainStep(SftStep(step)).ok());
+    packed.mutable_learner()->set_cp(2);
+    Trainer ranks[2];
+    double rows[2] = {0, 0};
+    auto results = testing::TrainShards(ranks, 2, Request(packed), dir.File("store_packed"), 2, SftStep,
+                                        [&](int rank, Trainer& tr) -> absl::Status {
+                                          auto r = tr.TrainStep(SftStep(2));
+                                          if (r.ok()) rows[rank] = r->metrics().values().at("rows");
+                                          return r.status();
+                                        });
+    REQUIRE(results[0].ok());
+    REQUIRE(results[1].ok());
+    // The step's 7 sequences ran in fewer rows: packed.
+    CHECK(rows[0] < 7);
+    CHECK(rows[0] == rows[1]);
+    CHECK(MaxAbsDiff(one, ranks[0]) <= 1e-5);
+    CHECK(MaxAbsDiff(one, ranks[1]) <= 1e-5);
+  }
   SECTION("cp=2 x tp=2: rank 0 holds the gathered weights; its checkpoint resumes in one plain process") {
     t.mutable_learner()->set_tp(2);
     CHECK(CheckFourRanksSaveResumesPlain(single, t, e, dir.File("ckpt_cptp"), dir.File("store_cptp")).tp == 2);
@@ -983,8 +1006,11 @@ TEST_CASE("learner.tp is refused by name where it is not built") {
 // over a FileStore) for two steps on the same global batch of groups;
 // returns the largest parameter difference (K>1: rank 0's weights, which
 // under ZeRO-3 and TP only rank 0 holds whole).
+// `rank_options`: the ranks' TrainerOptions (the one process takes the
+// defaults); `rank0_last`, when given, gets rank 0's last step's metrics.
 double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const std::string& store_dir,
-                     const ExperimentConfig* reference = nullptr, int world = 2) {
+                     const ExperimentConfig* reference = nullptr, int world = 2,
+                     const TrainerOptions& rank_options = {}, std::map<std::string, double>* rank0_last = nullptr) {
   Trainer single, untrained;
   REQUIRE(single.Configure(Request(reference != nullptr ? *reference : e)).ok());
   REQUIRE(untrained.Configure(Request(reference != nullptr ? *reference : e)).ok());
@@ -996,13 +1022,24 @@ double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const s
   }
   // The steps must move the weights, or equal weights would prove nothing.
   CHECK(MaxAbsDiff(single, untrained) > 1e-3);
-  Trainer ranks[4];
+  Trainer ranks[4] = {Trainer(rank_options), Trainer(rank_options), Trainer(rank_options), Trainer(rank_options)};
   REQUIRE(world <= 4);
-  auto results = testing::TrainShards(ranks, world, Request(e), store_dir, 2, [&](int step) {
+  auto step_request = [&](int step) {
     TrainStepRequest q = req;
     q.set_step(step);
     return q;
-  });
+  };
+  auto results = testing::TrainShards(ranks, world, Request(e), store_dir, 1, step_request,
+                                      [&](int rank, Trainer& t) -> absl::Status {
+                                        auto r = t.TrainStep(step_request(1));
+                                        if (!r.ok()) return r.status();
+                                        if (rank == 0 && rank0_last != nullptr) {
+                                          rank0_last->clear();
+                                          rank0_last->insert(r->metrics().values().begin(),
+                                                             r->metrics().values().end());
+                                        }
+                                        return absl::OkStatus();
+                                      });
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r << ": " << results[r].ToString());
     REQUIRE(results[r].ok());
@@ -1302,6 +1339,24 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       rs.mutable_grpo()->set_advantage("reinforce_pp");
       *r.add_stages() = rs;
       CHECK(ShardedRlDiff(split(r), groups, dir.File(absl::StrCat("store_", layout, "2dp2_rpp")), &r, 4) <= 1e-5);
+    }
+  }
+  SECTION("GRPO under learner.cp: 2, every micro-batch packed with its group's prompt once: one process's rows") {
+    // The ranks mask their attention blocks by the packed rows' segments
+    // and shared prefixes, and each weighs its share of the packed
+    // positions, unpacked; one process runs plain rows.
+    TrainerOptions packed;
+    packed.pack_rl = TrainerOptions::RlPacking::kOn;
+    for (int world : {2, 4}) {
+      CAPTURE(world);
+      const ExperimentConfig p = kl_two_mini_batches();
+      ExperimentConfig c = p;
+      c.mutable_learner()->set_cp(2);
+      std::map<std::string, double> last;
+      CHECK(ShardedRlDiff(c, groups, dir.File(absl::StrCat("store_cp2_packed", world)), &p, world, packed, &last) <=
+            1e-5);
+      CHECK(last.at("packed_frac") == 1.0);
+      CHECK(last.at("shared_prompt_frac") > 0.0);
     }
   }
   SECTION("GRPO under learner.cp: 2 x learner.tp: 2: KL to the reference over two mini-batches") {

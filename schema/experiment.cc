@@ -415,15 +415,11 @@ void CheckContextParallel(Checker& c, ExperimentConfig* config) {
   c.Require(config->model().device().empty() || config->model().device() == "cpu", "learner.cp",
             "context parallelism runs on the CPU so far (Gloo)");
   c.Require(config->model().lora().rank() <= 0, "model.lora", absl::StrCat("set", why));
-  c.Require(config->task().kind() != "text", "task.kind",
-            "text (rows of packed documents, which need attention masks) with learner.cp > 1 is not built");
   for (int i = 0; i < config->stages_size(); ++i) {
     const Stage& st = config->stages(i);
     const std::string p = absl::StrCat("stages[", i, "]");
     c.Require(st.has_sft() || st.has_grpo(), p,
               "learner.cp > 1 is built for sft and grpo stages (not dpo, ppo or reward_model)");
-    c.Require(!st.has_sft() || !st.sft().packing(), p + ".sft.packing",
-              "true with learner.cp > 1 is not built (packed rows need attention masks)");
     c.Require(!st.has_grpo() || st.grpo().rl().distillation().teacher().empty(), p + ".grpo.rl.distillation",
               absl::StrCat("teacher", why));
   }
