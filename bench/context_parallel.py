@@ -12,6 +12,7 @@ rank's).
 
     bazel build -c opt //bench:context_parallel_bench
     python3 bench/context_parallel.py --tokens 4096 16384 --ranks 2 --repeats 3
+    python3 bench/context_parallel.py --tokens 4096 16384 --exchanges ring --packed_docs 1024
 """
 import argparse
 import os
@@ -47,8 +48,12 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--exchanges", nargs="+", default=["ring", "collectives"], choices=["ring", "collectives"])
+    ap.add_argument("--packed_docs", type=int, default=0,
+                    help="> 0: the row packs documents of this many tokens, masked by segment")
     ap.add_argument("extra", nargs="*", help="flags passed on to the binary (after --)")
     a = ap.parse_args()
+    if a.packed_docs > 0:
+        a.extra = a.extra + [f"--packed_docs={a.packed_docs}"]
     rows = []
     for tokens in a.tokens:
         layouts = [None] + a.exchanges  # None: one process
@@ -67,7 +72,8 @@ def main():
             mc = statistics.median(mib[ex])
             rows.append((tokens, ex, m1, min(mib[None]), max(mib[None]), mc, min(mib[ex]), max(mib[ex]), mc / m1,
                          statistics.median(sec[None]), statistics.median(sec[ex]), min(sec[ex]), max(sec[ex])))
-    print(f"C = {a.ranks}, {a.repeats} repeats, medians (min-max)")
+    row = f"documents of {a.packed_docs} tokens packed" if a.packed_docs > 0 else "one sequence"
+    print(f"C = {a.ranks}, {a.repeats} repeats, medians (min-max), each row {row}")
     print("| tokens | exchange | one process MiB | largest rank MiB | rank / one process (target <= 1/C + 0.10) "
           "| one process s | context-parallel s |")
     print("|---|---|---|---|---|---|---|")

@@ -1,6 +1,7 @@
 // One rank of a context-parallel training step (learner/context_parallel),
 // or one process with the whole sequence (--world=1, the reference), on one
-// row of --tokens tokens: the step's activation memory and time. Started
+// row of --tokens tokens (one sequence, or with --packed_docs documents
+// packed under their segment ids): the step's activation memory and time. Started
 // per layout by bench/context_parallel.py; report bench/context_parallel.md.
 //
 // A warm-up step allocates the gradients (zeroed in place after it, not
@@ -38,6 +39,9 @@ ABSL_FLAG(int, hidden, 256, "hidden size");
 ABSL_FLAG(int, layers, 4, "decoder layers");
 ABSL_FLAG(int, vocab, 512, "vocabulary size");
 ABSL_FLAG(std::string, kv_exchange, "ring", "how keys and values travel (world > 1): ring or collectives");
+ABSL_FLAG(int, packed_docs, 0,
+          "> 0: the row packs documents of this many tokens (segment ids as the attention mask, positions "
+          "restarting per document); 0: one sequence, no mask");
 
 namespace rlmesh {
 namespace {
@@ -57,6 +61,14 @@ int Main() {
   at::Tensor pos = at::arange(T, at::kLong).unsqueeze(0);
   at::Tensor targets = at::full({1, T}, -1, at::kLong);
   targets.narrow(1, 0, T - 1).copy_(ids.narrow(1, 1, T - 1));
+  at::Tensor mask;
+  if (const int64_t doc = absl::GetFlag(FLAGS_packed_docs); doc > 0) {
+    const at::Tensor index = at::arange(T, at::kLong).unsqueeze(0);
+    mask = index.div(doc, "floor") + 1;
+    pos = index.remainder(doc);
+    // No target across a document's end.
+    targets.masked_fill_(pos.eq(doc - 1), -1);
+  }
   const at::Tensor valid = targets.ge(0).to(at::kFloat);
 
   std::function<at::Tensor()> loss;
@@ -68,7 +80,7 @@ int Main() {
     whole = actor::Transformer(c);
     params = whole->parameters();
     loss = [&] {
-      auto out = actor::TokenLogProbs(whole, ids, pos, targets, 128);
+      auto out = actor::TokenLogProbs(whole, ids, pos, targets, 128, 1.0, mask);
       return -(out->logprobs * valid).sum() / valid.sum();
     };
   } else {
@@ -98,7 +110,7 @@ int Main() {
                                                   : learner::KeyValueExchange::kCollectives);
     params = cp->Parameters();
     loss = [&] {
-      auto out = cp->TokenLogProbs(ids, pos, targets);
+      auto out = cp->TokenLogProbs(ids, pos, targets, 1.0, mask);
       const at::Tensor mine = valid * out->mine;
       return -(out->out.logprobs * mine).sum() / valid.sum();
     };
