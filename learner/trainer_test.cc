@@ -1341,20 +1341,23 @@ TEST_CASE("K>1 equals K=1: whitening over the global batch (REINFORCE++, PPO), m
       CHECK(ShardedRlDiff(split(r), groups, dir.File(absl::StrCat("store_", layout, "2dp2_rpp")), &r, 4) <= 1e-5);
     }
   }
-  SECTION("GRPO under learner.cp: 2, every micro-batch packed with its group's prompt once: one process's rows") {
+  SECTION("GRPO under learner.cp: 2 (alone, x 2 replicas, x learner.tp: 2), every micro-batch packed with its "
+          "group's prompt once: one process's rows") {
     // The ranks mask their attention blocks by the packed rows' segments
     // and shared prefixes, and each weighs its share of the packed
     // positions, unpacked; one process runs plain rows.
     TrainerOptions packed;
     packed.pack_rl = TrainerOptions::RlPacking::kOn;
-    for (int world : {2, 4}) {
-      CAPTURE(world);
+    // cp = 2 alone, x 2 replicas, and x tp = 2.
+    for (auto [world, tp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{4, 2}}) {
+      CAPTURE(world, tp);
       const ExperimentConfig p = kl_two_mini_batches();
       ExperimentConfig c = p;
       c.mutable_learner()->set_cp(2);
+      c.mutable_learner()->set_tp(tp);
       std::map<std::string, double> last;
-      CHECK(ShardedRlDiff(c, groups, dir.File(absl::StrCat("store_cp2_packed", world)), &p, world, packed, &last) <=
-            1e-5);
+      CHECK(ShardedRlDiff(c, groups, dir.File(absl::StrCat("store_cp2_packed", world, "_", tp)), &p, world, packed,
+                          &last) <= 1e-5);
       CHECK(last.at("packed_frac") == 1.0);
       CHECK(last.at("shared_prompt_frac") > 0.0);
     }
