@@ -17,8 +17,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "dist/gloo.h"
-#include "dist/store.h"
 #include "learner/testing/model_parallel_testing.h"
 
 namespace rlmesh::learner {
@@ -50,7 +48,7 @@ std::vector<at::Tensor> Replay(const actor::ModelConfig& c, int64_t tokens) {
 
 struct RankResult {
   absl::StatusOr<Run> run = absl::UnknownError("not run");
-  std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
+  HeldGroups groups;
   // This rank's local weight and loss per step (the global loss is their
   // weighted mean).
   double weight = 0;
@@ -70,21 +68,13 @@ std::vector<RankResult> TrainExpertParallel(const actor::ModelConfig& c, const N
   for (int rank = 0; rank < world; ++rank) {
     futures.push_back(std::async(std::launch::async, [=]() {
       RankResult r;
-      dist::GlooGroupOptions gloo;
-      gloo.timeout_ms = 60'000;
-      auto join = [&](const std::string& prefix, int group_rank, int size) -> c10::intrusive_ptr<c10d::Backend> {
-        if (size == 1) return {};
-        auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
-        if (!g.ok()) {
-          r.run = g.status();
-          return {};
-        }
-        r.groups.push_back(*g);
-        return *g;
-      };
-      c10::intrusive_ptr<c10d::Backend> group = join(absl::StrCat("ep", rank / ep), rank % ep, ep);
-      c10::intrusive_ptr<c10d::Backend> data = join(absl::StrCat("edp", rank % ep), rank / ep, groups);
-      if (r.run.status().code() != absl::StatusCode::kUnknown) return r;
+      c10::intrusive_ptr<c10d::Backend> group, data;
+      absl::Status joined = r.groups.Join(store, absl::StrCat("ep", rank / ep), rank % ep, ep, &group);
+      if (joined.ok()) joined = r.groups.Join(store, absl::StrCat("edp", rank % ep), rank / ep, groups, &data);
+      if (!joined.ok()) {
+        r.run = joined;
+        return r;
+      }
       const int64_t begin = groups > 1 ? rank : rank == 0 ? 0 : 1;
       const int64_t n = groups > 1 ? 1 : rank == 0 ? 1 : rows - 1;
       const Batch mine = world == 1 ? batch : Rows(batch, begin, n);

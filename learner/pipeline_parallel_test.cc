@@ -286,9 +286,9 @@ std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& st
       LayoutRankResult out;
       const int t = rank % tp, s = (rank / tp) % pp, d = rank / (tp * pp);
       c10::intrusive_ptr<c10d::Backend> tensor_parallel, pipeline, data_parallel;
-      absl::Status joined = out.Join(store, absl::StrCat("tp", d, ".", s), t, tp, &tensor_parallel);
-      if (joined.ok()) joined = out.Join(store, absl::StrCat("pp", d, ".", t), s, pp, &pipeline);
-      if (joined.ok()) joined = out.Join(store, absl::StrCat("dp", s, ".", t), d, dp, &data_parallel);
+      absl::Status joined = out.groups.Join(store, absl::StrCat("tp", d, ".", s), t, tp, &tensor_parallel);
+      if (joined.ok()) joined = out.groups.Join(store, absl::StrCat("pp", d, ".", t), s, pp, &pipeline);
+      if (joined.ok()) joined = out.groups.Join(store, absl::StrCat("dp", s, ".", t), d, dp, &data_parallel);
       if (!joined.ok()) {
         out.run = joined;
         return out;

@@ -161,15 +161,13 @@ std::vector<Run> Collect(std::vector<std::future<RankResult>>& futures) {
   return out;
 }
 
-// What one rank of a layout returns; the groups die only after every rank
-// is done.
-struct LayoutRankResult {
-  absl::StatusOr<Run> run = absl::UnknownError("not run");
-  std::vector<c10::intrusive_ptr<c10d::Backend>> groups;
+// The Gloo groups one test rank joins, held until the holder dies (after
+// every rank is done: a group destroyed early would break the others').
+struct HeldGroups {
+  std::vector<c10::intrusive_ptr<c10d::Backend>> held;
 
   // Rank `group_rank` of a Gloo group of `size` ranks with keys under
-  // `prefix` of `store` into `*group` (left null for one rank), kept in
-  // `groups`.
+  // `prefix` of `store` into `*group` (left null for one rank), held here.
   absl::Status Join(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int group_rank,
                     int size, c10::intrusive_ptr<c10d::Backend>* group) {
     if (size == 1) return absl::OkStatus();
@@ -178,9 +176,16 @@ struct LayoutRankResult {
     auto g = dist::CreateGlooGroup(dist::WithPrefix(store, prefix), group_rank, size, gloo);
     if (!g.ok()) return g.status();
     *group = *g;
-    groups.push_back(*g);
+    held.push_back(*g);
     return absl::OkStatus();
   }
+};
+
+// What one rank of a layout returns; the groups die only after every rank
+// is done.
+struct LayoutRankResult {
+  absl::StatusOr<Run> run = absl::UnknownError("not run");
+  HeldGroups groups;
 };
 
 // Runs `train(rows, tp_group, dp_group)` on dp x tp ranks, a thread each
@@ -202,8 +207,8 @@ inline std::vector<Run> TrainOnLayout(
       LayoutRankResult r;
       const int d = rank / tp, t = rank % tp;
       c10::intrusive_ptr<c10d::Backend> tp_group, dp_group;
-      absl::Status joined = r.Join(store, absl::StrCat("tp", d), t, tp, &tp_group);
-      if (joined.ok()) joined = r.Join(store, absl::StrCat("dp", t), d, dp, &dp_group);
+      absl::Status joined = r.groups.Join(store, absl::StrCat("tp", d), t, tp, &tp_group);
+      if (joined.ok()) joined = r.groups.Join(store, absl::StrCat("dp", t), d, dp, &dp_group);
       if (!joined.ok()) {
         r.run = joined;
         return r;
