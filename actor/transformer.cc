@@ -1,5 +1,6 @@
 #include "actor/transformer.h"
 
+#include <atomic>
 #include <cmath>
 #include <thread>
 
@@ -298,6 +299,8 @@ torch::Tensor DecoderLayerImpl::Ffn(const torch::Tensor& x, MoeRouting* routing)
 
 namespace {
 
+std::atomic<int64_t> block_reruns{0};
+
 // A block's forward as a callable the backward can run again.
 struct BlockHolder : torch::CustomClassHolder {
   explicit BlockHolder(std::function<torch::Tensor(const torch::Tensor&)> f) : fn(std::move(f)) {}
@@ -335,6 +338,7 @@ struct CheckpointedBlockFunction : public torch::autograd::Function<Checkpointed
       }
       torch::autograd::backward({out}, {grad_out[0]});
     }
+    block_reruns.fetch_add(1, std::memory_order_relaxed);
     // One gradient per argument: block, h.
     return {torch::Tensor(), x.grad()};
   }
@@ -416,6 +420,8 @@ torch::Tensor CheckpointedBlock(std::function<torch::Tensor(const torch::Tensor&
   if (!torch::GradMode::is_enabled() || !h.requires_grad()) return block(h);
   return CheckpointedBlockFunction::apply(c10::make_intrusive<BlockHolder>(std::move(block)), h)[0];
 }
+
+int64_t CheckpointedBlockReruns() { return block_reruns.load(std::memory_order_relaxed); }
 
 void TransformerImpl::set_activation_checkpointing(bool on) {
   TORCH_CHECK(!on || config_.NumMoeLayers() == 0, "activation checkpointing: not built for MoE layers");

@@ -214,6 +214,11 @@ TORCH_MODULE(DecoderLayer);
 // must recompute too.
 torch::Tensor CheckpointedBlock(std::function<torch::Tensor(const torch::Tensor&)> block, const torch::Tensor& h);
 
+// How many times in this process a CheckpointedBlock has run its block again
+// in a backward pass: what tests and benchmarks read to see that a layout
+// did checkpoint. Thread-safe.
+int64_t CheckpointedBlockReruns();
+
 // MoeRouting.replay for a right-padded batch [rows, T] from each row's
 // recorded routes (Completion.routes: [position][moe layer][k] flattened);
 // positions past a row's routes (its last token, padding) route freely.

@@ -245,6 +245,13 @@ TEST_CASE("learner.cp divides the shards and is refused by name where not built"
   ExperimentConfig text;
   REQUIRE(Normalize("name: x\ntask: {kind: text, train_path: c.jsonl}\nlearner: {shards: 2, cp: 2}\n" + sft, &text)
               .ok());
+  // ZeRO-1 over the ranks holding the same weights, and checkpointed layers.
+  ExperimentConfig zero1_checkpointed;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 4, cp: 2, zero: 1, gradient_checkpointing: true}\n" + sft,
+                    &zero1_checkpointed)
+              .ok());
+  CHECK(zero1_checkpointed.learner().zero() == 1);
+  CHECK(zero1_checkpointed.learner().gradient_checkpointing());
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"learner: {shards: 3, cp: 2}\n" + sft, "learner.cp: must divide learner.shards (3)"},
       {"learner: {shards: 6, cp: 2, tp: 2}\n" + sft, "learner.cp: must divide learner.shards (6) with learner.tp x learner.pp (4 ranks per replica)"},

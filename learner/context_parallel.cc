@@ -38,6 +38,9 @@ struct ContextParallelModel::Impl {
   parallel::TensorParallelModel* tp = nullptr;
   c10d::Backend* tp_group = nullptr;
   int tp_rank = 0;
+  // Recompute each layer in the backward pass (the tensor-parallel model's
+  // activation_checkpointing; the whole model's own flag is read per call).
+  bool checkpoint_layers = false;
 };
 
 namespace {
@@ -380,15 +383,13 @@ absl::StatusOr<std::unique_ptr<ContextParallelModel>> ContextParallelModel::Wrap
   if (tp.options().sequence_parallel) {
     return absl::UnimplementedError("learner.sequence_parallel: with learner.cp > 1 is not built");
   }
-  if (tp.options().activation_checkpointing) {
-    return absl::UnimplementedError("learner.gradient_checkpointing: with learner.cp > 1 is not built");
-  }
   RLMESH_ASSIGN_OR_RETURN(std::unique_ptr<ContextParallelModel> m, Wrap(tp.shard(), std::move(group), logprob_chunk));
   Impl& im = *m->impl_;
   im.vocab_size = tp.config().vocab_size;
   im.tp = &tp;
   im.tp_group = tp.group();
   im.tp_rank = tp.rank();
+  im.checkpoint_layers = tp.options().activation_checkpointing;
   // Wrap's RoPE tables from the shard's config are the whole model's: the
   // shard keeps the head dimension, theta and scaling.
   return m;
@@ -449,8 +450,13 @@ absl::StatusOr<ContextParallelOutput> ContextParallelModel::TokenLogProbs(const 
                                                 parallel::VocabParallelLookup(*im.model, my_ids, im.tp_rank),
                                                 im.tp_group);
     auto [cos, sin] = actor::RopeCosSin(c, im.rope, my_pos, h.scalar_type());
+    // Checkpointed, a layer keeps only its input; its backward runs the
+    // layer again, exchanges included, on every rank in the same order.
+    const bool checkpoint = im.checkpoint_layers || im.model->activation_checkpointing();
     for (const auto& layer : *im.model->model->layers) {
-      h = Layer(im, *layer->as<actor::DecoderLayerImpl>(), h, cos, sin, mask);
+      actor::DecoderLayerImpl* l = layer->as<actor::DecoderLayerImpl>();
+      auto run = [&im, l, cos = cos, sin = sin, mask](const at::Tensor& x) { return Layer(im, *l, x, cos, sin, mask); };
+      h = checkpoint ? actor::CheckpointedBlock(run, h) : run(h);
     }
     actor::TokenLogProbsOutput local;
     if (im.tp_group == nullptr) {

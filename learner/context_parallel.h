@@ -57,8 +57,14 @@
 // same slices. The optimizer then steps each slice over the ranks holding
 // it (every replica and context rank), the local weight as above.
 //
+// Activation checkpointing (the wrapped model's set_activation_checkpointing,
+// or the tensor-parallel model's option): each layer keeps only its input,
+// [rows, T / C, hidden], and runs again in the backward pass, its key and
+// value exchange included; every rank recomputes its layers in the same
+// (reverse) order, so the exchanges pair up.
+//
 // Limits, refused by name: MoE layers, a value head, and under tensor
-// parallelism its sequence parallelism and activation checkpointing.
+// parallelism its sequence parallelism.
 //
 // Collectives: every rank of the group must make the same calls with the
 // same [rows, T] shapes. A failed collective returns ABORTED.
@@ -136,8 +142,8 @@ class ContextParallelModel {
   // The same around a tensor-parallel model `tp` (which must outlive this
   // one): its slices are the parameters, and LoadFromFull goes through it.
   // `group` holds the ranks with the same slices and the other tokens.
-  // UNIMPLEMENTED naming the option when `tp` runs sequence parallelism or
-  // activation checkpointing.
+  // UNIMPLEMENTED naming the option when `tp` runs sequence parallelism.
+  // Under `tp`'s activation checkpointing this model checkpoints its layers.
   static absl::StatusOr<std::unique_ptr<ContextParallelModel>> WrapTensorParallel(
       parallel::TensorParallelModel& tp, c10::intrusive_ptr<c10d::Backend> group, int64_t logprob_chunk = 128);
   ~ContextParallelModel();

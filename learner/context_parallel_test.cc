@@ -15,6 +15,8 @@
 #include <chrono>
 #include <future>
 #include <map>
+#include <set>
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,6 +99,41 @@ struct RankRun {
   at::Tensor logprobs;  // the first forward's, at this rank's positions
   at::Tensor mine;
   Named first_grads;  // the first step's averaged gradient
+  // The first forward's autograd graph: its nodes' names, one per node.
+  std::vector<std::string> graph;
+};
+
+// The names of the autograd nodes that `t`'s gradient would pass through.
+std::vector<std::string> GraphNodeNames(const at::Tensor& t) {
+  std::vector<std::string> names;
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo = {t.grad_fn().get()};
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    names.push_back(n->name());
+    for (const auto& edge : n->next_edges()) todo.push_back(edge.function.get());
+  }
+  return names;
+}
+
+// How many of `names` contain `part`.
+int64_t CountContaining(const std::vector<std::string>& names, const std::string& part) {
+  return std::count_if(names.begin(), names.end(), [&](const std::string& n) { return absl::StrContains(n, part); });
+}
+
+// How the ranks split the work: cp x dp x tp ranks, the keys and values by
+// `exchange`, the batch's attention mask given to the ranks (`with_mask`;
+// the reference always takes it), every layer activation-checkpointed
+// (`checkpoint`), and the optimizer's moments sharded over the ranks
+// holding the same weights (`zero1`).
+struct Layout {
+  int cp = 1, dp = 1, tp = 1;
+  KeyValueExchange exchange = KeyValueExchange::kRing;
+  bool with_mask = false;
+  bool checkpoint = false;
+  bool zero1 = false;
 };
 
 // `world` = dp x cp x tp ranks on threads (rank = (replica * cp + context
@@ -106,9 +143,8 @@ struct RankRun {
 // tensor-parallel group; replica d trains rows [d * B/dp, ...). The
 // weights and first gradients come back whole (gathered under TP).
 std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Named& init, const Batch& batch,
-                                          int cp, int dp, int tp = 1,
-                                          KeyValueExchange exchange = KeyValueExchange::kRing,
-                                          bool with_mask = false) {
+                                          const Layout& l) {
+  const int cp = l.cp, dp = l.dp, tp = l.tp;
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::future<absl::StatusOr<RankRun>>> futures;
   const int world_size = cp * dp * tp;
@@ -123,20 +159,25 @@ std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Nam
       if (joined.ok()) joined = keep[rank].Join(store, absl::StrCat("tp", d, ".", r), t, tp, &tp_group);
       if (!joined.ok()) return joined;
       DataParallelOptions o = Optimizer();
+      o.zero1 = l.zero1;
       std::unique_ptr<parallel::TensorParallelModel> tp_model;
       absl::StatusOr<std::unique_ptr<ContextParallelModel>> model;
       if (tp > 1) {
-        auto made = parallel::TensorParallelModel::Create(c, tp_group);
+        parallel::TensorParallelOptions to;
+        to.activation_checkpointing = l.checkpoint;
+        auto made = parallel::TensorParallelModel::Create(c, tp_group, to);
         if (!made.ok()) return made.status();
         tp_model = *std::move(made);
         model = ContextParallelModel::WrapTensorParallel(*tp_model, cp_group, 4);
         o.norm_groups = {tp_group};
         o.norm_weights = tp_model->NormWeights();
       } else {
-        model = ContextParallelModel::Create(c, cp_group, 4);
+        actor::Transformer whole(c);
+        whole->set_activation_checkpointing(l.checkpoint);
+        model = ContextParallelModel::Wrap(whole, cp_group, 4);
       }
       if (!model.ok()) return model.status();
-      (*model)->set_key_value_exchange(exchange);
+      (*model)->set_key_value_exchange(l.exchange);
       absl::Status s = (*model)->LoadFromFull(init);
       if (!s.ok()) return s;
       auto opt = DataParallel::Create(opt_group, (*model)->Parameters(), o);
@@ -153,11 +194,12 @@ std::vector<RankRun> TrainContextParallel(const actor::ModelConfig& c, const Nam
       for (int step = 0; step < kSteps; ++step) {
         (*opt)->ZeroGrad();
         auto out = (*model)->TokenLogProbs(rows.ids, rows.pos, rows.targets, 0.9,
-                                           with_mask ? rows.mask : at::Tensor());
+                                           l.with_mask ? rows.mask : at::Tensor());
         if (!out.ok()) return out.status();
         if (step == 0) {
           run.logprobs = out->out.logprobs.detach().clone();
           run.mine = out->mine;
+          run.graph = GraphNodeNames(out->out.logprobs);
         }
         // The replica's loss tokens split evenly over its context ranks: each
         // rank's gradient reaches the others' keys and values, so every rank
@@ -226,9 +268,10 @@ Named FirstGradients(const actor::ModelConfig& c, const Named& init, const Batch
 // the first gradient itself is held to 1e-6.
 // `with_mask`: the ranks take the batch's attention mask too (the
 // reference always does).
-void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, int dp, int tp = 1,
-                          KeyValueExchange exchange = KeyValueExchange::kRing, bool with_mask = false) {
-  CAPTURE(arch, cp, dp, tp, batch.ids.size(1), exchange == KeyValueExchange::kRing, with_mask);
+void CheckEqualsReference(const std::string& arch, const Batch& batch, const Layout& l) {
+  const int cp = l.cp, dp = l.dp, tp = l.tp;
+  CAPTURE(arch, cp, dp, tp, batch.ids.size(1), l.exchange == KeyValueExchange::kRing, l.with_mask, l.checkpoint,
+          l.zero1);
   actor::ModelConfig c = SmallConfig(arch);
   const Named init = InitialWeights(c);
   const Run ref = Reference(c, init, batch);
@@ -246,7 +289,7 @@ void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, i
     REQUIRE(o.ok());
     whole_lp = o->logprobs;
   }
-  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, cp, dp, tp, exchange, with_mask);
+  const std::vector<RankRun> runs = TrainContextParallel(c, init, batch, l);
   const int64_t per = batch.ids.size(0) / dp;
   for (int d = 0; d < dp; ++d) {
     for (int t = 0; t < tp; ++t) {
@@ -264,6 +307,12 @@ void CheckEqualsReference(const std::string& arch, const Batch& batch, int cp, i
     }
   }
   for (const RankRun& r : runs) {
+    // Checkpointed, the graph holds one node per layer and no attention:
+    // the layers' own nodes exist only while the backward pass reruns them.
+    const int64_t blocks = CountContaining(r.graph, "CheckpointedBlock");
+    const int64_t attention = CountContaining(r.graph, "AttentionFunction");
+    CHECK(blocks == (l.checkpoint ? c.num_layers : 0));
+    CHECK(attention == (l.checkpoint ? 0 : c.num_layers));
     CHECK(MaxAbsDiff(r.first_grads, ref_grads) < 1e-6);
     for (int step = 0; step < kSteps; ++step) CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
     CHECK(MaxAbsDiff(r.weights, ref.weights) < 3e-5);
@@ -280,9 +329,9 @@ TEST_CASE("the zig-zag split: rank r holds chunks r and 2C - 1 - r, T padded to 
 
 TEST_CASE("cp=2 and cp=4 equal one process: log-probs and three clipped AdamW steps, llama and qwen3") {
   for (const char* arch : {"llama", "qwen3"}) {
-    CheckEqualsReference(arch, MakeBatch(), 2, 1);
-    CheckEqualsReference(arch, LongBatch(2, 29), 2, 1);
-    CheckEqualsReference(arch, LongBatch(2, 29), 4, 1);
+    CheckEqualsReference(arch, MakeBatch(), {2, 1});
+    CheckEqualsReference(arch, LongBatch(2, 29), {2, 1});
+    CheckEqualsReference(arch, LongBatch(2, 29), {4, 1});
   }
 }
 
@@ -292,19 +341,19 @@ TEST_CASE("cp=2 and cp=4 equal one process: log-probs and three clipped AdamW st
 TEST_CASE("keys and values by c10d's collectives instead of the ring: the same at cp=2 and cp=4") {
   for (const char* arch : {"llama", "qwen3"}) {
     for (int cp : {2, 4}) {
-      CheckEqualsReference(arch, LongBatch(2, 29), cp, 1, 1, KeyValueExchange::kCollectives);
+      CheckEqualsReference(arch, LongBatch(2, 29), {cp, 1, 1, KeyValueExchange::kCollectives});
     }
   }
 }
 
 TEST_CASE("cp=2 x dp=2 equals one process") {
-  for (const char* arch : {"llama", "qwen3"}) CheckEqualsReference(arch, LongBatch(4, 24), 2, 2);
+  for (const char* arch : {"llama", "qwen3"}) CheckEqualsReference(arch, LongBatch(4, 24), {2, 2});
 }
 
 TEST_CASE("cp=2 x tp=2 equals one process: each rank its slices' heads on its share of the tokens") {
   for (const char* arch : {"llama", "qwen3"}) {
-    CheckEqualsReference(arch, LongBatch(2, 29), 2, 1, 2);
-    CheckEqualsReference(arch, LongBatch(4, 24), 2, 2, 2);
+    CheckEqualsReference(arch, LongBatch(2, 29), {2, 1, 2});
+    CheckEqualsReference(arch, LongBatch(4, 24), {2, 2, 2});
   }
 }
 
@@ -315,14 +364,35 @@ TEST_CASE("cp=2 x tp=2 equals one process: each rank its slices' heads on its sh
 // the documents cross the chunks' borders.
 TEST_CASE("packed rows (segment ids, shared prefixes) and padding masks at cp=2 and cp=4 equal one process") {
   for (const char* arch : {"llama", "qwen3"}) {
-    CheckEqualsReference(arch, PackedBatch(2, 29, {5, 9, 3, 12}), 2, 1, 1, KeyValueExchange::kRing, true);
-    CheckEqualsReference(arch, PackedBatch(2, 29, {5, 9, 3, 12}, true), 4, 1, 1, KeyValueExchange::kRing,
-                         true);
-    CheckEqualsReference(arch, LongBatch(2, 29), 2, 1, 1, KeyValueExchange::kRing, true);
+    CheckEqualsReference(arch, PackedBatch(2, 29, {5, 9, 3, 12}), {2, 1, 1, KeyValueExchange::kRing, true});
+    CheckEqualsReference(arch, PackedBatch(2, 29, {5, 9, 3, 12}, true), {4, 1, 1, KeyValueExchange::kRing, true});
+    CheckEqualsReference(arch, LongBatch(2, 29), {2, 1, 1, KeyValueExchange::kRing, true});
   }
-  CheckEqualsReference("qwen3", PackedBatch(2, 600, {70, 130, 41}, true, 4), 2, 1, 1, KeyValueExchange::kRing,
-                       true);
-  CheckEqualsReference("llama", PackedBatch(4, 24, {7, 11}), 2, 2, 2, KeyValueExchange::kRing, true);
+  CheckEqualsReference("qwen3", PackedBatch(2, 600, {70, 130, 41}, true, 4),
+                       {2, 1, 1, KeyValueExchange::kRing, true});
+  CheckEqualsReference("llama", PackedBatch(4, 24, {7, 11}), {2, 2, 2, KeyValueExchange::kRing, true});
+}
+
+// Checkpointed layers run their key and value exchange again in the
+// backward pass, on every rank in the same order; ZeRO-1 shards the moments
+// over the ranks holding the same weights (every context rank and replica).
+TEST_CASE("activation checkpointing and ZeRO-1 under cp equal one process: alone, x dp=2, x tp=2, packed rows") {
+  for (const char* arch : {"llama", "qwen3"}) {
+    Layout checkpointed{2, 1};
+    checkpointed.checkpoint = true;
+    CheckEqualsReference(arch, LongBatch(2, 29), checkpointed);
+  }
+  Layout replicas{2, 2};
+  replicas.checkpoint = true;
+  replicas.zero1 = true;
+  CheckEqualsReference("llama", LongBatch(4, 24), replicas);
+  Layout sliced{2, 1, 2};
+  sliced.checkpoint = true;
+  sliced.zero1 = true;
+  CheckEqualsReference("qwen3", LongBatch(2, 29), sliced);
+  Layout packed{2, 1, 1, KeyValueExchange::kRing, true};
+  packed.checkpoint = true;
+  CheckEqualsReference("qwen3", PackedBatch(2, 29, {5, 9, 3, 12}, true), packed);
 }
 
 TEST_CASE("context parallelism refuses a misshapen attention mask, MoE and value-head models by name") {

@@ -862,6 +862,7 @@ TEST_CASE("learner.pp: 2 (alone, and x 2 replicas, with and without ZeRO-1) equa
   SECTION("pp=2 x dp=2, resumed from the plain checkpoint") {
     CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
   }
+
   SECTION("pp=2 x dp=2 with ZeRO-1: the stages gather their shares into one plain moments file, which resumes in "
           "one process") {
     t.mutable_learner()->set_zero(1);
@@ -964,6 +965,30 @@ TEST_CASE("learner.cp: 2 (alone, x 2 replicas, and x learner.tp: 2) equals plain
   SECTION("cp=2 x tp=2, resumed from the plain checkpoint") {
     t.mutable_learner()->set_tp(2);
     CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store_cptp4"));
+  }
+  SECTION("cp=2 x dp=2 with ZeRO-1 and checkpointed layers: each rank writes its share of the moments; they "
+          "resume in one plain process") {
+    t.mutable_learner()->set_zero(1);
+    t.mutable_learner()->set_gradient_checkpointing(true);
+    const int64_t reruns = actor::CheckpointedBlockReruns();
+    const TrainerState state = TrainFourRanksAndSave(single, t, dir.File("ckpt_cpz1"), dir.File("store_cpz1")).first;
+    CHECK(actor::CheckpointedBlockReruns() > reruns);
+    CHECK(state.zero1);
+    for (int r = 0; r < 4; ++r) CHECK(state.files.count(absl::StrFormat("optimizer-rank-%d.safetensors", r)) == 1);
+    Trainer resumed;
+    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_cpz1"))).ok());
+    CHECK(resumed.Status().step() == 3);
+    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+    REQUIRE(single.TrainStep(SftStep(3)).ok());
+    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  }
+  SECTION("cp=2 x tp=2 with ZeRO-1 and checkpointed layers, resumed from the plain checkpoint") {
+    t.mutable_learner()->set_tp(2);
+    t.mutable_learner()->set_zero(1);
+    t.mutable_learner()->set_gradient_checkpointing(true);
+    const int64_t reruns = actor::CheckpointedBlockReruns();
+    CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store_cptpz1"));
+    CHECK(actor::CheckpointedBlockReruns() > reruns);
   }
 }
 

@@ -409,9 +409,9 @@ void CheckContextParallel(Checker& c, ExperimentConfig* config) {
   c.Require(!l->sequence_parallel(), "learner.sequence_parallel", absl::StrCat("true", why));
   c.Require(l->pp() <= 1, "learner.pp", absl::StrCat("> 1", why));
   c.Require(l->ep() <= 1, "learner.ep", absl::StrCat("> 1", why));
-  c.Require(l->zero() == 0, "learner.zero", absl::StrCat(l->zero(), why, " (plain data parallelism is)"));
+  c.Require(l->zero() != 3, "learner.zero",
+            absl::StrCat("3", why, " (plain data parallelism and ZeRO-1 over the replicas are)"));
   c.Require(l->autocast().empty() || l->autocast() == "fp32", "learner.autocast", absl::StrCat("bf16", why));
-  c.Require(!l->gradient_checkpointing(), "learner.gradient_checkpointing", absl::StrCat("true", why));
   c.Require(config->model().device().empty() || config->model().device() == "cpu", "learner.cp",
             "context parallelism runs on the CPU so far (Gloo)");
   c.Require(config->model().lora().rank() <= 0, "model.lora", absl::StrCat("set", why));
