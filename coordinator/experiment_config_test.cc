@@ -186,6 +186,10 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
   ExperimentConfig zero1;
   REQUIRE(Normalize("name: x\nlearner: {shards: 4, pp: 2, zero: 1}\n" + sft, &zero1).ok());
   CHECK(zero1.learner().zero() == 1);
+  ExperimentConfig checkpointed;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 2, pp: 2, gradient_checkpointing: true}\n" + sft, &checkpointed)
+              .ok());
+  CHECK(checkpointed.learner().gradient_checkpointing());
   ExperimentConfig plain;
   REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
   CHECK(plain.learner().pp() == 1);
@@ -198,8 +202,6 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
        "learner.pp: must divide learner.shards (6) with learner.tp (4 ranks per replica)"},
       {"learner: {shards: 2, pp: 2, zero: 3}\n" + sft, "learner.zero: 3 with learner.pp > 1 is not built"},
       {"learner: {shards: 2, pp: 2, autocast: bf16}\n" + sft, "learner.autocast: bf16 with learner.pp > 1"},
-      {"learner: {shards: 2, pp: 2, gradient_checkpointing: true}\n" + sft,
-       "learner.gradient_checkpointing: true with learner.pp > 1"},
       {"model: {device: cuda}\nlearner: {shards: 2, pp: 2}\n" + sft, "learner.pp: pipeline parallelism runs on the CPU"},
       {"learner: {shards: 2, pp_schedule: interleaved}\n" + sft,
        "learner.pp_schedule: interleaved needs learner.pp > 1"},

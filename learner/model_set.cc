@@ -921,6 +921,7 @@ absl::Status SplitPolicyPipeline(const StageOptions& stage, int rank, int world_
   po.optimizer.grad_clip = std::max(0.0, stage.optimizer().grad_clip);
   po.optimizer.zero1 = stage.learner.zero1;
   po.data_parallel = s.dp_group;
+  po.activation_checkpointing = stage.learner.gradient_checkpointing;
   {
     std::lock_guard<std::mutex> lock(InitMutex());
     auto made = PipelineModel::Create(s.policy->config(), s.pp_group, po);

@@ -210,8 +210,14 @@ struct PipelineModel::Impl {
     const at::Tensor mask = actor::AttentionMask4d(mb.attention_mask, T, h.device());
     for (int64_t l = chunk_layers[v].first; l < chunk_layers[v].second; ++l) {
       auto* layer = (*backbone->layers)[l]->as<actor::DecoderLayerImpl>();
-      h = tp ? parallel::TensorParallelLayer(*layer, h, cos, sin, mask, tp.get())
-             : layer->Forward(h, cos, sin, mask, nullptr);
+      c10d::Backend* group = tp.get();
+      auto run = [layer, cos = cos, sin = sin, mask, group](const at::Tensor& x) {
+        return group != nullptr ? parallel::TensorParallelLayer(*layer, x, cos, sin, mask, group)
+                                : layer->Forward(x, cos, sin, mask, nullptr);
+      };
+      // Checkpointed (when the pass builds a graph), the layer keeps only
+      // its input and runs again in this micro-batch's backward.
+      h = options.activation_checkpointing ? actor::CheckpointedBlock(run, h) : run(h);
     }
     return h;
   }

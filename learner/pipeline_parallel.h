@@ -109,6 +109,11 @@ struct PipelineOptions {
   // replicated over the slices, so slice t of stage s sends to slice t of
   // stage s + 1. Default null.
   c10::intrusive_ptr<c10d::Backend> tensor_parallel;
+  // Activation checkpointing: each decoder layer keeps only its input and
+  // runs again in the backward pass (under tensor_parallel, its collectives
+  // too), so a micro-batch in flight holds one [rows, T, hidden] per layer.
+  // Default false.
+  bool activation_checkpointing = false;
   // False for a frozen model (a KL reference): no gradient, no optimizer;
   // Train, Step and the moments' calls return FAILED_PRECONDITION. Default
   // true.

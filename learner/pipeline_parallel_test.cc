@@ -29,6 +29,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "actor/transformer.h"
 #include "catch2/catch.hpp"
 #include "learner/data_parallel.h"
 #include "learner/losses.h"
@@ -208,8 +209,9 @@ absl::StatusOr<StageRun> TrainStage(const actor::ModelConfig& c, const Start& st
                                     int64_t first_row, c10::intrusive_ptr<c10d::Backend> pipeline,
                                     c10::intrusive_ptr<c10d::Backend> data_parallel, LossKind kind, int steps,
                                     bool zero1, int virtual_stages,
-                                    c10::intrusive_ptr<c10d::Backend> tensor_parallel) {
+                                    c10::intrusive_ptr<c10d::Backend> tensor_parallel, bool checkpoint) {
   PipelineOptions o;
+  o.activation_checkpointing = checkpoint;
   o.virtual_stages = virtual_stages;
   o.tensor_parallel = tensor_parallel;
   o.optimizer = Optimizer();
@@ -272,11 +274,11 @@ absl::StatusOr<StageRun> TrainStage(const actor::ModelConfig& c, const Start& st
 // and the replicas' ranks of the same stage and slice its data-parallel
 // group (each null where it has one rank). Replica d trains rows
 // [d * (B / dp), ...), the last the remainder. `zero1`: ZeRO-1 over the
-// replicas; `virtual_stages` > 1: the interleaved schedule. The runs in
-// rank order.
+// replicas; `virtual_stages` > 1: the interleaved schedule; `checkpoint`:
+// every layer activation-checkpointed. The runs in rank order.
 std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& start, const Batch& batch, int pp,
                                     int dp, LossKind kind, int steps, bool zero1 = false, int virtual_stages = 1,
-                                    int tp = 1) {
+                                    int tp = 1, bool checkpoint = false) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const int64_t rows = batch.ids.size(0), per = rows / dp;
   std::vector<StageRun> stage_runs(pp * tp * dp);
@@ -295,7 +297,7 @@ std::vector<StageRun> TrainPipeline(const actor::ModelConfig& c, const Start& st
       }
       const int64_t begin = d * per, n = d == dp - 1 ? rows - begin : per;
       auto r = TrainStage(c, start, Rows(batch, begin, n), begin, pipeline, data_parallel, kind, steps, zero1,
-                          virtual_stages, tensor_parallel);
+                          virtual_stages, tensor_parallel, checkpoint);
       if (!r.ok()) {
         out.run = r.status();
         return out;
@@ -398,6 +400,36 @@ TEST_CASE("pp=2 x dp=2 with ZeRO-1 equals it without; its gathered moments resum
       for (const StageRun& r : TrainPipeline(c, resume, batch, pp, 2, LossKind::kSupervised, 1, /*zero1=*/true)) {
         CHECK(MaxAbsDiff(r.weights, ref.weights) < 3e-5);
       }
+    }
+  }
+}
+
+// Checkpointed, every layer of every micro-batch runs again in its
+// backward (on each tensor-parallel slice), and the weights are one
+// process's.
+TEST_CASE("activation checkpointing: pp=2, pp=2 x tp=2 and interleaved pp=2 x 2 equal one process, every layer "
+          "rerun once per micro-batch") {
+  struct Case {
+    const char* arch;
+    int pp, tp, virtual_stages;
+    LossKind kind;
+  };
+  for (const Case& k : {Case{"llama", 2, 1, 1, LossKind::kSupervised}, Case{"qwen3", 2, 1, 1, LossKind::kGrpo},
+                        Case{"qwen3", 2, 2, 1, LossKind::kSupervised}, Case{"llama", 2, 1, 2, LossKind::kGrpo}}) {
+    CAPTURE(k.arch, k.pp, k.tp, k.virtual_stages, k.kind == LossKind::kGrpo);
+    const actor::ModelConfig c = Config(k.arch, 4);
+    const Named init = InitialWeights(c);
+    const Batch batch = MakeBatch();
+    const StageRun ref = Reference(c, Start{init}, batch, k.kind, kSteps);
+    REQUIRE(MaxAbsDiff(ref.weights, init) > 1e-3);
+    const int64_t before = actor::CheckpointedBlockReruns();
+    const std::vector<StageRun> runs =
+        TrainPipeline(c, Start{init}, batch, k.pp, 1, k.kind, kSteps, false, k.virtual_stages, k.tp, true);
+    // One micro-batch per row; each slice reruns its stage's layers.
+    CHECK(actor::CheckpointedBlockReruns() - before == batch.ids.size(0) * c.num_layers * kSteps * k.tp);
+    for (const StageRun& r : runs) {
+      for (int step = 0; step < kSteps; ++step) CHECK(r.norms[step] == Approx(ref.norms[step]).epsilon(1e-5));
+      CHECK(MaxAbsDiff(r.weights, ref.weights) < 1e-5);
     }
   }
 }

@@ -862,7 +862,12 @@ TEST_CASE("learner.pp: 2 (alone, and x 2 replicas, with and without ZeRO-1) equa
   SECTION("pp=2 x dp=2, resumed from the plain checkpoint") {
     CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
   }
-
+  SECTION("pp=2 x dp=2 with checkpointed layers, resumed from the plain checkpoint") {
+    t.mutable_learner()->set_gradient_checkpointing(true);
+    const int64_t reruns = actor::CheckpointedBlockReruns();
+    CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4_ck"));
+    CHECK(actor::CheckpointedBlockReruns() > reruns);
+  }
   SECTION("pp=2 x dp=2 with ZeRO-1: the stages gather their shares into one plain moments file, which resumes in "
           "one process") {
     t.mutable_learner()->set_zero(1);

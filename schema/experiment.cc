@@ -379,7 +379,6 @@ void CheckPipeline(Checker& c, ExperimentConfig* config) {
   c.Require(l->zero() != 3, "learner.zero",
             absl::StrCat("3", why, " (plain data parallelism and ZeRO-1 over the replicas are)"));
   c.Require(l->autocast().empty() || l->autocast() == "fp32", "learner.autocast", absl::StrCat("bf16", why));
-  c.Require(!l->gradient_checkpointing(), "learner.gradient_checkpointing", absl::StrCat("true", why));
   c.Require(config->model().device().empty() || config->model().device() == "cpu", "learner.pp",
             "pipeline parallelism runs on the CPU so far (Gloo point to point)");
   c.Require(config->model().lora().rank() <= 0, "model.lora", absl::StrCat("set", why));
