@@ -1,7 +1,8 @@
 // One rank of a context-parallel training step (learner/context_parallel),
 // or one process with the whole sequence (--world=1, the reference), on one
 // row of --tokens tokens (one sequence, or with --packed_docs documents
-// packed under their segment ids): the step's activation memory and time. Started
+// packed under their segment ids; with --checkpoint every layer
+// activation-checkpointed): the step's activation memory and time. Started
 // per layout by bench/context_parallel.py; report bench/context_parallel.md.
 //
 // A warm-up step allocates the gradients (zeroed in place after it, not
@@ -42,6 +43,8 @@ ABSL_FLAG(std::string, kv_exchange, "ring", "how keys and values travel (world >
 ABSL_FLAG(int, packed_docs, 0,
           "> 0: the row packs documents of this many tokens (segment ids as the attention mask, positions "
           "restarting per document); 0: one sequence, no mask");
+ABSL_FLAG(bool, checkpoint, false,
+          "activation checkpointing: every decoder layer keeps only its input and runs again in the backward pass");
 
 namespace rlmesh {
 namespace {
@@ -76,8 +79,9 @@ int Main() {
   actor::Transformer whole{nullptr};
   std::unique_ptr<learner::ContextParallelModel> cp;
   c10::intrusive_ptr<c10d::Backend> group;
+  whole = actor::Transformer(c);
+  whole->set_activation_checkpointing(absl::GetFlag(FLAGS_checkpoint));
   if (world == 1) {
-    whole = actor::Transformer(c);
     params = whole->parameters();
     loss = [&] {
       auto out = actor::TokenLogProbs(whole, ids, pos, targets, 128, 1.0, mask);
@@ -95,7 +99,7 @@ int Main() {
       return 1;
     }
     group = *g;
-    auto m = learner::ContextParallelModel::Create(c, group, 128);
+    auto m = learner::ContextParallelModel::Wrap(whole, group, 128);
     if (!m.ok()) {
       std::fprintf(stderr, "model: %s\n", m.status().ToString().c_str());
       return 1;
