@@ -254,6 +254,11 @@ TEST_CASE("learner.cp divides the shards and is refused by name where not built"
               .ok());
   CHECK(zero1_checkpointed.learner().zero() == 1);
   CHECK(zero1_checkpointed.learner().gradient_checkpointing());
+  ExperimentConfig dpo;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 2, cp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: "
+                    "0.001}}}]\n",
+                    &dpo)
+              .ok());
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"learner: {shards: 3, cp: 2}\n" + sft, "learner.cp: must divide learner.shards (3)"},
       {"learner: {shards: 6, cp: 2, tp: 2}\n" + sft, "learner.cp: must divide learner.shards (6) with learner.tp x learner.pp (4 ranks per replica)"},
@@ -269,8 +274,8 @@ TEST_CASE("learner.cp divides the shards and is refused by name where not built"
       {"learner: {shards: 2, cp: 2}\nstages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, policy_loss: gspo, "
        "optimizer: {lr: 0.001}}}}]\n",
        "stages[0].grpo.rl.loss_agg: must be token-mean"},
-      {"learner: {shards: 2, cp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
-       "stages[0]: learner.cp > 1 is built for sft and grpo stages"},
+      {"learner: {shards: 2, cp: 2}\nstages: [{reward_model: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.cp > 1 is built for sft, grpo and dpo stages (not ppo or reward_model)"},
   };
   CheckRefused(refused);
 }

@@ -284,6 +284,14 @@ absl::Status ModelSet::ShareContextTokens(at::Tensor& t) {
   });
 }
 
+absl::StatusOr<at::Tensor> ModelSet::ContextSum(const at::Tensor& partial) {
+  if (!cp_group) return partial;
+  at::Tensor total = partial.detach().contiguous().clone();
+  RLMESH_RETURN_IF_ERROR(ShareContextTokens(total));
+  // The group's sum as the value; d total / d partial = 1.
+  return partial + (total - partial.detach());
+}
+
 absl::Status ModelSet::ShareContextMeans(MetricMeans* means, double* weight) {
   if (!cp_group) return absl::OkStatus();
   std::vector<double> sums = means->Sums();

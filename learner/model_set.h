@@ -123,6 +123,11 @@ struct ModelSet {
   // over the context-parallel group in place (every position then holds
   // its rank's value); every rank must call it. No-op otherwise.
   absl::Status ShareContextTokens(at::Tensor& t);
+  // learner.cp > 1: the sum over the context-parallel group of every rank's
+  // `partial` (its positions' share of per-sequence sums, say), whose
+  // gradient reaches this rank's own `partial` unchanged; every rank must
+  // call it. `partial` itself otherwise.
+  absl::StatusOr<at::Tensor> ContextSum(const at::Tensor& partial);
   // learner.cp > 1: the ranks' weighted sums of `means` (and `weight`, if
   // not null) summed over the context-parallel group, so that every rank
   // reports its replica's means; every rank must call it, with the same

@@ -44,6 +44,7 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
     pair_lengths.push_back(longest);
   }
   const int64_t n = pairs.size();
+  const int C = s.models.ContextRanks();
   return CatchAll("pair step", [&]() -> absl::Status {
     // Each micro-batch holds whole pairs (2 rows per pair).
     const auto micros = MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.opt.learner.micro_tokens / 2));
@@ -88,9 +89,14 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
           RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
                                                                  options_.logprob_chunk, 1.0));
           RLMESH_ASSIGN_OR_RETURN(ref_seq, SequenceLogProbs(rlp.logprobs, mask));
+          RLMESH_ASSIGN_OR_RETURN(ref_seq, s.models.ContextSum(ref_seq));
         }
         RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg, options_.logprob_chunk, 1.0));
         RLMESH_ASSIGN_OR_RETURN(at::Tensor pol_seq, SequenceLogProbs(lp.logprobs, mask));
+        // Context parallelism: each rank scored its own positions; the
+        // pair's loss takes whole sequences, and each rank's gradient
+        // flows back through its own share.
+        RLMESH_ASSIGN_OR_RETURN(pol_seq, s.models.ContextSum(pol_seq));
         at::Tensor pol = pol_seq.view({e - a, 2}), ref = ref_seq.view({e - a, 2});
         DpoInputs in;
         in.policy_chosen_logp = pol.select(1, 0);
@@ -103,7 +109,11 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
         out.metrics["chosen_reward"] = out.metrics["reward_chosen"];
         out.metrics["rejected_reward"] = out.metrics["reward_rejected"];
       }
-      if (train) (out.loss * (static_cast<double>(e - a) / n)).backward();
+      // Under CP every rank of a replica computes the same loss, its
+      // gradient through its own positions only, and weighs 1/C of the
+      // replica's pairs (learner/context_parallel.h): the C ranks' terms
+      // sum to the replica's gradient.
+      if (train) (out.loss * (static_cast<double>(C) * (e - a) / n)).backward();
       means.Add(out.metrics, static_cast<double>(e - a));
     }
     means.Into(metrics);
@@ -127,7 +137,9 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainPairs() {
   std::map<std::string, double> vals;
   // Each rank's loss is the mean over its own pairs (DataParallel's
   // convention; ZeRO-3 and EP take the weight before the backward passes).
-  const double local_pairs = static_cast<double>(mine.size());
+  // Under CP the C ranks of a replica share its pairs: 1/C each.
+  const double replica_pairs = static_cast<double>(mine.size());
+  const double local_pairs = replica_pairs / s.models.ContextRanks();
   RLMESH_RETURN_IF_ERROR(CatchAll("zero grad", [&]() { return s.models.ZeroGradPolicy(local_pairs); }));
   const auto t0 = Clock::now();
   RLMESH_RETURN_IF_ERROR(PairPass(mine, /*train=*/true, &vals));
@@ -144,7 +156,7 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainPairs() {
   m["grad_norm"] = stats->grad_norm;
   m["lr"] = lr;
   m["skipped"] = stats->skipped ? 1.0 : 0.0;
-  m["mean_weight"] = local_pairs;  // PairPass's means are over these pairs
+  m["mean_weight"] = replica_pairs;  // PairPass's means are over these pairs
   m["seconds_allreduce"] = stats->reduce_seconds + stats->gather_seconds;
   m["seconds_forward_backward"] = fb_seconds;
   m["seconds_optimizer"] = Since(t1);

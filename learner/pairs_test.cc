@@ -322,8 +322,8 @@ TEST_CASE("K=2 DPO shards (threads, FileStore) equal K=1 on the same global batc
 // 1e-2. The reward model trains with weight decay, so that a layout which
 // stepped its unused lm_head (plain DP leaves it out of the optimizer)
 // would move it.
-TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 (alone and over tp=2) and learner.ep equal "
-          "one process; checkpoints resume in one process") {
+TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 (alone and over tp=2), learner.ep and (DPO) "
+          "learner.cp equal one process; checkpoints resume in one process") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
   ExperimentConfig e = Tiny();
@@ -351,8 +351,9 @@ TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 (alone and
   // The steps move the weights, or equal weights would prove nothing.
   CHECK(MaxAbsDiff(single, untrained) > 1e-3);
 
-  auto layout = [&](int world, int tp, int zero, int ep, bool sp, const std::string& ckpt = "") {
+  auto layout = [&](int world, int tp, int zero, int ep, bool sp, const std::string& ckpt = "", int cp = 1) {
     ExperimentConfig l = e;
+    l.mutable_learner()->set_cp(cp);
     l.mutable_learner()->set_tp(tp);
     l.mutable_learner()->set_zero(zero);
     l.mutable_learner()->set_ep(ep);
@@ -399,6 +400,16 @@ TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 (alone and
       CHECK(layout(4, 2, 3, 1, false, dir.File("ckpt_tp_zero3")) <= 1e-5);
       resumes(dir.File("ckpt_tp_zero3"));
     }
+  }
+  if (variant == kDpo) {
+    // Each rank scores its zig-zag share of every sequence; the pairs'
+    // sums are taken over the context ranks.
+    SECTION("cp=2, its checkpoint resumed in one plain process") {
+      CHECK(layout(2, 1, 0, 1, false, dir.File("ckpt_cp"), 2) <= 1e-5);
+      resumes(dir.File("ckpt_cp"));
+    }
+    SECTION("cp=2 x dp=2 with ZeRO-1") { CHECK(layout(4, 1, 1, 1, false, "", 2) <= 1e-5); }
+    SECTION("cp=2 x tp=2") { CHECK(layout(4, 2, 0, 1, false, "", 2) <= 1e-5); }
   }
 }
 
