@@ -190,6 +190,11 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
   REQUIRE(Normalize("name: x\nlearner: {shards: 2, pp: 2, gradient_checkpointing: true}\n" + sft, &checkpointed)
               .ok());
   CHECK(checkpointed.learner().gradient_checkpointing());
+  ExperimentConfig pp_dpo;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 2, pp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: "
+                    "0.001}}}]\n",
+                    &pp_dpo)
+              .ok());
   ExperimentConfig plain;
   REQUIRE(Normalize("name: x\n" + sft, &plain).ok());
   CHECK(plain.learner().pp() == 1);
@@ -216,11 +221,11 @@ TEST_CASE("learner.pp divides the shards, defaults its micro-batches and schedul
       {"learner: {shards: 2, pp: 2, pp_layers: [0, 3]}\n" + sft, "learner.pp_layers[0]: must be >= 1"},
       {"learner: {shards: 2, pp: 2, pp_microbatches: -1}\n" + sft, "learner.pp_microbatches: must be in [0, 4096]"},
       {"model: {lora: {rank: 8}}\nlearner: {shards: 2, pp: 2}\n" + sft, "model.lora: set with learner.pp > 1"},
-      {"learner: {shards: 2, pp: 2}\nstages: [{dpo: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
-       "stages[0]: learner.pp > 1 is built for sft and grpo stages"},
+      {"learner: {shards: 2, pp: 2}\nstages: [{reward_model: {steps: 1, batch: 2, optimizer: {lr: 0.001}}}]\n",
+       "stages[0]: learner.pp > 1 is built for sft, grpo and dpo stages (not ppo or reward_model)"},
       {"learner: {shards: 2, pp: 2}\nstages: [{ppo: {rl: {steps: 1, prompts_per_step: 1, optimizer: {lr: "
        "0.001}}}}]\n",
-       "stages[0]: learner.pp > 1 is built for sft and grpo stages"},
+       "stages[0]: learner.pp > 1 is built for sft, grpo and dpo stages"},
   };
   CheckRefused(refused);
 }

@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "learner/batching.h"
 #include "learner/losses.h"
+#include "learner/pipeline_parallel.h"
 #include "learner/trainer.h"
 #include "learner/trainer_internal.h"
 #include "tasks/encoding.h"
@@ -47,7 +48,9 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
   const int C = s.models.ContextRanks();
   return CatchAll("pair step", [&]() -> absl::Status {
     // Each micro-batch holds whole pairs (2 rows per pair).
-    const auto micros = MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.opt.learner.micro_tokens / 2));
+    auto micros = MicroBatches(pair_lengths, 0, n, std::max<int64_t>(1, s.opt.learner.micro_tokens / 2));
+    // A pipeline idles less the more micro-batches a step has.
+    if (s.models.pp_policy) micros = AtLeastMicroBatches(micros, s.opt.learner.pp_microbatches);
     // ZeRO-3 and EP: every rank runs as many policy passes as the rank with
     // the most micro-batches (the passes hold collectives); the frozen
     // reference is whole on every rank there, and its passes hold none.
@@ -62,18 +65,80 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
     Batch b = MakeBatch(seqs, false);
     std::vector<int64_t> row_lengths;
     for (const Seq& q : seqs) row_lengths.push_back(q.ids.size());
+    // Pairs [a, e): rows [2a, 2e) cut to their longest.
+    auto longest = [&](int64_t a, int64_t e) {
+      return *std::max_element(row_lengths.begin() + 2 * a, row_lengths.begin() + 2 * e);
+    };
+    auto rows = [&](const at::Tensor& t, int64_t a, int64_t e) { return Rows(t, 2 * a, 2 * e, longest(a, e)); };
+    // Each row's sum of its response's log-probs. Context parallelism: each
+    // rank scored its own positions; the pair's loss takes whole sequences,
+    // and each rank's gradient flows back through its own share.
+    auto sequence_sums = [&](int64_t a, int64_t e, const at::Tensor& logprobs) -> absl::StatusOr<at::Tensor> {
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor seq, SequenceLogProbs(logprobs, rows(b.mask, a, e)));
+      return s.models.ContextSum(seq);
+    };
+    // DPO's loss of pairs [a, e), their reference sums given.
+    auto dpo_loss = [&](int64_t a, int64_t e, const at::Tensor& policy_logprobs,
+                        const at::Tensor& ref_seq) -> absl::StatusOr<LossOutput> {
+      RLMESH_ASSIGN_OR_RETURN(at::Tensor pol_seq, sequence_sums(a, e, policy_logprobs));
+      at::Tensor pol = pol_seq.view({e - a, 2}), ref = ref_seq.view({e - a, 2});
+      DpoInputs in;
+      in.policy_chosen_logp = pol.select(1, 0);
+      in.policy_rejected_logp = pol.select(1, 1);
+      in.ref_chosen_logp = ref.select(1, 0);
+      in.ref_rejected_logp = ref.select(1, 1);
+      RLMESH_ASSIGN_OR_RETURN(LossOutput out, DpoLoss(in, s.opt.pairs.beta));
+      out.metrics["loss"] = out.metrics["dpo_loss"];
+      out.metrics["dpo_accuracy"] = out.metrics["reward_accuracy"];
+      out.metrics["chosen_reward"] = out.metrics["reward_chosen"];
+      out.metrics["rejected_reward"] = out.metrics["reward_rejected"];
+      return out;
+    };
+    // The loss to backpropagate for pairs [a, e): their share of the mean.
+    // Under CP every rank of a replica computes the same loss, its gradient
+    // through its own positions only, and weighs 1/C of the replica's pairs
+    // (learner/context_parallel.h): the C ranks' terms sum to the replica's
+    // gradient.
+    auto scaled = [&](int64_t a, int64_t e, const at::Tensor& loss) {
+      return loss * (static_cast<double>(C) * (e - a) / n);
+    };
     MetricMeans means;
-    for (auto [a, e] : micros) {
-      const int64_t ra = 2 * a, re = 2 * e;
-      const int64_t T = *std::max_element(row_lengths.begin() + ra, row_lengths.begin() + re);
-      auto ids = Rows(b.input_ids, ra, re, T), pos = Rows(b.positions, ra, re, T);
+    if (!rm && s.models.pp_policy) {
+      // The pipeline: the reference's sums on every stage, then the
+      // policy's passes in its schedule (the last stage takes the losses)
+      // or, without gradient, its log-probs on every stage.
+      std::vector<PipelineMicroBatch> in;
+      for (auto [a, e] : micros) in.push_back({rows(b.input_ids, a, e), rows(b.positions, a, e), rows(b.targets, a, e)});
+      RLMESH_ASSIGN_OR_RETURN(auto ref_out, s.models.pp_reference->LogProbs(in, 1.0));
+      std::vector<at::Tensor> ref_seqs;
+      for (size_t k = 0; k < micros.size(); ++k) {
+        RLMESH_ASSIGN_OR_RETURN(at::Tensor r, sequence_sums(micros[k].first, micros[k].second, ref_out[k].logprobs));
+        ref_seqs.push_back(r);
+      }
+      auto micro_loss = [&](size_t k, const at::Tensor& logprobs) -> absl::StatusOr<at::Tensor> {
+        const auto [a, e] = micros[k];
+        RLMESH_ASSIGN_OR_RETURN(LossOutput out, dpo_loss(a, e, logprobs, ref_seqs[k]));
+        means.Add(out.metrics, static_cast<double>(e - a));
+        return scaled(a, e, out.loss);
+      };
+      if (train) {
+        RLMESH_RETURN_IF_ERROR(s.models.pp_policy->Train(
+            in, 1.0, [&](size_t k, const actor::TokenLogProbsOutput& out) { return micro_loss(k, out.logprobs); }));
+      } else {
+        RLMESH_ASSIGN_OR_RETURN(auto pol_out, s.models.pp_policy->LogProbs(in, 1.0));
+        for (size_t k = 0; k < micros.size(); ++k) RLMESH_RETURN_IF_ERROR(micro_loss(k, pol_out[k].logprobs).status());
+      }
+    }
+    for (size_t k = 0; k < micros.size() && (rm || !s.models.pp_policy); ++k) {
+      const auto [a, e] = micros[k];
+      const at::Tensor ids = rows(b.input_ids, a, e), pos = rows(b.positions, a, e);
       std::unique_ptr<at::NoGradGuard> no_grad;
       if (!train) no_grad = std::make_unique<at::NoGradGuard>();
       LossOutput out;
       if (rm) {
         // Score = the value at the last real token (eos) of prompt+response.
-        at::Tensor last = at::zeros({re - ra, 1}, at::kLong);
-        for (int64_t r = ra; r < re; ++r) last[r - ra][0] = row_lengths[r] - 1;
+        at::Tensor last = at::zeros({2 * (e - a), 1}, at::kLong);
+        for (int64_t r = 2 * a; r < 2 * e; ++r) last[r - 2 * a][0] = row_lengths[r] - 1;
         RLMESH_ASSIGN_OR_RETURN(at::Tensor values, s.models.Values(s.models.policy, ids, pos));
         at::Tensor scores = values.gather(1, last).squeeze(1);
         at::Tensor pair_scores = scores.view({e - a, 2});
@@ -81,39 +146,18 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
         out.metrics["loss"] = out.metrics["rm_loss"];
         out.metrics["margin"] = out.metrics["rm_margin"];
       } else {
-        auto tg = Rows(b.targets, ra, re, T);
-        at::Tensor mask = Rows(b.mask, ra, re, T);
+        const at::Tensor tg = rows(b.targets, a, e);
         at::Tensor ref_seq;
         {
           at::NoGradGuard ref_no_grad;
           RLMESH_ASSIGN_OR_RETURN(auto rlp, s.models.LogProbs(s.models.reference, ids, pos, tg,
                                                                  options_.logprob_chunk, 1.0));
-          RLMESH_ASSIGN_OR_RETURN(ref_seq, SequenceLogProbs(rlp.logprobs, mask));
-          RLMESH_ASSIGN_OR_RETURN(ref_seq, s.models.ContextSum(ref_seq));
+          RLMESH_ASSIGN_OR_RETURN(ref_seq, sequence_sums(a, e, rlp.logprobs));
         }
         RLMESH_ASSIGN_OR_RETURN(auto lp, s.models.LogProbs(s.models.policy, ids, pos, tg, options_.logprob_chunk, 1.0));
-        RLMESH_ASSIGN_OR_RETURN(at::Tensor pol_seq, SequenceLogProbs(lp.logprobs, mask));
-        // Context parallelism: each rank scored its own positions; the
-        // pair's loss takes whole sequences, and each rank's gradient
-        // flows back through its own share.
-        RLMESH_ASSIGN_OR_RETURN(pol_seq, s.models.ContextSum(pol_seq));
-        at::Tensor pol = pol_seq.view({e - a, 2}), ref = ref_seq.view({e - a, 2});
-        DpoInputs in;
-        in.policy_chosen_logp = pol.select(1, 0);
-        in.policy_rejected_logp = pol.select(1, 1);
-        in.ref_chosen_logp = ref.select(1, 0);
-        in.ref_rejected_logp = ref.select(1, 1);
-        RLMESH_ASSIGN_OR_RETURN(out, DpoLoss(in, s.opt.pairs.beta));
-        out.metrics["loss"] = out.metrics["dpo_loss"];
-        out.metrics["dpo_accuracy"] = out.metrics["reward_accuracy"];
-        out.metrics["chosen_reward"] = out.metrics["reward_chosen"];
-        out.metrics["rejected_reward"] = out.metrics["reward_rejected"];
+        RLMESH_ASSIGN_OR_RETURN(out, dpo_loss(a, e, lp.logprobs, ref_seq));
       }
-      // Under CP every rank of a replica computes the same loss, its
-      // gradient through its own positions only, and weighs 1/C of the
-      // replica's pairs (learner/context_parallel.h): the C ranks' terms
-      // sum to the replica's gradient.
-      if (train) (out.loss * (static_cast<double>(C) * (e - a) / n)).backward();
+      if (train) scaled(a, e, out.loss).backward();
       means.Add(out.metrics, static_cast<double>(e - a));
     }
     means.Into(metrics);
@@ -163,6 +207,8 @@ absl::StatusOr<TrainStepResponse> Trainer::TrainPairs() {
   m["seconds_sample"] = 0.0;
   const double total = Since(t_start);
   m["tokens_per_second"] = total > 0 ? m["tokens"] / total : 0.0;
+  // PP: the loss and its metrics were the last stage's.
+  RLMESH_RETURN_IF_ERROR(s.models.ShareLastStageMetrics(&m));
   // A reward model is not a policy: the policy version stays where the
   // stage started (rollout workers never load it).
   return FinishStep(std::move(resp), /*new_policy=*/s.opt.kind != StageKind::kRewardModel);

@@ -323,7 +323,7 @@ TEST_CASE("K=2 DPO shards (threads, FileStore) equal K=1 on the same global batc
 // stepped its unused lm_head (plain DP leaves it out of the optimizer)
 // would move it.
 TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 (alone and over tp=2), learner.ep and (DPO) "
-          "learner.cp equal one process; checkpoints resume in one process") {
+          "learner.cp and learner.pp equal one process; checkpoints resume in one process") {
   actor::ConfigureThreads(1);
   rlmesh::testing::TempDir dir;
   ExperimentConfig e = Tiny();
@@ -351,9 +351,11 @@ TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 (alone and
   // The steps move the weights, or equal weights would prove nothing.
   CHECK(MaxAbsDiff(single, untrained) > 1e-3);
 
-  auto layout = [&](int world, int tp, int zero, int ep, bool sp, const std::string& ckpt = "", int cp = 1) {
+  auto layout = [&](int world, int tp, int zero, int ep, bool sp, const std::string& ckpt = "", int cp = 1,
+                    int pp = 1) {
     ExperimentConfig l = e;
     l.mutable_learner()->set_cp(cp);
+    l.mutable_learner()->set_pp(pp);
     l.mutable_learner()->set_tp(tp);
     l.mutable_learner()->set_zero(zero);
     l.mutable_learner()->set_ep(ep);
@@ -410,6 +412,14 @@ TEST_CASE("DPO and the reward model under learner.tp, learner.zero: 3 (alone and
     }
     SECTION("cp=2 x dp=2 with ZeRO-1") { CHECK(layout(4, 1, 1, 1, false, "", 2) <= 1e-5); }
     SECTION("cp=2 x tp=2") { CHECK(layout(4, 2, 0, 1, false, "", 2) <= 1e-5); }
+    // The reference's sums on every stage; the last stage takes the losses
+    // in the schedule.
+    SECTION("pp=2, its checkpoint resumed in one plain process") {
+      CHECK(layout(2, 1, 0, 1, false, dir.File("ckpt_pp"), 1, 2) <= 1e-5);
+      resumes(dir.File("ckpt_pp"));
+    }
+    SECTION("pp=2 x dp=2 with ZeRO-1") { CHECK(layout(4, 1, 1, 1, false, "", 1, 2) <= 1e-5); }
+    SECTION("pp=2 x tp=2") { CHECK(layout(4, 2, 0, 1, false, "", 1, 2) <= 1e-5); }
   }
 }
 

@@ -385,8 +385,8 @@ void CheckPipeline(Checker& c, ExperimentConfig* config) {
   for (int i = 0; i < config->stages_size(); ++i) {
     const Stage& st = config->stages(i);
     const std::string p = absl::StrCat("stages[", i, "]");
-    c.Require(st.has_sft() || st.has_grpo(), p,
-              "learner.pp > 1 is built for sft and grpo stages (not dpo, ppo or reward_model)");
+    c.Require(st.has_sft() || st.has_grpo() || st.has_dpo(), p,
+              "learner.pp > 1 is built for sft, grpo and dpo stages (not ppo or reward_model)");
     c.Require(!st.has_grpo() || st.grpo().rl().distillation().teacher().empty(), p + ".grpo.rl.distillation",
               "teacher with learner.pp > 1 is not built");
   }
