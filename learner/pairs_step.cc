@@ -24,26 +24,55 @@
 
 namespace rlmesh::learner {
 
+namespace {
+
+// Rows 2i (chosen) and 2i+1 (rejected) of `pairs`: prompt + response,
+// truncated to the context window `max_len`; the mask marks the
+// response's predicted tokens. `pair_lengths` receives each pair's longer
+// row.
+std::vector<Seq> PairRows(const std::vector<const PreferencePair*>& pairs, const actor::Tokenizer& tokenizer,
+                          int64_t max_len, std::vector<int64_t>* pair_lengths) {
+  std::vector<Seq> seqs;
+  for (const PreferencePair* pp : pairs) {
+    const std::vector<int> p = pp->has_ids() ? pp->prompt_ids : EncodePrompt(tokenizer, pp->prompt);
+    int64_t longest = 0;
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<int> r = pp->has_ids() ? (side == 0 ? pp->chosen_ids : pp->rejected_ids)
+                                               : EncodeResponse(tokenizer, side == 0 ? pp->chosen : pp->rejected);
+      seqs.push_back(PromptResponseSeq(p, r, max_len, static_cast<int64_t>(p.size()) - 1));
+      longest = std::max<int64_t>(longest, seqs.back().ids.size());
+    }
+    pair_lengths->push_back(longest);
+  }
+  return seqs;
+}
+
+// DPO's loss and metrics from the policy's and the reference's
+// per-sequence sums of pairs' rows (chosen, rejected, chosen, ...).
+absl::StatusOr<LossOutput> PairDpoLoss(const at::Tensor& policy_sums, const at::Tensor& ref_sums, double beta) {
+  const at::Tensor pol = policy_sums.view({-1, 2}), ref = ref_sums.view({-1, 2});
+  DpoInputs in;
+  in.policy_chosen_logp = pol.select(1, 0);
+  in.policy_rejected_logp = pol.select(1, 1);
+  in.ref_chosen_logp = ref.select(1, 0);
+  in.ref_rejected_logp = ref.select(1, 1);
+  RLMESH_ASSIGN_OR_RETURN(LossOutput out, DpoLoss(in, beta));
+  out.metrics["loss"] = out.metrics["dpo_loss"];
+  out.metrics["dpo_accuracy"] = out.metrics["reward_accuracy"];
+  out.metrics["chosen_reward"] = out.metrics["reward_chosen"];
+  out.metrics["rejected_reward"] = out.metrics["reward_rejected"];
+  return out;
+}
+
+}  // namespace
+
 absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, bool train,
                                std::map<std::string, double>* metrics) {
   State& s = *s_;
   const bool rm = s.opt.kind == StageKind::kRewardModel;
-  const int64_t max_len = s.models.policy->config().max_positions;
-  // Rows 2i (chosen) and 2i+1 (rejected): prompt + response, truncated to
-  // the context window; the mask marks the response's predicted tokens.
-  std::vector<Seq> seqs;
   std::vector<int64_t> pair_lengths;
-  for (const PreferencePair* pp : pairs) {
-    const std::vector<int> p = pp->has_ids() ? pp->prompt_ids : EncodePrompt(*s.tokenizer, pp->prompt);
-    int64_t longest = 0;
-    for (int side = 0; side < 2; ++side) {
-      const std::vector<int> r = pp->has_ids() ? (side == 0 ? pp->chosen_ids : pp->rejected_ids)
-                                               : EncodeResponse(*s.tokenizer, side == 0 ? pp->chosen : pp->rejected);
-      seqs.push_back(PromptResponseSeq(p, r, max_len, static_cast<int64_t>(p.size()) - 1));
-      longest = std::max<int64_t>(longest, seqs.back().ids.size());
-    }
-    pair_lengths.push_back(longest);
-  }
+  const std::vector<Seq> seqs =
+      PairRows(pairs, *s.tokenizer, s.models.policy->config().max_positions, &pair_lengths);
   const int64_t n = pairs.size();
   const int C = s.models.ContextRanks();
   return CatchAll("pair step", [&]() -> absl::Status {
@@ -81,18 +110,7 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
     auto dpo_loss = [&](int64_t a, int64_t e, const at::Tensor& policy_logprobs,
                         const at::Tensor& ref_seq) -> absl::StatusOr<LossOutput> {
       RLMESH_ASSIGN_OR_RETURN(at::Tensor pol_seq, sequence_sums(a, e, policy_logprobs));
-      at::Tensor pol = pol_seq.view({e - a, 2}), ref = ref_seq.view({e - a, 2});
-      DpoInputs in;
-      in.policy_chosen_logp = pol.select(1, 0);
-      in.policy_rejected_logp = pol.select(1, 1);
-      in.ref_chosen_logp = ref.select(1, 0);
-      in.ref_rejected_logp = ref.select(1, 1);
-      RLMESH_ASSIGN_OR_RETURN(LossOutput out, DpoLoss(in, s.opt.pairs.beta));
-      out.metrics["loss"] = out.metrics["dpo_loss"];
-      out.metrics["dpo_accuracy"] = out.metrics["reward_accuracy"];
-      out.metrics["chosen_reward"] = out.metrics["reward_chosen"];
-      out.metrics["rejected_reward"] = out.metrics["reward_rejected"];
-      return out;
+      return PairDpoLoss(pol_seq, ref_seq, s.opt.pairs.beta);
     };
     // The loss to backpropagate for pairs [a, e): their share of the mean.
     // Under CP every rank of a replica computes the same loss, its gradient
