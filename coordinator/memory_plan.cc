@@ -144,9 +144,12 @@ std::vector<MemoryPart> LearnerParts(const LearnerLayout& l, const RankShape& r,
   // Each context-parallel rank runs its share of the tokens.
   const int64_t own = (tokens + l.cp - 1) / l.cp;
   const double layer = LayerActivationBytes(shard);
-  const double kept = l.gradient_checkpointing ? own * (r.layers * kFp32 * shard.hidden_size + layer)
-                                               : own * r.layers * layer;
-  double activations = r.in_flight * kept + own * kFp32 * 3 * shard.hidden_size;
+  // Checkpointed, a micro-batch in flight keeps each layer's input, and
+  // one layer's activations at a time are rebuilt in the backward pass.
+  double activations = l.gradient_checkpointing
+                           ? r.in_flight * own * r.layers * kFp32 * shard.hidden_size + own * layer
+                           : r.in_flight * own * r.layers * layer;
+  activations += own * kFp32 * 3 * shard.hidden_size;
   if (r.head && l.tp > 1) {
     // The vocabulary-parallel log-softmax is not chunked: the scaled
     // logits and their exponentials, [tokens, vocabulary / tp] fp32, and

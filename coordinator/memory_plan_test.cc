@@ -210,6 +210,15 @@ TEST_CASE("Tensor, pipeline and context parallelism: what each rank holds and ru
   const double micro = 4 * 128 * 2 * 4.0 * (9 * 512 + 4 * 256 + 4 * 1408 + 8 + 4);
   CHECK(stage0 - stage1 == Approx(micro - 4 * 64 * 2048 * 4.0 * 8));
   CHECK(stage0 < plain_activations);
+  // Checkpointed, each micro-batch in flight keeps its layers' inputs
+  // ([4, 128, 512] fp32 a layer), and one layer's activations of one
+  // micro-batch are rebuilt at a time.
+  auto pp_ck =
+      PlanMemory(Experiment(grpo + "learner: {shards: 4, pp: 2, gradient_checkpointing: true}\n"), m, {.train = 128}, cap);
+  REQUIRE(pp_ck.ok());
+  const double input = 4 * 128 * 4.0 * 512;
+  CHECK(stage0 - Part(Role(*pp_ck, "learner stage 0"), "activations (checkpointed)") ==
+        Approx(2 * micro - (2 * 2 * input + micro / 2)));
 
   // Interleaved, two chunks a stage (layers 0 and 2 on stage 0, 1 and 3 on
   // stage 1): the schedule holds 5 and 3 chunks' activations at once, 2.5
