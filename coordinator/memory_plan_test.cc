@@ -213,8 +213,8 @@ TEST_CASE("Tensor, pipeline and context parallelism: what each rank holds and ru
   // Checkpointed, each micro-batch in flight keeps its layers' inputs
   // ([4, 128, 512] fp32 a layer), and one layer's activations of one
   // micro-batch are rebuilt at a time.
-  auto pp_ck =
-      PlanMemory(Experiment(grpo + "learner: {shards: 4, pp: 2, gradient_checkpointing: true}\n"), m, {.train = 128}, cap);
+  auto pp_ck = PlanMemory(Experiment(grpo + "learner: {shards: 4, pp: 2, gradient_checkpointing: true}\n"), m,
+                          {.train = 128}, cap);
   REQUIRE(pp_ck.ok());
   const double input = 4 * 128 * 4.0 * 512;
   CHECK(stage0 - Part(Role(*pp_ck, "learner stage 0"), "activations (checkpointed)") ==

@@ -126,7 +126,9 @@ absl::Status Trainer::PairPass(const std::vector<const PreferencePair*>& pairs, 
       // policy's passes in its schedule (the last stage takes the losses)
       // or, without gradient, its log-probs on every stage.
       std::vector<PipelineMicroBatch> in;
-      for (auto [a, e] : micros) in.push_back({rows(b.input_ids, a, e), rows(b.positions, a, e), rows(b.targets, a, e)});
+      for (auto [a, e] : micros) {
+        in.push_back({rows(b.input_ids, a, e), rows(b.positions, a, e), rows(b.targets, a, e)});
+      }
       RLMESH_ASSIGN_OR_RETURN(auto ref_out, s.models.pp_reference->LogProbs(in, 1.0));
       std::vector<at::Tensor> ref_seqs;
       for (size_t k = 0; k < micros.size(); ++k) {

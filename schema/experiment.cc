@@ -408,8 +408,7 @@ void CheckContextParallel(Checker& c, ExperimentConfig* config) {
   c.Require(!l->sequence_parallel(), "learner.sequence_parallel", absl::StrCat("true", why));
   c.Require(l->pp() <= 1, "learner.pp", absl::StrCat("> 1", why));
   c.Require(l->ep() <= 1, "learner.ep", absl::StrCat("> 1", why));
-  c.Require(l->zero() != 3, "learner.zero",
-            absl::StrCat("3", why, " (plain data parallelism and ZeRO-1 over the replicas are)"));
+  c.Require(l->zero() != 3, "learner.zero", absl::StrCat("3", why, " (plain data parallelism and ZeRO-1 are)"));
   c.Require(l->autocast().empty() || l->autocast() == "fp32", "learner.autocast", absl::StrCat("bf16", why));
   c.Require(config->model().device().empty() || config->model().device() == "cpu", "learner.cp",
             "context parallelism runs on the CPU so far (Gloo)");
