@@ -5,8 +5,9 @@
 // each weighing 1/C of its replica's loss tokens) give one process's weights within
 // 3e-5 at cp = 2, cp = 4, cp = 2 x dp = 2 and cp = 2 x tp = 2 (with and
 // without dp = 2), for Llama and Qwen3, the keys and values passed by ring
-// or by c10d's collectives; and with packed rows' segment ids, shared
-// prefixes and padding masks.
+// or by c10d's collectives; with packed rows' segment ids, shared
+// prefixes and padding masks; and with every layer activation-checkpointed
+// and the moments sharded (ZeRO-1).
 #include "learner/context_parallel.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
