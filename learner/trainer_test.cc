@@ -638,6 +638,17 @@ std::pair<TrainerState, std::string> TrainFourRanksAndSave(Trainer& single, cons
   return {*state, saved};
 }
 
+// One process of `plain` resumes the step-3 checkpoint in `ckpt` and
+// trains step 4, as `single` does here: the two must agree.
+void CheckResumesPlain(Trainer& single, const ExperimentConfig& plain, const std::string& ckpt) {
+  Trainer resumed;
+  REQUIRE(resumed.Configure(Request(plain, ckpt)).ok());
+  CHECK(resumed.Status().step() == 3);
+  REQUIRE(resumed.TrainStep(SftStep(3)).ok());
+  REQUIRE(single.TrainStep(SftStep(3)).ok());
+  CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+}
+
 // TrainFourRanksAndSave, then: the checkpoint holds one plain moments file
 // and resumes in one process of `plain` to single's fourth step (which
 // `single` takes here). Returns the checkpoint's state.
@@ -646,12 +657,7 @@ TrainerState CheckFourRanksSaveResumesPlain(Trainer& single, const ExperimentCon
                                             const std::string& store) {
   const TrainerState state = TrainFourRanksAndSave(single, layout, ckpt, store).first;
   CHECK(state.files.count("optimizer.safetensors") == 1);
-  Trainer resumed;
-  REQUIRE(resumed.Configure(Request(plain, ckpt)).ok());
-  CHECK(resumed.Status().step() == 3);
-  REQUIRE(resumed.TrainStep(SftStep(3)).ok());
-  REQUIRE(single.TrainStep(SftStep(3)).ok());
-  CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+  CheckResumesPlain(single, plain, ckpt);
   return state;
 }
 
@@ -699,12 +705,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     auto state = VerifyCheckpoint(saved);
     REQUIRE(state.ok());
     CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
-    Trainer resumed;
-    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_tp"))).ok());
-    CHECK(resumed.Status().step() == 3);
-    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
-    REQUIRE(single.TrainStep(SftStep(3)).ok());
-    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+    CheckResumesPlain(single, e, dir.File("ckpt_tp"));
   }
   SECTION("tp=2 with weight sync in pieces: no rank keeps the whole policy between checkpoints") {
     // rollout.tp is 1, so weight sync travels in 2 pieces, one from each
@@ -766,12 +767,7 @@ TEST_CASE("learner.tp: 2 (alone, and x 2 replicas) equals plain K=1; checkpoints
     auto state = VerifyCheckpoint(saved);
     REQUIRE(state.ok());
     CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
-    Trainer resumed;
-    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_z3"))).ok());
-    CHECK(resumed.Status().step() == 3);
-    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
-    REQUIRE(single.TrainStep(SftStep(3)).ok());
-    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+    CheckResumesPlain(single, e, dir.File("ckpt_z3"));
   }
   SECTION("tp=2 x dp=2 with ZeRO-1: per-rank moments that resume in any layout") {
     t.mutable_learner()->set_zero(1);
@@ -852,12 +848,7 @@ TEST_CASE("learner.pp: 2 (alone, and x 2 replicas, with and without ZeRO-1) equa
     auto state = VerifyCheckpoint(saved);
     REQUIRE(state.ok());
     CHECK(state->files.count("optimizer.safetensors") == 1);  // the plain layout
-    Trainer resumed;
-    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_pp"))).ok());
-    CHECK(resumed.Status().step() == 3);
-    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
-    REQUIRE(single.TrainStep(SftStep(3)).ok());
-    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+    CheckResumesPlain(single, e, dir.File("ckpt_pp"));
   }
   SECTION("pp=2 x dp=2, resumed from the plain checkpoint") {
     CheckFourRanksResume(single, t, dir.File("ckpt_plain"), dir.File("store4"));
@@ -980,12 +971,7 @@ TEST_CASE("learner.cp: 2 (alone, x 2 replicas, and x learner.tp: 2) equals plain
     CHECK(actor::CheckpointedBlockReruns() > reruns);
     CHECK(state.zero1);
     for (int r = 0; r < 4; ++r) CHECK(state.files.count(absl::StrFormat("optimizer-rank-%d.safetensors", r)) == 1);
-    Trainer resumed;
-    REQUIRE(resumed.Configure(Request(e, dir.File("ckpt_cpz1"))).ok());
-    CHECK(resumed.Status().step() == 3);
-    REQUIRE(resumed.TrainStep(SftStep(3)).ok());
-    REQUIRE(single.TrainStep(SftStep(3)).ok());
-    CHECK(MaxAbsDiff(single, resumed) <= 1e-5);
+    CheckResumesPlain(single, e, dir.File("ckpt_cpz1"));
   }
   SECTION("cp=2 x tp=2 with ZeRO-1 and checkpointed layers, resumed from the plain checkpoint") {
     t.mutable_learner()->set_tp(2);
