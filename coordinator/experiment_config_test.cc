@@ -264,6 +264,11 @@ TEST_CASE("learner.cp divides the shards and is refused by name where not built"
                     "0.001}}}]\n",
                     &dpo)
               .ok());
+  ExperimentConfig distill;
+  REQUIRE(Normalize("name: x\nlearner: {shards: 2, cp: 2}\nstages: [{grpo: {rl: {steps: 1, prompts_per_step: 1, "
+                    "optimizer: {lr: 0.001}, distillation: {teacher: /t}}}}]\n",
+                    &distill)
+              .ok());
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"learner: {shards: 3, cp: 2}\n" + sft, "learner.cp: must divide learner.shards (3)"},
       {"learner: {shards: 6, cp: 2, tp: 2}\n" + sft, "learner.cp: must divide learner.shards (6) with learner.tp x learner.pp (4 ranks per replica)"},

@@ -110,6 +110,7 @@ absl::StatusOr<actor::TokenLogProbsOutput> ModelSet::LogProbs(actor::Transformer
   // positions (0 elsewhere).
   ContextParallelModel* context = cp_policy && m.get() == policy.get()            ? cp_policy.get()
                                   : cp_reference && m.get() == reference.get() ? cp_reference.get()
+                                  : cp_teacher && m.get() == teacher.get()     ? cp_teacher.get()
                                                                                : nullptr;
   if (context != nullptr) {
     RLMESH_ASSIGN_OR_RETURN(auto out, context->TokenLogProbs(ids, pos, targets, temperature, attention_mask));
@@ -900,6 +901,15 @@ absl::Status SplitContextParallel(const StageOptions& stage, int rank, int world
   s.cp_policy = *std::move(made);
   if (s.reference) {
     RLMESH_ASSIGN_OR_RETURN(s.cp_reference, wrap(s.reference, s.tp_reference.get()));
+  }
+  if (s.teacher) {
+    // Whole on every rank (under TP too), its rows split as the policy's.
+    auto teacher = ContextParallelModel::Wrap(s.teacher, s.cp_group, s.logprob_chunk);
+    if (!teacher.ok()) {
+      return PrefixStatus(absl::StrCat(stage.field, ".", StageKindName(stage.kind), ".rl.distillation.teacher"),
+                          teacher.status());
+    }
+    s.cp_teacher = *std::move(teacher);
   }
   return absl::OkStatus();
 }

@@ -113,6 +113,9 @@ struct ModelSet {
   // local weight its replica's / cp (learner/context_parallel.h);
   // `cp_replicas` is the replicas holding the same share and slices.
   std::unique_ptr<ContextParallelModel> cp_policy, cp_reference;
+  // The distillation teacher likewise (whole on every rank, its rows split
+  // over `cp_group`).
+  std::unique_ptr<ContextParallelModel> cp_teacher;
   c10::intrusive_ptr<c10d::Backend> cp_group, cp_replicas;
   // Context-parallel ranks per replica (1 without).
   int ContextRanks() const { return cp_group ? cp_group->getSize() : 1; }

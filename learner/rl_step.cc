@@ -571,6 +571,7 @@ absl::Status RlStep::OldLogProbs() {
   // Context parallelism: each rank filled its own positions.
   RLMESH_RETURN_IF_ERROR(models.ShareContextTokens(old_logp));
   if (models.reference) RLMESH_RETURN_IF_ERROR(models.ShareContextTokens(ref_logp));
+  if (models.teacher) RLMESH_RETURN_IF_ERROR(models.ShareContextTokens(teacher_logp));
   if (rl.routing_replay) {
     // Positions whose replayed experts are not what the learner's router
     // would pick at the step's start (0 on-policy with equal numerics).

@@ -1026,7 +1026,8 @@ TEST_CASE("learner.tp is refused by name where it is not built") {
 // defaults); `rank0_last`, when given, gets rank 0's last step's metrics.
 double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const std::string& store_dir,
                      const ExperimentConfig* reference = nullptr, int world = 2,
-                     const TrainerOptions& rank_options = {}, std::map<std::string, double>* rank0_last = nullptr) {
+                     const TrainerOptions& rank_options = {}, std::map<std::string, double>* rank0_last = nullptr,
+                     std::map<std::string, double>* single_last = nullptr) {
   Trainer single, untrained;
   REQUIRE(single.Configure(Request(reference != nullptr ? *reference : e)).ok());
   REQUIRE(untrained.Configure(Request(reference != nullptr ? *reference : e)).ok());
@@ -1034,7 +1035,9 @@ double ShardedRlDiff(const ExperimentConfig& e, const GroupList& groups, const s
   *req.mutable_groups() = groups;
   for (int step = 0; step < 2; ++step) {
     req.set_step(step);
-    REQUIRE(single.TrainStep(req).ok());
+    auto r = single.TrainStep(req);
+    REQUIRE(r.ok());
+    if (single_last != nullptr) *single_last = {r->metrics().values().begin(), r->metrics().values().end()};
   }
   // The steps must move the weights, or equal weights would prove nothing.
   CHECK(MaxAbsDiff(single, untrained) > 1e-3);
@@ -1844,6 +1847,19 @@ TEST_CASE("on-policy distillation: the advantage is the teacher's per-token term
     Trainer v;
     StepOn(v, both, groups);
     CHECK_FALSE(BitEqual(t, v));
+  }
+  SECTION("under learner.cp: 2, alone and x learner.tp: 2: the teacher scores each rank's share of the rows; two "
+          "steps equal one process's") {
+    const ExperimentConfig k = distil(other, 0.5);
+    ExperimentConfig c = k;
+    c.mutable_learner()->set_cp(2);
+    std::map<std::string, double> last, one;
+    CHECK(ShardedRlDiff(c, groups, dir.File("store_cp"), &k, 2, {}, &last, &one) <= 1e-5);
+    // The logged KL is over whole rows, as one process's.
+    CHECK(one.at("distill_reverse_kl") > 0.5);
+    CHECK(last.at("distill_reverse_kl") == Approx(one.at("distill_reverse_kl")).margin(1e-5));
+    c.mutable_learner()->set_tp(2);
+    CHECK(ShardedRlDiff(c, groups, dir.File("store_cptp"), &k, 4) <= 1e-5);
   }
   SECTION("sampling from itself, the student closes most of the gap to the teacher") {
     // A student part of the way there (15 SFT steps), as a distillation

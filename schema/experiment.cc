@@ -418,8 +418,6 @@ void CheckContextParallel(Checker& c, ExperimentConfig* config) {
     const std::string p = absl::StrCat("stages[", i, "]");
     c.Require(st.has_sft() || st.has_grpo() || st.has_dpo(), p,
               "learner.cp > 1 is built for sft, grpo and dpo stages (not ppo or reward_model)");
-    c.Require(!st.has_grpo() || st.grpo().rl().distillation().teacher().empty(), p + ".grpo.rl.distillation",
-              absl::StrCat("teacher", why));
   }
 }
 
