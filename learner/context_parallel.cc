@@ -38,9 +38,6 @@ struct ContextParallelModel::Impl {
   parallel::TensorParallelModel* tp = nullptr;
   c10d::Backend* tp_group = nullptr;
   int tp_rank = 0;
-  // Recompute each layer in the backward pass (the tensor-parallel model's
-  // activation_checkpointing; the whole model's own flag is read per call).
-  bool checkpoint_layers = false;
 };
 
 namespace {
@@ -389,7 +386,6 @@ absl::StatusOr<std::unique_ptr<ContextParallelModel>> ContextParallelModel::Wrap
   im.tp = &tp;
   im.tp_group = tp.group();
   im.tp_rank = tp.rank();
-  im.checkpoint_layers = tp.options().activation_checkpointing;
   // Wrap's RoPE tables from the shard's config are the whole model's: the
   // shard keeps the head dimension, theta and scaling.
   return m;
@@ -452,7 +448,10 @@ absl::StatusOr<ContextParallelOutput> ContextParallelModel::TokenLogProbs(const 
     auto [cos, sin] = actor::RopeCosSin(c, im.rope, my_pos, h.scalar_type());
     // Checkpointed, a layer keeps only its input; its backward runs the
     // layer again, exchanges included, on every rank in the same order.
-    const bool checkpoint = im.checkpoint_layers || im.model->activation_checkpointing();
+    // The option is the tensor-parallel model's under TP, else the whole
+    // model's own.
+    const bool checkpoint =
+        im.tp != nullptr ? im.tp->options().activation_checkpointing : im.model->activation_checkpointing();
     for (const auto& layer : *im.model->model->layers) {
       actor::DecoderLayerImpl* l = layer->as<actor::DecoderLayerImpl>();
       auto run = [&im, l, cos = cos, sin = sin, mask](const at::Tensor& x) { return Layer(im, *l, x, cos, sin, mask); };

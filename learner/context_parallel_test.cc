@@ -13,11 +13,11 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <map>
 #include <set>
-#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>

@@ -56,12 +56,18 @@ class AutocastIf {
   std::optional<actor::AutocastScope> scope_;
 };
 
+// The config field that names the stage's distillation teacher (what its
+// errors are prefixed with).
+std::string TeacherField(const StageOptions& stage) {
+  return absl::StrCat(stage.field, ".", StageKindName(stage.kind), ".rl.distillation.teacher");
+}
+
 // On-policy distillation's teacher: frozen, on the policy's device. Its
 // architecture and size are its own; what must agree with the policy is
 // what the rows need: every token id the policy can sample, every position.
 absl::StatusOr<actor::Transformer> LoadTeacher(const StageOptions& stage, const actor::ModelConfig& policy,
                                                const std::string& device) {
-  const std::string field = absl::StrCat(stage.field, ".", StageKindName(stage.kind), ".rl.distillation.teacher");
+  const std::string field = TeacherField(stage);
   actor::LoadOptions lo;
   lo.device = device;
   absl::StatusOr<actor::Transformer> teacher = actor::LoadHfModel(stage.rl.distill.teacher, lo);
@@ -905,10 +911,7 @@ absl::Status SplitContextParallel(const StageOptions& stage, int rank, int world
   if (s.teacher) {
     // Whole on every rank (under TP too), its rows split as the policy's.
     auto teacher = ContextParallelModel::Wrap(s.teacher, s.cp_group, s.logprob_chunk);
-    if (!teacher.ok()) {
-      return PrefixStatus(absl::StrCat(stage.field, ".", StageKindName(stage.kind), ".rl.distillation.teacher"),
-                          teacher.status());
-    }
+    if (!teacher.ok()) return PrefixStatus(TeacherField(stage), teacher.status());
     s.cp_teacher = *std::move(teacher);
   }
   return absl::OkStatus();
