@@ -6,7 +6,9 @@
 // for 15 s. After each call GetStatus answers within the grace
 // period; after every 16th, a small greedy Generate still completes (the
 // worker still has a usable model, whatever was loaded into it; after a
-// Sleep that released the weights, once a checkpoint load brings them back).
+// Sleep that released the weights, once a checkpoint load brings them back;
+// a Sleep past its deadline may still release them after the status read,
+// and the check then looks once more).
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -33,6 +35,35 @@ std::string& CheckpointDir() {
   return dir;
 }
 
+// Brings the weights back when a Sleep released them, then runs a small
+// greedy Generate: "" when it gives one group, else what went wrong.
+std::string LoadIfReleasedThenGenerate(rlmesh::RpcClient& client, rlmesh::RolloutService::Stub& stub) {
+  rlmesh::RolloutStatus status;
+  grpc::Status s = stub.GetStatus(client.NewContext(absl::Seconds(5)).get(), rlmesh::RolloutStatusRequest(), &status);
+  if (!s.ok()) return absl::StrCat("GetStatus: ", s.error_message());
+  if (status.weights_released()) {
+    // A fuzzed Sleep released the weights: a load must bring them back,
+    // unless a fuzzed load took the largest version (no load can follow).
+    if (status.policy_version() == std::numeric_limits<int64_t>::max()) return "";
+    rlmesh::LoadWeightsRequest load;
+    load.set_checkpoint_path(CheckpointDir());
+    rlmesh::LoadWeightsResponse loaded;
+    s = stub.LoadWeights(client.NewContext(absl::Seconds(20)).get(), load, &loaded);
+    if (!s.ok()) return absl::StrCat("LoadWeights after a Sleep: ", s.error_message());
+  }
+  rlmesh::GenerateRequest req = rlmesh::rollout::testing::MakeRequest({"1+2="}, 1, 3, 5);
+  req.mutable_sampling()->set_temperature(0);
+  auto ctx = client.NewContext(absl::Seconds(20));
+  auto reader = stub.Generate(ctx.get(), req);
+  rlmesh::GenerateResponse r;
+  int groups = 0;
+  while (reader->Read(&r)) groups += r.has_group() ? 1 : 0;
+  s = reader->Finish();
+  if (!s.ok()) return absl::StrCat("a small Generate: ", s.error_message());
+  if (groups != 1) return absl::StrCat("a small Generate gave ", groups, " groups");
+  return "";
+}
+
 std::string Check(const std::string& address) {
   auto client = rlmesh::RpcClient::Create(address);
   if (!client.ok()) return client.status().ToString();
@@ -42,27 +73,16 @@ std::string Check(const std::string& address) {
   if (!s.ok()) return absl::StrCat("GetStatus: ", s.error_message());
   static int calls = 0;
   if (calls++ % 16 != 0) return "";
-  if (status.weights_released()) {
-    // A fuzzed Sleep released the weights: a load must bring them back,
-    // unless a fuzzed load took the largest version (no load can follow).
-    if (status.policy_version() == std::numeric_limits<int64_t>::max()) return "";
-    rlmesh::LoadWeightsRequest load;
-    load.set_checkpoint_path(CheckpointDir());
-    rlmesh::LoadWeightsResponse loaded;
-    s = stub->LoadWeights(client->NewContext(absl::Seconds(20)).get(), load, &loaded);
-    if (!s.ok()) return absl::StrCat("LoadWeights after a Sleep: ", s.error_message());
+  std::string broken = LoadIfReleasedThenGenerate(*client, *stub);
+  // A fuzzed Sleep whose deadline passed on the client may still be running
+  // on the worker, as any call past its deadline may, and release the
+  // weights between the status read and the Generate. Once it has, the
+  // status says so: check once more, and the load brings them back.
+  if (!broken.empty() && stub->GetStatus(client->NewContext(absl::Seconds(5)).get(), rlmesh::RolloutStatusRequest(),
+                                         &status).ok() && status.weights_released()) {
+    broken = LoadIfReleasedThenGenerate(*client, *stub);
   }
-  rlmesh::GenerateRequest req = rlmesh::rollout::testing::MakeRequest({"1+2="}, 1, 3, 5);
-  req.mutable_sampling()->set_temperature(0);
-  auto ctx = client->NewContext(absl::Seconds(20));
-  auto reader = stub->Generate(ctx.get(), req);
-  rlmesh::GenerateResponse r;
-  int groups = 0;
-  while (reader->Read(&r)) groups += r.has_group() ? 1 : 0;
-  s = reader->Finish();
-  if (!s.ok()) return absl::StrCat("a small Generate: ", s.error_message());
-  if (groups != 1) return absl::StrCat("a small Generate gave ", groups, " groups");
-  return "";
+  return broken;
 }
 
 rlmesh::fuzz::RpcFuzzHarness& Harness() {
