@@ -14,6 +14,7 @@
 #include "actor/checkpoint.h"
 #include "actor/generate.h"
 #include "actor/logprobs.h"
+#include "actor/transformer.h"
 
 using namespace rlmesh::actor;
 

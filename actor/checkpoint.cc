@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "actor/lora.h"
 #include "actor/safetensors.h"
+#include "actor/transformer.h"
 #include "common/atomic_file.h"
 #include "common/json_file.h"
 #include "common/log.h"

@@ -15,9 +15,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "actor/model_config.h"
 #include "actor/safetensors.h"
 #include "actor/tokenizer.h"
-#include "actor/transformer.h"
+#include "actor/transformer_fwd.h"
 
 namespace rlmesh::actor {
 

@@ -13,6 +13,7 @@
 #include "actor/generate.h"
 #include "actor/safetensors.h"
 #include "actor/tokenizer.h"
+#include "actor/transformer.h"
 #include "catch2/catch.hpp"
 #include "common/testing/test_util.h"
 #include "nlohmann/json.hpp"

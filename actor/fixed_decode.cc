@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "actor/transformer.h"
 #include "common/log.h"
 
 namespace rlmesh::actor {

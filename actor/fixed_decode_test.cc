@@ -28,7 +28,7 @@ Transformer MakeModel(const ModelConfig& c) { return testing::RandomModel(c); }
 // Records the shape of every decode step the Generator asks for.
 class ShapeRecorder : public TransformerGeneration {
  public:
-  explicit ShapeRecorder(Transformer m) : TransformerGeneration(std::move(m)) {}
+  explicit ShapeRecorder(Transformer m) : TransformerGeneration(m.ptr()) {}
   torch::Tensor DecodeStep(const torch::Tensor& ids, const torch::Tensor& lens, int64_t max_len,
                            KvCache* cache) override {
     steps.push_back({ids.size(0), max_len + 1, cache->capacity(), cache->rows()});

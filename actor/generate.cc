@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actor/fixed_decode.h"
+#include "actor/transformer.h"
 #include "dist/device.h"
 
 namespace rlmesh::actor {
@@ -751,13 +752,31 @@ struct Generator::State {
   }
 };
 
-TransformerGeneration::TransformerGeneration(Transformer model) : model_(std::move(model)) {
+TransformerGeneration::TransformerGeneration(std::shared_ptr<TransformerImpl> model) : model_(std::move(model)) {
   auto params = model_->parameters();
   if (!params.empty()) device_ = params[0].device();
 }
 
+TransformerGeneration::~TransformerGeneration() = default;
+
+const ModelConfig& TransformerGeneration::config() const { return model_->config(); }
+
+at::Tensor TransformerGeneration::Prefill(const at::Tensor& ids, const at::Tensor& lens, int64_t capacity,
+                                          KvCache* cache) {
+  return model_->Prefill(ids, lens, capacity, cache);
+}
+
+at::Tensor TransformerGeneration::DecodeStep(const at::Tensor& ids, const at::Tensor& lens, int64_t max_len,
+                                             KvCache* cache) {
+  return model_->DecodeStep(ids, lens, max_len, cache);
+}
+
+at::Tensor TransformerGeneration::Logits(const at::Tensor& hidden) { return model_->Logits(hidden); }
+
+void TransformerGeneration::set_routing(MoeRouting* routing) { model_->set_routing(routing); }
+
 Generator::Generator(Transformer model, GeneratorOptions options)
-    : Generator(std::make_shared<TransformerGeneration>(std::move(model)), options) {}
+    : Generator(std::make_shared<TransformerGeneration>(model.ptr()), options) {}
 
 Generator::Generator(std::shared_ptr<GenerationModel> model, GeneratorOptions options)
     : s_(std::make_unique<State>()) {

@@ -16,9 +16,13 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "actor/transformer.h"
+#include "actor/model_config.h"
+#include "actor/transformer_fwd.h"
 
 namespace rlmesh::actor {
 
@@ -171,15 +175,15 @@ class GenerationModel {
   virtual ~GenerationModel() = default;
   virtual const ModelConfig& config() const = 0;
   // Where the model's tensors live (inputs are moved there).
-  virtual torch::Device device() const = 0;
+  virtual c10::Device device() const = 0;
   // TransformerImpl::Prefill and DecodeStep: final hidden states, the cache
   // filled / extended.
-  virtual torch::Tensor Prefill(const torch::Tensor& ids, const torch::Tensor& lens, int64_t capacity,
+  virtual at::Tensor Prefill(const at::Tensor& ids, const at::Tensor& lens, int64_t capacity,
                                 KvCache* cache) = 0;
-  virtual torch::Tensor DecodeStep(const torch::Tensor& ids, const torch::Tensor& lens, int64_t max_len,
+  virtual at::Tensor DecodeStep(const at::Tensor& ids, const at::Tensor& lens, int64_t max_len,
                                    KvCache* cache) = 0;
   // Logits [N, vocab_size] of hidden states [N, H].
-  virtual torch::Tensor Logits(const torch::Tensor& hidden) = 0;
+  virtual at::Tensor Logits(const at::Tensor& hidden) = 0;
   // The MoE routing record of the next calls (null = none); a model that
   // cannot record routing ignores it and reports no MoE layers.
   virtual void set_routing(MoeRouting* routing) = 0;
@@ -188,23 +192,18 @@ class GenerationModel {
 // An actor::Transformer as a GenerationModel (shared, not copied).
 class TransformerGeneration : public GenerationModel {
  public:
-  explicit TransformerGeneration(Transformer model);
-  const ModelConfig& config() const override { return model_->config(); }
-  torch::Device device() const override { return device_; }
-  torch::Tensor Prefill(const torch::Tensor& ids, const torch::Tensor& lens, int64_t capacity,
-                        KvCache* cache) override {
-    return model_->Prefill(ids, lens, capacity, cache);
-  }
-  torch::Tensor DecodeStep(const torch::Tensor& ids, const torch::Tensor& lens, int64_t max_len,
-                           KvCache* cache) override {
-    return model_->DecodeStep(ids, lens, max_len, cache);
-  }
-  torch::Tensor Logits(const torch::Tensor& hidden) override { return model_->Logits(hidden); }
-  void set_routing(MoeRouting* routing) override { model_->set_routing(routing); }
+  explicit TransformerGeneration(std::shared_ptr<TransformerImpl> model);
+  ~TransformerGeneration() override;
+  const ModelConfig& config() const override;
+  c10::Device device() const override { return device_; }
+  at::Tensor Prefill(const at::Tensor& ids, const at::Tensor& lens, int64_t capacity, KvCache* cache) override;
+  at::Tensor DecodeStep(const at::Tensor& ids, const at::Tensor& lens, int64_t max_len, KvCache* cache) override;
+  at::Tensor Logits(const at::Tensor& hidden) override;
+  void set_routing(MoeRouting* routing) override;
 
  private:
-  Transformer model_;
-  torch::Device device_{torch::kCPU};
+  std::shared_ptr<TransformerImpl> model_;
+  c10::Device device_{c10::kCPU};
 };
 
 // What drives generation: a Generator, or several in lockstep over a split
@@ -268,11 +267,11 @@ class Generator final : public GenerationEngine {
 // inverse CDF from softmax(logits/temperature) restricted by top-k/top-p.
 // Returns tokens [N] int64 and behaviour log-probs [N] fp32. Exposed for
 // tests.
-void SampleTokens(const torch::Tensor& logits, const std::vector<const SamplingOptions*>& options,
+void SampleTokens(const at::Tensor& logits, const std::vector<const SamplingOptions*>& options,
                   const std::vector<double>& uniforms, std::vector<int64_t>* tokens, std::vector<float>* logprobs);
 
 // The filtered, renormalised distribution SampleTokens draws from for one
 // row (greedy: one-hot at the argmax); [V] fp32. Exposed for tests.
-torch::Tensor SamplingDistribution(const torch::Tensor& logits_row, const SamplingOptions& options);
+at::Tensor SamplingDistribution(const at::Tensor& logits_row, const SamplingOptions& options);
 
 }  // namespace rlmesh::actor

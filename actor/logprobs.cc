@@ -3,6 +3,7 @@
 #include <torch/autograd.h>
 
 #include "absl/strings/str_cat.h"
+#include "actor/transformer.h"
 
 namespace rlmesh::actor {
 namespace {

@@ -10,7 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
-#include "actor/transformer.h"
+#include "actor/transformer_fwd.h"
 
 namespace rlmesh::actor {
 

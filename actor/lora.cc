@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "actor/safetensors.h"
+#include "actor/transformer.h"
 #include "common/atomic_file.h"
 #include "common/json_file.h"
 #include "common/status_macros.h"
@@ -70,6 +71,10 @@ const std::vector<std::string>& LoraTargetNames() {
       new std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   return *names;
 }
+
+AdaptersOff::AdaptersOff(Transformer& model) : model_(model) { model_->SetAdaptersEnabled(false); }
+
+AdaptersOff::~AdaptersOff() { model_->SetAdaptersEnabled(true); }
 
 bool IsAdapterTensorName(const std::string& name) { return AdapterModule(name).ok(); }
 

@@ -16,9 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "actor/transformer.h"
+#include "actor/transformer_fwd.h"
 
 namespace rlmesh::actor {
 
@@ -60,8 +62,8 @@ void DropLora(Transformer& model);
 // Turns the adapters off for its lifetime (the base model), then on again.
 class AdaptersOff {
  public:
-  explicit AdaptersOff(Transformer& model) : model_(model) { model_->SetAdaptersEnabled(false); }
-  ~AdaptersOff() { model_->SetAdaptersEnabled(true); }
+  explicit AdaptersOff(Transformer& model);
+  ~AdaptersOff();
   AdaptersOff(const AdaptersOff&) = delete;
   AdaptersOff& operator=(const AdaptersOff&) = delete;
 

@@ -29,6 +29,7 @@
 #include "actor/checkpoint.h"
 #include "actor/lora.h"
 #include "actor/safetensors.h"
+#include "actor/transformer.h"
 #include "common/status_macros.h"
 
 namespace rlmesh::actor {

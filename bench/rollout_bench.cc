@@ -27,6 +27,7 @@
 #include "actor/checkpoint.h"
 #include "actor/generate.h"
 #include "actor/tokenizer.h"
+#include "actor/transformer.h"
 #include "common/rpc_client.h"
 #include "common/rpc_server.h"
 #include "common/subprocess.h"

@@ -212,7 +212,7 @@ void RolloutWorker::Impl::Loop() {
       go.max_batch = options.max_batch;
       go.max_prefill_tokens = options.max_prefill_tokens;
       go.cuda_graphs = options.cuda_graphs;
-      gen = std::make_unique<actor::Generator>(model, go);
+      gen = std::make_unique<actor::Generator>(std::make_shared<actor::TransformerGeneration>(model), go);
     }
     if (!parked.empty() && gen) {
       // Resume interrupted groups first, on the weights now loaded.

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "actor/checkpoint.h"
+#include "actor/transformer.h"
 #include "catch2/catch.hpp"
 #include "common/grpc_status.h"
 #include "common/rpc_client.h"

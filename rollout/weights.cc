@@ -116,7 +116,7 @@ absl::StatusOr<LoadResult> RolloutWorker::LoadCheckpoint(const std::string& path
   } else {
     u->rank_bytes = {bytes};
     u->apply = [impl, model]() -> absl::Status {
-      impl->model = model;
+      impl->model = model.ptr();
       return absl::OkStatus();
     };
   }
@@ -405,7 +405,8 @@ std::function<absl::Status()> RolloutWorker::Impl::ApplyAdapters(std::shared_ptr
   // The shapes against each layer are checked by SetAdapters before it
   // changes anything; the generator is rebuilt after the fence either way.
   return [this, tensors = std::move(tensors)]() -> absl::Status {
-    return actor::SetAdapters(model, *tensors, /*scaling=*/1.0);
+    actor::Transformer policy(model);
+    return actor::SetAdapters(policy, *tensors, /*scaling=*/1.0);
   };
 }
 
@@ -413,7 +414,8 @@ std::function<absl::Status()> RolloutWorker::Impl::ApplyToModel(std::shared_ptr<
   return [this, tensors = std::move(tensors)]() -> absl::Status {
     at::NoGradGuard no_grad;
     // The whole policy: any adapter of an earlier LoRA sync goes.
-    actor::DropLora(model);
+    actor::Transformer policy(model);
+    actor::DropLora(policy);
     std::map<std::string, at::Tensor> params;
     for (auto& [name, p] : model->NamedParameters()) params[name] = p;
     for (auto& [name, t] : *tensors) {

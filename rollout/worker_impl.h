@@ -34,7 +34,7 @@
 #include "actor/generate.h"
 #include "actor/model_config.h"
 #include "actor/tokenizer.h"
-#include "actor/transformer.h"
+#include "actor/transformer_fwd.h"
 #include "common/thread_pool.h"
 #include "environment/client.h"
 #include "reward_server/circuit_breaker.h"
@@ -214,7 +214,7 @@ struct RolloutWorker::Impl {
   // tensor_parallel > 1, `gen` is a TensorParallelEngine, which holds the
   // policy's slices (`model` stays null): a checkpoint makes a new one, a
   // sync reloads it (tp_engine()).
-  actor::Transformer model{nullptr};
+  std::shared_ptr<actor::TransformerImpl> model;
   std::unique_ptr<actor::GenerationEngine> gen;
   TensorParallelEngine* tp_engine() { return dynamic_cast<TensorParallelEngine*>(gen.get()); }
   // A new TensorParallelEngine (options.tensor_parallel ranks, the

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "actor/checkpoint.h"
 #include "actor/tokenizer.h"
+#include "actor/transformer.h"
 
 namespace rlmesh::rollout::testing {
 
