@@ -179,9 +179,9 @@ class GenerationModel {
   // TransformerImpl::Prefill and DecodeStep: final hidden states, the cache
   // filled / extended.
   virtual at::Tensor Prefill(const at::Tensor& ids, const at::Tensor& lens, int64_t capacity,
-                                KvCache* cache) = 0;
+                             KvCache* cache) = 0;
   virtual at::Tensor DecodeStep(const at::Tensor& ids, const at::Tensor& lens, int64_t max_len,
-                                   KvCache* cache) = 0;
+                                KvCache* cache) = 0;
   // Logits [N, vocab_size] of hidden states [N, H].
   virtual at::Tensor Logits(const at::Tensor& hidden) = 0;
   // The MoE routing record of the next calls (null = none); a model that
