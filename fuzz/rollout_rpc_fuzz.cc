@@ -35,12 +35,15 @@ std::string& CheckpointDir() {
   return dir;
 }
 
-// Brings the weights back when a Sleep released them, then runs a small
-// greedy Generate: "" when it gives one group, else what went wrong.
-std::string LoadIfReleasedThenGenerate(rlmesh::RpcClient& client, rlmesh::RolloutService::Stub& stub) {
-  rlmesh::RolloutStatus status;
-  grpc::Status s = stub.GetStatus(client.NewContext(absl::Seconds(5)).get(), rlmesh::RolloutStatusRequest(), &status);
-  if (!s.ok()) return absl::StrCat("GetStatus: ", s.error_message());
+grpc::Status ReadStatus(rlmesh::RpcClient& client, rlmesh::RolloutService::Stub& stub, rlmesh::RolloutStatus* status) {
+  return stub.GetStatus(client.NewContext(absl::Seconds(5)).get(), rlmesh::RolloutStatusRequest(), status);
+}
+
+// Brings the weights back when `status` says a Sleep released them, then
+// runs a small greedy Generate: "" when it gives one group, else what went
+// wrong.
+std::string LoadIfReleasedThenGenerate(rlmesh::RpcClient& client, rlmesh::RolloutService::Stub& stub,
+                                       const rlmesh::RolloutStatus& status) {
   if (status.weights_released()) {
     // A fuzzed Sleep released the weights: a load must bring them back,
     // unless a fuzzed load took the largest version (no load can follow).
@@ -48,7 +51,7 @@ std::string LoadIfReleasedThenGenerate(rlmesh::RpcClient& client, rlmesh::Rollou
     rlmesh::LoadWeightsRequest load;
     load.set_checkpoint_path(CheckpointDir());
     rlmesh::LoadWeightsResponse loaded;
-    s = stub.LoadWeights(client.NewContext(absl::Seconds(20)).get(), load, &loaded);
+    grpc::Status s = stub.LoadWeights(client.NewContext(absl::Seconds(20)).get(), load, &loaded);
     if (!s.ok()) return absl::StrCat("LoadWeights after a Sleep: ", s.error_message());
   }
   rlmesh::GenerateRequest req = rlmesh::rollout::testing::MakeRequest({"1+2="}, 1, 3, 5);
@@ -58,7 +61,7 @@ std::string LoadIfReleasedThenGenerate(rlmesh::RpcClient& client, rlmesh::Rollou
   rlmesh::GenerateResponse r;
   int groups = 0;
   while (reader->Read(&r)) groups += r.has_group() ? 1 : 0;
-  s = reader->Finish();
+  grpc::Status s = reader->Finish();
   if (!s.ok()) return absl::StrCat("a small Generate: ", s.error_message());
   if (groups != 1) return absl::StrCat("a small Generate gave ", groups, " groups");
   return "";
@@ -69,18 +72,17 @@ std::string Check(const std::string& address) {
   if (!client.ok()) return client.status().ToString();
   auto stub = rlmesh::RolloutService::NewStub(client->channel());
   rlmesh::RolloutStatus status;
-  grpc::Status s = stub->GetStatus(client->NewContext(absl::Seconds(5)).get(), rlmesh::RolloutStatusRequest(), &status);
+  grpc::Status s = ReadStatus(*client, *stub, &status);
   if (!s.ok()) return absl::StrCat("GetStatus: ", s.error_message());
   static int calls = 0;
   if (calls++ % 16 != 0) return "";
-  std::string broken = LoadIfReleasedThenGenerate(*client, *stub);
+  std::string broken = LoadIfReleasedThenGenerate(*client, *stub, status);
   // A fuzzed Sleep whose deadline passed on the client may still be running
   // on the worker, as any call past its deadline may, and release the
   // weights between the status read and the Generate. Once it has, the
-  // status says so: check once more, and the load brings them back.
-  if (!broken.empty() && stub->GetStatus(client->NewContext(absl::Seconds(5)).get(), rlmesh::RolloutStatusRequest(),
-                                         &status).ok() && status.weights_released()) {
-    broken = LoadIfReleasedThenGenerate(*client, *stub);
+  // status says so: read it once more, and the load brings them back.
+  if (!broken.empty() && ReadStatus(*client, *stub, &status).ok() && status.weights_released()) {
+    broken = LoadIfReleasedThenGenerate(*client, *stub, status);
   }
   return broken;
 }
