@@ -453,7 +453,9 @@ at::Tensor TensorParallelModel::ForwardStream(const at::Tensor& ids, const at::T
   };
   for (const auto& module : *backbone->layers) {
     auto* layer = module->as<actor::DecoderLayerImpl>();
-    auto block = [=](const at::Tensor& x) {
+    // cos and sin are structured bindings: captured by name (C++17 lambdas
+    // cannot capture a binding itself).
+    auto block = [=, cos = cos, sin = sin](const at::Tensor& x) {
       at::Tensor y = x + leave(layer->self_attn->Full(enter(layer->input_layernorm(x)), cos, sin, mask, nullptr,
                                                       nullptr));
       return y + leave(layer->mlp(enter(layer->post_attention_layernorm(y))));
