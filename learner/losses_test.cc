@@ -528,7 +528,7 @@ TEST_CASE("toy objectives: SFT memorises, DPO raises the margin, RM ranks held-o
     return RewardModelLoss(at::mv(c, p), at::mv(r, p)).value();
   };
   CHECK(rm(w, test_c, test_r).metrics.at("rm_accuracy") == 0.5);  // all ties
-  AdamSteps(w, 30, 0.1, [&](const at::Tensor& p) { return rm(p, train_c, train_r).loss; });
+  AdamSteps(w, 30, 0.1, [&, c = train_c, r = train_r](const at::Tensor& p) { return rm(p, c, r).loss; });
   CHECK(rm(w, test_c, test_r).metrics.at("rm_accuracy") > 0.9);
 }
 
