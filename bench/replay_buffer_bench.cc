@@ -87,9 +87,9 @@ Summary Summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return {v[v.size() / 2], v.front(), v.back()};
 }
-std::string Fmt(const Summary& s, const char* f = "%.0f") {
-  return absl::StrCat(absl::StrFormat(f, s.median), " (", absl::StrFormat(f, s.lo), "..",
-                      absl::StrFormat(f, s.hi), ")");
+// "median (lo..hi)" with `decimals` digits after the point.
+std::string Fmt(const Summary& s, int decimals = 0) {
+  return absl::StrFormat("%.*f (%.*f..%.*f)", decimals, s.median, decimals, s.lo, decimals, s.hi);
 }
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -253,7 +253,7 @@ void PutBench(int record_bytes, int64_t trajectories, int per_call, const std::s
   }
   std::printf("| %d B | %d | %lld | %d | %s | %s | %s |\n", record_bytes, per_call,
               static_cast<long long>(groups * kSamples), threads, Fmt(Summarize(direct)).c_str(),
-              Fmt(Summarize(grpc_rate)).c_str(), Fmt(Summarize(ratio), "%.2f").c_str());
+              Fmt(Summarize(grpc_rate)).c_str(), Fmt(Summarize(ratio), 2).c_str());
   std::fflush(stdout);
 }
 
@@ -389,16 +389,16 @@ void LatencyBench(int64_t trajectories, const std::string& dir) {
               "catalog): %.2f s; after a clean close: %.2f s.\n\n",
               static_cast<long long>(groups * kSamples), static_cast<long long>(steps), crash_open_s, open_s);
   std::printf("| operation | p50 ms | p99 ms |\n|---|---|---|\n");
-  std::printf("| Query 100 trajectories, gRPC | %s | %s |\n", Fmt(Summarize(q_grpc50), "%.2f").c_str(),
-              Fmt(Summarize(q_grpc99), "%.2f").c_str());
+  std::printf("| Query 100 trajectories, gRPC | %s | %s |\n", Fmt(Summarize(q_grpc50), 2).c_str(),
+              Fmt(Summarize(q_grpc99), 2).c_str());
   std::printf("| same 100 records, direct RocksDB range scan | %s | %s |\n",
-              Fmt(Summarize(q_dir50), "%.2f").c_str(), Fmt(Summarize(q_dir99), "%.2f").c_str());
-  std::printf("| Sample 8 groups uniform, gRPC | %s | %s |\n", Fmt(Summarize(s_grpc50), "%.2f").c_str(),
-              Fmt(Summarize(s_grpc99), "%.2f").c_str());
+              Fmt(Summarize(q_dir50), 2).c_str(), Fmt(Summarize(q_dir99), 2).c_str());
+  std::printf("| Sample 8 groups uniform, gRPC | %s | %s |\n", Fmt(Summarize(s_grpc50), 2).c_str(),
+              Fmt(Summarize(s_grpc99), 2).c_str());
   std::printf("| Sample 8 groups uniform, ReplayStore in-process | %s | %s |\n",
-              Fmt(Summarize(s_store50), "%.2f").c_str(), Fmt(Summarize(s_store99), "%.2f").c_str());
+              Fmt(Summarize(s_store50), 2).c_str(), Fmt(Summarize(s_store99), 2).c_str());
   std::printf("| Sample 8 groups prioritized, last 100 versions, skip flat, in-process | %s | %s |\n",
-              Fmt(Summarize(p_store50), "%.2f").c_str(), Fmt(Summarize(p_store99), "%.2f").c_str());
+              Fmt(Summarize(p_store50), 2).c_str(), Fmt(Summarize(p_store99), 2).c_str());
 }
 
 // The sample index alone: microseconds per Select of 8 groups at growing
