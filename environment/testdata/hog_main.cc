@@ -22,7 +22,9 @@ int main() {
   }
   if (mode == "alloc") {
     const size_t size = size_t{4} << 30;
-    char* p = static_cast<char*>(std::malloc(size));
+    // volatile: the allocation must happen. Nothing reads the bytes, so
+    // clang otherwise drops the malloc and the memset as dead stores.
+    char* volatile p = static_cast<char*>(std::malloc(size));
     if (p == nullptr) {
       std::printf("allocation refused\n");
       return 3;
