@@ -48,12 +48,12 @@ def gcc_command(path):
     raise SystemExit(f"{path}: no compile action found in {target}")
 
 
-def run(args, obj):
+def run(args, obj, exec_root):
     """Seconds and peak resident MB of one compile (GNU time's %e and %M)."""
     args = list(args)
     args[args.index("-o") + 1] = obj
     with tempfile.NamedTemporaryFile(mode="r") as report:
-        subprocess.run(["/usr/bin/time", "-o", report.name, "-f", "%e %M", *args], cwd=EXEC_ROOT, check=True,
+        subprocess.run(["/usr/bin/time", "-o", report.name, "-f", "%e %M", *args], cwd=exec_root, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         seconds, kb = report.read().split()[-2:]
     return float(seconds), int(kb) / 1024
@@ -64,9 +64,9 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("files", nargs="+")
     a = p.parse_args()
-    global EXEC_ROOT
-    EXEC_ROOT = bazel("info", "execution_root").strip()
-    obj = tempfile.mktemp(suffix=".o")
+    exec_root = bazel("info", "execution_root").strip()
+    fd, obj = tempfile.mkstemp(suffix=".o")
+    os.close(fd)
     print("| file | round | gcc (s) | clang (s) | clang / gcc | gcc peak (MB) | clang peak (MB) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for path in a.files:
@@ -78,11 +78,10 @@ def main():
             order = [("gcc", gcc), ("clang", clang)]
             if r % 2 == 0:
                 order.reverse()
-            got = {name: run(args, obj) for name, args in order}
+            got = {name: run(args, obj, exec_root) for name, args in order}
             (gs, gm), (cs, cm) = got["gcc"], got["clang"]
             print(f"| `{path}` | {r} | {gs:.1f} | {cs:.1f} | {cs / gs:.2f} | {gm:.0f} | {cm:.0f} |", flush=True)
-    if os.path.exists(obj):
-        os.remove(obj)
+    os.remove(obj)
 
 
 if __name__ == "__main__":
